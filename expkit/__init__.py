@@ -1,0 +1,25 @@
+"""expkit: a Hydra-native experiment framework for PyTorch.
+
+    from expkit import Runner, Hook, Priority, Stage, TrainerSettings
+"""
+
+from expkit.errors import ConfigError, ExpkitError, HookError
+from expkit.hooks import Hook
+from expkit.runner import Runner, TrainerSettings, default_hooks, seed_everything
+from expkit.stages import Priority, Stage, get_priority
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "ExpkitError",
+    "Hook",
+    "HookError",
+    "Priority",
+    "Runner",
+    "Stage",
+    "TrainerSettings",
+    "default_hooks",
+    "get_priority",
+    "seed_everything",
+]

@@ -1,0 +1,179 @@
+"""Config -> objects. The only module that calls ``hydra.utils.instantiate``.
+
+Every error names the config key and says what to type instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from expkit.errors import ConfigError, ExpkitError
+from expkit.hooks.base import Hook
+from expkit.runner import Runner, TrainerSettings, seed_everything
+from expkit.stages import get_priority
+
+log = logging.getLogger("expkit")
+
+_RESERVED = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
+
+
+def _locate_target(node: DictConfig, key: str) -> Any:
+    from hydra._internal.utils import _locate
+
+    target = node.get("_target_")
+    try:
+        return _locate(target)
+    except Exception as exc:  # ImportError, AttributeError, ...
+        cause = exc.__cause__ or exc
+        raise ConfigError(
+            f"{key}._target_={target!r} cannot be imported ({type(cause).__name__}: {cause}). "
+            "Check the spelling, and that its package is installed or on PYTHONPATH."
+        ) from None
+
+
+def _check_numbers(target: Any, node: DictConfig, key: str) -> None:
+    """A string where the target's default is a number (optim.lr=abc) fails here, by name."""
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return
+    for name, value in node.items():
+        if name in _RESERVED or name not in params or not isinstance(value, str):
+            continue
+        default = params[name].default
+        if isinstance(default, (int, float)) and not isinstance(default, bool):
+            raise ConfigError(f"{key}.{name}={value!r} is not a number; give one, e.g. {key}.{name}={default}")
+
+
+def instantiate_node(node: Any, key: str, **kwargs: Any) -> Any:
+    """Instantiate a config node that has a ``_target_``; errors name ``key``."""
+    if not isinstance(node, DictConfig) or "_target_" not in node:
+        raise ConfigError(f"{key} needs a _target_ (the import path of what to build), got {node!r}")
+    target = _locate_target(node, key)
+    _check_numbers(target, node, key)
+    try:
+        return instantiate(node, **kwargs)
+    except InstantiationException as exc:
+        cause = exc.__cause__
+        if isinstance(cause, ExpkitError):
+            raise cause from None
+        detail = f"{type(cause).__name__}: {cause}" if cause else str(exc)
+        raise ConfigError(f"{key} ({node._target_}) could not be built: {detail}") from None
+
+
+def _accepted(target: Any, names: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of `names` that `target` takes as keyword arguments."""
+    func = target.func if isinstance(target, functools.partial) else target
+    try:
+        params = inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {k: v for k, v in names.items() if k in params}
+
+
+def build_hook(node: Any, key: str) -> Hook:
+    """A hook from its config node; a ``priority:`` key beats the class attribute."""
+    node = node.copy()
+    priority = None
+    if isinstance(node, DictConfig) and "priority" in node:
+        priority = node.pop("priority")
+        try:
+            priority = get_priority(priority)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{key}.priority: {exc}") from None
+    hook = instantiate_node(node, key)
+    if not isinstance(hook, Hook):
+        raise ConfigError(f"{key}._target_={node._target_} builds a {type(hook).__name__}, not an expkit.Hook subclass")
+    if priority is not None:
+        hook.priority = priority  # type: ignore[misc]
+    return hook
+
+
+def _build_hooks(nodes: Any, key: str) -> dict[str, Hook]:
+    hooks: dict[str, Hook] = {}
+    for name, node in (nodes or {}).items():
+        if node is None:
+            continue
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            warnings.warn(f"{key}.{name} has no _target_ and is ignored: {OmegaConf.to_yaml(node).strip()}", stacklevel=2)
+            continue
+        try:
+            hooks[str(name)] = build_hook(node, f"{key}.{name}")
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(f"{key}.{name}: {exc}") from None
+    return hooks
+
+
+def build_trainer_settings(cfg: DictConfig) -> TrainerSettings:
+    fields = OmegaConf.to_container(cfg.trainer, resolve=True)
+    try:
+        return TrainerSettings(**fields)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise ConfigError(f"trainer: {exc}") from None
+
+
+def build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, Any] | None = None) -> Runner:
+    """Everything the run needs, from the composed config, handed to a Runner."""
+    settings = build_trainer_settings(cfg)
+    if settings.seed is not None:
+        seed_everything(settings.seed)  # before building: model init and data splits depend on it
+
+    data = instantiate_node(cfg.data, "data")
+    train_loader, val_loader, test_loader = data.loaders()
+    shape = {"in_channels": data.in_channels, "image_size": data.image_size, "num_classes": data.num_classes}
+    model_target = _locate_target(cfg.model, "model")
+    model_kwargs = {k: v for k, v in _accepted(model_target, shape).items() if cfg.model.get(k) is None}
+    model = instantiate_node(cfg.model, "model", **model_kwargs)
+
+    optimizer_factory = instantiate_node(cfg.optim, "optim")
+    try:
+        optimizer = optimizer_factory(model.parameters())
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"optim ({cfg.optim._target_}): {exc}") from None
+
+    scheduler = None
+    if cfg.sched.get("scheduler") is not None:
+        steps_per_epoch = len(train_loader)
+        total = settings.max_iters or settings.max_epochs * steps_per_epoch  # type: ignore[operator]
+        if cfg.sched.by_epoch:
+            total = settings.max_epochs or -(-total // steps_per_epoch)
+        factory = instantiate_node(cfg.sched.scheduler, "sched.scheduler")
+        extra = _accepted(factory, {"total_steps": total, "steps_per_epoch": steps_per_epoch})
+        try:
+            scheduler = factory(optimizer, **extra)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"sched.scheduler ({cfg.sched.scheduler._target_}): {exc}") from None
+
+    criterion = instantiate_node(cfg.criterion, "criterion")
+    metrics = {str(name): instantiate_node(node, f"metrics.{name}") for name, node in cfg.metrics.items()}
+
+    return Runner(
+        model=model,
+        optimizer=optimizer,
+        train_loader=train_loader,
+        val_loader=val_loader,
+        test_loader=test_loader,
+        scheduler=scheduler,
+        scheduler_by_epoch=bool(cfg.sched.by_epoch),
+        criterion=criterion,
+        metrics=metrics,
+        settings=settings,
+        default_hooks=_build_hooks(cfg.default_hooks, "default_hooks"),
+        hooks=_build_hooks(cfg.hooks, "hooks"),
+        work_dir=work_dir,
+        resume=cfg.resume,
+        load_from=cfg.load_from,
+        config=OmegaConf.to_container(cfg, resolve=True),  # type: ignore[arg-type]
+        run_info=run_info,
+    )

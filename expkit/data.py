@@ -1,0 +1,215 @@
+"""Datasets as small data modules: digits (embedded in scikit-learn), ImageFolder, FakeData.
+
+A data module knows its shape (``in_channels``, ``image_size``, ``num_classes``, which model
+configs interpolate) and builds the train/val/test DataLoaders. The train order depends
+only on (seed, epoch), so a resumed run sees exactly the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator, Sized
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+
+from expkit.errors import ConfigError
+
+
+class SeededRandomSampler(Sampler[int]):
+    """A shuffling sampler whose order is a function of (seed, epoch); can skip ahead by index."""
+
+    def __init__(self, data_source: Sized, seed: int = 0) -> None:
+        self.n = len(data_source)
+        self.seed = seed
+        self.epoch = 0
+        self._skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def skip_batches(self, batches: int, batch_size: int) -> None:
+        """The next pass starts after `batches` batches, without loading them."""
+        self._skip = batches * batch_size
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator()
+        g.manual_seed(self.seed * 100_003 + self.epoch)
+        order = torch.randperm(self.n, generator=g)[self._skip :].tolist()
+        self._skip = 0
+        return iter(order)
+
+    def __len__(self) -> int:
+        return self.n - self._skip
+
+
+class DataModule:
+    """Base class: subclasses implement ``datasets()`` -> (train, val, test-or-None)."""
+
+    in_channels: int
+    image_size: int
+    num_classes: int
+
+    def __init__(self, batch_size: int = 32, num_workers: int = 0, pin_memory: bool | str = "auto", seed: int = 0):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"data.batch_size must be a positive integer, got {batch_size!r}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ConfigError(f"data.num_workers must be an integer >= 0, got {num_workers!r}")
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pin_memory = torch.cuda.is_available() if pin_memory == "auto" else bool(pin_memory)
+        self.seed = seed
+
+    def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
+        raise NotImplementedError
+
+    def loaders(self) -> tuple[DataLoader, DataLoader | None, DataLoader | None]:
+        train, val, test = self.datasets()
+        extra = {}
+        if self.num_workers > 0:  # keep workers across epochs; prefetch two batches each
+            extra = {"persistent_workers": True, "prefetch_factor": 2}
+
+        def loader(ds: Dataset, sampler: Sampler | None) -> DataLoader:
+            return DataLoader(
+                ds,
+                batch_size=self.batch_size,
+                sampler=sampler,
+                num_workers=self.num_workers,
+                pin_memory=self.pin_memory,
+                **extra,
+            )
+
+        return (
+            loader(train, SeededRandomSampler(train, self.seed)),  # type: ignore[arg-type]
+            loader(val, None) if val is not None else None,
+            loader(test, None) if test is not None else None,
+        )
+
+
+class DigitsData(DataModule):
+    """scikit-learn's 8x8 digits (1,797 images, 10 classes), split train/val/test, stratified."""
+
+    in_channels, image_size, num_classes = 1, 8, 10
+
+    def __init__(self, val_fraction: float = 0.15, test_fraction: float = 0.15, split_seed: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        if not (0 < val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
+            raise ConfigError("data.val_fraction and data.test_fraction must be in (0, 1) and sum to less than 1")
+        self.val_fraction = val_fraction
+        self.test_fraction = test_fraction
+        self.split_seed = split_seed
+
+    def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
+        x, y = load_digits()
+        held = self.val_fraction + self.test_fraction
+        train_idx, rest = stratified_split(y, held, self.split_seed)
+        test = None
+        val_idx = rest
+        if self.test_fraction > 0:
+            val_part, test_part = stratified_split(y[rest], self.test_fraction / held, self.split_seed + 1)
+            val_idx, test_idx = rest[val_part], rest[test_part]
+            test = TensorDataset(x[test_idx], y[test_idx])
+        return TensorDataset(x[train_idx], y[train_idx]), TensorDataset(x[val_idx], y[val_idx]), test
+
+
+def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
+    """The digits as (N, 1, 8, 8) floats in [0, 1] and (N,) labels.
+
+    Reads the CSV that ships inside scikit-learn without importing scikit-learn (which
+    costs about 1.5 s at start-up); falls back to ``sklearn.datasets.load_digits``.
+    """
+    import importlib.util
+
+    import numpy as np
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None:
+        raise ConfigError("data=digits needs scikit-learn, which ships the digits: pip install scikit-learn")
+    csv = Path(next(iter(spec.submodule_search_locations or [""]))) / "datasets" / "data" / "digits.csv.gz"
+    if csv.is_file():
+        table = np.loadtxt(csv, delimiter=",", dtype=np.float32)
+        images, target = table[:, :-1], table[:, -1]
+    else:  # a scikit-learn that stores it elsewhere
+        from sklearn.datasets import load_digits as sklearn_digits
+
+        bunch = sklearn_digits()
+        images, target = bunch.data.astype(np.float32), bunch.target
+    x = torch.from_numpy(images).reshape(-1, 1, 8, 8) / 16.0
+    return x, torch.as_tensor(target, dtype=torch.long)
+
+
+def stratified_split(labels: torch.Tensor, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices (kept, held out): about `fraction` of each class held out, chosen by `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    kept, held = [], []
+    for c in torch.unique(labels):
+        idx = torch.nonzero(labels == c).flatten()
+        idx = idx[torch.randperm(len(idx), generator=g)]
+        n_held = int(round(fraction * len(idx)))
+        held.append(idx[:n_held])
+        kept.append(idx[n_held:])
+    return torch.sort(torch.cat(kept)).values, torch.sort(torch.cat(held)).values
+
+
+class FakeImageData(DataModule):
+    """torchvision's FakeData: random images, for throughput tests."""
+
+    def __init__(
+        self,
+        train_size: int = 1024,
+        val_size: int = 256,
+        test_size: int = 0,
+        in_channels: int = 3,
+        image_size: int = 64,
+        num_classes: int = 10,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.sizes = (train_size, val_size, test_size)
+        self.in_channels, self.image_size, self.num_classes = in_channels, image_size, num_classes
+
+    def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
+        from torchvision import datasets, transforms
+
+        def fake(size: int, offset: int) -> Dataset | None:
+            if size <= 0:
+                return None
+            return datasets.FakeData(
+                size=size,
+                image_size=(self.in_channels, self.image_size, self.image_size),
+                num_classes=self.num_classes,
+                transform=transforms.ToTensor(),
+                random_offset=offset,
+            )
+
+        train, val, test = (fake(n, i * 1_000_000) for i, n in enumerate(self.sizes))
+        return train, val, test  # type: ignore[return-value]
+
+
+class ImageFolderData(DataModule):
+    """Images on disk in torchvision's ImageFolder layout: ``root/{train,val[,test]}/<class>/<image>``."""
+
+    def __init__(self, root: str, image_size: int = 32, in_channels: int = 3, num_classes: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.root = Path(root).expanduser()
+        self.image_size, self.in_channels = image_size, in_channels
+        if not (self.root / "train").is_dir() or not (self.root / "val").is_dir():
+            raise ConfigError(
+                f"data.root={root}: expected {self.root}/train/<class>/*.png and {self.root}/val/<class>/*.png "
+                "(torchvision ImageFolder layout); nothing is downloaded. Point data.root at such a directory."
+            )
+        classes = sorted(p.name for p in (self.root / "train").iterdir() if p.is_dir())
+        if num_classes is not None and num_classes != len(classes):
+            raise ConfigError(f"data.num_classes={num_classes} but {self.root}/train has {len(classes)} class folders")
+        self.num_classes = len(classes)
+
+    def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
+        from torchvision import datasets, transforms
+
+        steps = [transforms.Resize((self.image_size, self.image_size))]
+        if self.in_channels == 1:
+            steps.append(transforms.Grayscale(1))
+        transform = transforms.Compose([*steps, transforms.ToTensor()])
+        split = {s: datasets.ImageFolder(str(self.root / s), transform=transform) for s in ("train", "val")}
+        test = datasets.ImageFolder(str(self.root / "test"), transform=transform) if (self.root / "test").is_dir() else None
+        return split["train"], split["val"], test

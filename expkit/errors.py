@@ -1,0 +1,20 @@
+"""Errors meant for the user: printed as one clear message, no traceback wall."""
+
+from __future__ import annotations
+
+
+class ExpkitError(Exception):
+    """A problem the user can fix; the message says what to type instead."""
+
+
+class ConfigError(ExpkitError):
+    """A config value or override is wrong. The message names the key."""
+
+
+class HookError(ExpkitError):
+    """A hook raised inside a stage, or is malformed. Names the hook and the stage."""
+
+    def __init__(self, hook_name: str, stage: str, message: str) -> None:
+        self.hook_name = hook_name
+        self.stage = stage
+        super().__init__(f"in {hook_name}.{stage}: {message}")

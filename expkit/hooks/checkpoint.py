@@ -1,0 +1,195 @@
+"""CheckpointHook: periodic, last and best checkpoints with MMEngine's parameters (VERY_LOW).
+
+VERY_LOW so that it runs after the scheduler stepped: a saved scheduler state matches
+the epoch count the checkpoint records.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from expkit.errors import ConfigError
+from expkit.hooks.base import Hook
+from expkit.metrics import GREATER_KEYS, LESS_KEYS, infer_rule
+from expkit.stages import Priority
+
+if TYPE_CHECKING:
+    from expkit.runner import Runner
+
+log = logging.getLogger("expkit")
+
+
+def _as_list(value: str | Sequence[str] | None) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+class CheckpointHook(Hook):
+    """Saves ``checkpoints/epoch_{n}.pth`` (or ``iter_{n}.pth``), ``best_{metric}_epoch_{n}.pth``
+    and moves ``checkpoints/last_checkpoint`` after each complete regular save.
+
+    ``interval``: every n epochs (``by_epoch``) or iterations; <= 0 disables periodic saves.
+    ``save_begin``: first epoch/iter counted (interval 2, save_begin 5 saves 5, 7, 9...).
+    ``save_last``: also save where training ends, whatever the interval, including an early stop.
+    ``max_keep_ckpts``: keep the newest n regular checkpoints (best ones are not counted).
+    ``save_best``: metric key(s) such as ``val/acc``, or ``auto`` (the first metric validation reports).
+    ``rule``: ``greater``/``less`` per key; inferred from the name when None.
+    ``best_save_optimizer``: whether best checkpoints carry optimizer and scheduler state.
+    """
+
+    priority = Priority.VERY_LOW
+
+    def __init__(
+        self,
+        interval: int = 1,
+        by_epoch: bool = True,
+        save_optimizer: bool = True,
+        save_param_scheduler: bool = True,
+        out_dir: str | Path | None = None,
+        max_keep_ckpts: int = -1,
+        save_last: bool = True,
+        save_best: str | Sequence[str] | None = None,
+        rule: str | Sequence[str] | None = None,
+        greater_keys: str | Sequence[str] | None = None,
+        less_keys: str | Sequence[str] | None = None,
+        save_begin: int = 0,
+        filename_tmpl: str | None = None,
+        best_save_optimizer: bool = False,
+    ) -> None:
+        if save_begin < 0:
+            raise ValueError(f"save_begin must be >= 0, got {save_begin}")
+        self.interval = interval
+        self.by_epoch = by_epoch
+        self.save_optimizer = save_optimizer
+        self.save_param_scheduler = save_param_scheduler
+        self.out_dir = Path(out_dir) if out_dir else None
+        self.max_keep_ckpts = max_keep_ckpts
+        self.save_last = save_last
+        self.save_begin = save_begin
+        self.filename_tmpl = filename_tmpl or ("epoch_{}.pth" if by_epoch else "iter_{}.pth")
+        self.best_save_optimizer = best_save_optimizer
+        self.greater_keys = tuple(_as_list(greater_keys)) or GREATER_KEYS
+        self.less_keys = tuple(_as_list(less_keys)) or LESS_KEYS
+        self.save_best = _as_list(save_best)
+        if len(set(self.save_best)) != len(self.save_best):
+            raise ValueError(f"save_best lists a key twice: {self.save_best}")
+        if "auto" in self.save_best and len(self.save_best) > 1:
+            raise ValueError('save_best="auto" must stand alone')
+        rules = _as_list(rule)
+        if rules and len(rules) not in (1, len(self.save_best)):
+            raise ValueError(f"rule needs 1 entry or one per save_best key ({len(self.save_best)}), got {rules}")
+        for r in rules:
+            if r not in ("greater", "less"):
+                raise ValueError(f"rule must be 'greater' or 'less', got {r!r}")
+        self.rules: dict[str, str] = {}
+        for i, key in enumerate(self.save_best):
+            given = rules[0] if len(rules) == 1 else (rules[i] if rules else None)
+            self._set_rule(key, given)
+        self.best_scores: dict[str, float] = {}
+        self.best_paths: dict[str, str] = {}
+        self.kept: deque[str] = deque()
+        self._last_saved_position: tuple[int, int, int] | None = None
+
+    def _set_rule(self, key: str, given: str | None) -> None:
+        if key == "auto":
+            self.rules[key] = given or ""
+            return
+        rule = given or infer_rule(key, self.greater_keys, self.less_keys)
+        if rule is None:
+            raise ValueError(f"cannot tell whether {key!r} is better greater or less: set rule=greater or rule=less")
+        self.rules[key] = rule
+
+    # -- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"best_scores": self.best_scores, "best_paths": self.best_paths, "kept": list(self.kept)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.best_scores = dict(state.get("best_scores", {}))
+        self.best_paths = dict(state.get("best_paths", {}))
+        self.kept = deque(state.get("kept", []))
+
+    # -- saving -----------------------------------------------------------------------------
+    def before_run(self, runner: Runner) -> None:
+        base = runner.work_dir / "checkpoints"
+        self.dir = base if self.out_dir is None else self.out_dir / runner.work_dir.name
+        unit = "epochs" if self.by_epoch else "iterations"
+        policy = [f"every {self.interval} {unit} from {self.save_begin}" if self.interval > 0 else "no periodic saves"]
+        if self.save_last:
+            policy.append("the last")
+        if self.save_best:
+            policy.append("best by " + ", ".join(f"{k} ({self.rules[k] or 'inferred'})" for k in self.save_best))
+        if self.max_keep_ckpts > 0:
+            policy.append(f"keeping the newest {self.max_keep_ckpts}")
+        log.info("Checkpoints in %s: %s", self.dir, "; ".join(policy))
+
+    def _due(self, n: int) -> bool:
+        passed = n - self.save_begin
+        return self.interval > 0 and passed >= 0 and passed % self.interval == 0
+
+    def _save_regular(self, runner: Runner, count: int, tmpl: str | None = None) -> None:
+        path = self.dir / (tmpl or self.filename_tmpl).format(count)
+        if self.max_keep_ckpts > 0:
+            while len(self.kept) >= self.max_keep_ckpts:
+                Path(self.kept.popleft()).unlink(missing_ok=True)
+            self.kept.append(str(path))
+        runner.save_checkpoint(path, save_optimizer=self.save_optimizer, save_scheduler=self.save_param_scheduler)
+        self._last_saved_position = runner.position
+
+    def after_train_epoch(self, runner: Runner) -> None:
+        if self.by_epoch and runner.epoch_complete and self._due(runner.epoch + 1):
+            self._save_regular(runner, runner.epoch + 1)
+
+    def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
+        if not self.by_epoch and self._due(runner.iter + 1):
+            self._save_regular(runner, runner.iter + 1)
+
+    def after_train(self, runner: Runner) -> None:
+        """save_last: where training ended (the budget or a stop), unless that is saved already."""
+        if not self.save_last or runner.position == self._last_saved_position or runner.iter == 0:
+            return
+        if self.by_epoch and runner.inner_iter == 0:
+            self._save_regular(runner, runner.epoch)
+        else:  # iteration-based, or a stop in the middle of an epoch
+            self._save_regular(runner, runner.iter, None if not self.by_epoch else "iter_{}.pth")
+
+    def after_val_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:
+        if not self.save_best or runner.optimizer is None:
+            return
+        if self.save_best == ["auto"]:
+            if not metrics:
+                return
+            key = next(iter(metrics))
+            self.save_best = [key]
+            self._set_rule(key, self.rules.pop("auto") or None)
+        for key in self.save_best:
+            if key not in metrics:
+                raise ConfigError(
+                    f"default_hooks.checkpoint.save_best={key!r} is not a metric that validation reports; "
+                    f"available: {', '.join(sorted(metrics))}"
+                )
+            score = metrics[key]
+            best = self.best_scores.get(key)
+            if score != score:  # NaN never wins
+                continue
+            if best is not None and not (score > best if self.rules[key] == "greater" else score < best):
+                continue
+            count = runner.epoch if self.by_epoch else runner.iter
+            name = f"best_{key.replace('/', '_')}_{self.filename_tmpl.format(count)}"
+            old = self.best_paths.get(key)
+            self.best_scores[key] = score
+            self.best_paths[key] = str(self.dir / name)
+            runner.best_checkpoints[key] = self.best_paths[key]
+            runner.save_checkpoint(
+                self.dir / name,
+                save_optimizer=self.best_save_optimizer,
+                save_scheduler=self.best_save_optimizer,
+                is_best=True,
+                metric=key,
+            )
+            if old and old != self.best_paths[key]:
+                Path(old).unlink(missing_ok=True)
+            log.info("New best %s = %.4f: %s", key, score, name)

@@ -1,0 +1,52 @@
+"""IterTimerHook: data time, iteration time and ETA of training (NORMAL)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from expkit.hooks.base import Hook
+from expkit.stages import Priority
+
+if TYPE_CHECKING:
+    from expkit.runner import Runner
+
+
+class IterTimerHook(Hook):
+    """Publishes ``train/data_time`` and ``train/time`` (seconds, smoothed over about
+    ``1/smoothing`` iterations) and ``eta_s`` in ``runner.scalars`` each iteration."""
+
+    priority = Priority.NORMAL
+
+    def __init__(self, smoothing: float = 0.1) -> None:
+        if not 0 < smoothing <= 1:
+            raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
+        self.smoothing = smoothing
+        self._t = 0.0
+        self._avg_time: float | None = None
+        self._avg_data: float | None = None
+
+    def before_train(self, runner: Runner) -> None:
+        self._start_iter = runner.iter
+        self._start_time = time.perf_counter()
+
+    def before_train_epoch(self, runner: Runner) -> None:
+        self._t = time.perf_counter()
+
+    def before_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any) -> None:
+        now = time.perf_counter()
+        data_time = now - self._t
+        a = self._avg_data
+        self._avg_data = data_time if a is None else a + self.smoothing * (data_time - a)
+
+    def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        iter_time = now - self._t
+        self._t = now
+        a = self._avg_time
+        self._avg_time = iter_time if a is None else a + self.smoothing * (iter_time - a)
+        scalars = runner.scalars
+        scalars["train/time"] = self._avg_time
+        scalars["train/data_time"] = self._avg_data  # type: ignore[assignment]
+        done = runner.iter + 1 - self._start_iter
+        scalars["eta_s"] = (now - self._start_time) / done * (runner.max_iters - runner.iter - 1)

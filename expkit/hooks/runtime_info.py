@@ -1,0 +1,49 @@
+"""RuntimeInfoHook: says what is about to run (VERY_HIGH, so it speaks first)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from expkit.hooks.base import Hook
+from expkit.stages import Priority
+
+if TYPE_CHECKING:
+    from expkit.runner import Runner
+
+log = logging.getLogger("expkit")
+
+
+def _size(loader: object) -> str:
+    dataset = getattr(loader, "dataset", None)
+    return f"{len(dataset)} samples" if dataset is not None and hasattr(dataset, "__len__") else "?"
+
+
+class RuntimeInfoHook(Hook):
+    """Logs the work dir, device, model size, data sizes and budget at before_run, and
+    records them in ``runner.run_info`` (they end up in result.json)."""
+
+    priority = Priority.VERY_HIGH
+
+    def before_run(self, runner: Runner) -> None:
+        params = sum(p.numel() for p in runner.model.parameters())
+        s = runner.settings
+        budget = f"{s.max_epochs} epochs" if s.by_epoch else f"{s.max_iters} iterations"
+        runner.run_info.setdefault("model_params", params)
+        runner.run_info.setdefault("device", str(runner.device))
+        log.info("Work dir: %s", runner.work_dir.resolve())
+        log.info(
+            "Model %s: %s parameters | device %s | precision %s | seed %s | %s",
+            type(runner.model).__name__,
+            f"{params:,}",
+            runner.device,
+            s.precision,
+            s.seed,
+            budget,
+        )
+        log.info(
+            "Data: train %s, val %s, test %s",
+            _size(runner.train_loader),
+            _size(runner.val_loader),
+            _size(runner.test_loader),
+        )

@@ -1,0 +1,175 @@
+"""The train loop and the val/test loop: run -> run_epoch -> run_iter.
+
+Hot-path rule: nothing here synchronises host and device per iteration (no ``.item()``);
+hooks read values when they need them (the logger, at its interval).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import TYPE_CHECKING, Any, Iterable
+
+import torch
+
+from expkit.stages import Stage
+
+if TYPE_CHECKING:
+    from expkit.runner import Runner
+
+log = logging.getLogger("expkit")
+
+
+def _skip_batches(loader: Iterable, n: int) -> Iterable:
+    """Resume mid-epoch: skip `n` batches by index when the sampler can, else by loading them."""
+    sampler = getattr(loader, "sampler", None)
+    if n and hasattr(sampler, "skip_batches"):
+        sampler.skip_batches(n, loader.batch_size)  # type: ignore[attr-defined]
+        return loader
+    if n:
+        log.info("Skipping %d already-trained batches by loading them (the sampler cannot skip by index)", n)
+    return itertools.islice(loader, n, None)
+
+
+class TrainLoop:
+    """Epoch-based (``max_epochs``) or iteration-based (``max_iters``) training.
+
+    Both run whole passes over the loader as epochs; an iteration budget may end the last
+    one early. A stop request ends training after the current iteration.
+    """
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.settings = runner.settings
+        self.loader = runner.train_loader
+
+    def done(self) -> bool:
+        r = self.runner
+        if r.stop_reason is not None:
+            return True
+        if self.settings.max_iters is not None:
+            return r.iter >= self.settings.max_iters
+        return r.epoch >= self.settings.max_epochs  # type: ignore[operator]
+
+    def run(self) -> None:
+        r = self.runner
+        r.call_hook(Stage.BEFORE_TRAIN)
+        while not self.done():
+            self.run_epoch()
+        r.call_hook(Stage.AFTER_TRAIN)
+
+    def run_epoch(self) -> None:
+        r = self.runner
+        by_epoch = self.settings.by_epoch
+        r.call_hook(Stage.BEFORE_TRAIN_EPOCH)  # DistSamplerSeedHook sets the epoch's order here
+        r.model.train()
+        batches = _skip_batches(self.loader, r.inner_iter)  # type: ignore[arg-type]
+        for batch_idx, data_batch in enumerate(batches, start=r.inner_iter):
+            self.run_iter(batch_idx, data_batch)
+            if not by_epoch and self._val_due(r.iter):
+                r.validate()
+                r.model.train()
+            if self.done():
+                break
+        else:  # the loader is exhausted: the epoch is complete
+            r.position = (r.epoch + 1, r.iter, 0)
+            r.call_hook(Stage.AFTER_TRAIN_EPOCH)
+            r.epoch += 1
+            r.inner_iter = 0
+            if by_epoch and self._val_due(r.epoch):
+                r.validate()
+            return
+        r.call_hook(Stage.AFTER_TRAIN_EPOCH)  # cut short by the budget or a stop request
+
+    def run_iter(self, batch_idx: int, data_batch: Any) -> None:
+        r = self.runner
+        call = r.call_hook
+        data_batch = r.to_device(data_batch)
+        call(Stage.BEFORE_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch)
+        with r.autocast():
+            outputs = r.train_step(data_batch)
+        call(Stage.AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        optimizer = r.optimizer
+        if r.scaler is None:
+            outputs["loss"].backward()
+        else:
+            r.scaler.scale(outputs["loss"]).backward()
+        call(Stage.AFTER_BACKWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        if r.settings.clip_grad_norm is not None:
+            if r.scaler is not None:
+                r.scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(r.model.parameters(), r.settings.clip_grad_norm)
+        if r.scaler is None:
+            optimizer.step()  # type: ignore[union-attr]
+        else:
+            r.scaler.step(optimizer)
+            r.scaler.update()
+        optimizer.zero_grad(set_to_none=True)  # type: ignore[union-attr]
+        r.position = (r.epoch, r.iter + 1, batch_idx + 1)  # what a checkpoint saved from here on records
+        call(Stage.AFTER_OPTIMIZER_STEP, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        call(Stage.AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        r.iter += 1
+        r.inner_iter = batch_idx + 1
+
+    def _val_due(self, count: int) -> bool:
+        """Validate every `val_interval` epochs (or iterations) from `val_begin`, and at the end."""
+        s = self.settings
+        if self.runner.val_loader is None or count < s.val_begin:
+            return False
+        last = s.max_iters if s.max_iters is not None else s.max_epochs
+        return count % s.val_interval == 0 or count == last
+
+
+class EvalLoop:
+    """One pass over a val or test loader; returns ``{"val/loss": ..., "val/acc": ...}``."""
+
+    def __init__(self, runner: Runner, loader: Iterable, mode: str) -> None:
+        self.runner = runner
+        self.loader = loader
+        self.mode = mode
+        self.stages = {
+            name: Stage(f"{when}_{mode}{suffix}")
+            for name, when, suffix in [
+                ("begin", "before", ""),
+                ("begin_epoch", "before", "_epoch"),
+                ("before_iter", "before", "_iter"),
+                ("after_iter", "after", "_iter"),
+                ("end_epoch", "after", "_epoch"),
+                ("end", "after", ""),
+            ]
+        }
+
+    def run(self) -> dict[str, float]:
+        r, stages = self.runner, self.stages
+        r.call_hook(stages["begin"])
+        r.call_hook(stages["begin_epoch"])
+        was_training = r.model.training
+        r.model.eval()
+        for metric in r.metrics.values():
+            metric.reset()
+        self.loss_sum = torch.zeros((), device=r.device)  # summed on the device: one sync at the end
+        self.count = 0
+        with torch.no_grad():
+            for batch_idx, data_batch in enumerate(self.loader):
+                self.run_iter(batch_idx, data_batch)
+        metrics = {f"{self.mode}/loss": (self.loss_sum / max(self.count, 1)).item()}
+        metrics.update({f"{self.mode}/{name}": metric.compute() for name, metric in r.metrics.items()})
+        r.model.train(was_training)
+        r.call_hook(stages["end_epoch"], metrics=metrics)
+        r.call_hook(stages["end"])
+        return metrics
+
+    def run_iter(self, batch_idx: int, data_batch: Any) -> None:
+        r = self.runner
+        data_batch = r.to_device(data_batch)
+        r.call_hook(self.stages["before_iter"], batch_idx=batch_idx, data_batch=data_batch)
+        with r.autocast():
+            outputs = r.eval_step(data_batch)
+        targets = outputs["targets"]
+        n = len(targets)
+        if outputs.get("loss") is not None:
+            self.loss_sum += outputs["loss"].detach().float() * n
+        self.count += n
+        for metric in r.metrics.values():
+            metric.update(outputs["logits"], targets)
+        r.call_hook(self.stages["after_iter"], batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)

@@ -1,0 +1,65 @@
+"""Built-in models; each takes the data's shape (in_channels, image_size, num_classes)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from torch import nn
+
+
+class MLP(nn.Module):
+    """Flatten, then Linear-ReLU layers of the given widths, then the classifier."""
+
+    def __init__(
+        self, in_channels: int, image_size: int, num_classes: int, hidden: Sequence[int] = (256, 256), dropout: float = 0.0
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = in_channels * image_size * image_size
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            if dropout > 0:
+                layers.append(nn.Dropout(dropout))
+            width = h
+        layers.append(nn.Linear(width, num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class CNN(nn.Module):
+    """Conv-BN-ReLU blocks (each halves the resolution), global average pooling, classifier."""
+
+    def __init__(
+        self, in_channels: int, image_size: int, num_classes: int, channels: Sequence[int] = (32, 64)
+    ) -> None:
+        super().__init__()
+        blocks: list[nn.Module] = []
+        c = in_channels
+        for out in channels:
+            blocks += [nn.Conv2d(c, out, 3, padding=1, bias=False), nn.BatchNorm2d(out), nn.ReLU(), nn.MaxPool2d(2)]
+            c = out
+        self.features = nn.Sequential(*blocks)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, num_classes))
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+def torchvision_resnet(
+    in_channels: int, image_size: int, num_classes: int, arch: str = "resnet18", small_input: bool | None = None
+) -> nn.Module:
+    """A torchvision ResNet, randomly initialised (no weights are downloaded), adapted to the input:
+    ``in_channels`` in the stem, and for small images (< 64 px unless ``small_input`` says
+    otherwise) a 3x3 stride-1 stem without max-pooling, as for CIFAR."""
+    import torchvision
+
+    model = getattr(torchvision.models, arch)(weights=None, num_classes=num_classes)
+    small = image_size < 64 if small_input is None else small_input
+    if small:
+        model.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
+        model.maxpool = nn.Identity()
+    elif in_channels != 3:
+        model.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
+    return model

@@ -1,0 +1,505 @@
+"""The Runner: owns the built objects, the hooks, their dispatch table and the run state.
+
+It takes objects, never config: build them yourself (or let ``expkit.build`` do it from
+Hydra) and hand them over. ``Runner.run()`` trains, validates, tests and writes
+``result.json`` in the work dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import inspect
+import logging
+import random
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from expkit import checkpoint_io
+from expkit.errors import ConfigError, ExpkitError, HookError
+from expkit.hooks.base import Hook
+from expkit.loops import EvalLoop, TrainLoop
+from expkit.metrics import Accuracy, Metric, infer_rule
+from expkit.stages import Stage, get_priority, priority_name
+
+log = logging.getLogger("expkit")
+
+_STAGE_NAMES = frozenset(s.value for s in Stage)
+# keyword payload of each stage, read off the base class signatures
+_PAYLOADS: dict[str, tuple[str, ...]] = {
+    s.value: tuple(p for p in inspect.signature(getattr(Hook, s.value)).parameters if p not in ("self", "runner"))
+    for s in Stage
+}
+
+
+@dataclasses.dataclass
+class TrainerSettings:
+    """The loop settings (config group ``trainer``)."""
+
+    max_epochs: int | None = 10
+    max_iters: int | None = None  # iteration-based training when set
+    val_interval: int = 1  # epochs, or iterations when max_iters is set
+    val_begin: int = 1  # first epoch (or iteration) that validates
+    seed: int | None = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: str = "32"  # 32 | bf16 | 16
+    clip_grad_norm: float | None = None  # max gradient norm; None = no clipping
+
+    def __post_init__(self) -> None:
+        def positive(key: str, value: Any, allow_none: bool) -> None:
+            if value is None and allow_none:
+                return
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"trainer.{key} must be a positive integer, got {value!r}; e.g. trainer.{key}=10")
+
+        positive("max_epochs", self.max_epochs, allow_none=True)
+        positive("max_iters", self.max_iters, allow_none=True)
+        positive("val_interval", self.val_interval, allow_none=False)
+        positive("val_begin", self.val_begin, allow_none=False)
+        if self.max_epochs is None and self.max_iters is None:
+            raise ConfigError("set trainer.max_epochs=N (epoch-based) or trainer.max_iters=N (iteration-based)")
+        self.precision = str(self.precision)
+        if self.precision not in ("32", "bf16", "16"):
+            raise ConfigError(f"trainer.precision must be 32, bf16 or 16, got {self.precision!r}")
+        if not (self.device in ("auto", "cpu", "cuda") or str(self.device).startswith("cuda:")):
+            raise ConfigError(f"trainer.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"trainer.device={self.device} but CUDA is not available here; use trainer.device=auto or cpu")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ConfigError(f"trainer.seed must be an integer or null, got {self.seed!r}")
+        if self.clip_grad_norm is not None and not (
+            isinstance(self.clip_grad_norm, (int, float)) and self.clip_grad_norm > 0
+        ):
+            raise ConfigError(f"trainer.clip_grad_norm must be a positive number or null, got {self.clip_grad_norm!r}")
+
+    @property
+    def by_epoch(self) -> bool:
+        return self.max_iters is None
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices)."""
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def default_hooks(**overrides: Hook | None) -> dict[str, Hook]:
+    """MMEngine's six default hooks by name; pass NAME=hook to replace, NAME=None to drop."""
+    from expkit.hooks import (
+        CheckpointHook,
+        DistSamplerSeedHook,
+        IterTimerHook,
+        LoggerHook,
+        ParamSchedulerHook,
+        RuntimeInfoHook,
+    )
+
+    hooks: dict[str, Hook | None] = {
+        "runtime_info": RuntimeInfoHook(),
+        "timer": IterTimerHook(),
+        "sampler_seed": DistSamplerSeedHook(),
+        "logger": LoggerHook(),
+        "param_scheduler": ParamSchedulerHook(),
+        "checkpoint": CheckpointHook(interval=1),
+    }
+    hooks.update(overrides)
+    return {name: hook for name, hook in hooks.items() if hook is not None}
+
+
+_make_default_hooks = default_hooks  # the Runner's `default_hooks` argument shadows the name
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _move(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_move(b, device) for b in batch)
+    if isinstance(batch, Mapping):
+        return {k: _move(v, device) for k, v in batch.items()}
+    return batch
+
+
+class Runner:
+    """Trains ``model`` with ``optimizer`` on ``train_loader``; validates and tests.
+
+    ``default_hooks``: None gives the six defaults (see ``default_hooks()``); a mapping
+    gives exactly those. ``hooks``: custom hooks, a name->hook mapping or a sequence.
+    Default hooks register first; then everything is sorted by priority, ties kept in
+    registration order. ``resume``: True continues from ``work_dir``'s last checkpoint,
+    a path from that checkpoint. ``load_from``: a checkpoint whose weights only are loaded.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        train_loader: Iterable | None,
+        work_dir: str | Path,
+        val_loader: Iterable | None = None,
+        test_loader: Iterable | None = None,
+        scheduler: Any = None,
+        scheduler_by_epoch: bool = True,
+        criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        metrics: Mapping[str, Metric] | None = None,
+        settings: TrainerSettings | None = None,
+        default_hooks: Mapping[str, Hook] | None = None,
+        hooks: Mapping[str, Hook] | Sequence[Hook] = (),
+        resume: bool | str | Path = False,
+        load_from: str | Path | None = None,
+        config: Mapping[str, Any] | None = None,
+        run_info: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.settings = settings or TrainerSettings()
+        self.device = _resolve_device(self.settings.device)
+        self.model = model.to(self.device)
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.scheduler_by_epoch = scheduler_by_epoch
+        self.train_loader = train_loader
+        self.val_loader = val_loader
+        self.test_loader = test_loader
+        self.criterion = criterion or nn.CrossEntropyLoss()
+        self.metrics: dict[str, Metric] = dict(metrics) if metrics is not None else {"acc": Accuracy()}
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.resume_from = resume
+        self.load_from = load_from
+        self.config = dict(config) if config is not None else None
+        self.run_info = dict(run_info or {})
+
+        # run state; counters follow MMEngine (see expkit.stages)
+        self.epoch = 0
+        self.iter = 0
+        self.inner_iter = 0  # batches consumed in the current epoch (for exact mid-epoch resume)
+        self.position = (0, 0, 0)  # (epochs, iters, inner iters) completed: what a checkpoint records
+        self.resuming = False  # True once this run continues from a resume checkpoint
+        self.stop_reason: str | None = None
+        self.scalars: dict[str, float] = {}  # latest values hooks publish (train/time, ...)
+        self.val_metrics: dict[str, float] = {}
+        self.test_metrics: dict[str, float] = {}
+        self.best_metrics: dict[str, dict[str, Any]] = {}
+        self.best_checkpoints: dict[str, str] = {}
+        self.last_checkpoint: Path | None = None
+
+        self._autocast_dtype = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}[self.settings.precision]
+        self.scaler = (
+            torch.amp.GradScaler("cuda") if self._autocast_dtype is torch.float16 and self.device.type == "cuda" else None
+        )
+
+        self._hooks: list[tuple[str, int, Hook]] = []
+        hooks_in = default_hooks if default_hooks is not None else _make_default_hooks()
+        for name, hook in hooks_in.items():
+            self.register_hook(hook, name=name)
+        named = hooks.items() if isinstance(hooks, Mapping) else ((type(h).__name__, h) for h in hooks)
+        for name, hook in named:
+            self.register_hook(hook, name=name)
+
+    # -- hooks ----------------------------------------------------------------------------
+    @property
+    def hooks(self) -> list[Hook]:
+        return [hook for _, _, hook in self._hooks]
+
+    def hook_names(self) -> list[str]:
+        return [name for name, _, _ in self._hooks]
+
+    def register_hook(self, hook: Hook, name: str | None = None, priority: int | str | None = None) -> None:
+        """Add a hook; `priority` beats the hook's own `priority` attribute."""
+        if not isinstance(hook, Hook):
+            raise TypeError(f"hook {name or hook!r} must be an instance of expkit.Hook, got {type(hook).__name__}")
+        name = name or type(hook).__name__
+        if name in self.hook_names():
+            name = f"{name}_{len(self._hooks)}"
+        _check_hook_methods(hook, name)
+        try:
+            value = get_priority(priority if priority is not None else hook.priority)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"hook {name} ({type(hook).__name__}): {exc}") from None
+        # insert after the last hook with priority <= value: ties keep registration order
+        index = len(self._hooks)
+        while index > 0 and self._hooks[index - 1][1] > value:
+            index -= 1
+        self._hooks.insert(index, (name, value, hook))
+        self._build_dispatch()
+
+    def _build_dispatch(self) -> None:
+        """For each stage, the hooks that override it, in order. Unused stages cost nothing."""
+        self._dispatch: dict[str, tuple[tuple[str, Callable], ...]] = {}
+        for stage in Stage:
+            self._dispatch[stage.value] = tuple(
+                (f"{type(hook).__name__}", getattr(hook, stage.value))
+                for _, _, hook in self._hooks
+                if getattr(type(hook), stage.value) is not getattr(Hook, stage.value)
+            )
+
+    def call_hook(self, stage: str, **payload: Any) -> None:
+        """Run every hook registered at `stage`; an error names the hook and the stage."""
+        for hook_name, method in self._dispatch[stage]:
+            try:
+                method(self, **payload)
+            except HookError:
+                raise
+            except Exception as exc:
+                raise HookError(hook_name, stage, f"{type(exc).__name__}: {exc}") from exc
+
+    def hook_order_table(self) -> str:
+        """The resolved order per stage, as printed at start-up."""
+        lines = ["Hooks, in the order they run at each stage:"]
+        for stage in Stage:
+            entries = [
+                f"({priority_name(p):<12}) {type(h).__name__} [{n}]"
+                for n, p, h in self._hooks
+                if getattr(type(h), stage.value) is not getattr(Hook, stage.value)
+            ]
+            if entries:
+                lines.append(f"{stage.value}:")
+                lines.extend(f"    {e}" for e in entries)
+        return "\n".join(lines)
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the loop to stop after the current iteration (first reason wins)."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            log.info("Stop requested: %s", reason)
+
+    # -- the run --------------------------------------------------------------------------
+    @property
+    def max_iters(self) -> int:
+        """The total number of training iterations of this run."""
+        if self.settings.max_iters is not None:
+            return self.settings.max_iters
+        return self.settings.max_epochs * len(self.train_loader)  # type: ignore[arg-type,operator]
+
+    def run(self) -> dict[str, Any]:
+        """before_run, [load], train, test, after_run; writes and returns result.json's content."""
+        started = time.time()
+        status, error, tb = "completed", None, None
+        try:
+            try:
+                self.call_hook(Stage.BEFORE_RUN)
+                self._load_or_resume()
+                if self.train_loader is not None and self.optimizer is not None:
+                    self.train()
+                if self.test_loader is not None:
+                    self.test()
+                if self.stop_reason is not None:
+                    status = "stopped"
+            except BaseException as exc:
+                status, error = "failed", (str(exc) if isinstance(exc, ExpkitError) else f"{type(exc).__name__}: {exc}")
+                if isinstance(exc, KeyboardInterrupt):
+                    error = "interrupted (KeyboardInterrupt)"
+                tb = traceback.format_exc()
+                with contextlib.suppress(Exception):
+                    self.call_hook(Stage.ON_EXCEPTION, exception=exc)
+                raise
+            finally:
+                try:
+                    self.call_hook(Stage.AFTER_RUN)
+                except Exception as exc:
+                    if error is None:
+                        status, error, tb = "failed", str(exc), traceback.format_exc()
+                        raise
+        finally:
+            result = self._write_result(status, error, tb, time.time() - started)
+        return result
+
+    def train(self) -> None:
+        TrainLoop(self).run()
+
+    def validate(self) -> dict[str, float]:
+        metrics = EvalLoop(self, self.val_loader, "val").run()
+        self.val_metrics = metrics
+        self._track_best(metrics)
+        return metrics
+
+    def test(self) -> dict[str, float]:
+        self.test_metrics = EvalLoop(self, self.test_loader, "test").run()
+        return self.test_metrics
+
+    def _track_best(self, metrics: Mapping[str, float]) -> None:
+        for key, value in metrics.items():
+            rule = infer_rule(key)
+            best = self.best_metrics.get(key)
+            if rule is None or value != value:  # unknown direction, or NaN
+                continue
+            if best is None or (value > best["value"] if rule == "greater" else value < best["value"]):
+                self.best_metrics[key] = {"value": value, "epoch": self.epoch, "iter": self.iter, "rule": rule}
+
+    # -- the step ---------------------------------------------------------------------------
+    def to_device(self, batch: Any) -> Any:
+        return batch if self.device.type == "cpu" else _move(batch, self.device)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self._autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self._autocast_dtype)
+
+    def train_step(self, data_batch: Any) -> dict[str, Any]:
+        """Forward and loss: the model's own ``train_step(batch)`` when it has one."""
+        if hasattr(self.model, "train_step"):
+            return self.model.train_step(data_batch)
+        inputs, targets = data_batch
+        logits = self.model(inputs)
+        return {"loss": self.criterion(logits, targets), "logits": logits}
+
+    def eval_step(self, data_batch: Any) -> dict[str, Any]:
+        """Forward for val/test: a dict with ``loss``, ``logits`` and ``targets``."""
+        if hasattr(self.model, "eval_step"):
+            return self.model.eval_step(data_batch)
+        inputs, targets = data_batch
+        logits = self.model(inputs)
+        return {"loss": self.criterion(logits, targets), "logits": logits, "targets": targets}
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def state_checkpoint(self, save_optimizer: bool = True, save_scheduler: bool = True) -> dict[str, Any]:
+        """Everything needed to continue this run exactly."""
+        checkpoint: dict[str, Any] = {
+            "meta": {
+                "epoch": self.position[0],
+                "iter": self.position[1],
+                "inner_iter": self.position[2],
+                "seed": self.settings.seed,
+                "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "work_dir": str(self.work_dir),
+                "best_metrics": self.best_metrics,
+                "best_checkpoints": self.best_checkpoints,
+            },
+            "state_dict": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            "config": self.config,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "hooks": {name: state for name, _, hook in self._hooks if (state := hook.state_dict())},
+        }
+        if save_optimizer and self.optimizer is not None:
+            checkpoint["optimizer"] = self.optimizer.state_dict()
+        if save_scheduler and self.scheduler is not None:
+            checkpoint["scheduler"] = self.scheduler.state_dict()
+        if self.scaler is not None:
+            checkpoint["grad_scaler"] = self.scaler.state_dict()
+        return checkpoint
+
+    def save_checkpoint(
+        self,
+        path: Path,
+        *,
+        save_optimizer: bool = True,
+        save_scheduler: bool = True,
+        is_best: bool = False,
+        metric: str | None = None,
+    ) -> Path:
+        """Write a checkpoint atomically; regular ones also move `last_checkpoint`."""
+        checkpoint = self.state_checkpoint(save_optimizer, save_scheduler)
+        self.call_hook(Stage.BEFORE_SAVE_CHECKPOINT, checkpoint=checkpoint)
+        checkpoint_io.save_atomic(checkpoint, path)
+        if not is_best:
+            checkpoint_io.point_last_checkpoint(path.parent, path)
+            self.last_checkpoint = path
+        self.call_hook(Stage.AFTER_SAVE_CHECKPOINT, path=path, is_best=is_best, metric=metric)
+        return path
+
+    def _load_or_resume(self) -> None:
+        if self.resume_from is True or self.resume_from == "true":
+            path = checkpoint_io.find_last_checkpoint(self.work_dir)
+            if path is None:
+                log.warning("resume=true: no checkpoint in %s/checkpoints yet; training from scratch", self.work_dir)
+                return
+            self._apply_checkpoint(checkpoint_io.load_checkpoint(path, "resume"), resume=True, source=path)
+        elif self.resume_from:
+            path = Path(self.resume_from)
+            self._apply_checkpoint(checkpoint_io.load_checkpoint(path, "resume"), resume=True, source=path)
+        elif self.load_from:
+            path = Path(self.load_from)
+            self._apply_checkpoint(checkpoint_io.load_checkpoint(path, "load_from"), resume=False, source=path)
+
+    @property
+    def epoch_complete(self) -> bool:
+        """True inside after_train_epoch when the epoch ran to its end (not cut short by a stop)."""
+        return self.position[0] > self.epoch
+
+    def _apply_checkpoint(self, checkpoint: dict[str, Any], *, resume: bool, source: Path) -> None:
+        self.resuming = resume
+        self.call_hook(Stage.AFTER_LOAD_CHECKPOINT, checkpoint=checkpoint)
+        state = {k.removeprefix("module."): v for k, v in checkpoint["state_dict"].items()}
+        try:
+            self.model.load_state_dict(state)
+        except RuntimeError as exc:
+            raise ConfigError(f"checkpoint {source} does not fit this model: {exc}") from None
+        if not resume:
+            log.info("Loaded weights from %s", source)
+            return
+        meta = checkpoint["meta"]
+        self.epoch, self.iter, self.inner_iter = meta["epoch"], meta["iter"], meta.get("inner_iter", 0)
+        self.position = (self.epoch, self.iter, self.inner_iter)
+        self.best_metrics = dict(meta.get("best_metrics", {}))
+        self.best_checkpoints = dict(meta.get("best_checkpoints", {}))
+        if self.optimizer is not None and "optimizer" in checkpoint:
+            self.optimizer.load_state_dict(checkpoint["optimizer"])
+        if self.scheduler is not None and "scheduler" in checkpoint:
+            self.scheduler.load_state_dict(checkpoint["scheduler"])
+        if self.scaler is not None and "grad_scaler" in checkpoint:
+            self.scaler.load_state_dict(checkpoint["grad_scaler"])
+        if "rng" in checkpoint:
+            torch.set_rng_state(checkpoint["rng"]["torch"])
+            random.setstate(checkpoint["rng"]["python"])
+        for name, _, hook in self._hooks:
+            if name in checkpoint.get("hooks", {}):
+                hook.load_state_dict(checkpoint["hooks"][name])
+        self.last_checkpoint = source
+        log.info("Resumed from %s at epoch %d, iteration %d", source, self.epoch, self.iter)
+
+    # -- result.json ------------------------------------------------------------------------------
+    def _write_result(self, status: str, error: str | None, tb: str | None, wall_time: float) -> dict[str, Any]:
+        result = {
+            "status": status,
+            "error": error,
+            "stop_reason": self.stop_reason,
+            "work_dir": str(self.work_dir.resolve()),
+            "epoch": self.epoch,
+            "iter": self.iter,
+            "final_metrics": {**self.val_metrics, **self.test_metrics},
+            "best_metrics": self.best_metrics,
+            "best_checkpoint": next(iter(self.best_checkpoints.values()), None),
+            "best_checkpoints": self.best_checkpoints,
+            "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
+            "wall_time_s": round(wall_time, 3),
+            **self.run_info,
+            "traceback": tb,
+        }
+        checkpoint_io.write_json_atomic(self.work_dir / "result.json", result)
+        return result
+
+
+def _check_hook_methods(hook: Hook, name: str) -> None:
+    """Reject a misspelt stage (`after_train_itr`) or a stage method with a wrong signature."""
+    for cls in type(hook).__mro__:
+        if cls is Hook or cls is object:
+            break
+        for attr, value in vars(cls).items():
+            if not callable(value) or attr.startswith("_"):
+                continue
+            if attr in _STAGE_NAMES:
+                try:
+                    inspect.signature(getattr(hook, attr)).bind(None, **{k: None for k in _PAYLOADS[attr]})
+                except TypeError:
+                    expected = ", ".join(["runner", *(f"{k}=..." for k in _PAYLOADS[attr])])
+                    raise HookError(
+                        type(hook).__name__, attr, f"wrong signature; the stage passes ({expected}) by keyword"
+                    ) from None
+            elif attr.startswith(("before_", "after_", "on_")):
+                close = difflib.get_close_matches(attr, _STAGE_NAMES, n=1)
+                hint = f"did you mean {close[0]}?" if close else f"stages are: {', '.join(s.value for s in Stage)}"
+                raise HookError(type(hook).__name__, attr, f"{attr} is not a stage, so it would never run; {hint}")

@@ -1,0 +1,29 @@
+"""Learning-rate schedules that need the run's length (build.py passes it in)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def warmup_cosine(
+    optimizer: torch.optim.Optimizer, *, total_steps: int, warmup_steps: int = 0, warmup_fraction: float = 0.0,
+    min_lr_ratio: float = 0.0,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up from 0, then cosine decay to ``min_lr_ratio * lr`` at ``total_steps``.
+
+    Steps are whatever the scheduler is stepped on (iterations with ``sched.by_epoch=false``).
+    ``warmup_fraction`` of ``total_steps`` is used when ``warmup_steps`` is 0.
+    """
+    warmup = warmup_steps or int(warmup_fraction * total_steps)
+    if not 0 <= warmup < total_steps:
+        raise ValueError(f"warm-up ({warmup} steps) must be shorter than the run ({total_steps} steps)")
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

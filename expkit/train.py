@@ -1,0 +1,143 @@
+"""``python -m expkit.train``: compose the config, build, run, report the work dir.
+
+Bad input exits with status 2 and one message naming the key and the valid choices;
+a failed run exits with status 1, and its result.json says ``failed`` with the error.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from expkit import checkpoint_io
+from expkit.errors import ConfigError, ExpkitError
+
+log = logging.getLogger("expkit")
+
+CONF_DIR = Path(__file__).parent / "conf"
+
+
+# -- group choices, checked before Hydra composes (its message for hooks=[typo] lists nothing) --
+def _config_dirs(argv: list[str]) -> list[Path]:
+    dirs = [CONF_DIR]
+    for i, arg in enumerate(argv):
+        for flag in ("--config-dir", "-cd"):
+            if arg == flag and i + 1 < len(argv):
+                dirs.append(Path(argv[i + 1]))
+            elif arg.startswith(flag + "="):
+                dirs.append(Path(arg.split("=", 1)[1]))
+    return dirs
+
+
+def available_options(group: str, dirs: Iterable[Path]) -> list[str]:
+    """The options of a config group: the .yaml files in <dir>/<group>/ of every config dir."""
+    return sorted({p.stem for d in dirs if (d / group).is_dir() for p in (d / group).glob("*.yaml")})
+
+
+def _names(value: Any) -> list[str]:
+    """Option names in an override value: 'a', [a, b], a,b (sweep) or [a],[a,b]."""
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    if isinstance(value, ChoiceSweep):
+        return [n for v in value.list for n in _names(v)]
+    if isinstance(value, (list, tuple)):
+        return [n for v in value for n in _names(v)]
+    return [str(value)] if isinstance(value, str) else []
+
+
+def check_group_choices(argv: list[str]) -> str | None:
+    """An error message for the first override that names an option no config dir has."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    dirs = _config_dirs(argv)
+    groups = {p.name for d in dirs if d.is_dir() for p in d.iterdir() if p.is_dir()}
+    candidates = [a for a in argv if "=" in a and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
+    try:
+        overrides = OverridesParser.create().parse_overrides(candidates)
+    except Exception:  # a malformed override: Hydra's own message says where
+        return None
+    for override in overrides:
+        group = override.key_or_group
+        if group not in groups or override.is_delete() or override.package:
+            continue
+        known = available_options(group, dirs)
+        for name in _names(override.value()):
+            if name != "null" and name not in known:
+                label = "hook" if group == "hooks" else f"{group} option"
+                example = f"{group}=[{known[0]}]" if group == "hooks" and known else f"{group}={known[0] if known else ''}"
+                return (
+                    f"Unknown {label} {name!r} in '{override.input_line}'. "
+                    f"Available {group}: {', '.join(known) or '(none)'}. For example: {example}. "
+                    f"Add your own as {group}/<name>.yaml in a config dir passed with --config-dir."
+                )
+    return None
+
+
+# -- the task ---------------------------------------------------------------------------------------
+def _fail(exc: BaseException, work_dir: Path, multirun: bool) -> None:
+    """Report a user error: one message, result.json says failed; no traceback wall."""
+    result = work_dir / "result.json"
+    if not result.exists():  # the runner writes its own once it exists
+        checkpoint_io.write_json_atomic(result, {"status": "failed", "error": str(exc), "work_dir": str(work_dir)})
+    if multirun:  # let the launcher record this job as failed and go on with the others
+        raise exc
+    print(f"\nError: {exc}\n(work dir: {work_dir})", file=sys.stderr)
+    sys.exit(2 if isinstance(exc, ConfigError) else 1)  # 2: fix the input; 1: the run failed
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def run(cfg: DictConfig) -> float | None:
+    """Hydra's task function: returns the best value of ``monitor`` (for sweepers), or None."""
+    from expkit.build import build_runner
+
+    hc = HydraConfig.get()
+    work_dir = Path(hc.runtime.output_dir)
+    multirun = hc.mode == RunMode.MULTIRUN
+    run_info = {
+        "overrides": list(hc.overrides.task),
+        "hooks": list(cfg.hooks.keys()),  # list selections are not in hydra.runtime.choices
+        "command": " ".join(["python -m expkit.train", *sys.argv[1:]]),
+    }
+    try:
+        runner = build_runner(cfg, work_dir, run_info)
+    except ExpkitError as exc:
+        _fail(exc, work_dir, multirun)
+        return None
+    if cfg.show_hooks:
+        print(runner.hook_order_table())
+        return None
+    log.info(runner.hook_order_table())
+    try:
+        result = runner.run()
+    except ExpkitError as exc:
+        _fail(exc, work_dir, multirun)
+        return None
+    except Exception as exc:
+        if multirun:
+            raise
+        print(f"\nError: {type(exc).__name__}: {exc}\n(traceback in {work_dir / 'result.json'})", file=sys.stderr)
+        sys.exit(1)
+    best = result["best_metrics"].get(cfg.monitor)
+    summary = ", ".join(f"{k} {v:.4f}" for k, v in result["final_metrics"].items())
+    log.info("Done (%s) in %.1f s: %s", result["status"], result["wall_time_s"], summary)
+    log.info("Work dir: %s", work_dir.resolve())
+    return None if best is None else float(best["value"])
+
+
+def main() -> None:
+    message = check_group_choices(sys.argv[1:])
+    if message:
+        print(f"Error: {message}", file=sys.stderr)
+        sys.exit(2)
+    run()
+
+
+if __name__ == "__main__":
+    main()
