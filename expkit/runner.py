@@ -223,8 +223,9 @@ class Runner:
         if not isinstance(hook, Hook):
             raise TypeError(f"hook {name or hook!r} must be an instance of expkit.Hook, got {type(hook).__name__}")
         name = name or type(hook).__name__
-        if name in self.hook_names():
-            name = f"{name}_{len(self._hooks)}"
+        taken, base, k = set(self.hook_names()), name, 2
+        while name in taken:  # a second hook of the same class: Name_2, Name_3, ...
+            name, k = f"{base}_{k}", k + 1
         _check_hook_methods(hook, name)
         try:
             value = get_priority(priority if priority is not None else hook.priority)

@@ -1,0 +1,95 @@
+"""Shared test helpers: a toy model and data small enough for unit tests in milliseconds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from expkit import Hook, Runner, Stage, TrainerSettings
+from expkit.data import SeededRandomSampler
+
+REPO = Path(__file__).resolve().parents[1]
+torch.set_num_threads(1)
+
+
+def toy_loaders(n_train: int = 8, n_val: int = 4, n_test: int = 4, batch_size: int = 4, seed: int = 0):
+    g = torch.Generator().manual_seed(123)
+
+    def ds(n: int) -> TensorDataset:
+        x = torch.randn(n, 4, generator=g)
+        return TensorDataset(x, (x[:, 0] > 0).long())
+
+    train = ds(n_train)
+    return (
+        DataLoader(train, batch_size=batch_size, sampler=SeededRandomSampler(train, seed)),
+        DataLoader(ds(n_val), batch_size=batch_size) if n_val else None,
+        DataLoader(ds(n_test), batch_size=batch_size) if n_test else None,
+    )
+
+
+def toy_runner(work_dir: Path, *, hooks: Any = (), default_hooks: Any = None, seed: int = 0, **settings: Any) -> Runner:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    train, val, test = toy_loaders()  # the data order is config, the same on resume
+    resume = settings.pop("resume", False)
+    settings.setdefault("max_epochs", 2)
+    return Runner(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        train_loader=train,
+        val_loader=val,
+        test_loader=test,
+        settings=TrainerSettings(device="cpu", seed=seed, **settings),
+        work_dir=work_dir,
+        hooks=hooks,
+        default_hooks=default_hooks,
+        resume=resume,
+    )
+
+
+class Recorder(Hook):
+    """Overrides every stage and appends '<label>.<stage>' to a shared list."""
+
+    def __init__(self, label: str, log: list[str], priority: Any = None) -> None:
+        self.label = label
+        self.log = log
+        if priority is not None:
+            self.priority = priority
+
+
+def _recording(stage: str):
+    def method(self: Recorder, runner: Runner, **payload: Any) -> None:
+        self.log.append(f"{self.label}.{stage}")
+
+    method.__name__ = stage
+    return method
+
+
+for _stage in Stage:
+    setattr(Recorder, _stage.value, _recording(_stage.value))
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: int = 300):
+    """python -m expkit.train ARGS in a subprocess; returns CompletedProcess with text output."""
+    full_env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "expkit.train", *args],
+        cwd=cwd or REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def recorder_log() -> list[str]:
+    return []

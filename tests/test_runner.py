@@ -1,0 +1,227 @@
+"""The Runner used from Python, without Hydra: ordering, dispatch, firing order, stop, errors, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import Recorder, toy_runner
+from expkit import ConfigError, Hook, HookError, Priority, Stage
+from expkit.hooks import CheckpointHook
+
+GOLDEN = Path(__file__).parent / "golden" / "firing_order.txt"
+
+
+def test_runner_without_hydra_trains_validates_tests_and_writes_result(tmp_path):
+    runner = toy_runner(tmp_path, max_epochs=3)
+    result = runner.run()
+    assert result["status"] == "completed"
+    assert set(result["final_metrics"]) == {"val/loss", "val/acc", "test/loss", "test/acc"}
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "completed"
+    assert (tmp_path / "checkpoints" / "epoch_3.pth").is_file()
+    assert runner.epoch == 3 and runner.iter == 6  # 8 samples, batch 4
+
+
+def test_golden_firing_order_with_two_equal_priority_hooks(tmp_path):
+    log: list[str] = []
+    hooks = {"first": Recorder("A", log), "second": Recorder("B", log)}  # both NORMAL
+    toy_runner(tmp_path, hooks=hooks, max_epochs=2).run()
+    # A registered first, so at every stage A runs right before B
+    assert log[0::2] == [e.replace("B.", "A.") for e in log[1::2]]
+    assert all(e.startswith("A.") for e in log[0::2])
+    transcript = "\n".join(e[2:] for e in log[0::2]) + "\n"
+    if not GOLDEN.exists():  # first run writes it; review and commit it
+        GOLDEN.write_text(transcript)
+    assert transcript == GOLDEN.read_text()
+
+
+def test_sorting_priorities_ties_and_defaults_first(tmp_path):
+    log: list[str] = []
+    hooks = [
+        Recorder("low", log, priority="LOW"),
+        Recorder("n1", log),  # NORMAL from the class
+        Recorder("high", log, priority=Priority.HIGH),
+        Recorder("n2", log, priority=50),
+        Recorder("p55", log, priority=55),
+    ]
+    runner = toy_runner(tmp_path, hooks=hooks)
+    names = runner.hook_names()
+    # defaults register first: NORMAL customs run after timer and sampler_seed (both NORMAL)
+    assert names == [
+        "runtime_info", "Recorder_3", "timer", "sampler_seed", "Recorder_2", "Recorder_4",
+        "Recorder_5", "logger", "param_scheduler", "Recorder", "checkpoint",
+    ]  # fmt: skip
+    runner.call_hook(Stage.BEFORE_RUN)
+    assert log == [f"{n}.before_run" for n in ("high", "n1", "n2", "p55", "low")]
+
+
+def test_register_hook_priority_argument_beats_class_attribute(tmp_path):
+    log: list[str] = []
+    runner = toy_runner(tmp_path, default_hooks={})
+    runner.register_hook(Recorder("x", log), priority="LOWEST")
+    runner.register_hook(Recorder("y", log, priority="HIGHEST"))
+    runner.call_hook(Stage.BEFORE_RUN)
+    assert log == ["y.before_run", "x.before_run"]
+
+
+def test_bad_priority_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="SUPER"):
+        toy_runner(tmp_path, hooks=[Recorder("x", [], priority="SUPER")])
+
+
+def test_dispatch_holds_only_hooks_that_override_the_stage(tmp_path):
+    class OnlyEpoch(Hook):
+        def after_train_epoch(self, runner):
+            pass
+
+    runner = toy_runner(tmp_path, default_hooks={}, hooks=[OnlyEpoch()])
+    assert [n for n, _ in runner._dispatch["after_train_epoch"]] == ["OnlyEpoch"]
+    assert all(not runner._dispatch[s.value] for s in Stage if s is not Stage.AFTER_TRAIN_EPOCH)
+
+
+def test_hook_order_table_lists_stages_with_priorities(tmp_path):
+    table = toy_runner(tmp_path).hook_order_table()
+    assert "after_train_iter:" in table
+    section = table.split("after_train_iter:")[1].split(":\n")[0]
+    assert section.index("IterTimerHook") < section.index("LoggerHook") < section.index("CheckpointHook")
+    assert "(VERY_LOW    ) CheckpointHook [checkpoint]" in table
+    assert "before_val_iter:" not in table  # no default hook uses it
+
+
+def test_misspelt_stage_is_rejected_with_the_closest_name(tmp_path):
+    class Typo(Hook):
+        def after_train_itr(self, runner, **kwargs):
+            pass
+
+    with pytest.raises(HookError, match="did you mean after_train_iter"):
+        toy_runner(tmp_path, hooks=[Typo()])
+
+
+def test_wrong_signature_is_rejected_at_registration(tmp_path):
+    class Wrong(Hook):
+        def after_train_iter(self, runner, batch):  # payload is batch_idx, data_batch, outputs
+            pass
+
+    with pytest.raises(HookError, match=r"Wrong\.after_train_iter: wrong signature"):
+        toy_runner(tmp_path, hooks=[Wrong()])
+
+
+def test_a_raising_hook_names_itself_and_the_stage_and_the_run_is_failed(tmp_path):
+    seen: list[str] = []
+
+    class Boom(Hook):
+        def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+            if runner.iter == 2:
+                raise RuntimeError("kaput")
+
+        def on_exception(self, runner, *, exception):
+            seen.append(type(exception).__name__)
+
+        def after_run(self, runner):
+            seen.append("after_run")
+
+    with pytest.raises(HookError, match=r"in Boom\.after_train_iter: RuntimeError: kaput"):
+        toy_runner(tmp_path, hooks=[Boom()]).run()
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["status"] == "failed"
+    assert "Boom.after_train_iter" in result["error"] and "kaput" in result["error"]
+    assert "Traceback" in result["traceback"]
+    assert seen == ["HookError", "after_run"]
+    # the last complete checkpoint (epoch 1) survives and is pointed at
+    pointer = (tmp_path / "checkpoints" / "last_checkpoint").read_text()
+    assert pointer.endswith("epoch_1.pth")
+
+
+def test_request_stop_finishes_the_iteration_then_saves_last_and_still_tests(tmp_path):
+    log: list[str] = []
+
+    class Stopper(Hook):
+        def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+            if runner.iter == 2:  # third iteration, mid-epoch 2
+                runner.request_stop("enough")
+
+    runner = toy_runner(tmp_path, hooks=[Stopper(), Recorder("r", log)], max_epochs=5)
+    result = runner.run()
+    assert result["status"] == "stopped" and result["stop_reason"] == "enough"
+    assert runner.iter == 3 and runner.epoch == 1
+    assert log.count("r.after_train_iter") == 3
+    assert "r.after_train" in log and "r.after_test" in log and log[-1] == "r.after_run"
+    assert (tmp_path / "checkpoints" / "iter_3.pth").is_file()  # save_last on an early stop
+    assert (tmp_path / "checkpoints" / "last_checkpoint").read_text().endswith("iter_3.pth")
+
+
+def test_iteration_based_training_validates_every_interval(tmp_path):
+    log: list[str] = []
+    runner = toy_runner(tmp_path, hooks=[Recorder("r", log)], max_epochs=None, max_iters=5, val_interval=2)
+    runner.run()
+    assert runner.iter == 5
+    assert log.count("r.before_val") == 3  # at 2, 4 and the last (5)
+    assert log.count("r.before_train_epoch") == 3  # 2 batches per pass: passes of 2, 2, 1
+
+
+def _weights(runner) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in runner.model.parameters()]
+
+
+@pytest.mark.parametrize("by_epoch", [True, False])
+def test_resume_continues_exactly(tmp_path, by_epoch):
+    budget = {"max_epochs": 4} if by_epoch else {"max_epochs": None, "max_iters": 7}
+    ckpt = {"checkpoint": CheckpointHook(interval=1 if by_epoch else 3, by_epoch=by_epoch)}
+    straight = toy_runner(tmp_path / "a", default_hooks=ckpt, **budget)
+    straight.run()
+
+    ckpt = {"checkpoint": CheckpointHook(interval=1 if by_epoch else 3, by_epoch=by_epoch)}
+    short = {"max_epochs": 2} if by_epoch else {"max_epochs": None, "max_iters": 3}
+    toy_runner(tmp_path / "b", default_hooks=ckpt, **short).run()
+    ckpt = {"checkpoint": CheckpointHook(interval=1 if by_epoch else 3, by_epoch=by_epoch)}
+    resumed = toy_runner(tmp_path / "b", default_hooks=ckpt, resume=True, seed=99, **budget)
+    resumed.run()
+    assert (resumed.epoch, resumed.iter) == (straight.epoch, straight.iter)
+    for a, b in zip(_weights(straight), _weights(resumed)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_load_from_loads_weights_only(tmp_path):
+    first = toy_runner(tmp_path / "a", max_epochs=1)
+    first.run()
+    runner = toy_runner(tmp_path / "b", max_epochs=1)
+    runner.load_from = tmp_path / "a" / "checkpoints" / "epoch_1.pth"
+    runner.call_hook(Stage.BEFORE_RUN)
+    runner._load_or_resume()
+    assert runner.epoch == 0 and runner.iter == 0
+    for a, b in zip(_weights(first), _weights(runner)):
+        torch.testing.assert_close(a, b)
+
+
+def test_missing_checkpoint_is_a_config_error(tmp_path):
+    runner = toy_runner(tmp_path, resume=str(tmp_path / "nope.pth"))
+    with pytest.raises(ConfigError, match="nope.pth: no such checkpoint"):
+        runner.run()
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "failed"
+
+
+def test_model_with_its_own_train_step(tmp_path):
+    class Custom(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+            self.calls = 0
+
+        def forward(self, x):
+            return self.lin(x)
+
+        def train_step(self, batch: Any) -> dict[str, Any]:
+            self.calls += 1
+            x, y = batch
+            logits = self(x)
+            return {"loss": torch.nn.functional.cross_entropy(logits, y) + 0.01 * logits.pow(2).mean()}
+
+    runner = toy_runner(tmp_path, max_epochs=1)
+    runner.model = Custom()
+    runner.optimizer = torch.optim.SGD(runner.model.parameters(), lr=0.1)
+    runner.run()
+    assert runner.model.calls == 2
