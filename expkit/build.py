@@ -14,7 +14,8 @@ from typing import Any, Mapping
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from expkit.errors import ConfigError, ExpkitError
 from expkit.hooks.base import Hook
@@ -85,7 +86,8 @@ def build_hook(node: Any, key: str) -> Hook:
     node = node.copy()
     priority = None
     if isinstance(node, DictConfig) and "priority" in node:
-        priority = node.pop("priority")
+        with open_dict(node):
+            priority = node.pop("priority")
         try:
             priority = get_priority(priority)
         except (TypeError, ValueError) as exc:
@@ -125,6 +127,16 @@ def build_trainer_settings(cfg: DictConfig) -> TrainerSettings:
 
 def build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, Any] | None = None) -> Runner:
     """Everything the run needs, from the composed config, handed to a Runner."""
+    try:
+        return _build_runner(cfg, work_dir, run_info)
+    except MissingMandatoryValue as exc:
+        key = exc.full_key
+        raise ConfigError(f"{key} is required and has no value: add {key}=... to the command line") from None
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{exc.full_key}: {exc.msg}") from None
+
+
+def _build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, Any] | None) -> Runner:
     settings = build_trainer_settings(cfg)
     if settings.seed is not None:
         seed_everything(settings.seed)  # before building: model init and data splits depend on it

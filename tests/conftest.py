@@ -78,9 +78,9 @@ for _stage in Stage:
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: int = 300):
-    """python -m expkit.train ARGS in a subprocess; returns CompletedProcess with text output."""
+    """python -m expkit.train ARGS in a subprocess; returns CompletedProcess (+ .output: both streams)."""
     full_env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
-    return subprocess.run(
+    proc = subprocess.run(
         [sys.executable, "-m", "expkit.train", *args],
         cwd=cwd or REPO,
         env=full_env,
@@ -88,6 +88,8 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
         text=True,
         timeout=timeout,
     )
+    proc.output = proc.stdout + proc.stderr  # type: ignore[attr-defined]  # logs go to stdout, errors to stderr
+    return proc
 
 
 @pytest.fixture

@@ -1,0 +1,150 @@
+"""`python -m expkit.train` in subprocesses, work dirs in tmp_path: what a user types."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import torch
+
+from conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def _result(work_dir):
+    return json.loads((work_dir / "result.json").read_text())
+
+
+def test_default_experiment_reaches_95_percent(tmp_path):
+    work = tmp_path / "run"
+    proc = run_cli(f"hydra.run.dir={work}")
+    assert proc.returncode == 0, proc.output
+    result = _result(work)
+    assert result["status"] == "completed"
+    assert result["final_metrics"]["val/acc"] >= 0.95
+    assert result["best_metrics"]["val/acc"]["value"] >= result["final_metrics"]["val/acc"]
+    assert result["final_metrics"]["test/acc"] >= 0.9
+    assert f"Work dir: {work}" in proc.output
+    ckpts = work / "checkpoints"
+    assert (ckpts / "epoch_20.pth").is_file()
+    assert (ckpts / "last_checkpoint").read_text().endswith("epoch_20.pth")
+    assert len(list(ckpts.glob("best_val_acc_epoch_*.pth"))) == 1
+    assert result["best_checkpoint"] == str(next(ckpts.glob("best_val_acc_epoch_*.pth")))
+    records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records]
+    assert steps == sorted(steps) and steps[-1] == result["iter"]
+    assert {"train/loss", "train/lr"} <= set(records[0])
+    assert sum("val/acc" in r for r in records) == 20 and "test/acc" in records[-1]
+    assert (work / ".hydra" / "config.yaml").is_file()
+    checkpoint = torch.load(ckpts / "epoch_20.pth", weights_only=False)
+    assert checkpoint["config"]["model"]["_target_"] == "expkit.models.MLP"  # config travels with it
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["trainer.max_epochs=3", "optim.lr=0.05", "model=cnn", "data.batch_size=64"],
+        ["optim=adamw", "sched=cosine", "trainer.max_epochs=2"],
+        ["hooks=[ema]", "trainer.max_epochs=2"],
+    ],
+    ids=["cnn", "adamw-cosine", "ema"],
+)
+def test_hydra_forms(tmp_path, args):
+    proc = run_cli(f"hydra.run.dir={tmp_path}", *args)
+    assert proc.returncode == 0, proc.output
+    result = _result(tmp_path)
+    assert result["status"] == "completed"
+    assert result["overrides"] == args
+    if "hooks=[ema]" in args:
+        assert result["hooks"] == ["ema"]
+        checkpoint = torch.load(tmp_path / "checkpoints" / "epoch_2.pth", weights_only=False)
+        assert set(checkpoint["ema_state_dict"]) == {k for k in checkpoint["state_dict"]}
+        assert "EMAHook [ema]" in proc.output  # in the printed hook order
+
+
+def test_help_lists_the_groups_and_cfg_job_prints_the_config():
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    for line in ("model: cnn, mlp, resnet18", "optim: adam, adamw, sgd", "hooks: ema", "sched: cosine, none"):
+        assert line in proc.stdout
+    proc = run_cli("--cfg", "job", "hooks=[ema]", "optim=adamw")
+    assert proc.returncode == 0
+    assert "_target_: torch.optim.AdamW" in proc.stdout and "_target_: expkit.hooks.EMAHook" in proc.stdout
+
+
+def test_show_hooks_prints_the_order_without_training(tmp_path):
+    proc = run_cli(f"hydra.run.dir={tmp_path}", "show_hooks=true", "hooks=[ema]", "+hooks.ema.priority=HIGHEST")
+    assert proc.returncode == 0, proc.output
+    assert "after_optimizer_step:\n    (HIGHEST     ) EMAHook [ema]" in proc.stdout
+    assert "before_val_epoch:\n    (HIGHEST     ) EMAHook [ema]" in proc.stdout
+    assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["hooks=[nonexistent]"], ["Unknown hook 'nonexistent'", "Available hooks: ema", "hooks=[ema]"]),
+        (["model=nonexistent"], ["Unknown model option 'nonexistent'", "cnn, mlp, resnet18"]),
+        (["hooks=[ema]", "+hooks.ema.priority=SUPER"], ["hooks.ema.priority", "'SUPER'", "VERY_HIGH (10)"]),
+        (["hooks=[ema]", "+hooks.ema.priority=101"], ["hooks.ema.priority", "101", "0-100"]),
+        (["model._target_=nowhere.Net"], ["model._target_='nowhere.Net' cannot be imported", "No module named"]),
+        (["trainer.max_epochs=-1"], ["trainer.max_epochs must be a positive integer, got -1"]),
+        (["optim.lr=abc"], ["optim.lr='abc' is not a number"]),
+        (["data=image_folder", "data.root=/no/such/dir"], ["data.root=/no/such/dir", "ImageFolder layout"]),
+        (["data=image_folder"], ["data.root is required"]),
+        (["trainer.precision=64"], ["trainer.precision must be 32, bf16 or 16"]),
+    ],
+    ids=["hook", "model", "priority-name", "priority-range", "target", "max-epochs", "lr", "root", "no-root", "prec"],
+)
+def test_bad_input_names_the_key_without_a_traceback(tmp_path, args, expected):
+    proc = run_cli(f"hydra.run.dir={tmp_path}", *args)
+    assert proc.returncode == 2, proc.output
+    for text in expected:
+        assert text in proc.stderr
+    assert "Traceback" not in proc.output + proc.stdout
+    if (tmp_path / "result.json").exists():
+        assert _result(tmp_path)["status"] == "failed"
+
+
+def test_a_raising_user_hook_fails_the_run_by_name(tmp_path):
+    (tmp_path / "conf" / "hooks").mkdir(parents=True)
+    (tmp_path / "userhooks.py").write_text(
+        textwrap.dedent(
+            """
+            from expkit import Hook
+
+            class Boom(Hook):
+                priority = "HIGH"
+
+                def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+                    if runner.epoch == 1:
+                        raise ValueError("loss exploded")
+            """
+        )
+    )
+    (tmp_path / "conf" / "hooks" / "boom.yaml").write_text("boom:\n  _target_: userhooks.Boom\n")
+    work = tmp_path / "run"
+    proc = run_cli(
+        "--config-dir", str(tmp_path / "conf"), f"hydra.run.dir={work}", "hooks=[ema,boom]",
+        env={"PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "in Boom.after_train_iter: ValueError: loss exploded" in proc.output
+    assert "(HIGH        ) Boom [boom]" in proc.output
+    result = _result(work)
+    assert result["status"] == "failed" and "Boom.after_train_iter" in result["error"]
+    assert (work / "checkpoints" / "last_checkpoint").read_text().endswith("epoch_1.pth")
+
+
+def test_resume_true_continues_the_run_in_its_work_dir(tmp_path):
+    assert run_cli(f"hydra.run.dir={tmp_path}", "trainer.max_epochs=2").returncode == 0
+    proc = run_cli(f"hydra.run.dir={tmp_path}", "trainer.max_epochs=4", "resume=true")
+    assert proc.returncode == 0, proc.output
+    assert "Resumed from" in proc.output and "epoch 2" in proc.output
+    result = _result(tmp_path)
+    assert (result["epoch"], result["status"]) == (4, "completed")
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    val_epochs = [r["epoch"] for r in records if "val/acc" in r]
+    assert val_epochs == [1, 2, 3, 4]  # epochs 1-2 from the first process, 3-4 after resuming
