@@ -42,6 +42,8 @@ class TrainLoop:
         self.runner = runner
         self.settings = runner.settings
         self.loader = runner.train_loader
+        # the model's own forward+loss when it has one; looked up once, not per iteration
+        self.step = runner.model.train_step if hasattr(runner.model, "train_step") else runner.train_step
 
     def done(self) -> bool:
         r = self.runner
@@ -87,7 +89,7 @@ class TrainLoop:
         data_batch = r.to_device(data_batch)
         call(Stage.BEFORE_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch)
         with r.autocast():
-            outputs = r.train_step(data_batch)
+            outputs = self.step(data_batch)
         call(Stage.AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         optimizer = r.optimizer
         if r.scaler is None:

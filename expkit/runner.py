@@ -115,6 +115,16 @@ def default_hooks(**overrides: Hook | None) -> dict[str, Hook]:
     return {name: hook for name, hook in hooks.items() if hook is not None}
 
 
+def _python_rng_state() -> dict[str, Any]:
+    """random.getstate() with its 625 ints as one tensor (pickling them one by one is slow)."""
+    version, internal, gauss = random.getstate()
+    return {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss}
+
+
+def _set_python_rng_state(state: dict[str, Any]) -> None:
+    random.setstate((state["version"], tuple(state["internal"].tolist()), state["gauss"]))
+
+
 _make_default_hooks = default_hooks  # the Runner's `default_hooks` argument shadows the name
 
 
@@ -203,6 +213,7 @@ class Runner:
         )
 
         self._hooks: list[tuple[str, int, Hook]] = []
+        self._build_dispatch()
         hooks_in = default_hooks if default_hooks is not None else _make_default_hooks()
         for name, hook in hooks_in.items():
             self.register_hook(hook, name=name)
@@ -351,9 +362,8 @@ class Runner:
         return torch.autocast(self.device.type, dtype=self._autocast_dtype)
 
     def train_step(self, data_batch: Any) -> dict[str, Any]:
-        """Forward and loss: the model's own ``train_step(batch)`` when it has one."""
-        if hasattr(self.model, "train_step"):
-            return self.model.train_step(data_batch)
+        """Forward and loss for a plain model; a model with its own ``train_step(batch)``
+        returning ``{"loss": ...}`` is called instead (see TrainLoop)."""
         inputs, targets = data_batch
         logits = self.model(inputs)
         return {"loss": self.criterion(logits, targets), "logits": logits}
@@ -382,7 +392,7 @@ class Runner:
             },
             "state_dict": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "config": self.config,
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "rng": {"torch": torch.get_rng_state(), "python": _python_rng_state()},
             "hooks": {name: state for name, _, hook in self._hooks if (state := hook.state_dict())},
         }
         if save_optimizer and self.optimizer is not None:
@@ -401,11 +411,12 @@ class Runner:
         save_scheduler: bool = True,
         is_best: bool = False,
         metric: str | None = None,
+        durable: bool = False,
     ) -> Path:
-        """Write a checkpoint atomically; regular ones also move `last_checkpoint`."""
+        """Write a checkpoint atomically (`durable`: fsync too); regular ones move `last_checkpoint`."""
         checkpoint = self.state_checkpoint(save_optimizer, save_scheduler)
         self.call_hook(Stage.BEFORE_SAVE_CHECKPOINT, checkpoint=checkpoint)
-        checkpoint_io.save_atomic(checkpoint, path)
+        checkpoint_io.save_atomic(checkpoint, path, durable=durable)
         if not is_best:
             checkpoint_io.point_last_checkpoint(path.parent, path)
             self.last_checkpoint = path
@@ -414,11 +425,11 @@ class Runner:
 
     def _load_or_resume(self) -> None:
         if self.resume_from is True or self.resume_from == "true":
-            path = checkpoint_io.find_last_checkpoint(self.work_dir)
-            if path is None:
+            found = checkpoint_io.load_resumable(self.work_dir)
+            if found is None:
                 log.warning("resume=true: no checkpoint in %s/checkpoints yet; training from scratch", self.work_dir)
                 return
-            self._apply_checkpoint(checkpoint_io.load_checkpoint(path, "resume"), resume=True, source=path)
+            self._apply_checkpoint(found[1], resume=True, source=found[0])
         elif self.resume_from:
             path = Path(self.resume_from)
             self._apply_checkpoint(checkpoint_io.load_checkpoint(path, "resume"), resume=True, source=path)
@@ -455,7 +466,7 @@ class Runner:
             self.scaler.load_state_dict(checkpoint["grad_scaler"])
         if "rng" in checkpoint:
             torch.set_rng_state(checkpoint["rng"]["torch"])
-            random.setstate(checkpoint["rng"]["python"])
+            _set_python_rng_state(checkpoint["rng"]["python"])
         for name, _, hook in self._hooks:
             if name in checkpoint.get("hooks", {}):
                 hook.load_state_dict(checkpoint["hooks"][name])

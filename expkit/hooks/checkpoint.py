@@ -39,6 +39,8 @@ class CheckpointHook(Hook):
     ``save_best``: metric key(s) such as ``val/acc``, or ``auto`` (the first metric validation reports).
     ``rule``: ``greater``/``less`` per key; inferred from the name when None.
     ``best_save_optimizer``: whether best checkpoints carry optimizer and scheduler state.
+    ``fsync``: also force each file to disk before it gets its name (survives a power cut,
+    not just a kill; costs an fsync per save).
     """
 
     priority = Priority.VERY_LOW
@@ -59,6 +61,7 @@ class CheckpointHook(Hook):
         save_begin: int = 0,
         filename_tmpl: str | None = None,
         best_save_optimizer: bool = False,
+        fsync: bool = False,
     ) -> None:
         if save_begin < 0:
             raise ValueError(f"save_begin must be >= 0, got {save_begin}")
@@ -72,6 +75,7 @@ class CheckpointHook(Hook):
         self.save_begin = save_begin
         self.filename_tmpl = filename_tmpl or ("epoch_{}.pth" if by_epoch else "iter_{}.pth")
         self.best_save_optimizer = best_save_optimizer
+        self.fsync = fsync
         self.greater_keys = tuple(_as_list(greater_keys)) or GREATER_KEYS
         self.less_keys = tuple(_as_list(less_keys)) or LESS_KEYS
         self.save_best = _as_list(save_best)
@@ -136,7 +140,9 @@ class CheckpointHook(Hook):
             while len(self.kept) >= self.max_keep_ckpts:
                 Path(self.kept.popleft()).unlink(missing_ok=True)
             self.kept.append(str(path))
-        runner.save_checkpoint(path, save_optimizer=self.save_optimizer, save_scheduler=self.save_param_scheduler)
+        runner.save_checkpoint(
+            path, save_optimizer=self.save_optimizer, save_scheduler=self.save_param_scheduler, durable=self.fsync
+        )
         self._last_saved_position = runner.position
 
     def after_train_epoch(self, runner: Runner) -> None:
@@ -189,6 +195,7 @@ class CheckpointHook(Hook):
                 save_scheduler=self.best_save_optimizer,
                 is_best=True,
                 metric=key,
+                durable=self.fsync,
             )
             if old and old != self.best_paths[key]:
                 Path(old).unlink(missing_ok=True)

@@ -27,6 +27,7 @@ class IterTimerHook(Hook):
         self._avg_data: float | None = None
 
     def before_train(self, runner: Runner) -> None:
+        self._max_iters = runner.max_iters  # len(loader) per iteration would cost microseconds
         self._start_iter = runner.iter
         self._start_time = time.perf_counter()
 
@@ -49,4 +50,4 @@ class IterTimerHook(Hook):
         scalars["train/time"] = self._avg_time
         scalars["train/data_time"] = self._avg_data  # type: ignore[assignment]
         done = runner.iter + 1 - self._start_iter
-        scalars["eta_s"] = (now - self._start_time) / done * (runner.max_iters - runner.iter - 1)
+        scalars["eta_s"] = (now - self._start_time) / done * (self._max_iters - runner.iter - 1)

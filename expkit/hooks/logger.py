@@ -53,13 +53,16 @@ class LoggerHook(Hook):
             self._file = None
 
     # -- train -----------------------------------------------------------------------------
+    def before_train(self, runner: Runner) -> None:
+        self._max_iters = runner.max_iters  # computing it per iteration costs microseconds
+
     def before_train_epoch(self, runner: Runner) -> None:
         self._epoch_len = len(runner.train_loader) if hasattr(runner.train_loader, "__len__") else None  # type: ignore[arg-type]
 
     def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
-        self._losses.append(outputs["loss"])  # read at the interval: no device sync per iteration
+        self._losses.append(outputs["loss"].detach())  # read at the interval: no device sync per iteration
         last_of_epoch = batch_idx + 1 == self._epoch_len
-        if (batch_idx + 1) % self.interval and not last_of_epoch and runner.iter + 1 != runner.max_iters:
+        if (batch_idx + 1) % self.interval and not last_of_epoch and runner.iter + 1 != self._max_iters:
             return
         loss = torch.stack([x.detach().float() for x in self._losses]).mean().item()
         self._losses.clear()
