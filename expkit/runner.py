@@ -266,6 +266,8 @@ class Runner:
                 method(self, **payload)
             except HookError:
                 raise
+            except ConfigError as exc:  # bad input found by a hook: still the user's to fix
+                raise ConfigError(f"in {hook_name}.{stage}: {exc}") from exc
             except Exception as exc:
                 raise HookError(hook_name, stage, f"{type(exc).__name__}: {exc}") from exc
 

@@ -1,0 +1,170 @@
+"""Default hooks and EMA on real (toy) runs: MMEngine's semantics, checked by their effects."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from conftest import toy_runner
+from expkit import ConfigError, Hook, default_hooks
+from expkit.build import build_hook
+from expkit.hooks import CheckpointHook, EMAHook, IterTimerHook, LoggerHook
+from expkit.train import CONF_DIR
+
+
+def _ckpts(work_dir: Path) -> list[str]:
+    return sorted((p.name for p in (work_dir / "checkpoints").glob("*.pth")), key=lambda n: (len(n), n))
+
+
+def test_interval_5_max_keep_2_over_20_epochs_leaves_15_and_20(tmp_path):
+    hooks = {"checkpoint": CheckpointHook(interval=5, max_keep_ckpts=2)}
+    toy_runner(tmp_path, default_hooks=hooks, max_epochs=20).run()
+    assert _ckpts(tmp_path) == ["epoch_15.pth", "epoch_20.pth"]
+
+
+@pytest.mark.parametrize("save_last, expected", [(False, [5, 7, 9]), (True, [5, 7, 9, 10])])
+def test_interval_2_save_begin_5(tmp_path, save_last, expected):
+    hooks = {"checkpoint": CheckpointHook(interval=2, save_begin=5, save_last=save_last)}
+    toy_runner(tmp_path, default_hooks=hooks, max_epochs=10).run()
+    assert _ckpts(tmp_path) == [f"epoch_{n}.pth" for n in expected]
+
+
+def test_iteration_checkpoints_and_last(tmp_path):
+    hooks = {"checkpoint": CheckpointHook(interval=3, by_epoch=False)}
+    toy_runner(tmp_path, default_hooks=hooks, max_epochs=None, max_iters=7).run()
+    assert _ckpts(tmp_path) == ["iter_3.pth", "iter_6.pth", "iter_7.pth"]
+    meta = torch.load(tmp_path / "checkpoints" / "iter_3.pth", weights_only=False)["meta"]
+    assert (meta["epoch"], meta["iter"], meta["inner_iter"]) == (1, 3, 1)  # 2 batches per epoch
+
+
+def test_best_checkpoint_is_unique_and_matches_the_best_epoch(tmp_path):
+    hooks = {"checkpoint": CheckpointHook(interval=-1, save_last=False, save_best="val/loss")}
+    result = toy_runner(tmp_path, default_hooks=hooks, max_epochs=6).run()
+    best = result["best_metrics"]["val/loss"]
+    assert _ckpts(tmp_path) == [f"best_val_loss_epoch_{best['epoch']}.pth"]
+    checkpoint = torch.load(result["best_checkpoint"], weights_only=False)
+    assert "optimizer" not in checkpoint  # best checkpoints are weights by default
+    assert checkpoint["hooks"]["checkpoint"]["best_scores"]["val/loss"] == pytest.approx(best["value"])
+
+
+def test_save_best_names_available_metrics_when_missing(tmp_path):
+    hooks = {"checkpoint": CheckpointHook(save_best="val/top5_acc")}
+    with pytest.raises(ConfigError, match=r"val/top5_acc.*available: val/acc, val/loss"):
+        toy_runner(tmp_path, default_hooks=hooks).run()
+
+
+def test_logger_writes_monotonic_jsonl(tmp_path):
+    hooks = default_hooks(logger=LoggerHook(interval=1))
+    toy_runner(tmp_path, default_hooks=hooks, max_epochs=3).run()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records]
+    assert steps == sorted(steps)
+    train = [r for r in records if "train/loss" in r]
+    assert [r["iter"] for r in train] == [1, 2, 3, 4, 5, 6]
+    assert all({"epoch", "iter", "train/lr", "train/time", "train/data_time"} <= set(r) for r in train)
+    val = [r for r in records if "val/acc" in r]
+    assert [(r["epoch"], r["step"]) for r in val] == [(1, 2), (2, 4), (3, 6)]
+    assert "test/acc" in records[-1]
+
+
+def test_logger_logs_the_last_iteration_of_a_short_epoch(tmp_path):
+    toy_runner(tmp_path, max_epochs=2).run()  # 2 iterations per epoch, interval 10
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iter"] for r in records if "train/loss" in r] == [2, 4]
+
+
+def test_timer_publishes_times_and_eta(tmp_path):
+    runner = toy_runner(tmp_path, max_epochs=2)
+    runner.run()
+    assert runner.scalars["train/time"] > 0 and runner.scalars["train/data_time"] >= 0
+    assert runner.scalars["eta_s"] == pytest.approx(0, abs=1e-9)  # at the last iteration
+    with pytest.raises(ValueError):
+        IterTimerHook(smoothing=0)
+
+
+def test_sampler_seed_hook_gives_each_epoch_its_own_order(tmp_path):
+    orders = []
+
+    class Observe(Hook):
+        priority = "LOW"  # after DistSamplerSeedHook (NORMAL)
+
+        def before_train_epoch(self, runner):
+            sampler = runner.train_loader.sampler
+            orders.append((sampler.epoch, tuple(sampler)))
+
+    toy_runner(tmp_path, hooks=[Observe()], max_epochs=3).run()
+    assert [epoch for epoch, _ in orders] == [0, 1, 2]
+    assert len({order for _, order in orders}) == 3
+
+
+# -- EMA ------------------------------------------------------------------------------------------
+def test_ema_follows_the_formula_and_validation_uses_it(tmp_path):
+    ema = EMAHook(momentum=0.5)
+    snapshots = []
+
+    class Spy(Hook):  # after EMA: NORMAL runs before LOW
+        priority = "LOW"
+
+        def after_optimizer_step(self, runner, *, batch_idx, data_batch, outputs):
+            snapshots.append([p.detach().clone() for p in runner.model.parameters()])
+
+        def after_val_iter(self, runner, *, batch_idx, data_batch, outputs):
+            snapshots.append(("val", [p.detach().clone() for p in runner.model.parameters()]))
+
+    runner = toy_runner(tmp_path, hooks={"ema": ema, "spy": Spy()}, max_epochs=1)
+    runner.run()
+    w1, w2 = snapshots[0], snapshots[1]  # weights after steps 1 and 2
+    expected = [a + 0.5 * (b - a) for a, b in zip(w1, w2)]  # step 1 copies, step 2 lerps
+    val_weights = snapshots[2][1]
+    for e, v, raw in zip(expected, val_weights, runner.model.parameters()):
+        torch.testing.assert_close(v, e)
+        assert not torch.equal(v, raw)  # raw weights are back after validation
+    checkpoint = torch.load(tmp_path / "checkpoints" / "epoch_1.pth", weights_only=False)
+    for name, e in zip(checkpoint["ema_state_dict"], expected):
+        torch.testing.assert_close(checkpoint["ema_state_dict"][name], e)
+    torch.testing.assert_close(checkpoint["state_dict"]["0.weight"], w2[0])  # raw under state_dict
+
+
+def test_ema_survives_resume(tmp_path):
+    toy_runner(tmp_path / "a", hooks={"ema": EMAHook(momentum=0.3)}, max_epochs=4).run()
+    toy_runner(tmp_path / "b", hooks={"ema": EMAHook(momentum=0.3)}, max_epochs=2).run()
+    resumed_hook = EMAHook(momentum=0.3)
+    toy_runner(tmp_path / "b", hooks={"ema": resumed_hook}, max_epochs=4, resume=True).run()
+    a = torch.load(tmp_path / "a" / "checkpoints" / "epoch_4.pth", weights_only=False)
+    b = torch.load(tmp_path / "b" / "checkpoints" / "epoch_4.pth", weights_only=False)
+    assert a["hooks"]["ema"] == b["hooks"]["ema"] == {"steps": 8}
+    for k in a["ema_state_dict"]:
+        torch.testing.assert_close(a["ema_state_dict"][k], b["ema_state_dict"][k], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kwargs", [{"momentum": 0}, {"momentum": 1.5}, {"ema_type": "Nope"}, {"begin_iter": 1, "begin_epoch": 1}])
+def test_ema_rejects_bad_settings(kwargs):
+    with pytest.raises(ValueError):
+        EMAHook(**kwargs)
+
+
+# -- every shipped hook, built from its YAML -----------------------------------------------------
+def _shipped_hook_nodes():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        hook_names = sorted(p.stem for p in (CONF_DIR / "hooks").glob("*.yaml"))
+        cfg = compose(config_name="train", overrides=[f"hooks=[{','.join(hook_names)}]"])
+    nodes = [(f"default_hooks.{k}", v) for k, v in cfg.default_hooks.items()]
+    return nodes + [(f"hooks.{k}", v) for k, v in cfg.hooks.items()]
+
+
+@pytest.mark.parametrize("key, node", _shipped_hook_nodes(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_shipped_hook_builds_runs_and_round_trips_its_state(tmp_path, key, node):
+    node = node.copy()
+    if "save_best" in node:
+        node.save_best = "val/acc"  # the interpolation ${monitor} needs the root config
+    hook = build_hook(node, key)
+    runner = toy_runner(tmp_path, default_hooks={}, hooks={key.split(".")[1]: hook}, max_epochs=2)
+    assert runner.run()["status"] == "completed"
+    state = hook.state_dict()
+    fresh = build_hook(node, key)
+    fresh.load_state_dict(state)
+    assert fresh.state_dict() == state
