@@ -303,6 +303,12 @@ class Runner:
         """before_run, [load], train, test, after_run; writes and returns result.json's content."""
         started = time.time()
         status, error, tb = "completed", None, None
+        if not log.hasHandlers():  # used from Python with logging unconfigured: still show progress
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
+            log.addHandler(handler)
+            log.setLevel(logging.INFO)
+        log.info(self.hook_order_table())
         try:
             try:
                 self.call_hook(Stage.BEFORE_RUN)

@@ -113,7 +113,6 @@ def run(cfg: DictConfig) -> float | None:
     if cfg.show_hooks:
         print(runner.hook_order_table())
         return None
-    log.info(runner.hook_order_table())
     try:
         result = runner.run()
     except ExpkitError as exc:

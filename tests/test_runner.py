@@ -225,3 +225,19 @@ def test_model_with_its_own_train_step(tmp_path):
     runner.optimizer = torch.optim.SGD(runner.model.parameters(), lr=0.1)
     runner.run()
     assert runner.model.calls == 2
+
+
+def test_stop_mid_epoch_then_resume_matches_an_uninterrupted_run(tmp_path):
+    class StopAt3(Hook):
+        def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+            if runner.iter == 2:
+                runner.request_stop("preempted")
+
+    straight = toy_runner(tmp_path / "a", max_epochs=3)
+    straight.run()
+    toy_runner(tmp_path / "b", hooks=[StopAt3()], max_epochs=3).run()  # leaves iter_3.pth, mid-epoch 2
+    resumed = toy_runner(tmp_path / "b", max_epochs=3, resume=True)
+    assert resumed.run()["status"] == "completed"
+    assert (resumed.epoch, resumed.iter) == (3, 6)
+    for a, b in zip(_weights(straight), _weights(resumed)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
