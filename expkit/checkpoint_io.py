@@ -9,9 +9,11 @@ names is complete.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import pickle
 from pathlib import Path
 from typing import IO, Any, Callable
 
@@ -37,7 +39,8 @@ def _write_atomic(path: Path, write: Callable[[IO[bytes]], None], durable: bool)
                 os.fsync(f.fileno())
         os.replace(tmp, path)  # atomic: readers see the old file or the new one, never half
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # never mask the write error with a cleanup error
+            tmp.unlink(missing_ok=True)
     return path
 
 
@@ -46,9 +49,12 @@ def save_atomic(obj: Any, path: Path, durable: bool = False) -> Path:
     return _write_atomic(path, lambda f: torch.save(obj, f), durable=durable)
 
 
-def write_text_atomic(path: Path, text: str, durable: bool = False) -> Path:
-    data = text.encode("utf-8")
+def write_bytes_atomic(path: Path, data: bytes, durable: bool = False) -> Path:
     return _write_atomic(path, lambda f: f.write(data), durable=durable)
+
+
+def write_text_atomic(path: Path, text: str, durable: bool = False) -> Path:
+    return write_bytes_atomic(path, text.encode("utf-8"), durable=durable)
 
 
 def write_json_atomic(path: Path, obj: Any) -> Path:
@@ -83,17 +89,30 @@ def load_resumable(work_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     for path in dict.fromkeys(candidates):
         try:
             return path, load_checkpoint(path, "resume")
-        except Exception as exc:  # truncated or foreign: try the next one
-            log.warning("Cannot resume from %s (%s); trying an older checkpoint", path, exc)
+        except ConfigError as exc:  # truncated or foreign: fall back to an older one, and say so
+            log.warning("Cannot resume from this checkpoint, falling back to an older one: %s", exc)
     return None
 
 
 def load_checkpoint(path: str | Path, key: str = "load_from") -> dict[str, Any]:
-    """Read a checkpoint written by expkit; `key` names the config key in errors."""
+    """Read a checkpoint written by expkit; `key` names the config key in errors.
+
+    Loads with ``weights_only=True``: tensors and plain containers only. A file that needs
+    arbitrary unpickling is refused, never executed.
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{key}={path}: no such checkpoint file. Give the path of a .pth file in a run's checkpoints/ dir.")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+        raise ConfigError(
+            f"{key}={path}: refused, the file holds pickled Python objects beyond tensors and plain "
+            f"containers, and loading it would run arbitrary code ({first[:200]}). Re-save only its weights."
+        ) from None
+    except Exception as exc:  # truncated zip, garbage bytes, ...
+        raise ConfigError(f"{key}={path}: unreadable or truncated checkpoint ({type(exc).__name__}: {exc})") from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise ConfigError(f"{key}={path}: not an expkit checkpoint (no 'state_dict' key).")
     return checkpoint

@@ -18,3 +18,7 @@ class HookError(ExpkitError):
         self.hook_name = hook_name
         self.stage = stage
         super().__init__(f"in {hook_name}.{stage}: {message}")
+
+
+class CheckpointWriteError(ExpkitError):
+    """A checkpoint could not be written; the previous complete one is untouched."""

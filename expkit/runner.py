@@ -13,6 +13,8 @@ import difflib
 import inspect
 import logging
 import random
+import signal
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -22,7 +24,7 @@ import torch
 from torch import nn
 
 from expkit import checkpoint_io
-from expkit.errors import ConfigError, ExpkitError, HookError
+from expkit.errors import CheckpointWriteError, ConfigError, ExpkitError, HookError
 from expkit.hooks.base import Hook
 from expkit.loops import EvalLoop, TrainLoop
 from expkit.metrics import Accuracy, Metric, infer_rule
@@ -115,14 +117,35 @@ def default_hooks(**overrides: Hook | None) -> dict[str, Hook]:
     return {name: hook for name, hook in hooks.items() if hook is not None}
 
 
-def _python_rng_state() -> dict[str, Any]:
-    """random.getstate() with its 625 ints as one tensor (pickling them one by one is slow)."""
+def rng_states() -> dict[str, Any]:
+    """Python, NumPy, torch and CUDA generator states as tensors and plain values
+    (loadable with weights_only=True; one tensor is also far faster to save than 625 ints)."""
+    import numpy as np
+
     version, internal, gauss = random.getstate()
-    return {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss}
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    states: dict[str, Any] = {
+        "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+                  "cached": float(cached)},  # fmt: skip
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
 
 
-def _set_python_rng_state(state: dict[str, Any]) -> None:
-    random.setstate((state["version"], tuple(state["internal"].tolist()), state["gauss"]))
+def set_rng_states(states: Mapping[str, Any]) -> None:
+    import numpy as np
+
+    py = states["python"]
+    random.setstate((py["version"], tuple(py["internal"].tolist()), py["gauss"]))
+    if "numpy" in states:
+        n = states["numpy"]
+        np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 _make_default_hooks = default_hooks  # the Runner's `default_hooks` argument shadows the name
@@ -200,6 +223,7 @@ class Runner:
         self.position = (0, 0, 0)  # (epochs, iters, inner iters) completed: what a checkpoint records
         self.resuming = False  # True once this run continues from a resume checkpoint
         self.stop_reason: str | None = None
+        self.stop_signal: int | None = None  # the signal number when a signal asked to stop
         self.scalars: dict[str, float] = {}  # latest values hooks publish (train/time, ...)
         self.val_metrics: dict[str, float] = {}
         self.test_metrics: dict[str, float] = {}
@@ -309,13 +333,14 @@ class Runner:
             log.addHandler(handler)
             log.setLevel(logging.INFO)
         log.info(self.hook_order_table())
+        previous_handlers = self._catch_signals()
         try:
             try:
                 self.call_hook(Stage.BEFORE_RUN)
                 self._load_or_resume()
                 if self.train_loader is not None and self.optimizer is not None:
                     self.train()
-                if self.test_loader is not None:
+                if self.test_loader is not None and self.stop_signal is None:  # preempted: test after resuming
                     self.test()
                 if self.stop_reason is not None:
                     status = "stopped"
@@ -335,8 +360,25 @@ class Runner:
                         status, error, tb = "failed", str(exc), traceback.format_exc()
                         raise
         finally:
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
             result = self._write_result(status, error, tb, time.time() - started)
         return result
+
+    def _catch_signals(self) -> dict[int, Any]:
+        """SIGTERM / SIGINT (preemption, Ctrl-C) become a stop request: the current iteration
+        finishes, the checkpoint hook saves, result.json says stopped. A second Ctrl-C
+        interrupts at once."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def on_signal(signum: int, frame: Any) -> None:
+            if self.stop_signal is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            self.stop_signal = signum
+            self.request_stop(f"signal {signal.Signals(signum).name}")
+
+        return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def train(self) -> None:
         TrainLoop(self).run()
@@ -400,7 +442,7 @@ class Runner:
             },
             "state_dict": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "config": self.config,
-            "rng": {"torch": torch.get_rng_state(), "python": _python_rng_state()},
+            "rng": rng_states(),
             "hooks": {name: state for name, _, hook in self._hooks if (state := hook.state_dict())},
         }
         if save_optimizer and self.optimizer is not None:
@@ -424,7 +466,11 @@ class Runner:
         """Write a checkpoint atomically (`durable`: fsync too); regular ones move `last_checkpoint`."""
         checkpoint = self.state_checkpoint(save_optimizer, save_scheduler)
         self.call_hook(Stage.BEFORE_SAVE_CHECKPOINT, checkpoint=checkpoint)
-        checkpoint_io.save_atomic(checkpoint, path, durable=durable)
+        try:
+            checkpoint_io.save_atomic(checkpoint, path, durable=durable)
+        except OSError as exc:  # disk full, permission denied, ...
+            kept = f"{self.last_checkpoint} (and last_checkpoint) is intact" if self.last_checkpoint else "none was saved"
+            raise CheckpointWriteError(f"could not write {path}: {exc}; the previous complete checkpoint {kept}") from exc
         if not is_best:
             checkpoint_io.point_last_checkpoint(path.parent, path)
             self.last_checkpoint = path
@@ -473,8 +519,7 @@ class Runner:
         if self.scaler is not None and "grad_scaler" in checkpoint:
             self.scaler.load_state_dict(checkpoint["grad_scaler"])
         if "rng" in checkpoint:
-            torch.set_rng_state(checkpoint["rng"]["torch"])
-            _set_python_rng_state(checkpoint["rng"]["python"])
+            set_rng_states(checkpoint["rng"])
         for name, _, hook in self._hooks:
             if name in checkpoint.get("hooks", {}):
                 hook.load_state_dict(checkpoint["hooks"][name])

@@ -1,7 +1,9 @@
 """``python -m expkit.train``: compose the config, build, run, report the work dir.
 
 Bad input exits with status 2 and one message naming the key and the valid choices;
-a failed run exits with status 1, and its result.json says ``failed`` with the error.
+a failed run exits with status 1, and its result.json says ``failed`` with the error;
+a run stopped by SIGTERM / SIGINT saves a checkpoint and exits with 128 + the signal
+number (143 / 130), result.json saying ``stopped``.
 """
 
 from __future__ import annotations
@@ -127,6 +129,9 @@ def run(cfg: DictConfig) -> float | None:
     summary = ", ".join(f"{k} {v:.4f}" for k, v in result["final_metrics"].items())
     log.info("Done (%s) in %.1f s: %s", result["status"], result["wall_time_s"], summary)
     log.info("Work dir: %s", work_dir.resolve())
+    if runner.stop_signal is not None and not multirun:
+        log.info("Stopped by a signal; continue with: hydra.run.dir=%s resume=true", work_dir)
+        sys.exit(128 + runner.stop_signal)  # the shell's convention: 143 after SIGTERM, 130 after Ctrl-C
     return None if best is None else float(best["value"])
 
 

@@ -6,12 +6,17 @@ the epoch count the checkpoint records.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
 from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from expkit.errors import ConfigError
+import torch
+
+from expkit import checkpoint_io
+from expkit.errors import ConfigError, ExpkitError
 from expkit.hooks.base import Hook
 from expkit.metrics import GREATER_KEYS, LESS_KEYS, infer_rule
 from expkit.stages import Priority
@@ -39,6 +44,8 @@ class CheckpointHook(Hook):
     ``save_best``: metric key(s) such as ``val/acc``, or ``auto`` (the first metric validation reports).
     ``rule``: ``greater``/``less`` per key; inferred from the name when None.
     ``best_save_optimizer``: whether best checkpoints carry optimizer and scheduler state.
+    ``published_keys``: at the end of training, also write the last and best checkpoints with
+    only these keys (e.g. ``[meta, state_dict]``) as ``<name>-<sha256[:8]>.pth``.
     ``fsync``: also force each file to disk before it gets its name (survives a power cut,
     not just a kill; costs an fsync per save).
     """
@@ -60,6 +67,7 @@ class CheckpointHook(Hook):
         less_keys: str | Sequence[str] | None = None,
         save_begin: int = 0,
         filename_tmpl: str | None = None,
+        published_keys: str | Sequence[str] | None = None,
         best_save_optimizer: bool = False,
         fsync: bool = False,
     ) -> None:
@@ -75,6 +83,9 @@ class CheckpointHook(Hook):
         self.save_begin = save_begin
         self.filename_tmpl = filename_tmpl or ("epoch_{}.pth" if by_epoch else "iter_{}.pth")
         self.best_save_optimizer = best_save_optimizer
+        self.published_keys = _as_list(published_keys)
+        if len(set(self.published_keys)) != len(self.published_keys):
+            raise ValueError(f"published_keys lists a key twice: {self.published_keys}")
         self.fsync = fsync
         self.greater_keys = tuple(_as_list(greater_keys)) or GREATER_KEYS
         self.less_keys = tuple(_as_list(less_keys)) or LESS_KEYS
@@ -162,6 +173,34 @@ class CheckpointHook(Hook):
         else:  # iteration-based, or a stop in the middle of an epoch
             self._save_regular(runner, runner.iter, None if not self.by_epoch else "iter_{}.pth")
 
+    def before_train(self, runner: Runner) -> None:
+        """On resume, trust the best files on disk over the (possibly older) state restored
+        from a regular checkpoint: each best file carries its own score."""
+        if not runner.resuming:
+            return
+        for key in self.save_best:
+            files = sorted(self.dir.glob(f"best_{key.replace('/', '_')}_*.pth"))
+            scored = []
+            for path in files:
+                try:
+                    state = checkpoint_io.load_checkpoint(path, "best checkpoint")["hooks"][self._name(runner)]
+                    scored.append((state["best_scores"][key], path))
+                except (ExpkitError, KeyError) as exc:
+                    log.warning("Ignoring best checkpoint %s: %s", path, exc)
+            if not scored:
+                continue
+            pick = max if self.rules[key] == "greater" else min
+            score, path = pick(scored, key=lambda item: item[0])
+            self.best_scores[key], self.best_paths[key] = score, str(path)
+            runner.best_checkpoints[key] = str(path)
+            for _, other in scored:
+                if other != path:
+                    other.unlink(missing_ok=True)
+                    log.info("Removed stale best checkpoint %s", other.name)
+
+    def _name(self, runner: Runner) -> str:
+        return next(name for name, hook in zip(runner.hook_names(), runner.hooks) if hook is self)
+
     def after_val_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:
         if not self.save_best or runner.optimizer is None:
             return
@@ -200,3 +239,24 @@ class CheckpointHook(Hook):
             if old and old != self.best_paths[key]:
                 Path(old).unlink(missing_ok=True)
             log.info("New best %s = %.4f: %s", key, score, name)
+
+    def after_run(self, runner: Runner) -> None:
+        """published_keys: slim copies of the last and best checkpoints, named by content hash."""
+        if not self.published_keys or runner.optimizer is None:
+            return
+        sources = list(self.best_paths.values())
+        if self.save_last and runner.last_checkpoint is not None:
+            sources.insert(0, str(runner.last_checkpoint))
+        for source in dict.fromkeys(sources):
+            path = Path(source)
+            if not path.is_file():
+                continue
+            full = checkpoint_io.load_checkpoint(path, "published checkpoint")
+            dropped = sorted(set(full) - set(self.published_keys))
+            slim = {k: v for k, v in full.items() if k in self.published_keys}
+            buffer = io.BytesIO()
+            torch.save(slim, buffer)
+            digest = hashlib.sha256(buffer.getvalue()).hexdigest()[:8]
+            target = path.with_name(f"{path.stem}-{digest}.pth")
+            checkpoint_io.write_bytes_atomic(target, buffer.getvalue())
+            log.info("Published %s (dropped keys: %s)", target.name, ", ".join(dropped) or "none")
