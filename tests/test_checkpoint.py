@@ -1,0 +1,237 @@
+"""CheckpointHook parameter by parameter, resume exactness, corrupt and hostile files, signals."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import toy_runner
+from expkit import ConfigError, Hook, HookError, default_hooks
+from expkit.checkpoint_io import load_checkpoint
+from expkit.hooks import CheckpointHook
+from expkit.runner import rng_states, set_rng_states
+
+
+def _names(work_dir: Path, pattern: str = "*.pth") -> list[str]:
+    return sorted((p.name for p in (work_dir / "checkpoints").glob(pattern)), key=lambda n: (len(n), n))
+
+
+def _ckpt(work_dir: Path, name: str) -> dict:
+    return torch.load(work_dir / "checkpoints" / name, weights_only=True)
+
+
+def _run(tmp_path, epochs=3, **hook_kwargs):
+    runner = toy_runner(tmp_path, default_hooks={"checkpoint": CheckpointHook(**hook_kwargs)}, max_epochs=epochs)
+    return runner, runner.run()
+
+
+# -- parameters ------------------------------------------------------------------------------------
+def test_save_optimizer_and_param_scheduler_false(tmp_path):
+    runner = toy_runner(tmp_path, default_hooks={"checkpoint": CheckpointHook(save_optimizer=False)}, max_epochs=1)
+    runner.scheduler = torch.optim.lr_scheduler.StepLR(runner.optimizer, 1)
+    runner.run()
+    assert "optimizer" not in _ckpt(tmp_path, "epoch_1.pth") and "scheduler" in _ckpt(tmp_path, "epoch_1.pth")
+    runner = toy_runner(tmp_path / "b", default_hooks={"checkpoint": CheckpointHook(save_param_scheduler=False)})
+    runner.scheduler = torch.optim.lr_scheduler.StepLR(runner.optimizer, 1)
+    runner.run()
+    checkpoint = _ckpt(tmp_path / "b", "epoch_2.pth")
+    assert "optimizer" in checkpoint and "scheduler" not in checkpoint
+
+
+def test_out_dir_gets_the_work_dir_name_and_the_pointer_stays_with_the_files(tmp_path):
+    _run(tmp_path / "work", epochs=1, out_dir=str(tmp_path / "store"))
+    target = tmp_path / "store" / "work"
+    assert (target / "epoch_1.pth").is_file()
+    assert (target / "last_checkpoint").read_text() == str(target / "epoch_1.pth")
+
+
+def test_filename_template(tmp_path):
+    _run(tmp_path, epochs=2, filename_tmpl="ckpt_e{}.pth", save_best="val/acc")
+    names = _names(tmp_path)
+    assert "ckpt_e1.pth" in names and "ckpt_e2.pth" in names
+    assert any(n.startswith("best_val_acc_ckpt_e") for n in names)
+
+
+def test_max_keep_by_iteration(tmp_path):
+    runner = toy_runner(
+        tmp_path, default_hooks={"checkpoint": CheckpointHook(interval=1, by_epoch=False, max_keep_ckpts=2)},
+        max_epochs=None, max_iters=5,
+    )  # fmt: skip
+    runner.run()
+    assert _names(tmp_path) == ["iter_4.pth", "iter_5.pth"]
+
+
+def test_save_best_list_auto_and_explicit_rule(tmp_path):
+    _, result = _run(tmp_path / "a", epochs=4, interval=-1, save_last=False, save_best=["val/acc", "val/loss"])
+    names = _names(tmp_path / "a")
+    assert len([n for n in names if n.startswith("best_val_acc_")]) == 1
+    assert len([n for n in names if n.startswith("best_val_loss_")]) == 1
+    assert set(result["best_checkpoints"]) == {"val/acc", "val/loss"}
+
+    _, result = _run(tmp_path / "b", epochs=4, interval=-1, save_last=False, save_best="auto")
+    assert _names(tmp_path / "b")[0].startswith("best_val_loss_")  # the first metric validation reports
+
+    losses: list[float] = []
+
+    class Collect(Hook):
+        def after_val_epoch(self, runner, *, metrics):
+            losses.append(metrics["val/loss"])
+
+    hook = CheckpointHook(interval=-1, save_last=False, save_best="val/loss", rule="greater")
+    toy_runner(tmp_path / "c", default_hooks={"checkpoint": hook}, hooks=[Collect()], max_epochs=4).run()
+    assert len(losses) == 4 and max(losses) != min(losses)
+    assert hook.best_scores["val/loss"] == max(losses)  # rule=greater keeps the highest loss
+    assert _names(tmp_path / "c") == [f"best_val_loss_epoch_{losses.index(max(losses)) + 1}.pth"]
+
+
+def test_greater_and_less_keys_decide_the_rule():
+    assert CheckpointHook(save_best="val/score", greater_keys=["score"]).rules == {"val/score": "greater"}
+    assert CheckpointHook(save_best="val/score", less_keys="score").rules == {"val/score": "less"}
+    with pytest.raises(ValueError, match="cannot tell whether 'val/score'"):
+        CheckpointHook(save_best="val/score")
+    with pytest.raises(ValueError, match="rule must be"):
+        CheckpointHook(save_best="val/acc", rule="bigger")
+    with pytest.raises(ValueError, match="save_begin"):
+        CheckpointHook(save_begin=-1)
+
+
+def test_best_checkpoints_may_carry_the_optimizer(tmp_path):
+    _, result = _run(tmp_path, epochs=2, save_best="val/acc", best_save_optimizer=True)
+    assert "optimizer" in torch.load(result["best_checkpoint"], weights_only=True)
+
+
+def test_published_keys_write_slim_hashed_copies(tmp_path):
+    _, result = _run(tmp_path, epochs=2, save_best="val/acc", published_keys=["meta", "state_dict"])
+    published = _names(tmp_path, "*-*.pth")
+    assert len(published) == 2  # the last and the best
+    for name in published:
+        path = tmp_path / "checkpoints" / name
+        data = path.read_bytes()
+        assert name.endswith(f"-{hashlib.sha256(data).hexdigest()[:8]}.pth")
+        slim = torch.load(io.BytesIO(data), weights_only=True)
+        assert set(slim) == {"meta", "state_dict"}
+
+
+# -- best state across resume (MMEngine #1166) ------------------------------------------------------
+def test_a_new_best_after_resume_deletes_the_stale_one(tmp_path):
+    class ScriptedAcc(Hook):
+        """Validation accuracy per epoch, scripted so the best moves: 0.5, 0.6, 0.7, 0.8."""
+
+        priority = "HIGHEST"
+
+        def after_val_epoch(self, runner, *, metrics):
+            metrics["val/acc"] = 0.4 + 0.1 * runner.epoch
+
+    def runner(epochs: int, resume: bool = False):
+        hooks = {"checkpoint": CheckpointHook(save_best="val/acc")}
+        return toy_runner(tmp_path, default_hooks=hooks, hooks=[ScriptedAcc()], max_epochs=epochs, resume=resume)
+
+    runner(3).run()
+    # epoch_3.pth was written before epoch 3's validation: its hook state still names epoch 2's best
+    assert _ckpt(tmp_path, "epoch_3.pth")["hooks"]["checkpoint"]["best_paths"]["val/acc"].endswith("epoch_2.pth")
+    assert _names(tmp_path, "best_*") == ["best_val_acc_epoch_3.pth"]
+    resumed = runner(4, resume=True)
+    resumed.run()
+    assert _names(tmp_path, "best_*") == ["best_val_acc_epoch_4.pth"]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["best_checkpoint"].endswith("best_val_acc_epoch_4.pth")
+
+
+# -- files that must not be trusted -----------------------------------------------------------------
+def test_truncated_checkpoint_is_named_and_auto_resume_falls_back(tmp_path, caplog):
+    toy_runner(tmp_path, max_epochs=2).run()
+    last = tmp_path / "checkpoints" / "epoch_2.pth"
+    last.write_bytes(last.read_bytes()[:1000])
+    with pytest.raises(ConfigError, match=r"epoch_2.pth: unreadable or truncated"):
+        load_checkpoint(last, "resume")
+    resumed = toy_runner(tmp_path, max_epochs=3, resume=True)
+    resumed.run()
+    assert "falling back to an older one" in caplog.text and "epoch_2.pth" in caplog.text
+    assert json.loads((tmp_path / "result.json").read_text())["epoch"] == 3
+
+
+class _Planted:
+    """Unpickling this would create a file: proof that code ran."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_checkpoint_holding_a_pickled_object_is_refused_and_never_executed(tmp_path):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pth"
+    torch.save({"state_dict": {}, "payload": _Planted(str(marker))}, path)
+    with pytest.raises(ConfigError, match=r"evil.pth: refused, the file holds pickled Python objects"):
+        load_checkpoint(path, "load_from")
+    assert not marker.exists()
+    runner = toy_runner(tmp_path / "run", resume=str(path))
+    with pytest.raises(ConfigError, match="refused"):
+        runner.run()
+    assert not marker.exists()
+
+
+def test_a_failed_write_names_the_file_and_keeps_the_previous_checkpoint(tmp_path):
+    class BlockSecondSave(Hook):
+        priority = "HIGHEST"
+
+        def after_train_epoch(self, runner):
+            if runner.epoch == 1:  # the temporary file's name becomes a directory: the write fails
+                (tmp_path / "checkpoints" / f".epoch_2.pth.tmp{os.getpid()}" / "x").mkdir(parents=True)
+
+    runner = toy_runner(tmp_path, hooks=[BlockSecondSave()], max_epochs=3)
+    with pytest.raises(HookError, match=r"could not write .*epoch_2.pth: .*epoch_1.pth \(and last_checkpoint\) is intact"):
+        runner.run()
+    assert (tmp_path / "checkpoints" / "last_checkpoint").read_text().endswith("epoch_1.pth")
+    assert load_checkpoint(tmp_path / "checkpoints" / "epoch_1.pth")["meta"]["epoch"] == 1
+    assert not (tmp_path / "checkpoints" / "epoch_2.pth").exists()
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "failed"
+
+
+# -- RNG and signals ----------------------------------------------------------------------------------
+def test_rng_states_round_trip_python_numpy_torch():
+    state = rng_states()
+    draws = (random.random(), np.random.rand(), torch.rand(1).item())
+    set_rng_states(state)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == draws
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    assert torch.load(buffer, weights_only=True)["numpy"]["pos"] == state["numpy"]["pos"]
+
+
+def test_sigterm_saves_stops_and_resumes_exactly(tmp_path):
+    class Preempt(Hook):
+        def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+            if runner.iter == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    straight = toy_runner(tmp_path / "a", max_epochs=3)
+    straight.run()
+    handler_before = signal.getsignal(signal.SIGTERM)
+    stopped = toy_runner(tmp_path / "b", hooks=[Preempt()], max_epochs=3)
+    result = stopped.run()
+    assert signal.getsignal(signal.SIGTERM) is handler_before  # restored
+    assert (result["status"], result["stop_reason"], stopped.stop_signal) == ("stopped", "signal SIGTERM", 15)
+    assert "test/acc" not in result["final_metrics"]  # preempted: the test waits for the resumed run
+    assert _names(tmp_path / "b", "iter_*") == ["iter_3.pth"]
+    resumed = toy_runner(tmp_path / "b", max_epochs=3, resume=True)
+    assert resumed.run()["status"] == "completed"
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_default_hooks_helper_replaces_and_drops():
+    hooks = default_hooks(logger=None, checkpoint=CheckpointHook(interval=3))
+    assert "logger" not in hooks and hooks["checkpoint"].interval == 3 and len(hooks) == 5

@@ -1,0 +1,109 @@
+"""Real processes killed mid-run (SIGKILL, SIGTERM), resumed, compared bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, run_cli
+
+pytestmark = pytest.mark.slow
+
+# iteration checkpoints every 7 iterations: most land in the middle of an epoch (40 batches)
+COMMON = ["trainer.max_epochs=3", "default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=7"]
+SLOW_HOOK = """
+import time
+from expkit import Hook
+
+class Slow(Hook):
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        time.sleep(0.02)  # a slower run, so a signal lands mid-epoch
+"""
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, torch.Tensor]:
+    work = tmp_path_factory.mktemp("reference")
+    proc = run_cli(f"hydra.run.dir={work}", *COMMON)
+    assert proc.returncode == 0, proc.output
+    return torch.load(work / "checkpoints" / "iter_120.pth", weights_only=True)["state_dict"]
+
+
+def _start_slow_run(tmp_path: Path, work: Path) -> subprocess.Popen:
+    conf = tmp_path / "conf" / "hooks"
+    conf.mkdir(parents=True)
+    (conf / "slow.yaml").write_text("slow:\n  _target_: slowhook.Slow\n")
+    (tmp_path / "slowhook.py").write_text(SLOW_HOOK)
+    return subprocess.Popen(
+        [sys.executable, "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), "hooks=[slow]",
+         f"hydra.run.dir={work}", *COMMON],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def _wait_for_mid_epoch_checkpoint(work: Path, proc: subprocess.Popen, timeout: float = 120) -> int:
+    pointer = work / "checkpoints" / "last_checkpoint"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, "the run ended before it could be killed"
+        if pointer.exists():
+            n = int(Path(pointer.read_text()).stem.split("_")[1])
+            if n > 40 and n % 40:  # in epoch 2, mid-epoch
+                return n
+        time.sleep(0.05)
+    raise AssertionError("no mid-epoch checkpoint appeared")
+
+
+def _resume_and_compare(work: Path, reference: dict[str, torch.Tensor]) -> None:
+    proc = run_cli(f"hydra.run.dir={work}", "resume=true", *COMMON)
+    assert proc.returncode == 0, proc.output
+    assert "Resumed from" in proc.output
+    result = json.loads((work / "result.json").read_text())
+    assert (result["status"], result["iter"]) == ("completed", 120)
+    final = torch.load(work / "checkpoints" / "iter_120.pth", weights_only=True)["state_dict"]
+    assert final.keys() == reference.keys()
+    for key in reference:
+        assert torch.equal(final[key], reference[key]), key
+
+
+def test_sigkill_mid_epoch_then_resume_is_bit_identical(tmp_path, reference):
+    work = tmp_path / "run"
+    proc = _start_slow_run(tmp_path, work)
+    try:
+        killed_at = _wait_for_mid_epoch_checkpoint(work, proc)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    for path in (work / "checkpoints").glob("iter_*.pth"):
+        torch.load(path, weights_only=True)  # every file under a final name is complete
+    assert killed_at % 40
+    _resume_and_compare(work, reference)
+
+
+def test_sigterm_exits_143_with_a_checkpoint_then_resumes_exactly(tmp_path, reference):
+    work = tmp_path / "run"
+    proc = _start_slow_run(tmp_path, work)
+    try:
+        _wait_for_mid_epoch_checkpoint(work, proc)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    assert "Stopped by a signal; continue with:" in output
+    result = json.loads((work / "result.json").read_text())
+    assert (result["status"], result["stop_reason"]) == ("stopped", "signal SIGTERM")
+    pointed = Path((work / "checkpoints" / "last_checkpoint").read_text())
+    assert pointed.name == f"iter_{result['iter']}.pth"  # saved where it stopped
+    _resume_and_compare(work, reference)
