@@ -235,3 +235,20 @@ def test_sigterm_saves_stops_and_resumes_exactly(tmp_path):
 def test_default_hooks_helper_replaces_and_drops():
     hooks = default_hooks(logger=None, checkpoint=CheckpointHook(interval=3))
     assert "logger" not in hooks and hooks["checkpoint"].interval == 3 and len(hooks) == 5
+
+
+def test_iteration_based_save_begin_and_best_names(tmp_path):
+    hook = CheckpointHook(interval=2, by_epoch=False, save_begin=3, save_best="val/acc")
+    runner = toy_runner(tmp_path, default_hooks={"checkpoint": hook}, max_epochs=None, max_iters=8, val_interval=4)
+    result = runner.run()
+    regular = [n for n in _names(tmp_path) if n.startswith("iter_")]
+    assert regular == ["iter_3.pth", "iter_5.pth", "iter_7.pth", "iter_8.pth"]
+    best = Path(result["best_checkpoint"]).name
+    assert best in ("best_val_acc_iter_4.pth", "best_val_acc_iter_8.pth")
+    assert _names(tmp_path, "best_*") == [best]
+
+
+def test_timer_state_travels_with_the_checkpoint(tmp_path):
+    toy_runner(tmp_path, max_epochs=1).run()
+    state = _ckpt(tmp_path, "epoch_1.pth")["hooks"]["timer"]
+    assert state["avg_time"] > 0 and state["avg_data"] >= 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from expkit.hooks.base import Hook
 from expkit.stages import Priority
@@ -25,6 +25,13 @@ class IterTimerHook(Hook):
         self._t = 0.0
         self._avg_time: float | None = None
         self._avg_data: float | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The smoothed times, so the ETA right after a resume is not a guess."""
+        return {"avg_time": self._avg_time, "avg_data": self._avg_data}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._avg_time, self._avg_data = state.get("avg_time"), state.get("avg_data")
 
     def before_train(self, runner: Runner) -> None:
         self._max_iters = runner.max_iters  # len(loader) per iteration would cost microseconds
