@@ -252,3 +252,11 @@ def test_timer_state_travels_with_the_checkpoint(tmp_path):
     toy_runner(tmp_path, max_epochs=1).run()
     state = _ckpt(tmp_path, "epoch_1.pth")["hooks"]["timer"]
     assert state["avg_time"] > 0 and state["avg_data"] >= 0
+
+
+def test_an_empty_pointer_falls_back_to_the_newest_loadable_checkpoint(tmp_path):
+    toy_runner(tmp_path, max_epochs=2).run()
+    (tmp_path / "checkpoints" / "last_checkpoint").write_text("")  # a kill while it was rewritten
+    resumed = toy_runner(tmp_path, max_epochs=3, resume=True)
+    resumed.run()
+    assert resumed.iter == 6 and json.loads((tmp_path / "result.json").read_text())["epoch"] == 3
