@@ -241,3 +241,28 @@ def test_stop_mid_epoch_then_resume_matches_an_uninterrupted_run(tmp_path):
     assert (resumed.epoch, resumed.iter) == (3, 6)
     for a, b in zip(_weights(straight), _weights(resumed)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_model_with_its_own_eval_step_feeds_the_metrics(tmp_path):
+    class Flipped(torch.nn.Module):
+        """Evaluates with swapped logits: accuracy must come from eval_step, not forward."""
+
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.lin(x)
+
+        def eval_step(self, batch):
+            x, y = batch
+            logits = self(x)
+            return {"loss": None, "logits": logits.flip(-1), "targets": y}
+
+    runner = toy_runner(tmp_path, max_epochs=1)
+    model = Flipped()
+    runner.model = model
+    flipped = runner.validate()["val/acc"]
+    runner.model = torch.nn.Sequential(model.lin)  # same weights, no eval_step: the default path
+    normal = runner.validate()["val/acc"]
+    assert flipped == pytest.approx(1 - normal)  # two classes: swapped logits invert every prediction
