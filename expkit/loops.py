@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import torch
 
@@ -29,6 +29,22 @@ def _skip_batches(loader: Iterable, n: int) -> Iterable:
     if n:
         log.info("Skipping %d already-trained batches by loading them (the sampler cannot skip by index)", n)
     return itertools.islice(loader, n, None)
+
+
+def _timed_batches(batches: Iterable, runner: Runner) -> Iterator:
+    """The same batches, each fetch inside the "data" phase (only when instrumented)."""
+    iterator = iter(batches)
+    while True:
+        with runner.phase("data") as phase:
+            batch = next(iterator, _END)
+            if batch is _END and phase is not None:  # None: instrumentation ended mid-epoch
+                phase.discard = True  # the end-of-epoch fetch is not a batch
+        if batch is _END:
+            return
+        yield batch
+
+
+_END = object()
 
 
 class TrainLoop:
@@ -66,6 +82,8 @@ class TrainLoop:
         r.call_hook(Stage.BEFORE_TRAIN_EPOCH)  # DistSamplerSeedHook sets the epoch's order here
         r.model.train()
         batches = _skip_batches(self.loader, r.inner_iter)  # type: ignore[arg-type]
+        if r.instrumented:
+            batches = _timed_batches(batches, r)
         for batch_idx, data_batch in enumerate(batches, start=r.inner_iter):
             self.run_iter(batch_idx, data_batch)
             if not by_epoch and self._val_due(r.iter):
@@ -88,25 +106,27 @@ class TrainLoop:
         call = r.call_hook
         data_batch = r.to_device(data_batch)
         call(Stage.BEFORE_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch)
-        with r.autocast():
+        with r.phase("forward"), r.autocast():
             outputs = self.step(data_batch)
         call(Stage.AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         optimizer = r.optimizer
-        if r.scaler is None:
-            outputs["loss"].backward()
-        else:
-            r.scaler.scale(outputs["loss"]).backward()
+        with r.phase("backward"):
+            if r.scaler is None:
+                outputs["loss"].backward()
+            else:
+                r.scaler.scale(outputs["loss"]).backward()
         call(Stage.AFTER_BACKWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
-        if r.settings.clip_grad_norm is not None:
-            if r.scaler is not None:
-                r.scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(r.model.parameters(), r.settings.clip_grad_norm)
-        if r.scaler is None:
-            optimizer.step()  # type: ignore[union-attr]
-        else:
-            r.scaler.step(optimizer)
-            r.scaler.update()
-        optimizer.zero_grad(set_to_none=True)  # type: ignore[union-attr]
+        with r.phase("optimizer"):
+            if r.settings.clip_grad_norm is not None:
+                if r.scaler is not None:
+                    r.scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(r.model.parameters(), r.settings.clip_grad_norm)
+            if r.scaler is None:
+                optimizer.step()  # type: ignore[union-attr]
+            else:
+                r.scaler.step(optimizer)
+                r.scaler.update()
+            optimizer.zero_grad(set_to_none=True)  # type: ignore[union-attr]
         r.position = (r.epoch, r.iter + 1, batch_idx + 1)  # what a checkpoint saved from here on records
         call(Stage.AFTER_OPTIMIZER_STEP, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         call(Stage.AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
@@ -114,12 +134,7 @@ class TrainLoop:
         r.inner_iter = batch_idx + 1
 
     def _val_due(self, count: int) -> bool:
-        """Validate every `val_interval` epochs (or iterations) from `val_begin`, and at the end."""
-        s = self.settings
-        if self.runner.val_loader is None or count < s.val_begin:
-            return False
-        last = s.max_iters if s.max_iters is not None else s.max_epochs
-        return count % s.val_interval == 0 or count == last
+        return self.runner.validation_due(count)
 
 
 class EvalLoop:

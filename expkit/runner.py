@@ -151,6 +151,41 @@ def set_rng_states(states: Mapping[str, Any]) -> None:
 _make_default_hooks = default_hooks  # the Runner's `default_hooks` argument shadows the name
 
 
+_NULL = contextlib.nullcontext()  # shared: entering it costs next to nothing
+
+
+def _add_time(table: dict[Any, list[float]], key: Any, seconds: float) -> None:
+    entry = table.get(key)
+    if entry is None:
+        table[key] = [seconds, 1]
+    else:
+        entry[0] += seconds
+        entry[1] += 1
+
+
+class _Phase:
+    """Times a loop phase into runner.phase_times and marks it for the profiler."""
+
+    __slots__ = ("runner", "name", "start", "marker", "discard")
+
+    def __init__(self, runner: Runner, name: str) -> None:
+        self.runner, self.name, self.discard = runner, name, False
+
+    def __enter__(self) -> _Phase:
+        self.marker = torch.profiler.record_function(f"phase/{self.name}") if self.runner._markers else None
+        if self.marker is not None:
+            self.marker.__enter__()
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        elapsed = time.perf_counter() - self.start
+        if self.runner._timing and not self.discard:
+            _add_time(self.runner.phase_times, self.name, elapsed)
+        if self.marker is not None:
+            self.marker.__exit__(*exc)
+
+
 def _resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -238,6 +273,10 @@ class Runner:
 
         self._hooks: list[tuple[str, int, Hook]] = []
         self._build_dispatch()
+        self._markers = self._timing = self.instrumented = False
+        self.hook_times: dict[tuple[str, str], list[float]] = {}  # (stage, hook) -> [seconds, calls], when timing
+        self.phase_times: dict[str, list[float]] = {}  # loop phase -> [seconds, calls], when timing
+        self.extra_scalars: dict[str, float] = {}  # hooks' values for the next log record (cleared there)
         hooks_in = default_hooks if default_hooks is not None else _make_default_hooks()
         for name, hook in hooks_in.items():
             self.register_hook(hook, name=name)
@@ -275,25 +314,65 @@ class Runner:
 
     def _build_dispatch(self) -> None:
         """For each stage, the hooks that override it, in order. Unused stages cost nothing."""
-        self._dispatch: dict[str, tuple[tuple[str, Callable], ...]] = {}
+        self._dispatch: dict[str, tuple[tuple[str, str, Callable], ...]] = {}
         for stage in Stage:
             self._dispatch[stage.value] = tuple(
-                (f"{type(hook).__name__}", getattr(hook, stage.value))
-                for _, _, hook in self._hooks
+                (type(hook).__name__, name, getattr(hook, stage.value))
+                for name, _, hook in self._hooks
                 if getattr(type(hook), stage.value) is not getattr(Hook, stage.value)
             )
 
     def call_hook(self, stage: str, **payload: Any) -> None:
         """Run every hook registered at `stage`; an error names the hook and the stage."""
-        for hook_name, method in self._dispatch[stage]:
+        for class_name, _, method in self._dispatch[stage]:
             try:
                 method(self, **payload)
             except HookError:
                 raise
             except ConfigError as exc:  # bad input found by a hook: still the user's to fix
-                raise ConfigError(f"in {hook_name}.{stage}: {exc}") from exc
+                raise ConfigError(f"in {class_name}.{stage}: {exc}") from exc
             except Exception as exc:
-                raise HookError(hook_name, stage, f"{type(exc).__name__}: {exc}") from exc
+                raise HookError(class_name, stage, f"{type(exc).__name__}: {exc}") from exc
+
+    # -- instrumentation (off by default: then it costs nothing) ------------------------------
+    def instrument(self, *, markers: bool | None = None, timing: bool | None = None) -> None:
+        """``markers``: wrap every stage, hook call and loop phase in ``record_function`` so
+        they show by name in profiler traces. ``timing``: add up the seconds of every hook at
+        every stage (``hook_times``) and of every loop phase (``phase_times``)."""
+        if markers is not None:
+            self._markers = markers
+        if timing is not None:
+            self._timing = timing
+        instrumented = self._markers or self._timing
+        if instrumented:
+            self.call_hook = self._call_hook_instrumented  # type: ignore[method-assign]
+        else:
+            self.__dict__.pop("call_hook", None)
+        self.instrumented = instrumented
+
+    def _call_hook_instrumented(self, stage: str, **payload: Any) -> None:
+        markers = self._markers
+        with torch.profiler.record_function(f"stage/{stage}") if markers else _NULL:
+            for class_name, name, method in self._dispatch[stage]:
+                start = time.perf_counter()
+                try:
+                    with torch.profiler.record_function(f"{class_name}.{stage}") if markers else _NULL:
+                        method(self, **payload)
+                except HookError:
+                    raise
+                except ConfigError as exc:
+                    raise ConfigError(f"in {class_name}.{stage}: {exc}") from exc
+                except Exception as exc:
+                    raise HookError(class_name, stage, f"{type(exc).__name__}: {exc}") from exc
+                finally:
+                    if self._timing:
+                        _add_time(self.hook_times, (stage, name), time.perf_counter() - start)
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager:
+        """A loop phase (data, forward, backward, optimizer): marked and timed when instrumented."""
+        if not self.instrumented:
+            return _NULL
+        return _Phase(self, name)
 
     def hook_order_table(self) -> str:
         """The resolved order per stage, as printed at start-up."""
@@ -379,6 +458,15 @@ class Runner:
             self.request_stop(f"signal {signal.Signals(signum).name}")
 
         return {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def validation_due(self, count: int) -> bool:
+        """Whether training validates after `count` completed epochs (iterations when
+        iteration-based): every `val_interval` from `val_begin`, and at the end."""
+        s = self.settings
+        if self.val_loader is None or count < s.val_begin:
+            return False
+        last = s.max_iters if s.max_iters is not None else s.max_epochs
+        return count % s.val_interval == 0 or count == last
 
     def train(self) -> None:
         TrainLoop(self).run()

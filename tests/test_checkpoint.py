@@ -122,28 +122,39 @@ def test_published_keys_write_slim_hashed_copies(tmp_path):
 
 
 # -- best state across resume (MMEngine #1166) ------------------------------------------------------
-def test_a_new_best_after_resume_deletes_the_stale_one(tmp_path):
-    class ScriptedAcc(Hook):
-        """Validation accuracy per epoch, scripted so the best moves: 0.5, 0.6, 0.7, 0.8."""
+def test_resume_from_an_older_checkpoint_keeps_the_true_best_and_one_file(tmp_path):
+    """Resuming from epoch_1.pth, whose hook state says best = 0.5 at epoch 1, while
+    best_val_acc_epoch_3.pth (0.7) is on disk. Trusting the stale state would save 0.65 as
+    a new best, leave two best files, and finally overwrite the 0.7 model with a worse one."""
 
+    class ScriptedAcc(Hook):
         priority = "HIGHEST"
 
+        def __init__(self, values):
+            self.values = list(values)
+
         def after_val_epoch(self, runner, *, metrics):
-            metrics["val/acc"] = 0.4 + 0.1 * runner.epoch
+            metrics["val/acc"] = self.values.pop(0)
 
-    def runner(epochs: int, resume: bool = False):
+    def runner(values, epochs, resume=False):
         hooks = {"checkpoint": CheckpointHook(save_best="val/acc")}
-        return toy_runner(tmp_path, default_hooks=hooks, hooks=[ScriptedAcc()], max_epochs=epochs, resume=resume)
+        return toy_runner(tmp_path, default_hooks=hooks, hooks=[ScriptedAcc(values)], max_epochs=epochs, resume=resume)
 
-    runner(3).run()
-    # epoch_3.pth was written before epoch 3's validation: its hook state still names epoch 2's best
-    assert _ckpt(tmp_path, "epoch_3.pth")["hooks"]["checkpoint"]["best_paths"]["val/acc"].endswith("epoch_2.pth")
+    runner([0.5, 0.6, 0.7], 3).run()
     assert _names(tmp_path, "best_*") == ["best_val_acc_epoch_3.pth"]
-    resumed = runner(4, resume=True)
+    assert _ckpt(tmp_path, "epoch_1.pth")["hooks"]["checkpoint"]["best_scores"] == {"val/acc": 0.5}
+    resumed = runner([0.65, 0.66, 0.68], 4, resume=str(tmp_path / "checkpoints" / "epoch_1.pth"))
     resumed.run()
-    assert _names(tmp_path, "best_*") == ["best_val_acc_epoch_4.pth"]
-    result = json.loads((tmp_path / "result.json").read_text())
-    assert result["best_checkpoint"].endswith("best_val_acc_epoch_4.pth")
+    assert _names(tmp_path, "best_*") == ["best_val_acc_epoch_3.pth"]
+    best = _ckpt(tmp_path, "best_val_acc_epoch_3.pth")["hooks"]["checkpoint"]["best_scores"]["val/acc"]
+    assert best == 0.7
+
+
+def test_regular_checkpoints_hold_the_state_of_the_validation_that_followed(tmp_path):
+    hooks = {"checkpoint": CheckpointHook(save_best="val/acc")}
+    result = toy_runner(tmp_path, default_hooks=hooks, max_epochs=3).run()
+    state = _ckpt(tmp_path, "epoch_3.pth")["hooks"]["checkpoint"]
+    assert state["best_paths"]["val/acc"] == result["best_checkpoint"]  # not one validation behind
 
 
 # -- files that must not be trusted -----------------------------------------------------------------

@@ -164,6 +164,7 @@ def test_every_shipped_hook_builds_runs_and_round_trips_its_state(tmp_path, key,
     hook = build_hook(node, key)
     runner = toy_runner(tmp_path, default_hooks={}, hooks={key.split(".")[1]: hook}, max_epochs=2)
     assert runner.run()["status"] == "completed"
+    runner.call_hook("after_run")  # closing twice is safe
     state = hook.state_dict()
     fresh = build_hook(node, key)
     fresh.load_state_dict(state)

@@ -79,7 +79,7 @@ def test_dispatch_holds_only_hooks_that_override_the_stage(tmp_path):
             pass
 
     runner = toy_runner(tmp_path, default_hooks={}, hooks=[OnlyEpoch()])
-    assert [n for n, _ in runner._dispatch["after_train_epoch"]] == ["OnlyEpoch"]
+    assert [c for c, _, _ in runner._dispatch["after_train_epoch"]] == ["OnlyEpoch"]
     assert all(not runner._dispatch[s.value] for s in Stage if s is not Stage.AFTER_TRAIN_EPOCH)
 
 

@@ -1,21 +1,48 @@
 """Hooks: the base class, the six default hooks and the custom catalog (one per file)."""
 
+from expkit.hooks.activation_stats import ActivationStatsHook
 from expkit.hooks.base import Hook
 from expkit.hooks.checkpoint import CheckpointHook
+from expkit.hooks.csv_writer import CSVHook
+from expkit.hooks.detect_anomaly import DetectAnomalyHook
+from expkit.hooks.early_stopping import EarlyStoppingHook
 from expkit.hooks.ema import EMAHook
+from expkit.hooks.empty_cache import EmptyCacheHook
+from expkit.hooks.grad_norm import GradNormHook
+from expkit.hooks.invalid_loss import InvalidLossError, InvalidLossHook
 from expkit.hooks.iter_timer import IterTimerHook
 from expkit.hooks.logger import LoggerHook
+from expkit.hooks.memory_summary import MemorySummaryHook
+from expkit.hooks.model_complexity import ModelComplexityHook
 from expkit.hooks.param_scheduler import ParamSchedulerHook
+from expkit.hooks.perf_stats import PerfStatsHook
+from expkit.hooks.profiler import ProfilerHook
 from expkit.hooks.runtime_info import RuntimeInfoHook
 from expkit.hooks.sampler_seed import DistSamplerSeedHook
+from expkit.hooks.stop_after import StopAfterHook
+from expkit.hooks.sync_buffers import SyncBuffersHook
 
 __all__ = [
+    "ActivationStatsHook",
+    "CSVHook",
     "CheckpointHook",
+    "DetectAnomalyHook",
     "DistSamplerSeedHook",
     "EMAHook",
+    "EarlyStoppingHook",
+    "EmptyCacheHook",
+    "GradNormHook",
     "Hook",
+    "InvalidLossError",
+    "InvalidLossHook",
     "IterTimerHook",
     "LoggerHook",
+    "MemorySummaryHook",
+    "ModelComplexityHook",
     "ParamSchedulerHook",
+    "PerfStatsHook",
+    "ProfilerHook",
     "RuntimeInfoHook",
+    "StopAfterHook",
+    "SyncBuffersHook",
 ]

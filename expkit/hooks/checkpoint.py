@@ -108,6 +108,7 @@ class CheckpointHook(Hook):
         self.best_paths: dict[str, str] = {}
         self.kept: deque[str] = deque()
         self._last_saved_position: tuple[int, int, int] | None = None
+        self._deferred: int | None = None  # a regular save waiting for the validation that follows
 
     def _set_rule(self, key: str, given: str | None) -> None:
         if key == "auto":
@@ -156,16 +157,33 @@ class CheckpointHook(Hook):
         )
         self._last_saved_position = runner.position
 
+    def _save_or_defer(self, runner: Runner, count: int) -> None:
+        """When validation follows, save after it (in after_val): the checkpoint then holds the
+        state validation updates (best scores, early stopping, plateau schedulers), so a
+        resume is not one validation behind."""
+        if runner.settings.by_epoch == self.by_epoch and runner.validation_due(count):
+            self._deferred = count
+        else:
+            self._save_regular(runner, count)
+
     def after_train_epoch(self, runner: Runner) -> None:
         if self.by_epoch and runner.epoch_complete and self._due(runner.epoch + 1):
-            self._save_regular(runner, runner.epoch + 1)
+            self._save_or_defer(runner, runner.epoch + 1)
 
     def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
         if not self.by_epoch and self._due(runner.iter + 1):
-            self._save_regular(runner, runner.iter + 1)
+            self._save_or_defer(runner, runner.iter + 1)
+
+    def after_val(self, runner: Runner) -> None:
+        if self._deferred is not None:
+            count, self._deferred = self._deferred, None
+            self._save_regular(runner, count)
 
     def after_train(self, runner: Runner) -> None:
         """save_last: where training ended (the budget or a stop), unless that is saved already."""
+        if self._deferred is not None:  # validation did not happen after all (a stop)
+            count, self._deferred = self._deferred, None
+            self._save_regular(runner, count)
         if not self.save_last or runner.position == self._last_saved_position or runner.iter == 0:
             return
         if self.by_epoch and runner.inner_iter == 0:

@@ -74,6 +74,9 @@ class LoggerHook(Hook):
         for key in ("train/time", "train/data_time"):
             if key in scalars:
                 record[key] = scalars[key]
+        if runner.extra_scalars:  # what other hooks published since the last record
+            record.update(runner.extra_scalars)
+            runner.extra_scalars.clear()
         self.write(record)
         s = runner.settings
         if s.by_epoch:

@@ -1,0 +1,61 @@
+"""ActivationStatsHook: mean and spread of chosen layers' outputs every N iterations (NORMAL)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+from torch import nn
+
+from expkit.hooks.base import Hook
+from expkit.stages import Priority
+
+if TYPE_CHECKING:
+    from expkit.runner import Runner
+
+
+class ActivationStatsHook(Hook):
+    """Every ``interval`` iterations, records ``activations/<layer>/mean`` and ``/std`` of the
+    named modules' outputs (``layers``: names as in ``model.named_modules()``; None: every
+    leaf module that has parameters) for the log record. Forward hooks are attached only for
+    the iterations that are measured."""
+
+    priority = Priority.NORMAL
+
+    def __init__(self, layers: Sequence[str] | None = None, interval: int = 50) -> None:
+        if interval < 1:
+            raise ValueError(f"interval must be >= 1, got {interval}")
+        self.layers = list(layers) if layers is not None else None
+        self.interval = interval
+        self._handles: list[Any] = []
+        self.latest: dict[str, float] = {}
+
+    def before_train(self, runner: Runner) -> None:
+        modules = dict(runner.model.named_modules())
+        if self.layers is None:
+            self._targets = {n: m for n, m in modules.items() if not list(m.children()) and list(m.parameters())}
+        else:
+            missing = [n for n in self.layers if n not in modules]
+            if missing:
+                raise ValueError(f"layers {missing} are not in the model; it has: {', '.join(n for n in modules if n)}")
+            self._targets = {n: modules[n] for n in self.layers}
+
+    def before_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any) -> None:
+        if (runner.iter + 1) % self.interval == 0:
+            self._handles = [m.register_forward_hook(self._recorder(n)) for n, m in self._targets.items()]
+
+    def _recorder(self, name: str):
+        def record(module: nn.Module, inputs: Any, output: Any) -> None:
+            if isinstance(output, torch.Tensor):
+                out = output.detach().float()
+                self.latest[f"activations/{name}/mean"] = float(out.mean())
+                self.latest[f"activations/{name}/std"] = float(out.std()) if out.numel() > 1 else 0.0
+
+        return record
+
+    def after_forward(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
+        if self._handles:
+            for h in self._handles:
+                h.remove()
+            self._handles = []
+            runner.extra_scalars.update(self.latest)

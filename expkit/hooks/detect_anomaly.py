@@ -1,0 +1,40 @@
+"""DetectAnomalyHook: autograd anomaly detection during training (HIGHEST)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from expkit.hooks.base import Hook
+from expkit.stages import Priority
+
+if TYPE_CHECKING:
+    from expkit.runner import Runner
+
+
+class DetectAnomalyHook(Hook):
+    """Turns on ``torch.autograd.set_detect_anomaly`` for training: a backward pass that
+    produces NaN fails with the forward operation that caused it. Slows training several
+    times over: for debugging only."""
+
+    priority = Priority.HIGHEST
+
+    def __init__(self, check_nan: bool = True) -> None:
+        self.check_nan = check_nan
+        self._previous: bool | None = None
+
+    def before_train(self, runner: Runner) -> None:
+        self._previous = torch.is_anomaly_enabled()
+        torch.autograd.set_detect_anomaly(True, check_nan=self.check_nan)
+
+    def _restore(self) -> None:
+        if self._previous is not None:
+            torch.autograd.set_detect_anomaly(self._previous)
+            self._previous = None
+
+    def after_train(self, runner: Runner) -> None:
+        self._restore()
+
+    def after_run(self, runner: Runner) -> None:
+        self._restore()

@@ -1,0 +1,85 @@
+"""EarlyStoppingHook: stop when a validation metric stops improving (LOWEST: after the
+checkpoint hook saved the best model of that validation)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Any, Mapping
+
+from expkit.hooks.base import Hook
+from expkit.metrics import infer_rule
+from expkit.stages import Priority
+
+if TYPE_CHECKING:
+    from expkit.runner import Runner
+
+log = logging.getLogger("expkit")
+
+
+class EarlyStoppingHook(Hook):
+    """After each validation, in this order (MMEngine's):
+    a non-finite ``monitor`` stops (``check_finite``); reaching ``stopping_threshold`` stops;
+    an improvement smaller than ``min_delta`` counts toward ``patience`` validations, after
+    which training stops; a larger one resets the count.
+
+    ``rule``: greater/less, inferred from the name when None. ``strict``: a missing
+    ``monitor`` is an error instead of a warning. ``min_delta`` defaults to 0 (MMEngine's
+    code uses 0.1 and its docs 0.01; 0.1 is most of an accuracy's range).
+    """
+
+    priority = Priority.LOWEST
+
+    def __init__(
+        self,
+        monitor: str = "val/loss",
+        rule: str | None = None,
+        min_delta: float = 0.0,
+        patience: int = 5,
+        strict: bool = False,
+        check_finite: bool = True,
+        stopping_threshold: float | None = None,
+    ) -> None:
+        rule = rule or infer_rule(monitor)
+        if rule not in ("greater", "less"):
+            raise ValueError(f"rule must be 'greater' or 'less' (cannot infer it for {monitor!r}), got {rule!r}")
+        if patience < 1 or min_delta < 0:
+            raise ValueError("patience must be >= 1 and min_delta >= 0")
+        self.monitor, self.rule, self.min_delta, self.patience = monitor, rule, min_delta, patience
+        self.strict, self.check_finite, self.stopping_threshold = strict, check_finite, stopping_threshold
+        self.best_score = -math.inf if rule == "greater" else math.inf
+        self.wait_count = 0
+
+    def _better(self, a: float, b: float) -> bool:
+        return a > b if self.rule == "greater" else a < b
+
+    def after_val_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:
+        if self.monitor not in metrics:
+            message = f"early stopping monitors {self.monitor!r}, not among {sorted(metrics)}"
+            if self.strict:
+                raise KeyError(message)
+            log.warning("%s; skipped", message)
+            return
+        score = metrics[self.monitor]
+        where = f"epoch {runner.epoch}" if runner.settings.by_epoch else f"iteration {runner.iter}"
+        if self.check_finite and not math.isfinite(score):
+            runner.request_stop(f"early stopping: {self.monitor} is {score} at {where}")
+        elif self.stopping_threshold is not None and not self._better(self.stopping_threshold, score):
+            self.best_score = score
+            runner.request_stop(f"early stopping: {self.monitor}={score:.4f} reached {self.stopping_threshold}")
+        elif not self._better(score, self.best_score + (self.min_delta if self.rule == "greater" else -self.min_delta)):
+            self.wait_count += 1
+            if self.wait_count >= self.patience:
+                runner.request_stop(
+                    f"early stopping: {self.monitor} did not improve on {self.best_score:.4f} by more than "
+                    f"{self.min_delta} for {self.patience} validations (at {where})"
+                )
+        else:
+            self.best_score, self.wait_count = score, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best_score": self.best_score, "wait_count": self.wait_count}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.best_score = float(state["best_score"])
+        self.wait_count = int(state["wait_count"])

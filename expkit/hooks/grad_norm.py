@@ -1,0 +1,37 @@
+"""GradNormHook: log the gradients' total L2 norm (ABOVE_NORMAL)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from expkit.hooks.base import Hook
+from expkit.stages import Priority
+
+if TYPE_CHECKING:
+    from expkit.runner import Runner
+
+
+class GradNormHook(Hook):
+    """Every ``interval`` iterations, after backward (and before clipping), publishes
+    ``train/grad_norm``: the L2 norm of all gradients together, as clip_grad_norm_ sees it.
+    With fp16 the gradients are still scaled there, so the scale is divided out."""
+
+    priority = Priority.ABOVE_NORMAL
+
+    def __init__(self, interval: int = 10) -> None:
+        if interval < 1:
+            raise ValueError(f"interval must be >= 1, got {interval}")
+        self.interval = interval
+
+    def after_backward(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
+        if (runner.iter + 1) % self.interval:
+            return
+        grads = [p.grad.detach() for p in runner.model.parameters() if p.grad is not None]
+        if not grads:
+            return
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        if runner.scaler is not None:
+            norm = norm / runner.scaler.get_scale()
+        runner.extra_scalars["train/grad_norm"] = float(norm)

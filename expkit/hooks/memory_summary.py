@@ -1,0 +1,82 @@
+"""MemorySummaryHook: process and CUDA memory every few iterations; optionally per layer (NORMAL)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from expkit.hooks.base import Hook
+from expkit.stages import Priority
+
+if TYPE_CHECKING:
+    from expkit.runner import Runner
+
+log = logging.getLogger("expkit")
+MB = 1024 * 1024
+
+
+def memory_now(device: torch.device) -> dict[str, float]:
+    """RSS now and at peak (MB), and CUDA allocated / reserved / peak allocated (MB)."""
+    stats: dict[str, float] = {}
+    try:
+        with open("/proc/self/statm") as f:
+            stats["memory/rss_mb"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MB
+    except OSError:  # not Linux
+        pass
+    stats["memory/peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
+    if device.type == "cuda":
+        stats["memory/cuda_allocated_mb"] = torch.cuda.memory_allocated(device) / MB
+        stats["memory/cuda_reserved_mb"] = torch.cuda.memory_reserved(device) / MB
+        stats["memory/cuda_peak_mb"] = torch.cuda.max_memory_allocated(device) / MB
+    return stats
+
+
+class MemorySummaryHook(Hook):
+    """Every ``interval`` iterations publishes ``memory/rss_mb``, ``memory/peak_rss_mb`` and,
+    on CUDA, ``memory/cuda_allocated_mb``, ``memory/cuda_reserved_mb``, ``memory/cuda_peak_mb``
+    to the log record. ``by_layer``: on the first iteration, the memory of each leaf module's
+    output (VISSL's by-layer tracking), logged as a table and kept in result.json."""
+
+    priority = Priority.NORMAL
+
+    def __init__(self, interval: int = 50, by_layer: bool = False, top: int = 20) -> None:
+        if interval < 1:
+            raise ValueError(f"interval must be >= 1, got {interval}")
+        self.interval, self.by_layer, self.top = interval, by_layer, top
+        self._handles: list[Any] = []
+        self.layer_bytes: dict[str, int] = {}
+
+    def before_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any) -> None:
+        if self.by_layer and not self.layer_bytes and not self._handles:
+            for name, module in runner.model.named_modules():
+                if not list(module.children()):
+                    self._handles.append(module.register_forward_hook(self._recorder(name or type(module).__name__)))
+
+    def _recorder(self, name: str):
+        def record(module: nn.Module, inputs: Any, output: Any) -> None:
+            if isinstance(output, torch.Tensor):
+                self.layer_bytes[name] = self.layer_bytes.get(name, 0) + output.numel() * output.element_size()
+
+        return record
+
+    def after_forward(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
+        if self._handles:
+            for h in self._handles:
+                h.remove()
+            self._handles = []
+            rows = sorted(self.layer_bytes.items(), key=lambda kv: -kv[1])[: self.top]
+            runner.run_info["memory_by_layer_mb"] = {k: round(v / MB, 4) for k, v in rows}
+            table = "\n".join(f"    {k:<40} {v / MB:10.3f} MB" for k, v in rows)
+            log.info("Activation memory by layer (one batch, largest first):\n%s", table)
+
+    def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
+        if (runner.iter + 1) % self.interval == 0:
+            runner.extra_scalars.update(memory_now(runner.device))
+
+    def after_run(self, runner: Runner) -> None:
+        runner.run_info["memory"] = {k: round(v, 1) for k, v in memory_now(runner.device).items()}

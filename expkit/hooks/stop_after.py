@@ -1,0 +1,49 @@
+"""StopAfterHook: end training after a number of epochs, iterations or seconds (NORMAL)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Mapping
+
+from expkit.hooks.base import Hook
+from expkit.stages import Priority
+
+if TYPE_CHECKING:
+    from expkit.runner import Runner
+
+
+class StopAfterHook(Hook):
+    """Requests a stop once ``epochs`` epochs, ``iters`` iterations or ``minutes`` of training
+    time are reached (whichever comes first; None: no limit). The stop saves a checkpoint,
+    so a run given a time budget can be continued with ``resume=true``. Time already spent
+    before a resume counts."""
+
+    priority = Priority.NORMAL
+
+    def __init__(self, epochs: int | None = None, iters: int | None = None, minutes: float | None = None) -> None:
+        if epochs is None and iters is None and minutes is None:
+            raise ValueError("set at least one of epochs, iters, minutes")
+        self.epochs, self.iters, self.minutes = epochs, iters, minutes
+        self.spent_s = 0.0
+
+    def before_train(self, runner: Runner) -> None:
+        self._since = time.perf_counter()
+
+    def _elapsed(self) -> float:
+        return self.spent_s + time.perf_counter() - self._since
+
+    def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
+        if self.iters is not None and runner.iter + 1 >= self.iters:
+            runner.request_stop(f"stop_after: {self.iters} iterations")
+        elif self.minutes is not None and self._elapsed() >= 60 * self.minutes:
+            runner.request_stop(f"stop_after: {self.minutes} minutes of training")
+
+    def after_train_epoch(self, runner: Runner) -> None:
+        if self.epochs is not None and runner.epoch_complete and runner.epoch + 1 >= self.epochs:
+            runner.request_stop(f"stop_after: {self.epochs} epochs")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"spent_s": self._elapsed() if hasattr(self, "_since") else self.spent_s}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.spent_s = float(state.get("spent_s", 0.0))
