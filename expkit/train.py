@@ -9,6 +9,7 @@ number (143 / 130), result.json saying ``stopped``.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any, Iterable
@@ -20,6 +21,7 @@ from omegaconf import DictConfig
 
 from expkit import checkpoint_io
 from expkit.errors import ConfigError, ExpkitError
+from expkit.sweep import monitor_of, worst_value
 
 log = logging.getLogger("expkit")
 
@@ -83,56 +85,80 @@ def check_group_choices(argv: list[str]) -> str | None:
 
 
 # -- the task ---------------------------------------------------------------------------------------
-def _fail(exc: BaseException, work_dir: Path, multirun: bool) -> None:
-    """Report a user error: one message, result.json says failed; no traceback wall."""
+def _fail(exc: BaseException, work_dir: Path) -> None:
+    """Report a user error in a single run: one message, result.json says failed; no traceback wall."""
     result = work_dir / "result.json"
     if not result.exists():  # the runner writes its own once it exists
         checkpoint_io.write_json_atomic(result, {"status": "failed", "error": str(exc), "work_dir": str(work_dir)})
-    if multirun:  # let the launcher record this job as failed and go on with the others
-        raise exc
     print(f"\nError: {exc}\n(work dir: {work_dir})", file=sys.stderr)
     sys.exit(2 if isinstance(exc, ConfigError) else 1)  # 2: fix the input; 1: the run failed
 
 
+def _sweep_job_failed(exc: BaseException, work_dir: Path, sweep_dir: Path, rule: str, fail_fast: bool) -> float:
+    """In a sweep: record the failure, then either stop the sweep (fail_fast) or let it go on."""
+    result = work_dir / "result.json"
+    if not result.exists():
+        checkpoint_io.write_json_atomic(
+            result, {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "work_dir": str(work_dir)}
+        )
+    log.error("Job failed: %s (work dir %s)", exc, work_dir)
+    if fail_fast:
+        (sweep_dir / FAIL_FAST_MARKER).write_text(str(work_dir))
+        raise exc
+    return worst_value(rule)
+
+
+FAIL_FAST_MARKER = ".fail_fast"
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def run(cfg: DictConfig) -> float | None:
-    """Hydra's task function: returns the best value of ``monitor`` (for sweepers), or None."""
+    """Hydra's task function: returns the best value of ``monitor`` for sweepers (never NaN:
+    a failed or diverged job in a sweep returns the worst value)."""
+    from omegaconf import OmegaConf
+
     from expkit.build import build_runner
 
     hc = HydraConfig.get()
     work_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
+    monitor, rule = monitor_of(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
     run_info = {
         "overrides": list(hc.overrides.task),
         "hooks": list(cfg.hooks.keys()),  # list selections are not in hydra.runtime.choices
         "command": " ".join(["python -m expkit.train", *sys.argv[1:]]),
     }
+    if multirun:
+        sweep_dir = Path(hc.sweep.dir)
+        if (sweep_dir / FAIL_FAST_MARKER).exists():
+            checkpoint_io.write_json_atomic(work_dir / "result.json", {
+                "status": "skipped", "error": f"an earlier job failed and fail_fast is set ({(sweep_dir / FAIL_FAST_MARKER).read_text()})",
+                "work_dir": str(work_dir)})  # fmt: skip
+            return worst_value(rule)
     try:
         runner = build_runner(cfg, work_dir, run_info)
-    except ExpkitError as exc:
-        _fail(exc, work_dir, multirun)
-        return None
-    if cfg.show_hooks:
-        print(runner.hook_order_table())
-        return None
-    try:
+        if cfg.show_hooks:
+            print(runner.hook_order_table())
+            return None
         result = runner.run()
-    except ExpkitError as exc:
-        _fail(exc, work_dir, multirun)
-        return None
     except Exception as exc:
         if multirun:
-            raise
+            return _sweep_job_failed(exc, work_dir, sweep_dir, rule, bool(cfg.fail_fast))
+        if isinstance(exc, ExpkitError):
+            _fail(exc, work_dir)
         print(f"\nError: {type(exc).__name__}: {exc}\n(traceback in {work_dir / 'result.json'})", file=sys.stderr)
         sys.exit(1)
-    best = result["best_metrics"].get(cfg.monitor)
+    best = result["best_metrics"].get(monitor)
     summary = ", ".join(f"{k} {v:.4f}" for k, v in result["final_metrics"].items())
     log.info("Done (%s) in %.1f s: %s", result["status"], result["wall_time_s"], summary)
     log.info("Work dir: %s", work_dir.resolve())
     if runner.stop_signal is not None and not multirun:
         log.info("Stopped by a signal; continue with: hydra.run.dir=%s resume=true", work_dir)
         sys.exit(128 + runner.stop_signal)  # the shell's convention: 143 after SIGTERM, 130 after Ctrl-C
-    return None if best is None else float(best["value"])
+    value = None if best is None else float(best["value"])
+    if multirun and (value is None or not math.isfinite(value)):
+        return worst_value(rule)  # diverged or never validated: the worst, never NaN
+    return value
 
 
 def main() -> None:

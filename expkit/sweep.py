@@ -1,0 +1,260 @@
+"""Sweep summaries, built from the job dirs on disk: ``python -m expkit.sweep <sweep dir>``.
+
+Reading the disk (not a callback's memory) makes it work with every launcher (joblib,
+submitit and ray run jobs in other processes), after failures (Hydra skips
+``on_multirun_end`` when a job raised) and while a sweep is still running. It writes, in
+the sweep dir:
+
+  summary.csv, summary.md   one row per job, best first
+  best.json                 the best job: metric, value, epoch, work dir, checkpoint, overrides
+  sweep.png                 the monitored metric over epochs per job, and the best value
+                            against each swept hyperparameter
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from expkit.checkpoint_io import write_json_atomic, write_text_atomic
+from expkit.metrics import infer_rule
+
+log = logging.getLogger("expkit")
+
+COLUMNS = ["job", "status", "monitor", "best", "best_epoch", "final", "wall_time_s", "overrides", "best_checkpoint",
+           "work_dir", "error"]  # fmt: skip
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def _records(work_dir: Path) -> list[dict[str, Any]]:
+    path = work_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written right now
+            continue
+    return records
+
+
+def monitor_of(config: dict[str, Any] | None) -> tuple[str, str]:
+    """The job's monitored metric and its rule, as its CheckpointHook sees them."""
+    config = config or {}
+    monitor = config.get("monitor") or "val/acc"
+    rule = ((config.get("default_hooks") or {}).get("checkpoint") or {}).get("rule")
+    if isinstance(rule, list):
+        rule = rule[0] if rule else None
+    return monitor, rule or infer_rule(monitor) or "greater"
+
+
+def job_row(work_dir: Path) -> dict[str, Any] | None:
+    """One job's row, from its result.json, or from metrics.jsonl while it runs."""
+    hydra_dir = work_dir / ".hydra"
+    if not hydra_dir.is_dir():
+        return None
+    config = _read_yaml(hydra_dir / "config.yaml")
+    overrides = _read_yaml(hydra_dir / "overrides.yaml") or []
+    monitor, rule = monitor_of(config)
+    row: dict[str, Any] = {
+        "job": work_dir.name,
+        "monitor": monitor,
+        "rule": rule,
+        "overrides": " ".join(overrides),
+        "override_values": dict(o.split("=", 1) for o in overrides if "=" in o),
+        "work_dir": str(work_dir.resolve()),
+    }
+    result_path = work_dir / "result.json"
+    result = json.loads(result_path.read_text()) if result_path.is_file() else None
+    records = _records(work_dir)
+    curve = [(r["epoch"], r[monitor]) for r in records if monitor in r and "epoch" in r]
+    row["curve"] = curve
+    if result is not None:
+        best = (result.get("best_metrics") or {}).get(monitor) or {}
+        row.update(
+            status=result.get("status"),
+            best=best.get("value"),
+            best_epoch=best.get("epoch"),
+            final=(result.get("final_metrics") or {}).get(monitor),
+            wall_time_s=result.get("wall_time_s"),
+            best_checkpoint=(result.get("best_checkpoints") or {}).get(monitor) or result.get("best_checkpoint"),
+            error=result.get("error"),
+            resumed=result.get("resumed", False),
+        )
+    else:  # still running (or killed): what metrics.jsonl shows so far
+        values = [v for _, v in curve if isinstance(v, (int, float)) and math.isfinite(v)]
+        pick = max if rule == "greater" else min
+        best = pick(values) if values else None
+        row.update(status="running", best=best, best_epoch=next((e for e, v in curve if v == best), None),
+                   final=values[-1] if values else None)  # fmt: skip
+    return row
+
+
+def _sort_key(row: dict[str, Any]) -> tuple:
+    value = row.get("best")
+    usable = isinstance(value, (int, float)) and math.isfinite(value)
+    sign = -1 if row.get("rule") == "greater" else 1
+    return (not usable, sign * value if usable else 0.0, row["job"])
+
+
+def summarize(sweep_dir: str | Path, plot: bool = True) -> dict[str, Any] | None:
+    """Write summary.csv, summary.md, best.json (and sweep.png) for `sweep_dir`; returns best.json's content."""
+    sweep_dir = Path(sweep_dir)
+    jobs = sorted((p for p in sweep_dir.iterdir() if p.is_dir()), key=lambda p: (len(p.name), p.name))
+    rows = [row for row in (job_row(p) for p in jobs) if row is not None]
+    if not rows:
+        return None
+    rows.sort(key=_sort_key)
+
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text_atomic(sweep_dir / "summary.csv", buffer.getvalue())
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.4f}"
+        return "" if value is None else str(value).replace("|", "\\|").replace("\n", " ")[:120]
+
+    shown = [c for c in COLUMNS if c not in ("work_dir", "error")] + ["error"]
+    lines = [f"# Sweep {sweep_dir.name}: {len(rows)} jobs, best first by {rows[0]['monitor']} ({rows[0]['rule']})", "",
+             "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]  # fmt: skip
+    lines += ["| " + " | ".join(cell(r.get(c)) for c in shown) + " |" for r in rows]
+    write_text_atomic(sweep_dir / "summary.md", "\n".join(lines) + "\n")
+
+    top = rows[0]
+    usable = isinstance(top.get("best"), (int, float)) and math.isfinite(top["best"])
+    best = {
+        "job": top["job"] if usable else None,
+        "metric": top["monitor"],
+        "rule": top["rule"],
+        "value": top["best"] if usable else None,
+        "epoch": top.get("best_epoch") if usable else None,
+        "work_dir": top["work_dir"] if usable else None,
+        "best_checkpoint": top.get("best_checkpoint") if usable else None,
+        "overrides": top["overrides"].split() if usable and top["overrides"] else [],
+        "jobs": len(rows),
+        "statuses": {s: sum(r.get("status") == s for r in rows) for s in sorted({str(r.get("status")) for r in rows})},
+    }
+    write_json_atomic(sweep_dir / "best.json", best)
+    if plot:
+        try:
+            plot_sweep(rows, sweep_dir / "sweep.png")
+        except ImportError:
+            log.warning("matplotlib is not installed: no sweep.png (pip install matplotlib)")
+    return best
+
+
+def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
+    """Left: the monitored metric over epochs, one line per job. Right: each job's best value
+    against each swept hyperparameter."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = {k for r in rows for k in r["override_values"]} - {"hydra.sweep.dir", "hydra.run.dir"}
+    swept = sorted(k for k in keys if len({r["override_values"].get(k) for r in rows}) > 1)  # values that vary
+    fig, axes = plt.subplots(1, 1 + max(1, len(swept)), figsize=(5 * (1 + max(1, len(swept))), 4), squeeze=False)
+    monitor = rows[0]["monitor"]
+    ax = axes[0][0]
+    for r in sorted(rows, key=lambda r: (len(r["job"]), r["job"])):
+        if r["curve"]:
+            epochs, values = zip(*r["curve"])
+            ax.plot(epochs, values, marker="o", markersize=3, label=f"{r['job']}: {r['overrides']}"[:60])
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(monitor)
+    ax.set_title(f"{monitor} per job")
+    if any(r["curve"] for r in rows):
+        ax.legend(fontsize=6)
+    for i, key in enumerate(swept or [""]):
+        ax = axes[0][i + 1]
+        points = [(r["override_values"].get(key), r.get("best")) for r in rows]
+        points = [(x, y) for x, y in points if x is not None and isinstance(y, (int, float)) and math.isfinite(y)]
+        try:
+            xs = [float(x) for x, _ in points]
+            ax.scatter(xs, [y for _, y in points])
+            if xs and min(xs) > 0 and max(xs) / min(xs) >= 20:
+                ax.set_xscale("log")
+        except ValueError:  # categorical values
+            labels = sorted({x for x, _ in points})
+            ax.scatter([labels.index(x) for x, _ in points], [y for _, y in points])
+            ax.set_xticks(range(len(labels)), labels)
+        ax.set_xlabel(key or "(nothing swept)")
+        ax.set_ylabel(f"best {monitor}")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=80)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def worst_value(rule: str) -> float:
+    """What a failed or diverged job returns to a sweeper: never NaN (it crashes Optuna)."""
+    return -1e30 if rule == "greater" else 1e30
+
+
+class SweepSummaryCallback:
+    """A Hydra callback (``hydra.callbacks``): rebuilds the summary after every job (so a
+    crash leaves an up-to-date summary) and at the end of the sweep."""
+
+    def __init__(self, plot_each_job: bool = False) -> None:
+        self.plot_each_job = plot_each_job
+
+    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        if hc.mode == RunMode.MULTIRUN:
+            self._summarize(Path(hc.sweep.dir), plot=self.plot_each_job)
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        best = self._summarize(Path(config.hydra.sweep.dir), plot=True)
+        if best and best["job"] is not None:
+            log.info("Sweep best: job %s, %s = %.4f, %s", best["job"], best["metric"], best["value"], best["work_dir"])
+
+    def _summarize(self, sweep_dir: Path, plot: bool) -> dict[str, Any] | None:
+        try:
+            return summarize(sweep_dir, plot=plot)
+        except Exception as exc:  # a summary must never fail the sweep
+            log.warning("Could not summarize the sweep in %s: %s", sweep_dir, exc)
+            return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m expkit.sweep", description="Rebuild a sweep's summary from disk.")
+    parser.add_argument("sweep_dir", type=Path, help="the sweep dir (holds one work dir per job: 0/, 1/, ...)")
+    parser.add_argument("--no-plot", action="store_true", help="skip sweep.png")
+    args = parser.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        print(f"Error: {args.sweep_dir} is not a directory", file=sys.stderr)
+        return 2
+    best = summarize(args.sweep_dir, plot=not args.no_plot)
+    if best is None:
+        print(f"Error: no job dirs (with .hydra/) in {args.sweep_dir}", file=sys.stderr)
+        return 2
+    print((args.sweep_dir / "summary.md").read_text())
+    print(json.dumps(best, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

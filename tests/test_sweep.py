@@ -1,0 +1,128 @@
+"""Real sweeps in subprocesses: basic, joblib, submitit_local, Optuna; failures; the rebuild command."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, run_cli
+
+pytestmark = pytest.mark.slow
+GRID = ["optim.lr=0.1,0.01", "model=mlp,cnn", "trainer.max_epochs=2"]
+
+
+def _true_best(sweep: Path, jobs: int) -> tuple[str, float]:
+    """The job whose metrics.jsonl really holds the highest val/acc."""
+    best = {}
+    for job in range(jobs):
+        lines = (sweep / str(job) / "metrics.jsonl").read_text().splitlines()
+        best[str(job)] = max(json.loads(line)["val/acc"] for line in lines if "val/acc" in line)
+    job = max(best, key=best.get)
+    return job, best[job]
+
+
+def _check_sweep(sweep: Path, jobs: int) -> dict:
+    for job in range(jobs):
+        work = sweep / str(job)
+        assert json.loads((work / "result.json").read_text())["status"] == "completed"
+        assert (work / "checkpoints" / "last_checkpoint").is_file()
+        assert list((work / "checkpoints").glob("best_val_acc_*.pth"))
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))
+    assert len(rows) == jobs
+    values = [float(r["best"]) for r in rows]
+    assert values == sorted(values, reverse=True)  # best first
+    best = json.loads((sweep / "best.json").read_text())
+    job, value = _true_best(sweep, jobs)
+    assert (best["job"], best["value"]) == (job, pytest.approx(value))
+    assert Path(best["best_checkpoint"]).is_file() and best["work_dir"] == str((sweep / job).resolve())
+    assert (sweep / "summary.md").read_text().startswith("# Sweep")
+    assert (sweep / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return best
+
+
+def test_grid_with_the_basic_launcher(tmp_path):
+    proc = run_cli("-m", *GRID, f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.output
+    best = _check_sweep(tmp_path, 4)
+    assert f"Sweep best: job {best['job']}" in proc.output
+    assert sorted(best["overrides"]) == sorted(
+        yaml.safe_load((tmp_path / best["job"] / ".hydra" / "overrides.yaml").read_text())
+    )
+
+
+def test_grid_with_joblib_and_two_workers(tmp_path):
+    proc = run_cli("-m", *GRID, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.output
+    _check_sweep(tmp_path, 4)
+
+
+def test_submitit_local(tmp_path):
+    proc = run_cli("-m", "optim.lr=0.1,0.01", "trainer.max_epochs=1", "hydra/launcher=submitit_local",
+                   f"hydra.sweep.dir={tmp_path}")  # fmt: skip
+    assert proc.returncode == 0, proc.output
+    _check_sweep(tmp_path, 2)
+
+
+def test_optuna_best_trial_agrees_with_best_json(tmp_path):
+    proc = run_cli("hparams_search=optuna", "hydra.sweeper.n_trials=4", "trainer.max_epochs=2",
+                   f"hydra.sweep.dir={tmp_path}")  # fmt: skip
+    assert proc.returncode == 0, proc.output
+    best = _check_sweep(tmp_path, 4)
+    study = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
+    assert study["best_value"] == pytest.approx(best["value"])
+    for key, value in study["best_params"].items():
+        assert f"{key}={value}".replace(" ", "") in [o.replace(" ", "") for o in best["overrides"]]
+
+
+def test_a_failing_job_is_recorded_and_the_others_run(tmp_path):
+    proc = run_cli("-m", "optim.lr=0.1,abc,0.01", "trainer.max_epochs=1", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.output
+    rows = {r["job"]: r for r in csv.DictReader((tmp_path / "summary.csv").open())}
+    assert rows["1"]["status"] == "failed" and "optim.lr='abc' is not a number" in rows["1"]["error"]
+    assert rows["0"]["status"] == rows["2"]["status"] == "completed"
+    assert list(rows)[-1] == "1"  # a failed job sorts last
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best["statuses"] == {"completed": 2, "failed": 1} and best["job"] in ("0", "2")
+
+
+def test_fail_fast_skips_the_rest(tmp_path):
+    proc = run_cli("-m", "optim.lr=abc,0.1", "trainer.max_epochs=1", "fail_fast=true", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode != 0
+    statuses = [json.loads((tmp_path / str(j) / "result.json").read_text())["status"] for j in (0, 1)]
+    assert statuses == ["failed", "skipped"]
+
+
+def test_rebuild_command_while_running_and_after(tmp_path):
+    proc = run_cli("-m", "optim.lr=0.1,0.01", "trainer.max_epochs=2", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.output
+    expected = json.loads((tmp_path / "best.json").read_text())
+    for name in ("summary.csv", "summary.md", "best.json", "sweep.png"):
+        (tmp_path / name).unlink()
+    (tmp_path / "1" / "result.json").unlink()  # as if job 1 were still running
+    rebuild = subprocess.run([sys.executable, "-m", "expkit.sweep", str(tmp_path)], capture_output=True, text=True)
+    assert rebuild.returncode == 0, rebuild.stderr
+    rows = {r["job"]: r for r in csv.DictReader((tmp_path / "summary.csv").open())}
+    assert rows["1"]["status"] == "running" and float(rows["1"]["best"]) > 0  # read from metrics.jsonl
+    assert (tmp_path / "sweep.png").is_file()
+    rebuilt = json.loads((tmp_path / "best.json").read_text())
+    assert (rebuilt["job"], rebuilt["value"]) == (expected["job"], pytest.approx(expected["value"]))
+    bad = subprocess.run([sys.executable, "-m", "expkit.sweep", str(tmp_path / "nope")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "not a directory" in bad.stderr
+
+
+def test_two_sweeps_started_together_get_their_own_dirs(tmp_path):
+    command = [sys.executable, "-m", "expkit.train", "-m", "trainer.max_epochs=1", "optim.lr=0.1", "show_hooks=true"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+             for _ in range(2)]  # fmt: skip
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    dirs = list((tmp_path / "outputs" / "sweeps").iterdir())
+    assert len(dirs) == 2, dirs  # the dir names carry microseconds
