@@ -17,6 +17,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from expkit.backends import Backend
 from expkit.errors import ConfigError, ExpkitError
 from expkit.hooks.base import Hook
 from expkit.runner import Runner, TrainerSettings, seed_everything
@@ -117,6 +118,20 @@ def _build_hooks(nodes: Any, key: str) -> dict[str, Hook]:
     return hooks
 
 
+def _build_loggers(nodes: Any, key: str) -> dict[str, Backend]:
+    loggers: dict[str, Backend] = {}
+    for name, node in (nodes or {}).items():
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            warnings.warn(f"{key}.{name} has no _target_ and is ignored", stacklevel=2)
+            continue
+        backend = instantiate_node(node, f"{key}.{name}")
+        if not isinstance(backend, Backend):
+            raise ConfigError(f"{key}.{name}._target_={node._target_} builds a {type(backend).__name__}, "
+                              "not an expkit.backends.Backend")  # fmt: skip
+        loggers[str(name)] = backend
+    return loggers
+
+
 def build_trainer_settings(cfg: DictConfig) -> TrainerSettings:
     fields = OmegaConf.to_container(cfg.trainer, resolve=True)
     try:
@@ -183,6 +198,7 @@ def _build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, 
         settings=settings,
         default_hooks=_build_hooks(cfg.default_hooks, "default_hooks"),
         hooks=_build_hooks(cfg.hooks, "hooks"),
+        loggers=_build_loggers(cfg.get("logger"), "logger"),
         work_dir=work_dir,
         resume=cfg.resume,
         load_from=cfg.load_from,

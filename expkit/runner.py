@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from expkit import checkpoint_io
+from expkit.backends import Backend
 from expkit.errors import CheckpointWriteError, ConfigError, ExpkitError, HookError
 from expkit.hooks.base import Hook
 from expkit.loops import EvalLoop, TrainLoop
@@ -205,6 +206,7 @@ def _move(batch: Any, device: torch.device) -> Any:
 class Runner:
     """Trains ``model`` with ``optimizer`` on ``train_loader``; validates and tests.
 
+    ``loggers``: backends (TensorBoard, wandb) the LoggerHook writes to besides metrics.jsonl.
     ``default_hooks``: None gives the six defaults (see ``default_hooks()``); a mapping
     gives exactly those. ``hooks``: custom hooks, a name->hook mapping or a sequence.
     Default hooks register first; then everything is sorted by priority, ties kept in
@@ -228,6 +230,7 @@ class Runner:
         settings: TrainerSettings | None = None,
         default_hooks: Mapping[str, Hook] | None = None,
         hooks: Mapping[str, Hook] | Sequence[Hook] = (),
+        loggers: Mapping[str, Backend] | None = None,
         resume: bool | str | Path = False,
         load_from: str | Path | None = None,
         config: Mapping[str, Any] | None = None,
@@ -249,6 +252,7 @@ class Runner:
         self.resume_from = resume
         self.load_from = load_from
         self.config = dict(config) if config is not None else None
+        self.loggers: dict[str, Backend] = dict(loggers or {})  # TensorBoard, wandb: written by LoggerHook
         self.run_info = dict(run_info or {})
 
         # run state; counters follow MMEngine (see expkit.stages)
@@ -258,6 +262,7 @@ class Runner:
         self.position = (0, 0, 0)  # (epochs, iters, inner iters) completed: what a checkpoint records
         self.resuming = False  # True once this run continues from a resume checkpoint
         self.stop_reason: str | None = None
+        self.status = "running"  # then completed, stopped or failed (set before after_run)
         self.stop_signal: int | None = None  # the signal number when a signal asked to stop
         self.scalars: dict[str, float] = {}  # latest values hooks publish (train/time, ...)
         self.val_metrics: dict[str, float] = {}
@@ -432,6 +437,7 @@ class Runner:
                     self.call_hook(Stage.ON_EXCEPTION, exception=exc)
                 raise
             finally:
+                self.status = status
                 try:
                     self.call_hook(Stage.AFTER_RUN)
                 except Exception as exc:

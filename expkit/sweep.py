@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra.experimental.callback import Callback
 
 from expkit.checkpoint_io import write_json_atomic, write_text_atomic
 from expkit.metrics import infer_rule
@@ -211,7 +212,7 @@ def worst_value(rule: str) -> float:
     return -1e30 if rule == "greater" else 1e30
 
 
-class SweepSummaryCallback:
+class SweepSummaryCallback(Callback):
     """A Hydra callback (``hydra.callbacks``): rebuilds the summary after every job (so a
     crash leaves an up-to-date summary) and at the end of the sweep."""
 

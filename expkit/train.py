@@ -130,6 +130,7 @@ def run(cfg: DictConfig) -> float | None:
     }
     if multirun:
         sweep_dir = Path(hc.sweep.dir)
+        run_info["sweep_dir_name"] = sweep_dir.name  # wandb groups a sweep's jobs by it
         if (sweep_dir / FAIL_FAST_MARKER).exists():
             checkpoint_io.write_json_atomic(work_dir / "result.json", {
                 "status": "skipped", "error": f"an earlier job failed and fail_fast is set ({(sweep_dir / FAIL_FAST_MARKER).read_text()})",

@@ -14,7 +14,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from expkit import Hook, Runner, Stage, TrainerSettings
+from expkit import default_hooks as make_default_hooks
 from expkit.data import SeededRandomSampler
+from expkit.hooks import LoggerHook
 
 REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
@@ -40,6 +42,8 @@ def toy_runner(work_dir: Path, *, hooks: Any = (), default_hooks: Any = None, se
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     train, val, test = toy_loaders()  # the data order is config, the same on resume
     resume = settings.pop("resume", False)
+    if default_hooks is None:  # the six defaults, without drawing curves.png in every unit test
+        default_hooks = make_default_hooks(logger=LoggerHook(plot=False))
     settings.setdefault("max_epochs", 2)
     return Runner(
         model=model,

@@ -1,8 +1,8 @@
-"""LoggerHook: terminal log lines and ``metrics.jsonl`` (BELOW_NORMAL).
+"""LoggerHook: terminal, ``metrics.jsonl``, the logging backends and a learning-curve plot (BELOW_NORMAL).
 
 Every record carries ``step`` (training iterations completed: one monotonic axis for
-train, val and test), ``epoch`` and ``iter``, and namespaced keys (``train/loss``,
-``train/lr``, ``val/acc``, ``test/acc``).
+train, val and test, on every backend), ``epoch`` and ``iter``, and namespaced keys
+(``train/loss``, ``train/lr``, ``val/acc``, ``test/acc``).
 """
 
 from __future__ import annotations
@@ -18,43 +18,109 @@ from expkit.hooks.base import Hook
 from expkit.stages import Priority
 
 if TYPE_CHECKING:
+    from expkit.backends import Backend
     from expkit.runner import Runner
 
 log = logging.getLogger("expkit")
 
 
+class _HideTrainLines(logging.Filter):
+    """On a terminal the progress line replaces the periodic training lines (train.log keeps them)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "train_line", False)
+
+
+def _terminal_handlers() -> list[logging.StreamHandler]:
+    handlers = []
+    for logger in (logging.getLogger(), log):
+        for h in logger.handlers:
+            if type(h) is logging.StreamHandler and getattr(h.stream, "isatty", lambda: False)():
+                handlers.append(h)
+    return handlers
+
+
 class LoggerHook(Hook):
     """Logs training every ``interval`` iterations and at the last iteration of each epoch,
-    and every validation and test result."""
+    and every validation and test result, to metrics.jsonl, the terminal and the backends
+    of ``runner.loggers``. ``progress``: a live progress line when the output is a terminal
+    (``auto``), plain lines otherwise. ``plot``: ``curves.png`` in the work dir at the end."""
 
     priority = Priority.BELOW_NORMAL
 
-    def __init__(self, interval: int = 10, filename: str = "metrics.jsonl") -> None:
+    def __init__(
+        self, interval: int = 10, filename: str = "metrics.jsonl", progress: str | bool = "auto", plot: bool = True
+    ) -> None:
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ValueError(f"interval must be a positive integer (iterations), got {interval!r}")
+        if progress not in ("auto", True, False):
+            raise ValueError(f"progress must be auto, true or false, got {progress!r}")
         self.interval = interval
         self.filename = filename
+        self.progress = progress
+        self.plot = plot
         self._file: IO[str] | None = None
         self._losses: list[torch.Tensor] = []
+        self._backends: list[Backend] = []
+        self._tty: list[logging.StreamHandler] = []
+        self._filter = _HideTrainLines()
 
     # -- output ----------------------------------------------------------------------------
+    def _safely(self, backend: Backend, what: str, *args: Any) -> None:
+        try:
+            getattr(backend, what)(*args)
+        except Exception as exc:  # one warning, then the run goes on without it
+            log.warning(
+                "Logging backend %s failed in %s (%s: %s); it is off for the rest of this run. "
+                "metrics.jsonl and checkpoints are not affected.", backend.name, what, type(exc).__name__, exc,
+            )  # fmt: skip
+            if backend in self._backends:
+                self._backends.remove(backend)
+            try:
+                backend.close()
+            except Exception:  # noqa: S110 - it already failed once; one warning is enough
+                pass
+
     def write(self, record: dict[str, Any]) -> None:
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
+        for backend in list(self._backends):
+            self._safely(backend, "log", record, record["step"])
 
     def before_run(self, runner: Runner) -> None:
         # append: a resumed run continues the same file
         self._file = open(runner.work_dir / self.filename, "a", encoding="utf-8")  # noqa: SIM115
+        self._backends = list(runner.loggers.values())
+        for backend in list(self._backends):
+            self._safely(backend, "open", runner)
+        if self.progress is not False:
+            self._tty = _terminal_handlers()
+            if self.progress is True and not self._tty:
+                self._tty = [h for h in logging.getLogger().handlers if type(h) is logging.StreamHandler]
+            for h in self._tty:
+                h.addFilter(self._filter)
 
     def after_run(self, runner: Runner) -> None:
+        self._clear_progress()
+        for h in self._tty:
+            h.removeFilter(self._filter)
+        self._tty = []
+        result = {"status": runner.status, "final_metrics": {**runner.val_metrics, **runner.test_metrics}}
+        for backend in list(self._backends):
+            self._safely(backend, "finish", runner, result)
+            self._safely(backend, "close")
+        self._backends = []
         if self._file is not None:
             self._file.close()
             self._file = None
+            if self.plot:
+                plot_curves(runner.work_dir / self.filename, runner.work_dir / "curves.png")
 
     # -- train -----------------------------------------------------------------------------
     def before_train(self, runner: Runner) -> None:
         self._max_iters = runner.max_iters  # computing it per iteration costs microseconds
+        self._batch_size = getattr(runner.train_loader, "batch_size", None) or 0
 
     def before_train_epoch(self, runner: Runner) -> None:
         self._epoch_len = len(runner.train_loader) if hasattr(runner.train_loader, "__len__") else None  # type: ignore[arg-type]
@@ -64,7 +130,7 @@ class LoggerHook(Hook):
         last_of_epoch = batch_idx + 1 == self._epoch_len
         if (batch_idx + 1) % self.interval and not last_of_epoch and runner.iter + 1 != self._max_iters:
             return
-        loss = torch.stack([x.detach().float() for x in self._losses]).mean().item()
+        loss = torch.stack([x.float() for x in self._losses]).mean().item()
         self._losses.clear()
         step = runner.iter + 1
         record: dict[str, Any] = {"step": step, "epoch": runner.epoch + 1, "iter": step, "train/loss": loss}
@@ -78,25 +144,52 @@ class LoggerHook(Hook):
             record.update(runner.extra_scalars)
             runner.extra_scalars.clear()
         self.write(record)
+        line = self._line(runner, record, batch_idx)
+        log.info(line, extra={"train_line": True})
+        if self._tty:
+            self._draw_progress(runner, record, batch_idx)
+
+    def _line(self, runner: Runner, record: dict[str, Any], batch_idx: int) -> str:
         s = runner.settings
         if s.by_epoch:
             width = len(str(self._epoch_len or 0))
             where = f"Epoch(train) [{runner.epoch + 1}/{s.max_epochs}][{batch_idx + 1:>{width}}/{self._epoch_len}]"
         else:
-            where = f"Iter(train) [{step:>{len(str(s.max_iters))}}/{s.max_iters}]"
+            where = f"Iter(train) [{record['step']:>{len(str(s.max_iters))}}/{s.max_iters}]"
         parts = [where]
         if "train/lr" in record:
             parts.append(f"lr: {record['train/lr']:.4e}")
-        if "eta_s" in scalars:
-            parts.append(f"eta: {datetime.timedelta(seconds=int(scalars['eta_s']))}")
+        if "eta_s" in runner.scalars:
+            parts.append(f"eta: {datetime.timedelta(seconds=int(runner.scalars['eta_s']))}")
         if "train/time" in record:
             parts.append(f"time: {record['train/time']:.4f}  data_time: {record['train/data_time']:.4f}")
-        parts.append(f"loss: {loss:.4f}")
-        log.info("  ".join(parts))
+        parts.append(f"loss: {record['train/loss']:.4f}")
+        return "  ".join(parts)
+
+    # -- the live progress line (terminals only) --------------------------------------------
+    def _draw_progress(self, runner: Runner, record: dict[str, Any], batch_idx: int) -> None:
+        done, total = record["step"], self._max_iters
+        width = 24
+        filled = int(width * done / max(total, 1))
+        bar = "#" * filled + "-" * (width - filled)
+        where = f"epoch {runner.epoch + 1}/{runner.settings.max_epochs}" if runner.settings.by_epoch else "iter"
+        speed = self._batch_size / record["train/time"] if record.get("train/time") else 0.0
+        eta = datetime.timedelta(seconds=int(runner.scalars.get("eta_s", 0)))
+        text = (f"\r\x1b[K{where} [{bar}] {done}/{total}  loss {record['train/loss']:.4f}  "
+                f"lr {record.get('train/lr', 0):.2e}  {speed:,.0f} samples/s  eta {eta}")  # fmt: skip
+        for h in self._tty:
+            h.stream.write(text)
+            h.stream.flush()
+
+    def _clear_progress(self) -> None:
+        for h in self._tty:
+            h.stream.write("\r\x1b[K")
+            h.stream.flush()
 
     # -- val / test ------------------------------------------------------------------------
     def _log_eval(self, runner: Runner, mode: str, metrics: dict[str, float]) -> None:
         self.write({"step": runner.iter, "epoch": runner.epoch, "iter": runner.iter, **metrics})
+        self._clear_progress()
         width = max(len(k) for k in metrics) if metrics else 0
         table = "\n".join(f"    {k:<{width}}  {v:.4f}" for k, v in metrics.items())
         where = f"epoch {runner.epoch}" if runner.settings.by_epoch else f"iter {runner.iter}"
@@ -107,3 +200,28 @@ class LoggerHook(Hook):
 
     def after_test_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:
         self._log_eval(runner, "test", metrics)
+
+
+def plot_curves(metrics_file: Any, path: Any) -> None:
+    """curves.png: training loss and every val/test metric against the step."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.info("matplotlib is not installed: no curves.png")
+        return
+    records = [json.loads(line) for line in open(metrics_file, encoding="utf-8") if line.strip()]
+    keys = sorted({k for r in records for k in r if k.startswith(("train/loss", "val/", "test/"))})
+    if not keys:
+        return
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        points = [(r["step"], r[key]) for r in records if key in r]
+        ax.plot(*zip(*points), marker="o" if len(points) < 50 else None, markersize=3)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)

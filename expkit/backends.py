@@ -1,0 +1,236 @@
+"""Logging backends the LoggerHook writes to, besides metrics.jsonl and the terminal.
+
+Config group ``logger`` (multi-select): ``python -m expkit.train logger=[tensorboard,wandb]``.
+Each backend imports its library only when it opens (``import wandb`` alone costs about a
+second). A backend that fails gets one warning and is dropped for the rest of the run;
+metrics.jsonl and checkpoints are not affected.
+"""
+
+from __future__ import annotations
+
+import math
+import netrc
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from expkit.runner import Runner
+
+AXIS_KEYS = ("step", "epoch", "iter")
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The plottable values of a metrics.jsonl record (not the axis fields)."""
+    return {
+        k: float(v)
+        for k, v in record.items()
+        if k not in AXIS_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+def hparams_of(runner: Runner) -> dict[str, Any]:
+    """The run's overrides as hyperparameters (what distinguishes the jobs of a sweep)."""
+    params: dict[str, Any] = {}
+    for override in runner.run_info.get("overrides", []):
+        key, _, value = override.lstrip("+~").partition("=")
+        if key.startswith("hydra.") or not value:
+            continue
+        try:
+            params[key] = float(value) if any(c in value for c in ".e") else int(value)
+        except ValueError:
+            params[key] = value
+    return params
+
+
+class Backend:
+    """open at the start, log each record (one step axis for train, val and test), finish
+    with the run's result, close (safe twice)."""
+
+    name = "backend"
+
+    def open(self, runner: Runner) -> None: ...
+
+    def log(self, record: dict[str, Any], step: int) -> None: ...
+
+    def finish(self, runner: Runner, result: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class TensorBoardBackend(Backend):
+    """``<work dir>/<log_dir>/``: scalars under the metrics.jsonl names and steps, the resolved
+    config as text, and the hyperparameters (the run's overrides) with the best and final
+    metrics in the HPARAMS tab. ``tensorboard --logdir outputs/`` shows every run and job."""
+
+    name = "tensorboard"
+
+    def __init__(self, log_dir: str = "tb", flush_secs: int = 10) -> None:
+        self.log_dir = log_dir
+        self.flush_secs = flush_secs
+        self.writer: Any = None
+
+    def open(self, runner: Runner) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(runner.work_dir / self.log_dir), flush_secs=self.flush_secs)
+        if runner.config is not None:
+            import yaml
+
+            text = yaml.safe_dump(runner.config, sort_keys=False)
+            self.writer.add_text("config", "```yaml\n" + text + "\n```", 0)
+
+    def log(self, record: dict[str, Any], step: int) -> None:
+        for key, value in scalars(record).items():
+            self.writer.add_scalar(key, value, step)
+
+    def finish(self, runner: Runner, result: dict[str, Any]) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        metrics = {f"best/{k}": v["value"] for k, v in runner.best_metrics.items()}
+        metrics.update({f"final/{k}": v for k, v in result.get("final_metrics", {}).items()})
+        metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+        params = hparams_of(runner) or {"run": runner.work_dir.name}
+        experiment, start, end = hparams(params, metrics)
+        for summary in (experiment, start, end):
+            self.writer.file_writer.add_summary(summary)
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, runner.iter)
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def _wandb_logged_in() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+class WandbBackend(Backend):
+    """A wandb run in ``<work dir>/wandb/``: offline unless you are logged in (``wandb login``
+    or WANDB_API_KEY) or set ``mode`` / WANDB_MODE. Name: the job's overrides; group: the
+    sweep, so a sweep's jobs sit together; config: the resolved config; summary: the best and
+    final metrics. The run is always finished, also when the job fails, so the next job of a
+    sweep gets a run of its own. Offline runs upload later with ``wandb sync <dir>``."""
+
+    name = "wandb"
+
+    def __init__(
+        self,
+        project: str = "expkit",
+        entity: str | None = None,
+        mode: str | None = None,
+        name: str | None = None,
+        group: str | None = None,
+        tags: Sequence[str] = (),
+        job_type: str = "train",
+    ) -> None:
+        if mode not in (None, "online", "offline", "disabled"):
+            raise ValueError(f"mode must be online, offline, disabled or null, got {mode!r}")
+        self.project, self.entity, self.mode = project, entity, mode
+        self.run_name, self.group, self.tags, self.job_type = name, group, list(tags), job_type
+        self.run: Any = None
+
+    def open(self, runner: Runner) -> None:
+        import wandb
+
+        mode = self.mode or os.environ.get("WANDB_MODE") or ("online" if _wandb_logged_in() else "offline")
+        overrides = [o for o in runner.run_info.get("overrides", []) if not o.startswith("hydra.")]
+        self.run = wandb.init(
+            project=self.project,
+            entity=self.entity,
+            name=self.run_name or (" ".join(overrides) or runner.work_dir.name),
+            group=self.group or runner.run_info.get("sweep_dir_name"),
+            tags=self.tags or None,
+            job_type=self.job_type,
+            config=runner.config or {},
+            dir=str(runner.work_dir),
+            mode=mode,
+            reinit="finish_previous",
+        )
+
+    def log(self, record: dict[str, Any], step: int) -> None:
+        self.run.log(scalars(record), step=step)
+
+    def finish(self, runner: Runner, result: dict[str, Any]) -> None:
+        summary = {f"best/{k}": v["value"] for k, v in runner.best_metrics.items()}
+        summary.update({f"final/{k}": v for k, v in result.get("final_metrics", {}).items()})
+        summary["status"] = result.get("status")
+        self.run.summary.update(summary)
+        self.run.finish(exit_code=0 if result.get("status") in ("completed", "stopped") else 1)
+        self.run = None
+
+    def close(self) -> None:
+        if self.run is not None:  # finish() did not run (a failure before it)
+            self.run.finish(exit_code=1)
+            self.run = None
+
+
+def offline_run_files(work_dir: Path) -> list[Path]:
+    """The wandb offline run logs in a work dir (``wandb/offline-run-*/run-*.wandb``)."""
+    return sorted((work_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+def read_wandb_run(path: Path) -> dict[str, Any]:
+    """Read an offline wandb run log (``run-<id>.wandb``) without uploading it: its run
+    record (name, group, project), config, history rows and summary. The file is a LevelDB-
+    style log: a 7-byte ``:W&B`` header, then 32 KiB blocks of records, each with a 7-byte
+    header (crc32c, length, type: 1 whole, 2 first, 3 middle, 4 last) and a protobuf
+    ``wandb.proto.wandb_internal_pb2.Record``."""
+    import json as _json
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = Path(path).read_bytes()
+    if data[:4] != b":W&B":
+        raise ValueError(f"{path}: not a wandb run log")
+    block, pos, pending = 32768, 7, b""
+    out: dict[str, Any] = {"run": {}, "config": {}, "history": [], "summary": {}}
+
+    def value(item: Any) -> Any:
+        return _json.loads(item.value_json)
+
+    def key(item: Any) -> str:
+        return item.key or "/".join(item.nested_key)
+
+    def take(raw: bytes) -> None:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(raw)
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run = record.run
+            out["run"] = {"id": run.run_id, "name": run.display_name, "group": run.run_group,
+                          "project": run.project, "job_type": run.job_type, "tags": list(run.tags)}  # fmt: skip
+            out["config"].update({key(i): value(i) for i in run.config.update})
+        elif kind == "config":
+            out["config"].update({key(i): value(i) for i in record.config.update})
+        elif kind == "history":
+            out["history"].append({key(i): value(i) for i in record.history.item})
+        elif kind == "summary":
+            out["summary"].update({key(i): value(i) for i in record.summary.update})
+
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # too little room for a header: the block is padded
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 1:
+            take(chunk)
+        elif kind == 2:
+            pending = chunk
+        elif kind == 3:
+            pending += chunk
+        elif kind == 4:
+            take(pending + chunk)
+        elif kind == 0 and length == 0:  # zero padding at the end of a block
+            pos += block - pos % block if pos % block else 0
+    return out

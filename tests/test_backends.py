@@ -1,0 +1,145 @@
+"""Logging backends, read back from the real files: TensorBoard events, wandb offline runs,
+the terminal (plain lines, or a progress line on a real pseudo-terminal)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli, toy_runner
+from expkit import default_hooks
+from expkit.backends import Backend, TensorBoardBackend, WandbBackend, offline_run_files, read_wandb_run
+from expkit.hooks import LoggerHook
+
+
+def _records(work_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (work_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _series(records: list[dict], key: str) -> list[tuple[int, float]]:
+    return [(r["step"], r[key]) for r in records if key in r]
+
+
+def test_tensorboard_scalars_match_metrics_jsonl(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runner = toy_runner(tmp_path, max_epochs=3)
+    runner.loggers = {"tensorboard": TensorBoardBackend()}
+    runner.config = {"model": {"_target_": "toy"}, "optim": {"lr": 0.1}}
+    runner.run_info["overrides"] = ["optim.lr=0.1", "model=toy"]
+    runner.run()
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    records = _records(tmp_path)
+    for key in ("train/loss", "train/lr", "val/acc", "val/loss", "test/acc"):
+        logged = [(e.step, e.value) for e in events.Scalars(key)]
+        assert logged == [(s, pytest.approx(v, rel=1e-6)) for s, v in _series(records, key)], key
+    assert "config/text_summary" in events.Tags()["tensors"]
+    assert "_hparams_/experiment" in events.PluginTagToContent("hparams")
+    assert events.Scalars("best/val/acc")[0].value == pytest.approx(runner.best_metrics["val/acc"]["value"])
+
+
+def test_wandb_offline_run_holds_config_history_name_and_summary(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc login: offline
+    runner = toy_runner(tmp_path / "run", max_epochs=2)
+    runner.loggers = {"wandb": WandbBackend(group="g1", tags=["t1"])}
+    runner.config = {"optim": {"lr": 0.1}}
+    runner.run_info["overrides"] = ["optim.lr=0.1"]
+    runner.run()
+    (path,) = offline_run_files(tmp_path / "run")
+    run = read_wandb_run(path)
+    assert run["run"]["name"] == "optim.lr=0.1" and run["run"]["group"] == "g1" and run["run"]["tags"] == ["t1"]
+    assert run["config"]["optim"] == {"lr": 0.1}
+    records = _records(tmp_path / "run")
+    history = [(row["_step"], row["val/acc"]) for row in run["history"] if "val/acc" in row]
+    assert history == [(s, pytest.approx(v)) for s, v in _series(records, "val/acc")]
+    assert run["summary"]["status"] == "completed"
+    assert run["summary"]["best/val/acc"] == pytest.approx(runner.best_metrics["val/acc"]["value"])
+
+
+class Broken(Backend):
+    name = "broken"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def log(self, record, step):
+        self.calls += 1
+        raise OSError(28, "No space left on device")
+
+
+def test_a_failing_backend_warns_once_and_the_run_goes_on(tmp_path, caplog):
+    broken = Broken()
+    runner = toy_runner(tmp_path, max_epochs=2)
+    runner.loggers = {"broken": broken}
+    assert runner.run()["status"] == "completed"
+    assert broken.calls == 1
+    warnings = [r for r in caplog.records if "Logging backend broken failed" in r.getMessage()]
+    assert len(warnings) == 1 and "No space left on device" in warnings[0].getMessage()
+    assert len([r for r in _records(tmp_path) if "val/acc" in r]) == 2
+    assert (tmp_path / "checkpoints" / "epoch_2.pth").is_file()
+
+
+def test_curves_png(tmp_path):
+    toy_runner(tmp_path, default_hooks=default_hooks(logger=LoggerHook(plot=True)), max_epochs=2).run()
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_optional_backends_are_not_imported_at_start_up():
+    code = ("import sys, expkit.train, expkit.build, expkit.hooks; "
+            "print([m for m in ('wandb', 'tensorboard', 'matplotlib', 'torch.utils.tensorboard') if m in sys.modules])")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_non_tty_prints_plain_lines_and_a_tty_gets_a_progress_line(tmp_path):
+    plain = run_cli(f"hydra.run.dir={tmp_path / 'plain'}", "trainer.max_epochs=1")
+    assert plain.returncode == 0
+    assert "Epoch(train) [1/1][10/40]" in plain.output and "\x1b[K" not in plain.output
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expkit.train", f"hydra.run.dir={tmp_path / 'tty'}", "trainer.max_epochs=1"],
+        cwd=REPO, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env={**os.environ, "TERM": "xterm"},
+    )  # fmt: skip
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=120) == 0
+    screen = b"".join(chunks).decode(errors="replace")
+    assert "\r\x1b[Kepoch 1/1 [" in screen and "samples/s" in screen
+    assert "Epoch(train)" not in screen  # the progress line replaces the periodic lines
+    assert "Validation (epoch 1)" in screen  # tables still print
+    assert "Epoch(train) [1/1][10/40]" in (tmp_path / "tty" / "train.log").read_text()  # the log file keeps them
+
+
+@pytest.mark.slow
+def test_two_jobs_of_a_sweep_are_two_wandb_runs_in_one_group(tmp_path):
+    env = {"WANDB_SILENT": "true", "HOME": str(tmp_path)}
+    proc = run_cli("-m", "optim.lr=0.1,0.01", "trainer.max_epochs=1", "logger=[wandb,tensorboard]",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}", env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.output
+    runs = [read_wandb_run(offline_run_files(tmp_path / "sweep" / str(job))[0]) for job in (0, 1)]
+    assert runs[0]["run"]["id"] != runs[1]["run"]["id"]
+    assert runs[0]["run"]["group"] == runs[1]["run"]["group"] == "sweep"
+    assert [r["config"]["optim"]["lr"] for r in runs] == [0.1, 0.01]
+    for job, run in enumerate(runs):
+        jsonl = [json.loads(line) for line in (tmp_path / "sweep" / str(job) / "metrics.jsonl").read_text().splitlines()]
+        assert [row["val/acc"] for row in run["history"] if "val/acc" in row] == [r["val/acc"] for r in jsonl if "val/acc" in r]
+        assert (tmp_path / "sweep" / str(job) / "tb").is_dir()
