@@ -132,6 +132,15 @@ def _build_loggers(nodes: Any, key: str) -> dict[str, Backend]:
     return loggers
 
 
+def build_model(cfg: DictConfig, data: Any) -> Any:
+    """The model of `cfg`, given the data module's shape (in_channels, image_size, num_classes)
+    for the arguments the model takes and the config leaves unset."""
+    shape = {"in_channels": data.in_channels, "image_size": data.image_size, "num_classes": data.num_classes}
+    model_target = _locate_target(cfg.model, "model")
+    model_kwargs = {k: v for k, v in _accepted(model_target, shape).items() if cfg.model.get(k) is None}
+    return instantiate_node(cfg.model, "model", **model_kwargs)
+
+
 def build_trainer_settings(cfg: DictConfig) -> TrainerSettings:
     fields = OmegaConf.to_container(cfg.trainer, resolve=True)
     try:
@@ -158,10 +167,7 @@ def _build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, 
 
     data = instantiate_node(cfg.data, "data")
     train_loader, val_loader, test_loader = data.loaders()
-    shape = {"in_channels": data.in_channels, "image_size": data.image_size, "num_classes": data.num_classes}
-    model_target = _locate_target(cfg.model, "model")
-    model_kwargs = {k: v for k, v in _accepted(model_target, shape).items() if cfg.model.get(k) is None}
-    model = instantiate_node(cfg.model, "model", **model_kwargs)
+    model = build_model(cfg, data)
 
     optimizer_factory = instantiate_node(cfg.optim, "optim")
     try:

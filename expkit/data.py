@@ -16,6 +16,18 @@ from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 from expkit.errors import ConfigError
 
 
+def seed_worker(worker_id: int) -> None:
+    """Seed Python and NumPy in a DataLoader worker from torch's per-worker seed (which the
+    loader's seeded generator fixes), so random augmentations repeat run to run."""
+    import random
+
+    import numpy as np
+
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
 class SeededRandomSampler(Sampler[int]):
     """A shuffling sampler whose order is a function of (seed, epoch); can skip ahead by index."""
 
@@ -76,6 +88,8 @@ class DataModule:
                 sampler=sampler,
                 num_workers=self.num_workers,
                 pin_memory=self.pin_memory,
+                generator=torch.Generator().manual_seed(self.seed),  # the workers' base seed
+                worker_init_fn=seed_worker,
                 **extra,
             )
 

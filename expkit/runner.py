@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
-from expkit import checkpoint_io
+from expkit import checkpoint_io, provenance
 from expkit.backends import Backend
 from expkit.errors import CheckpointWriteError, ConfigError, ExpkitError, HookError
 from expkit.hooks.base import Hook
@@ -53,6 +53,8 @@ class TrainerSettings:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "32"  # 32 | bf16 | 16
     clip_grad_norm: float | None = None  # max gradient norm; None = no clipping
+    test_with: str = "best"  # best: test the best checkpoint (by the first save_best metric); last: the final weights
+    deterministic: bool = False  # torch's deterministic algorithms (slower; bit-reproducible runs)
 
     def __post_init__(self) -> None:
         def positive(key: str, value: Any, allow_none: bool) -> None:
@@ -81,6 +83,9 @@ class TrainerSettings:
         ):
             raise ConfigError(f"trainer.clip_grad_norm must be a positive number or null, got {self.clip_grad_norm!r}")
 
+        if self.test_with not in ("best", "last"):
+            raise ConfigError(f"trainer.test_with must be best or last, got {self.test_with!r}")
+
     @property
     def by_epoch(self) -> bool:
         return self.max_iters is None
@@ -93,6 +98,16 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def set_deterministic() -> None:
+    """torch's deterministic algorithms and settings (an error names any op without one)."""
+    import os
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # needed by deterministic cuBLAS
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
 
 
 def default_hooks(**overrides: Hook | None) -> dict[str, Hook]:
@@ -261,6 +276,8 @@ class Runner:
         self.inner_iter = 0  # batches consumed in the current epoch (for exact mid-epoch resume)
         self.position = (0, 0, 0)  # (epochs, iters, inner iters) completed: what a checkpoint records
         self.resuming = False  # True once this run continues from a resume checkpoint
+        self.load_purpose = ""  # why the last checkpoint was loaded: resume, load_from or test
+        self.test_checkpoint: str | None = None  # the weights the test used
         self.stop_reason: str | None = None
         self.status = "running"  # then completed, stopped or failed (set before after_run)
         self.stop_signal: int | None = None  # the signal number when a signal asked to stop
@@ -417,6 +434,11 @@ class Runner:
             log.addHandler(handler)
             log.setLevel(logging.INFO)
         log.info(self.hook_order_table())
+        previous_determinism = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+                                torch.backends.cudnn.benchmark)  # fmt: skip
+        if self.settings.deterministic:
+            set_deterministic()
+        self.provenance = provenance.write(self.work_dir)
         previous_handlers = self._catch_signals()
         try:
             try:
@@ -424,7 +446,10 @@ class Runner:
                 self._load_or_resume()
                 if self.train_loader is not None and self.optimizer is not None:
                     self.train()
+                elif self.val_loader is not None:  # nothing to train: evaluate
+                    self.validate()
                 if self.test_loader is not None and self.stop_signal is None:  # preempted: test after resuming
+                    self._load_test_weights()
                     self.test()
                 if self.stop_reason is not None:
                     status = "stopped"
@@ -447,6 +472,9 @@ class Runner:
         finally:
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
+            provenance.finish(self.work_dir, self.provenance, status)
+            torch.use_deterministic_algorithms(previous_determinism[0])
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous_determinism[1:]
             result = self._write_result(status, error, tb, time.time() - started)
         return result
 
@@ -486,6 +514,17 @@ class Runner:
     def test(self) -> dict[str, float]:
         self.test_metrics = EvalLoop(self, self.test_loader, "test").run()
         return self.test_metrics
+
+    def _load_test_weights(self) -> None:
+        """test_with=best: test the best checkpoint by the first monitored metric (model
+        selection on validation, report on test); otherwise, or without one, the final weights."""
+        path = next(iter(self.best_checkpoints.values()), None)
+        if self.settings.test_with == "best" and path and Path(path).is_file():
+            self._apply_checkpoint(checkpoint_io.load_checkpoint(path, "best checkpoint"), resume=False,
+                                   source=Path(path), purpose="test")  # fmt: skip
+            self.test_checkpoint: str | None = str(path)
+        else:
+            self.test_checkpoint = str(self.last_checkpoint) if self.last_checkpoint else None
 
     def _track_best(self, metrics: Mapping[str, float]) -> None:
         for key, value in metrics.items():
@@ -590,8 +629,11 @@ class Runner:
         """True inside after_train_epoch when the epoch ran to its end (not cut short by a stop)."""
         return self.position[0] > self.epoch
 
-    def _apply_checkpoint(self, checkpoint: dict[str, Any], *, resume: bool, source: Path) -> None:
-        self.resuming = resume
+    def _apply_checkpoint(self, checkpoint: dict[str, Any], *, resume: bool, source: Path, purpose: str = "") -> None:
+        """Put a checkpoint's weights (and, to resume, the whole run state) in place.
+        ``load_purpose`` tells hooks why: resume, load_from or test."""
+        self.resuming = self.resuming or resume
+        self.load_purpose = purpose or ("resume" if resume else "load_from")
         self.call_hook(Stage.AFTER_LOAD_CHECKPOINT, checkpoint=checkpoint)
         state = {k.removeprefix("module."): v for k, v in checkpoint["state_dict"].items()}
         try:
@@ -599,7 +641,7 @@ class Runner:
         except RuntimeError as exc:
             raise ConfigError(f"checkpoint {source} does not fit this model: {exc}") from None
         if not resume:
-            log.info("Loaded weights from %s", source)
+            log.info("Loaded weights from %s%s", source, " for the test" if purpose == "test" else "")
             return
         meta = checkpoint["meta"]
         self.epoch, self.iter, self.inner_iter = meta["epoch"], meta["iter"], meta.get("inner_iter", 0)
@@ -634,6 +676,8 @@ class Runner:
             "best_checkpoint": next(iter(self.best_checkpoints.values()), None),
             "best_checkpoints": self.best_checkpoints,
             "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
+            "test_checkpoint": self.test_checkpoint,
+            "provenance": "provenance.json",  # commit, versions, packages, host, command, times
             "wall_time_s": round(wall_time, 3),
             **self.run_info,
             "traceback": tb,

@@ -23,6 +23,9 @@ The whole run, with every stage marked where it fires::
                 AFTER_TRAIN_EPOCH                                  # runner.epoch += 1 right after
                 (epoch-based: validate here when due)
             AFTER_TRAIN
+        (nothing to train, a val loader: Runner.validate() once)
+        test_with=best and a best checkpoint exists:
+            read it -> AFTER_LOAD_CHECKPOINT(checkpoint)           # the test uses the best weights
         Runner.test():                                             # only with a test loader
             BEFORE_TEST, BEFORE_TEST_EPOCH,
             per batch BEFORE_TEST_ITER / AFTER_TEST_ITER(outputs),

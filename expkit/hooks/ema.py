@@ -135,6 +135,6 @@ class EMAHook(Hook):
         checkpoint["ema_state_dict"] = {n: t.detach().cpu().clone() for n, t in zip(self._names, ema)}
 
     def after_load_checkpoint(self, runner: Runner, *, checkpoint: dict[str, Any]) -> None:
-        if runner.resuming and "ema_state_dict" in checkpoint:
+        if runner.load_purpose in ("resume", "test") and "ema_state_dict" in checkpoint:
             self._pending = checkpoint["ema_state_dict"]
             self._ema = None

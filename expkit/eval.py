@@ -1,0 +1,178 @@
+"""Evaluate a checkpoint: ``python -m expkit.eval checkpoint=<.pth file or run dir>``.
+
+The model, data and metrics come from the config stored in the checkpoint; any other
+``key=value`` overrides it (``data.batch_size=256``, ``trainer.device=cpu``). Options:
+
+    checkpoint=PATH     a .pth file, or a run dir (its best checkpoint, or last with which=last)
+    which=best|last     for a run dir
+    split=test|val|both which loaders to evaluate (default test)
+    ema=true            evaluate the EMA weights (ema_state_dict) instead of the raw ones
+    logger=[tensorboard,wandb]  the same backends as training
+    work_dir=DIR        default outputs/evals/<date>_<time>/
+
+Results go to the work dir (metrics.jsonl, result.json) and the terminal. In Python,
+``load_model(path)`` returns the trained model, weights loaded, in eval mode.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from expkit import checkpoint_io
+from expkit.errors import ConfigError, ExpkitError
+
+log = logging.getLogger("expkit")
+OPTIONS = ("checkpoint", "which", "split", "ema", "logger", "work_dir")
+
+
+def resolve_checkpoint(source: str | Path, which: str = "best") -> Path:
+    """A .pth path as given, or a run dir's best (or last) checkpoint."""
+    path = Path(source)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise ConfigError(f"checkpoint={source}: no such file or run dir")
+    if which not in ("best", "last"):
+        raise ConfigError(f"which={which}: use which=best or which=last")
+    result_file = path / "result.json"
+    result = json.loads(result_file.read_text()) if result_file.is_file() else {}
+    if which == "best" and result.get("best_checkpoint") and Path(result["best_checkpoint"]).is_file():
+        return Path(result["best_checkpoint"])
+    if which == "best":
+        best = sorted((path / "checkpoints").glob("best_*.pth"))
+        if best:
+            return best[0]
+        log.warning("%s has no best checkpoint; using its last one", path)
+    last = checkpoint_io.find_last_checkpoint(path)
+    if last is None:
+        raise ConfigError(f"checkpoint={source}: the run dir has no checkpoint (checkpoints/last_checkpoint)")
+    return last
+
+
+def stored_config(checkpoint: dict[str, Any], source: Path, overrides: list[str] = ()) -> DictConfig:  # type: ignore[assignment]
+    """The config saved in the checkpoint, with `key=value` overrides (unknown keys refused)."""
+    if not checkpoint.get("config"):
+        raise ConfigError(f"{source} carries no config; it was not written by a Hydra run of expkit")
+    cfg = OmegaConf.create(checkpoint["config"])
+    OmegaConf.set_struct(cfg, True)
+    try:
+        return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        first = str(exc.msg).strip().splitlines()[0]
+        raise ConfigError(f"{exc.full_key}: not a key of the stored config ({first}); the stored config is in the run's .hydra/config.yaml") from None
+
+
+def _weights(checkpoint: dict[str, Any], source: Path, ema: bool) -> dict[str, torch.Tensor]:
+    if not ema:
+        if "ema_state_dict" in checkpoint:
+            log.info("%s also holds EMA weights, which its run validated and tested with: pass ema=true for those",
+                     source.name)  # fmt: skip
+        return checkpoint["state_dict"]
+    if "ema_state_dict" not in checkpoint:
+        raise ConfigError(f"ema=true but {source} has no ema_state_dict (the run had no hooks=[ema])")
+    weights = dict(checkpoint["state_dict"])
+    weights.update(checkpoint["ema_state_dict"])  # averaged parameters (and buffers) over the raw ones
+    return weights
+
+
+def load_model(source: str | Path, *, ema: bool = False, which: str = "best", device: str = "cpu",
+               overrides: list[str] = ()) -> torch.nn.Module:  # type: ignore[assignment]  # fmt: skip
+    """A trained model in one call: built from the checkpoint's config, weights loaded, eval mode."""
+    from expkit.build import build_model, instantiate_node
+
+    path = resolve_checkpoint(source, which)
+    checkpoint = checkpoint_io.load_checkpoint(path, "checkpoint")
+    cfg = stored_config(checkpoint, path, overrides)
+    model = build_model(cfg, instantiate_node(cfg.data, "data"))
+    model.load_state_dict(_weights(checkpoint, path, ema))
+    return model.to(device).eval()
+
+
+def evaluate(args: dict[str, str], overrides: list[str]) -> dict[str, Any]:
+    from expkit import Runner, default_hooks
+    from expkit.build import _build_loggers, build_model, build_trainer_settings, instantiate_node
+
+    if "checkpoint" not in args:
+        raise ConfigError("give checkpoint=<.pth file or run dir>")
+    split = args.get("split", "test")
+    if split not in ("test", "val", "both"):
+        raise ConfigError(f"split={split}: use split=test, split=val or split=both")
+    path = resolve_checkpoint(args["checkpoint"], args.get("which", "best"))
+    checkpoint = checkpoint_io.load_checkpoint(path, "checkpoint")
+    cfg = stored_config(checkpoint, path, overrides)
+    settings = build_trainer_settings(cfg)
+    data = instantiate_node(cfg.data, "data")
+    _, val_loader, test_loader = data.loaders()
+    model = build_model(cfg, data)
+    model.load_state_dict(_weights(checkpoint, path, args.get("ema", "false").lower() == "true"))
+    loggers = {}
+    if args.get("logger"):
+        from expkit.train import CONF_DIR
+
+        names = [n.strip() for n in args["logger"].strip("[]").split(",") if n.strip()]
+        nodes = {}
+        for name in names:
+            file = CONF_DIR / "logger" / f"{name}.yaml"
+            if not file.is_file():
+                raise ConfigError(f"logger={name}: no such backend; available: tensorboard, wandb")
+            nodes.update(OmegaConf.load(file))
+        loggers = _build_loggers(OmegaConf.create(nodes), "logger")
+    work_dir = Path(args.get("work_dir") or f"outputs/evals/{time.strftime('%Y-%m-%d_%H-%M-%S')}_{time.time_ns() % 10**6:06d}")
+    runner = Runner(
+        model=model,
+        optimizer=None,
+        train_loader=None,
+        val_loader=val_loader if split in ("val", "both") else None,
+        test_loader=test_loader if split in ("test", "both") else None,
+        criterion=instantiate_node(cfg.criterion, "criterion"),
+        metrics={str(k): instantiate_node(v, f"metrics.{k}") for k, v in cfg.metrics.items()},
+        settings=settings,
+        default_hooks=default_hooks(timer=None, sampler_seed=None, param_scheduler=None, checkpoint=None),
+        loggers=loggers,
+        work_dir=work_dir,
+        config=OmegaConf.to_container(cfg, resolve=True),  # type: ignore[arg-type]
+        run_info={"checkpoint": str(path.resolve()), "ema": args.get("ema", "false"), "overrides": overrides,
+                  "command": " ".join(["python -m expkit.eval", *sys.argv[1:]])},  # fmt: skip
+    )
+    if split in ("test", "both") and test_loader is None:
+        raise ConfigError("split=test but the data has no test set (data.test_fraction=0?); use split=val")
+    return runner.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    args, overrides = {}, []
+    for item in argv:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"Error: {item!r} is not key=value; see python -m expkit.eval --help", file=sys.stderr)
+            return 2
+        if key in OPTIONS:
+            args[key] = value
+        else:
+            overrides.append(item)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    try:
+        result = evaluate(args, overrides)
+    except ExpkitError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+    log.info("Evaluated %s: %s", result["checkpoint"], json.dumps(result["final_metrics"]))
+    log.info("Work dir: %s", result["work_dir"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

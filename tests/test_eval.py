@@ -1,0 +1,96 @@
+"""Evaluate, load, reproduce: expkit.eval, load_model, provenance, deterministic runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from conftest import REPO, run_cli
+from expkit.build import build_runner
+from expkit.eval import load_model
+from expkit.train import CONF_DIR
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+def _eval(*args: str):
+    return subprocess.run([sys.executable, "-m", "expkit.eval", *args], cwd=REPO, capture_output=True, text=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ema", [False, True])
+def test_evaluating_the_best_checkpoint_gives_back_the_logged_test_metrics(tmp_path, ema):
+    args = ["trainer.max_epochs=3"] + (["hooks=[ema]"] if ema else [])
+    assert run_cli(f"hydra.run.dir={tmp_path / 'run'}", *args).returncode == 0
+    trained = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert trained["test_checkpoint"] == trained["best_checkpoint"]  # test_with=best
+    proc = _eval(f"checkpoint={tmp_path / 'run'}", f"work_dir={tmp_path / 'eval'}", f"ema={str(ema).lower()}")
+    assert proc.returncode == 0, proc.stderr
+    evaluated = json.loads((tmp_path / "eval" / "result.json").read_text())
+    assert evaluated["checkpoint"] == trained["best_checkpoint"]
+    for key in ("test/acc", "test/loss"):
+        assert evaluated["final_metrics"][key] == pytest.approx(trained["final_metrics"][key], abs=1e-6)
+    assert json.loads((tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()[-1])["test/acc"] > 0.5
+
+
+def test_eval_errors_name_the_problem(tmp_path):
+    proc = _eval(f"checkpoint={tmp_path / 'none'}")
+    assert proc.returncode == 2 and "no such file or run dir" in proc.stderr
+    proc = _eval("split=test")
+    assert proc.returncode == 2 and "give checkpoint=" in proc.stderr
+
+
+def test_load_model_equals_the_final_model_of_training(tmp_path):
+    cfg = _compose("model=cnn", "trainer.max_epochs=2", "trainer.test_with=last")
+    runner = build_runner(cfg, tmp_path)
+    runner.run()
+    loaded = load_model(tmp_path, which="last")
+    assert not loaded.training
+    x, _ = next(iter(runner.val_loader))
+    runner.model.eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(x), runner.model(x))
+
+
+def test_provenance_records_the_commit_and_the_dirty_diff(tmp_path):
+    repo = tmp_path / "project"
+    repo.mkdir()
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "notes.txt").write_text("v1\n")
+    subprocess.run([*git, "-C", str(repo), "add", "."], check=True)
+    subprocess.run([*git, "-C", str(repo), "commit", "-qm", "one"], check=True)
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (repo / "notes.txt").write_text("v2\n")  # uncommitted
+    proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_epochs=1", cwd=repo)
+    assert proc.returncode == 0, proc.output
+    info = json.loads((tmp_path / "run" / "provenance.json").read_text())
+    assert info["git"]["commit"] == head and info["git"]["dirty"] is True
+    assert "+v2" in (tmp_path / "run" / "provenance.diff").read_text()
+    assert info["torch"] == torch.__version__ and any(p.startswith("torch==") for p in info["packages"])
+    assert info["status"] == "completed" and info["ended"] >= info["started"]
+    assert "trainer.max_epochs=1" in info["command"]
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["provenance"] == "provenance.json"
+
+
+def test_two_seeded_deterministic_runs_are_identical(tmp_path):
+    def values(work):
+        rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if "time" not in k} for r in rows]
+
+    overrides = ("trainer.deterministic=true", "trainer.seed=7", "trainer.max_epochs=2", "model.dropout=0.2",
+                 "data.num_workers=2")  # fmt: skip
+    for name in ("a", "b"):
+        build_runner(_compose(*overrides), tmp_path / name).run()
+    assert values(tmp_path / "a") == values(tmp_path / "b")
+    build_runner(_compose(*overrides[:1], "trainer.seed=8", *overrides[2:]), tmp_path / "c").run()
+    assert values(tmp_path / "c") != values(tmp_path / "a")  # the seed matters
+    assert not torch.are_deterministic_algorithms_enabled()  # restored after each run
