@@ -1,0 +1,1 @@
+"""A researcher's own package: a hook, a model and a dataset used through expkit."""
