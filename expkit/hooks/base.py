@@ -8,7 +8,9 @@ overrides, so an unused stage costs nothing. Stages in firing order (see
 stage                       payload                                     fires
 ==========================  ==========================================  =====================
 before_run                  -                                           once, first
-after_load_checkpoint       checkpoint: dict (not yet applied)          on resume / load_from
+after_load_checkpoint       checkpoint: dict (not yet applied)          on resume / load_from,
+                                                                        and before the test
+                                                                        with test_with=best
 before_train                -                                           training starts
 before_train_epoch          -                                           each epoch
 before_train_iter           batch_idx, data_batch                       each iteration
@@ -35,7 +37,10 @@ on_exception                exception: BaseException                    the run 
 
 ``outputs`` is the dict the step returned (``loss`` tensor, ``logits``, ...).
 After ``runner.request_stop(reason)`` the current iteration finishes, then
-after_train_epoch, after_train, the test and after_run still fire.
+after_train_epoch, after_train, the test (not after a SIGTERM/SIGINT) and after_run still
+fire. After an exception: on_exception, then after_run, then the exception propagates.
+after_run may run twice; make it idempotent. ``runner.load_purpose`` says why a
+checkpoint was loaded (resume, load_from, test).
 """
 
 from __future__ import annotations
