@@ -16,6 +16,12 @@ from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 from expkit.errors import ConfigError
 
 
+def dist_world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size()
+
+
 def seed_worker(worker_id: int) -> None:
     """Seed Python and NumPy in a DataLoader worker from torch's per-worker seed (which the
     loader's seeded generator fixes), so random augmentations repeat run to run."""
@@ -29,11 +35,18 @@ def seed_worker(worker_id: int) -> None:
 
 
 class SeededRandomSampler(Sampler[int]):
-    """A shuffling sampler whose order is a function of (seed, epoch); can skip ahead by index."""
+    """A shuffling sampler whose order is a function of (seed, epoch); can skip ahead by index.
 
-    def __init__(self, data_source: Sized, seed: int = 0) -> None:
+    With ``num_replicas`` > 1 (DDP) every rank draws the same permutation, padded to a
+    multiple of the replicas, and takes every ``num_replicas``-th index from ``rank``: the
+    ranks see disjoint shares of the data each epoch.
+    """
+
+    def __init__(self, data_source: Sized, seed: int = 0, rank: int = 0, num_replicas: int = 1) -> None:
         self.n = len(data_source)
         self.seed = seed
+        self.rank, self.num_replicas = rank, num_replicas
+        self.per_rank = -(-self.n // num_replicas)
         self.epoch = 0
         self._skip = 0
 
@@ -47,12 +60,30 @@ class SeededRandomSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         g = torch.Generator()
         g.manual_seed(self.seed * 100_003 + self.epoch)
-        order = torch.randperm(self.n, generator=g)[self._skip :].tolist()
+        order = torch.randperm(self.n, generator=g).tolist()
+        if self.num_replicas > 1:
+            order += order[: self.per_rank * self.num_replicas - self.n]  # pad: equal shares
+            order = order[self.rank :: self.num_replicas]
+        order = order[self._skip :]
         self._skip = 0
         return iter(order)
 
     def __len__(self) -> int:
-        return self.n - self._skip
+        return self.per_rank - self._skip
+
+
+class ShardSampler(Sampler[int]):
+    """In order, every ``num_replicas``-th index from ``rank``, no padding: each sample is
+    evaluated exactly once over all ranks (validation and test under DDP)."""
+
+    def __init__(self, data_source: Sized, rank: int, num_replicas: int) -> None:
+        self.indices = list(range(rank, len(data_source), num_replicas))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
 
 
 class DataModule:
@@ -93,10 +124,17 @@ class DataModule:
                 **extra,
             )
 
+        from expkit import distributed
+
+        rank, replicas = (distributed.rank(), dist_world()) if distributed.is_distributed() else (0, 1)
+
+        def eval_sampler(ds: Dataset) -> Sampler | None:
+            return ShardSampler(ds, rank, replicas) if replicas > 1 else None  # type: ignore[arg-type]
+
         return (
-            loader(train, SeededRandomSampler(train, self.seed)),  # type: ignore[arg-type]
-            loader(val, None) if val is not None else None,
-            loader(test, None) if test is not None else None,
+            loader(train, SeededRandomSampler(train, self.seed, rank, replicas)),  # type: ignore[arg-type]
+            loader(val, eval_sampler(val)) if val is not None else None,
+            loader(test, eval_sampler(test)) if test is not None else None,
         )
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import torch
 
+from expkit.distributed import all_reduce_sum, is_distributed, reduce_device
 from expkit.stages import Stage
 
 if TYPE_CHECKING:
@@ -58,8 +59,12 @@ class TrainLoop:
         self.runner = runner
         self.settings = runner.settings
         self.loader = runner.train_loader
-        # the model's own forward+loss when it has one; looked up once, not per iteration
-        self.step = runner.model.train_step if hasattr(runner.model, "train_step") else runner.train_step
+        # forward + loss: through DDP when distributed (gradients are averaged in backward), else
+        # the model's own train_step when it has one; looked up once, not per iteration
+        if runner.ddp_model is not None:
+            self.step = runner.ddp_model
+        else:
+            self.step = runner.model.train_step if hasattr(runner.model, "train_step") else runner.train_step
 
     def done(self) -> bool:
         r = self.runner
@@ -169,7 +174,13 @@ class EvalLoop:
         with torch.no_grad():
             for batch_idx, data_batch in enumerate(self.loader):
                 self.run_iter(batch_idx, data_batch)
-        metrics = {f"{self.mode}/loss": (self.loss_sum / max(self.count, 1)).item()}
+        if is_distributed():  # every rank evaluated its own share: add them up
+            totals = torch.tensor([float(self.loss_sum), float(self.count)], dtype=torch.float64, device=reduce_device())
+            all_reduce_sum(totals)
+            self.loss_sum, self.count = totals[0], int(totals[1])
+            for metric in r.metrics.values():
+                metric.sync()
+        metrics = {f"{self.mode}/loss": float(self.loss_sum / max(self.count, 1))}
         metrics.update({f"{self.mode}/{name}": metric.compute() for name, metric in r.metrics.items()})
         r.model.train(was_training)
         r.call_hook(stages["end_epoch"], metrics=metrics)

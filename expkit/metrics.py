@@ -33,6 +33,9 @@ class Metric:
     def compute(self) -> float:
         raise NotImplementedError
 
+    def sync(self) -> None:
+        """Combine the counts of all DDP ranks (before compute); a no-op in one process."""
+
 
 class Accuracy(Metric):
     """Top-k classification accuracy in [0, 1]."""
@@ -57,3 +60,11 @@ class Accuracy(Metric):
 
     def compute(self) -> float:
         return float(self.correct) / self.total if self.total else float("nan")
+
+    def sync(self) -> None:
+        from expkit.distributed import all_reduce_sum, is_distributed, reduce_device
+
+        if is_distributed():
+            counts = torch.tensor([float(self.correct), float(self.total)], dtype=torch.float64, device=reduce_device())
+            all_reduce_sum(counts)
+            self.correct, self.total = counts[0], int(counts[1])

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
-from expkit import checkpoint_io, provenance
+from expkit import checkpoint_io, distributed, provenance
 from expkit.backends import Backend
 from expkit.errors import CheckpointWriteError, ConfigError, ExpkitError, HookError
 from expkit.hooks.base import Hook
@@ -167,6 +167,21 @@ def set_rng_states(states: Mapping[str, Any]) -> None:
 _make_default_hooks = default_hooks  # the Runner's `default_hooks` argument shadows the name
 
 
+class _StepModule(nn.Module):
+    """The training step as a module, so DistributedDataParallel wraps the whole step,
+    including a model's own train_step (gradients are averaged over ranks in backward)."""
+
+    def __init__(self, runner: Runner) -> None:
+        super().__init__()
+        self.model = runner.model
+        self._runner = [runner]  # a list: not registered as a submodule
+
+    def forward(self, data_batch: Any) -> dict[str, Any]:
+        if hasattr(self.model, "train_step"):
+            return self.model.train_step(data_batch)
+        return self._runner[0].train_step(data_batch)
+
+
 _NULL = contextlib.nullcontext()  # shared: entering it costs next to nothing
 
 
@@ -252,8 +267,16 @@ class Runner:
         run_info: Mapping[str, Any] | None = None,
     ) -> None:
         self.settings = settings or TrainerSettings()
+        self.is_main = distributed.is_main()  # rank 0 writes checkpoints, metrics, backends, result.json
         self.device = _resolve_device(self.settings.device)
+        if distributed.is_distributed() and self.device.type == "cuda":
+            self.device = torch.device("cuda", distributed.local_rank())
         self.model = model.to(self.device)
+        self.ddp_model: nn.Module | None = None
+        if distributed.is_distributed() and optimizer is not None:
+            self.ddp_model = torch.nn.parallel.DistributedDataParallel(
+                _StepModule(self), device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.scheduler_by_epoch = scheduler_by_epoch
@@ -438,7 +461,7 @@ class Runner:
                                 torch.backends.cudnn.benchmark)  # fmt: skip
         if self.settings.deterministic:
             set_deterministic()
-        self.provenance = provenance.write(self.work_dir)
+        self.provenance = provenance.write(self.work_dir) if self.is_main else {}
         previous_handlers = self._catch_signals()
         try:
             try:
@@ -472,7 +495,8 @@ class Runner:
         finally:
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
-            provenance.finish(self.work_dir, self.provenance, status)
+            if self.is_main:
+                provenance.finish(self.work_dir, self.provenance, status)
             torch.use_deterministic_algorithms(previous_determinism[0])
             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous_determinism[1:]
             result = self._write_result(status, error, tb, time.time() - started)
@@ -519,6 +543,7 @@ class Runner:
         """test_with=best: test the best checkpoint by the first monitored metric (model
         selection on validation, report on test); otherwise, or without one, the final weights."""
         path = next(iter(self.best_checkpoints.values()), None)
+        distributed.barrier()  # rank 0 may still be writing the best checkpoint
         if self.settings.test_with == "best" and path and Path(path).is_file():
             self._apply_checkpoint(checkpoint_io.load_checkpoint(path, "best checkpoint"), resume=False,
                                    source=Path(path), purpose="test")  # fmt: skip
@@ -597,6 +622,10 @@ class Runner:
         durable: bool = False,
     ) -> Path:
         """Write a checkpoint atomically (`durable`: fsync too); regular ones move `last_checkpoint`."""
+        if not self.is_main:  # one writer: rank 0 (every rank holds the same weights)
+            if not is_best:
+                self.last_checkpoint = path
+            return path
         checkpoint = self.state_checkpoint(save_optimizer, save_scheduler)
         self.call_hook(Stage.BEFORE_SAVE_CHECKPOINT, checkpoint=checkpoint)
         try:
@@ -682,7 +711,8 @@ class Runner:
             **self.run_info,
             "traceback": tb,
         }
-        checkpoint_io.write_json_atomic(self.work_dir / "result.json", result)
+        if self.is_main:
+            checkpoint_io.write_json_atomic(self.work_dir / "result.json", result)
         return result
 
 

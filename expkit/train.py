@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -162,11 +163,33 @@ def run(cfg: DictConfig) -> float | None:
     return value
 
 
+def _share_run_dir_across_ranks() -> None:
+    """Under torchrun: one run, one work dir. Rank 0 picks the dir (the usual default, or
+    hydra.run.dir when given) and every rank uses it; ranks > 0 write no .hydra/ and log to
+    rank<N>.log. Without this, each rank's Hydra would make a work dir of its own."""
+    from expkit import distributed
+
+    if not distributed.init():
+        return
+    if any(a in ("-m", "--multirun") for a in sys.argv[1:]):
+        print("Error: a sweep (-m) under torchrun is not supported; start one torchrun per job, or use "
+              "hydra/launcher=submitit_slurm with tasks_per_node", file=sys.stderr)  # fmt: skip
+        sys.exit(2)
+    given = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("hydra.run.dir=")), None)
+    default = time.strftime("outputs/runs/%Y-%m-%d_%H-%M-%S-") + f"{time.time_ns() // 1000 % 10**6:06d}"
+    run_dir = str(Path(distributed.broadcast_object(given or default)).resolve())
+    sys.argv = [a for a in sys.argv if not a.startswith("hydra.run.dir=")] + [f"hydra.run.dir={run_dir}"]
+    rank = distributed.rank()
+    if rank > 0:
+        sys.argv += ["hydra.output_subdir=null", f"hydra.job_logging.handlers.file.filename={run_dir}/rank{rank}.log"]
+
+
 def main() -> None:
     message = check_group_choices(sys.argv[1:])
     if message:
         print(f"Error: {message}", file=sys.stderr)
         sys.exit(2)
+    _share_run_dir_across_ranks()
     run()
 
 

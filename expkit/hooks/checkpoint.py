@@ -150,7 +150,9 @@ class CheckpointHook(Hook):
         path = self.dir / (tmpl or self.filename_tmpl).format(count)
         if self.max_keep_ckpts > 0:
             while len(self.kept) >= self.max_keep_ckpts:
-                Path(self.kept.popleft()).unlink(missing_ok=True)
+                old = Path(self.kept.popleft())
+                if runner.is_main:
+                    old.unlink(missing_ok=True)
             self.kept.append(str(path))
         runner.save_checkpoint(
             path, save_optimizer=self.save_optimizer, save_scheduler=self.save_param_scheduler, durable=self.fsync
@@ -212,7 +214,7 @@ class CheckpointHook(Hook):
             self.best_scores[key], self.best_paths[key] = score, str(path)
             runner.best_checkpoints[key] = str(path)
             for _, other in scored:
-                if other != path:
+                if other != path and runner.is_main:
                     other.unlink(missing_ok=True)
                     log.info("Removed stale best checkpoint %s", other.name)
 
@@ -254,13 +256,13 @@ class CheckpointHook(Hook):
                 metric=key,
                 durable=self.fsync,
             )
-            if old and old != self.best_paths[key]:
+            if old and old != self.best_paths[key] and runner.is_main:
                 Path(old).unlink(missing_ok=True)
             log.info("New best %s = %.4f: %s", key, score, name)
 
     def after_run(self, runner: Runner) -> None:
         """published_keys: slim copies of the last and best checkpoints, named by content hash."""
-        if not self.published_keys or runner.optimizer is None:
+        if not self.published_keys or runner.optimizer is None or not runner.is_main:
             return
         sources = list(self.best_paths.values())
         if self.save_last and runner.last_checkpoint is not None:

@@ -29,6 +29,8 @@ class CSVHook(Hook):
         self._file: IO[str] | None = None
 
     def before_run(self, runner: Runner) -> None:
+        if not runner.is_main:  # under DDP, rank 0 writes
+            return
         path = runner.work_dir / self.filename
         new = not path.exists()
         self._file = open(path, "a", newline="", encoding="utf-8")  # noqa: SIM115

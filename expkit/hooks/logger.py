@@ -89,6 +89,9 @@ class LoggerHook(Hook):
             self._safely(backend, "log", record, record["step"])
 
     def before_run(self, runner: Runner) -> None:
+        if not runner.is_main:  # under DDP, rank 0 writes the files and the backends
+            self.plot = False
+            return
         # append: a resumed run continues the same file
         self._file = open(runner.work_dir / self.filename, "a", encoding="utf-8")  # noqa: SIM115
         self._backends = list(runner.loggers.values())

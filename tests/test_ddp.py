@@ -1,0 +1,98 @@
+"""torchrun with 2 CPU processes (gloo): one work dir, rank 0 writes, ranks agree, crashes stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+PROBE = '''
+import json, torch, torch.distributed as dist
+from expkit import Hook
+
+class Probe(Hook):
+    """Test instrumentation: what each rank saw and ended with."""
+    priority = "LOW"
+
+    def __init__(self, crash_rank: int = -1):
+        self.crash_rank, self.seen = crash_rank, {}
+
+    def before_train_epoch(self, runner):
+        self.seen[runner.epoch] = list(runner.train_loader.sampler)
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        if dist.get_rank() == self.crash_rank and runner.iter == 5:
+            raise RuntimeError("rank died")
+
+    def after_train(self, runner):
+        rank = dist.get_rank()
+        torch.save(runner.model.state_dict(), runner.work_dir / f"weights_rank{rank}.pt")
+        (runner.work_dir / f"seen_rank{rank}.json").write_text(json.dumps(self.seen))
+'''
+
+
+def _torchrun(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    conf = tmp_path / "conf" / "hooks"
+    conf.mkdir(parents=True, exist_ok=True)
+    (conf / "probe.yaml").write_text("probe:\n  _target_: ddp_probe.Probe\n  crash_rank: -1\n")
+    (tmp_path / "ddp_probe.py").write_text(PROBE)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29621",
+         "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), "hooks=[probe]", *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_two_processes_one_run(tmp_path):
+    proc = _torchrun(tmp_path, "trainer.max_epochs=3", "trainer.test_with=last")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    runs = list((tmp_path / "outputs" / "runs").iterdir())
+    assert len(runs) == 1, runs  # no second work dir for rank 1
+    (work,) = runs
+    assert sorted(p.name for p in (work / "checkpoints").glob("epoch_*.pth")) == ["epoch_1.pth", "epoch_2.pth", "epoch_3.pth"]
+    assert (work / "rank1.log").is_file() and not (work / ".hydra" / "rank1").exists()
+    result = json.loads((work / "result.json").read_text())
+    assert result["status"] == "completed" and result["iter"] == 60  # 1258 samples / 2 ranks / 32 = 20 per epoch
+
+    # every rank ends with the same weights, and they are the checkpointed ones
+    w0, w1 = (torch.load(work / f"weights_rank{r}.pt", weights_only=True) for r in (0, 1))
+    last = torch.load(work / "checkpoints" / "epoch_3.pth", weights_only=True)["state_dict"]
+    for key in w0:
+        assert torch.equal(w0[key], w1[key]) and torch.equal(w0[key], last[key]), key
+
+    # each rank saw a different half of the training data, every epoch
+    seen = [json.loads((work / f"seen_rank{r}.json").read_text()) for r in (0, 1)]
+    for epoch in ("0", "1", "2"):
+        a, b = set(seen[0][epoch]), set(seen[1][epoch])
+        assert not a & b and len(a | b) == 1258
+    assert seen[0]["0"] != seen[0]["1"]  # a new order each epoch
+
+    # val/acc over both ranks equals one process evaluating the final weights on the whole set
+    evaluation = subprocess.run([sys.executable, "-m", "expkit.eval", f"checkpoint={work}", "which=last",
+                                 "split=val", f"work_dir={tmp_path / 'eval'}"], capture_output=True, text=True)  # fmt: skip
+    assert evaluation.returncode == 0, evaluation.stderr
+    single = json.loads((tmp_path / "eval" / "result.json").read_text())["final_metrics"]
+    assert single["val/acc"] == pytest.approx(result["final_metrics"]["val/acc"], abs=1e-9)
+    assert single["val/loss"] == pytest.approx(result["final_metrics"]["val/loss"], rel=1e-5)
+
+    # the same checkpoint resumes in one process
+    resumed = run_cli(f"hydra.run.dir={tmp_path / 'single'}", f"resume={work / 'checkpoints' / 'epoch_2.pth'}",
+                      "trainer.max_epochs=3")  # fmt: skip
+    assert resumed.returncode == 0, resumed.output
+    assert json.loads((tmp_path / "single" / "result.json").read_text())["epoch"] == 3
+
+
+def test_a_crashing_rank_stops_the_whole_run(tmp_path):
+    proc = _torchrun(tmp_path, "trainer.max_epochs=50", "hooks.probe.crash_rank=1", timeout=240)
+    assert proc.returncode != 0
+    assert "rank died" in proc.stdout + proc.stderr
