@@ -18,9 +18,19 @@ import torch.distributed as dist
 
 
 def _from_slurm() -> None:
-    """Fill torch's variables from Slurm's (srun / submitit_slurm with one task per GPU)."""
+    """Fill torch's variables inside a submitit job (submitit_slurm or submitit_local with
+    tasks_per_node > 1), or from Slurm's own under a plain srun."""
     env = os.environ
-    if "WORLD_SIZE" in env or "SLURM_PROCID" not in env or int(env.get("SLURM_NTASKS", "1")) < 2:
+    if "WORLD_SIZE" in env:
+        return
+    if "SUBMITIT_EXECUTOR" in env:
+        from submitit.helpers import TorchDistributedEnvironment
+
+        job = TorchDistributedEnvironment()
+        if job.world_size > 1:
+            job.export(set_cuda_visible_devices=False)
+        return
+    if "SLURM_PROCID" not in env or int(env.get("SLURM_NTASKS", "1")) < 2:
         return
     env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"] = env["SLURM_PROCID"], env["SLURM_LOCALID"], env["SLURM_NTASKS"]
     if "MASTER_ADDR" not in env:

@@ -120,9 +120,13 @@ def run(cfg: DictConfig) -> float | None:
 
     from expkit.build import build_runner
 
+    from expkit import distributed
+
     hc = HydraConfig.get()
     work_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
+    if distributed.init():  # a submitit job with several tasks (torchrun joined in main already)
+        _log_to_rank_file(work_dir, distributed.rank())
     monitor, rule = monitor_of(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
     run_info = {
         "overrides": list(hc.overrides.task),
@@ -163,6 +167,19 @@ def run(cfg: DictConfig) -> float | None:
     return value
 
 
+def _log_to_rank_file(work_dir: Path, rank: int) -> None:
+    """Ranks > 0 keep their own log file (rank<N>.log) instead of sharing train.log."""
+    if rank == 0:
+        return
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+        root.removeHandler(handler)
+        replacement = logging.FileHandler(work_dir / f"rank{rank}.log")
+        replacement.setFormatter(handler.formatter)
+        root.addHandler(replacement)
+        handler.close()
+
+
 def _share_run_dir_across_ranks() -> None:
     """Under torchrun: one run, one work dir. Rank 0 picks the dir (the usual default, or
     hydra.run.dir when given) and every rank uses it; ranks > 0 write no .hydra/ and log to
@@ -179,9 +196,8 @@ def _share_run_dir_across_ranks() -> None:
     default = time.strftime("outputs/runs/%Y-%m-%d_%H-%M-%S-") + f"{time.time_ns() // 1000 % 10**6:06d}"
     run_dir = str(Path(distributed.broadcast_object(given or default)).resolve())
     sys.argv = [a for a in sys.argv if not a.startswith("hydra.run.dir=")] + [f"hydra.run.dir={run_dir}"]
-    rank = distributed.rank()
-    if rank > 0:
-        sys.argv += ["hydra.output_subdir=null", f"hydra.job_logging.handlers.file.filename={run_dir}/rank{rank}.log"]
+    if distributed.rank() > 0:
+        sys.argv += ["hydra.output_subdir=null"]  # rank 0 writes .hydra/; run() gives this rank its own log
 
 
 def main() -> None:

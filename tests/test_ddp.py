@@ -96,3 +96,21 @@ def test_a_crashing_rank_stops_the_whole_run(tmp_path):
     proc = _torchrun(tmp_path, "trainer.max_epochs=50", "hooks.probe.crash_rank=1", timeout=240)
     assert proc.returncode != 0
     assert "rank died" in proc.stdout + proc.stderr
+
+
+def test_submitit_local_with_two_tasks_is_one_ddp_run(tmp_path):
+    env = {"OMP_NUM_THREADS": "1"}
+    proc = run_cli("-m", "trainer.max_epochs=2", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
+                   f"hydra.sweep.dir={tmp_path}", env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.output
+    result = json.loads((tmp_path / "0" / "result.json").read_text())
+    assert result["status"] == "completed" and result["iter"] == 40  # two ranks share each epoch
+    assert (tmp_path / "0" / "rank1.log").is_file()
+    assert json.loads((tmp_path / "best.json").read_text())["job"] == "0"
+
+
+def test_slurm_ddp_launcher_config_starts_one_task_per_gpu():
+    proc = run_cli("hydra/launcher=slurm_ddp", "hydra.launcher.gpus_per_node=8", "--cfg", "hydra", "--resolve")
+    assert proc.returncode == 0, proc.output
+    assert "gpus_per_node: 8" in proc.stdout and "tasks_per_node: 8" in proc.stdout
+    assert "SlurmLauncher" in proc.stdout
