@@ -63,14 +63,9 @@ def write_json_atomic(path: Path, obj: Any) -> Path:
 
 
 def point_last_checkpoint(checkpoint_dir: Path, checkpoint_path: Path) -> None:
-    """Record `checkpoint_path` as the newest complete checkpoint.
-
-    Rewritten in place with one small write (cheaper than a new file and a rename on every
-    save); a kill in between leaves it empty at worst, and `load_resumable` then takes the
-    newest checkpoint that loads.
-    """
-    with open(checkpoint_dir / LAST_CHECKPOINT, "w", encoding="utf-8") as f:
-        f.write(str(checkpoint_path.resolve()))
+    """Record `checkpoint_path` as the newest complete checkpoint: written through a temporary
+    file and renamed, so a reader (a monitor, a resume) never sees it empty or half written."""
+    write_text_atomic(checkpoint_dir / LAST_CHECKPOINT, str(checkpoint_path.resolve()))
 
 
 def find_last_checkpoint(work_dir: Path) -> Path | None:
