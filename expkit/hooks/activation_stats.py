@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
-from torch import nn
 
+from expkit.hooks._probes import OutputProbe, leaf_modules
 from expkit.hooks.base import Hook
 from expkit.stages import Priority
 
@@ -27,13 +27,13 @@ class ActivationStatsHook(Hook):
             raise ValueError(f"interval must be >= 1, got {interval}")
         self.layers = list(layers) if layers is not None else None
         self.interval = interval
-        self._handles: list[Any] = []
+        self._probe: OutputProbe | None = None
         self.latest: dict[str, float] = {}
 
     def before_train(self, runner: Runner) -> None:
         modules = dict(runner.model.named_modules())
         if self.layers is None:
-            self._targets = {n: m for n, m in modules.items() if not list(m.children()) and list(m.parameters())}
+            self._targets = {n: m for n, m in leaf_modules(runner.model).items() if list(m.parameters())}
         else:
             missing = [n for n in self.layers if n not in modules]
             if missing:
@@ -42,20 +42,15 @@ class ActivationStatsHook(Hook):
 
     def before_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any) -> None:
         if (runner.iter + 1) % self.interval == 0:
-            self._handles = [m.register_forward_hook(self._recorder(n)) for n, m in self._targets.items()]
+            self._probe = OutputProbe(self._targets, self._record)
 
-    def _recorder(self, name: str):
-        def record(module: nn.Module, inputs: Any, output: Any) -> None:
-            if isinstance(output, torch.Tensor):
-                out = output.detach().float()
-                self.latest[f"activations/{name}/mean"] = float(out.mean())
-                self.latest[f"activations/{name}/std"] = float(out.std()) if out.numel() > 1 else 0.0
-
-        return record
+    def _record(self, name: str, output: torch.Tensor) -> None:
+        out = output.detach().float()
+        self.latest[f"activations/{name}/mean"] = float(out.mean())
+        self.latest[f"activations/{name}/std"] = float(out.std()) if out.numel() > 1 else 0.0
 
     def after_forward(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
-        if self._handles:
-            for h in self._handles:
-                h.remove()
-            self._handles = []
+        if self._probe is not None:
+            self._probe.remove()
+            self._probe = None
             runner.extra_scalars.update(self.latest)

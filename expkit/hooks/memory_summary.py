@@ -8,8 +8,8 @@ import resource
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
+from expkit.hooks._probes import OutputProbe, leaf_modules
 from expkit.hooks.base import Hook
 from expkit.stages import Priority
 
@@ -48,27 +48,20 @@ class MemorySummaryHook(Hook):
         if interval < 1:
             raise ValueError(f"interval must be >= 1, got {interval}")
         self.interval, self.by_layer, self.top = interval, by_layer, top
-        self._handles: list[Any] = []
+        self._probe: OutputProbe | None = None
         self.layer_bytes: dict[str, int] = {}
 
     def before_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any) -> None:
-        if self.by_layer and not self.layer_bytes and not self._handles:
-            for name, module in runner.model.named_modules():
-                if not list(module.children()):
-                    self._handles.append(module.register_forward_hook(self._recorder(name or type(module).__name__)))
+        if self.by_layer and not self.layer_bytes and self._probe is None:
+            self._probe = OutputProbe(leaf_modules(runner.model), self._record)
 
-    def _recorder(self, name: str):
-        def record(module: nn.Module, inputs: Any, output: Any) -> None:
-            if isinstance(output, torch.Tensor):
-                self.layer_bytes[name] = self.layer_bytes.get(name, 0) + output.numel() * output.element_size()
-
-        return record
+    def _record(self, name: str, output: torch.Tensor) -> None:
+        self.layer_bytes[name] = self.layer_bytes.get(name, 0) + output.numel() * output.element_size()
 
     def after_forward(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
-        if self._handles:
-            for h in self._handles:
-                h.remove()
-            self._handles = []
+        if self._probe is not None:
+            self._probe.remove()
+            self._probe = None
             rows = sorted(self.layer_bytes.items(), key=lambda kv: -kv[1])[: self.top]
             runner.run_info["memory_by_layer_mb"] = {k: round(v / MB, 4) for k, v in rows}
             table = "\n".join(f"    {k:<40} {v / MB:10.3f} MB" for k, v in rows)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import nn
 
+from expkit.hooks._probes import OutputProbe, leaf_modules
 from expkit.hooks.base import Hook
 from expkit.stages import Priority
 
@@ -22,15 +23,8 @@ def model_complexity(model: nn.Module, example: torch.Tensor) -> dict[str, int]:
     (elements output by the leaf modules) of one forward pass on `example`, in eval mode."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    activations = 0
-
-    def count(module: nn.Module, inputs: Any, output: Any) -> None:
-        nonlocal activations
-        if isinstance(output, torch.Tensor):
-            activations += output.numel()
-
-    leaves = [m for m in model.modules() if not list(m.children())]
-    handles = [m.register_forward_hook(count) for m in leaves]
+    sizes: list[int] = []
+    probe = OutputProbe(leaf_modules(model), lambda name, output: sizes.append(output.numel()))
     was_training = model.training
     model.eval()
     try:
@@ -38,8 +32,8 @@ def model_complexity(model: nn.Module, example: torch.Tensor) -> dict[str, int]:
             model(example)
     finally:
         model.train(was_training)
-        for h in handles:
-            h.remove()
+        probe.remove()
+    activations = sum(sizes)
     return {
         "flops": int(counter.get_total_flops()),
         "params": sum(p.numel() for p in model.parameters()),
