@@ -31,8 +31,8 @@ from expkit.metrics import infer_rule
 
 log = logging.getLogger("expkit")
 
-COLUMNS = ["job", "status", "monitor", "best", "best_epoch", "final", "wall_time_s", "overrides", "best_checkpoint",
-           "work_dir", "error"]  # fmt: skip
+COLUMNS = ["job", "status", "resumed", "monitor", "best", "best_epoch", "final", "wall_time_s", "overrides",
+           "best_checkpoint", "work_dir", "error"]  # fmt: skip
 
 
 def _read_yaml(path: Path) -> Any:
@@ -68,7 +68,7 @@ def monitor_of(config: dict[str, Any] | None) -> tuple[str, str]:
 def job_row(work_dir: Path) -> dict[str, Any] | None:
     """One job's row, from its result.json, or from metrics.jsonl while it runs."""
     hydra_dir = work_dir / ".hydra"
-    if not hydra_dir.is_dir():
+    if not hydra_dir.is_dir() or "alias_of" in (read_job(work_dir) or {}):
         return None
     config = _read_yaml(hydra_dir / "config.yaml")
     overrides = _read_yaml(hydra_dir / "overrides.yaml") or []
@@ -77,7 +77,7 @@ def job_row(work_dir: Path) -> dict[str, Any] | None:
         "job": work_dir.name,
         "monitor": monitor,
         "rule": rule,
-        "overrides": " ".join(overrides),
+        "overrides": " ".join(o for o in overrides if not o.startswith("resume=")),
         "override_values": dict(o.split("=", 1) for o in overrides if "=" in o),
         "work_dir": str(work_dir.resolve()),
     }
@@ -96,7 +96,7 @@ def job_row(work_dir: Path) -> dict[str, Any] | None:
             wall_time_s=result.get("wall_time_s"),
             best_checkpoint=(result.get("best_checkpoints") or {}).get(monitor) or result.get("best_checkpoint"),
             error=result.get("error"),
-            resumed=result.get("resumed", False),
+            resumed=bool(result.get("resumed_in_sweep", False)),
         )
     else:  # still running (or killed): what metrics.jsonl shows so far
         values = [v for _, v in curve if isinstance(v, (int, float)) and math.isfinite(v)]
@@ -153,6 +153,7 @@ def summarize(sweep_dir: str | Path, plot: bool = True) -> dict[str, Any] | None
         "overrides": top["overrides"].split() if usable and top["overrides"] else [],
         "jobs": len(rows),
         "statuses": {s: sum(r.get("status") == s for r in rows) for s in sorted({str(r.get("status")) for r in rows})},
+        "resumed_jobs": sorted((r["job"] for r in rows if r.get("resumed")), key=lambda j: (len(j), j)),
     }
     write_json_atomic(sweep_dir / "best.json", best)
     if plot:
@@ -205,6 +206,43 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(tmp, dpi=80)
     plt.close(fig)
     tmp.replace(path)
+
+
+JOB_FILE = "job.json"  # a job's identity in a sweep; Hydra never writes it
+
+
+def job_identity(overrides: list[str]) -> list[str]:
+    """What makes a job the same job across launches: its overrides, sorted, without
+    resume= and hydra.* (so reordering values on the command line changes nothing)."""
+    return sorted(o for o in overrides if not o.lstrip("+~").startswith(("resume=", "hydra.")))
+
+
+def read_job(work_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((work_dir / JOB_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def record_job(work_dir: Path, identity: list[str]) -> None:
+    """job.json: the identity, and a copy of the job's .hydra files (Hydra rewrites .hydra/ of
+    <sweep>/<n> at every launch, so a resumed sweep with reordered values can put them back)."""
+    hydra_files = {p.name: p.read_text() for p in (work_dir / ".hydra").glob("*.yaml")}
+    write_json_atomic(work_dir / JOB_FILE, {"overrides": identity, "hydra": hydra_files})
+
+
+def restore_hydra_record(work_dir: Path, job: dict[str, Any]) -> None:
+    for name, text in job.get("hydra", {}).items():
+        write_text_atomic(work_dir / ".hydra" / name, text)
+
+
+def find_job(sweep_dir: Path, identity: list[str]) -> Path | None:
+    """The dir in `sweep_dir` that holds the job with this identity, if any."""
+    for candidate in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
+        job = read_job(candidate)
+        if job is not None and job.get("overrides") == identity and "alias_of" not in job:
+            return candidate
+    return None
 
 
 def worst_value(rule: str) -> float:

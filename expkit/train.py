@@ -8,6 +8,8 @@ number (143 / 130), result.json saying ``stopped``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import sys
@@ -21,8 +23,18 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from expkit import checkpoint_io
+from expkit.checkpoint_io import write_json_atomic
 from expkit.errors import ConfigError, ExpkitError
-from expkit.sweep import monitor_of, worst_value
+from expkit.sweep import (
+    JOB_FILE,
+    find_job,
+    job_identity,
+    monitor_of,
+    read_job,
+    record_job,
+    restore_hydra_record,
+    worst_value,
+)
 
 log = logging.getLogger("expkit")
 
@@ -112,6 +124,57 @@ def _sweep_job_failed(exc: BaseException, work_dir: Path, sweep_dir: Path, rule:
 FAIL_FAST_MARKER = ".fail_fast"
 
 
+def _place_sweep_job(cfg: DictConfig, overrides: list[str], hydra_dir: Path, sweep_dir: Path) -> Path:
+    """The work dir of this sweep job. Hydra numbers jobs by position; with resume=true a job
+    is found by its overrides instead (job.json), so reordered or added values mix nothing up."""
+    identity = job_identity(overrides)
+    if str(cfg.resume).lower() != "true":
+        record_job(hydra_dir, identity)
+        return hydra_dir
+    own = read_job(hydra_dir)
+    if own is not None and own.get("overrides") == identity:
+        return hydra_dir
+    current = {p.name: p.read_text() for p in (hydra_dir / ".hydra").glob("*.yaml")}
+    target = find_job(sweep_dir, identity)
+    if own is None:  # a new dir
+        if target is None:
+            record_job(hydra_dir, identity)
+            return hydra_dir
+        write_json_atomic(hydra_dir / JOB_FILE, {"alias_of": str(target), "overrides": identity})
+    else:  # the dir holds another job of the earlier launch: give it its record back
+        restore_hydra_record(hydra_dir, own)
+        if target is None:
+            digest = hashlib.sha1(" ".join(identity).encode()).hexdigest()[:6]
+            target = sweep_dir / f"{hydra_dir.name}_{digest}"
+            for name, text in current.items():
+                checkpoint_io.write_text_atomic(target / ".hydra" / name, text)
+            record_job(target, identity)
+    log.info("Sweep job %s lives in %s", " ".join(identity), target)
+    handler = logging.FileHandler(target / "train.log")
+    handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
+    logging.getLogger().addHandler(handler)
+    return target
+
+
+def _finished_job_value(cfg: DictConfig, work_dir: Path, rule: str, monitor: str) -> float | None:
+    """With resume=true: a job that already finished is not trained again; its value is returned."""
+    result_file = work_dir / "result.json"
+    if str(cfg.resume).lower() != "true" or not result_file.is_file():
+        return None
+    result = json.loads(result_file.read_text())
+    status, reason = result.get("status"), str(result.get("stop_reason") or "")
+    if status == "failed" and not cfg.retry_failed:
+        log.info("Job in %s failed before (%s); kept as failed (retry_failed=true retries it)", work_dir,
+                 result.get("error"))  # fmt: skip
+        return worst_value(rule)
+    if status == "completed" or (status == "stopped" and not reason.startswith("signal")):
+        best = (result.get("best_metrics") or {}).get(monitor)
+        log.info("Job in %s is already %s; not trained again", work_dir, status)
+        value = None if best is None else best.get("value")
+        return float(value) if value is not None and math.isfinite(value) else worst_value(rule)
+    return None  # interrupted, skipped or never finished: run it (resume=true continues it)
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def run(cfg: DictConfig) -> float | None:
     """Hydra's task function: returns the best value of ``monitor`` for sweepers (never NaN:
@@ -136,6 +199,12 @@ def run(cfg: DictConfig) -> float | None:
     if multirun:
         sweep_dir = Path(hc.sweep.dir)
         run_info["sweep_dir_name"] = sweep_dir.name  # wandb groups a sweep's jobs by it
+        work_dir = _place_sweep_job(cfg, list(hc.overrides.task), work_dir, sweep_dir)
+        done = _finished_job_value(cfg, work_dir, rule, monitor)
+        if done is not None:
+            return done
+        if str(cfg.resume).lower() == "true" and list(work_dir.glob("checkpoints/*.pth")):
+            run_info["resumed_in_sweep"] = True
         if (sweep_dir / FAIL_FAST_MARKER).exists():
             checkpoint_io.write_json_atomic(work_dir / "result.json", {
                 "status": "skipped", "error": f"an earlier job failed and fail_fast is set ({(sweep_dir / FAIL_FAST_MARKER).read_text()})",

@@ -1,0 +1,86 @@
+"""Resume a whole sweep: kill it mid-job with SIGKILL, run the same command with resume=true."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, run_cli
+
+pytestmark = pytest.mark.slow
+VALUES = ["optim.lr=0.1,0.05,0.02,0.01", "trainer.max_epochs=3"]
+SLOW = """
+import time
+from expkit import Hook
+
+class Slow(Hook):
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        time.sleep(0.01)
+"""
+
+
+def _sweep(tmp_path: Path, *extra: str) -> list[str]:
+    conf = tmp_path / "conf" / "hooks"
+    conf.mkdir(parents=True, exist_ok=True)
+    (conf / "slow.yaml").write_text("slow:\n  _target_: slowhook.Slow\n")
+    (tmp_path / "slowhook.py").write_text(SLOW)
+    return [sys.executable, "-m", "expkit.train", "-m", "--config-dir", str(tmp_path / "conf"), "hooks=[slow]",
+            *VALUES, f"hydra.sweep.dir={tmp_path / 'sweep'}", *extra]  # fmt: skip
+
+
+def test_kill_during_the_third_job_then_resume(tmp_path):
+    sweep = tmp_path / "sweep"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.Popen(_sweep(tmp_path), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.time() + 240
+        while not (sweep / "2" / "checkpoints" / "epoch_1.pth").exists():
+            assert proc.poll() is None and time.time() < deadline, "the third job never got going"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert not (sweep / "2" / "result.json").exists() and not (sweep / "3").exists()
+    stamps = {p: p.stat().st_mtime_ns for j in ("0", "1") for p in (sweep / j / "checkpoints").glob("*.pth")}
+
+    resumed = subprocess.run(_sweep(tmp_path, "resume=true"), cwd=REPO, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # jobs 0 and 1 were not retrained
+    results = {j: json.loads((sweep / j / "result.json").read_text()) for j in ("0", "1", "2", "3")}
+    assert all(r["status"] == "completed" for r in results.values())
+    assert results["2"].get("resumed_in_sweep") is True and not results["3"].get("resumed_in_sweep")
+
+    # job 2 ends with the weights of an uninterrupted run of the same job
+    reference = run_cli(f"hydra.run.dir={tmp_path / 'ref'}", "optim.lr=0.02", "trainer.max_epochs=3")
+    assert reference.returncode == 0, reference.output
+    ref = torch.load(tmp_path / "ref" / "checkpoints" / "epoch_3.pth", weights_only=True)["state_dict"]
+    got = torch.load(sweep / "2" / "checkpoints" / "epoch_3.pth", weights_only=True)["state_dict"]
+    assert all(torch.equal(ref[k], got[k]) for k in ref)
+
+    best = json.loads((sweep / "best.json").read_text())
+    assert best["statuses"] == {"completed": 4} and best["resumed_jobs"] == ["2"]
+    expected = max(results, key=lambda j: results[j]["best_metrics"]["val/acc"]["value"])
+    assert best["job"] == expected
+
+
+def test_reordered_and_added_values_mix_nothing_up(tmp_path):
+    sweep = tmp_path / "sweep"
+    assert run_cli("-m", "optim.lr=0.1,0.05", "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}").returncode == 0
+    before = {j: json.loads((sweep / j / "result.json").read_text())["wall_time_s"] for j in ("0", "1")}
+    proc = run_cli("-m", "optim.lr=0.01,0.05,0.1", "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}", "resume=true")
+    assert proc.returncode == 0, proc.output
+    # the old jobs keep their dirs, records and results; the new value got a dir of its own
+    for job, lr in (("0", "0.1"), ("1", "0.05")):
+        assert f"optim.lr={lr}" in (sweep / job / ".hydra" / "overrides.yaml").read_text()
+        assert json.loads((sweep / job / "result.json").read_text())["wall_time_s"] == before[job]
+    rows = [line for line in (sweep / "summary.csv").read_text().splitlines()[1:]]
+    assert len(rows) == 3 and sum("optim.lr=0.01" in r for r in rows) == 1
