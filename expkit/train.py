@@ -181,9 +181,8 @@ def run(cfg: DictConfig) -> float | None:
     a failed or diverged job in a sweep returns the worst value)."""
     from omegaconf import OmegaConf
 
-    from expkit.build import build_runner
-
     from expkit import distributed
+    from expkit.build import build_runner
 
     hc = HydraConfig.get()
     work_dir = Path(hc.runtime.output_dir)

@@ -1,0 +1,62 @@
+"""Memory: peak RSS of the default run (python -m expkit.train) against a hand-written loop
+training the same model on the same data, each in its own process. Target: <= 1.2x.
+
+    python benchmarks/memory.py
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+
+HAND = """
+import torch
+from torch import nn
+from expkit.data import DigitsData
+torch.manual_seed(0)
+train, val, test = DigitsData(batch_size=32).loaders()
+model = nn.Sequential(nn.Flatten(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+for epoch in range(20):
+    train.sampler.set_epoch(epoch)
+    for x, y in train:
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    torch.save({"state_dict": model.state_dict(), "optimizer": opt.state_dict()}, "/dev/null")
+    with torch.no_grad():
+        acc = sum((model(x).argmax(-1) == y).sum().item() for x, y in val)
+"""
+
+
+WRAP = """
+import resource, runpy, sys
+target, sys.argv = sys.argv[1], sys.argv[1:]
+try:
+    if target == "-c":
+        exec(compile(sys.argv[1], "<hand>", "exec"), {"__name__": "__main__"})
+    else:
+        runpy.run_module(target, run_name="__main__")
+except SystemExit:
+    pass
+finally:
+    print(f"PEAK_RSS_KB {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}", flush=True)
+"""
+
+
+def peak_rss_mb(args: list[str]) -> float:
+    """The process's own peak RSS, reported from inside it at exit."""
+    out = subprocess.run([sys.executable, "-c", WRAP, *args], capture_output=True, text=True, check=True).stdout
+    return next(int(line.split()[1]) for line in out.splitlines() if line.startswith("PEAK_RSS_KB")) / 1024
+
+
+def main() -> None:
+    hand = peak_rss_mb(["-c", HAND])
+    with tempfile.TemporaryDirectory() as tmp:
+        ours = peak_rss_mb(["expkit.train", f"hydra.run.dir={tmp}/run"])
+    print(f"peak RSS: hand-written {hand:.0f} MB, expkit default run {ours:.0f} MB, ratio {ours / hand:.2f}"
+          "   (target <= 1.2)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

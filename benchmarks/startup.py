@@ -1,0 +1,80 @@
+"""Start-up: wall time from process start to the first training iteration of
+``python -m expkit.train``, against ``python -c "import torch"`` and a hand-written script
+that imports torch, builds the same model and optimizer and takes its first batch.
+Interleaved rounds; medians and ratios printed. Target: expkit / import torch <= 1.3.
+
+    python benchmarks/startup.py [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+FIRST_ITER_HOOK = """
+import os, time
+from expkit import Hook
+
+class FirstIter(Hook):
+    def before_train_iter(self, runner, *, batch_idx, data_batch):
+        print(f"FIRST_ITER {time.time()}", flush=True)
+        os._exit(0)
+"""
+
+HAND = """
+import time, torch
+from torch import nn
+from expkit.data import DigitsData
+train, _, _ = DigitsData(batch_size=32).loaders()
+model = nn.Sequential(nn.Flatten(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+x, y = next(iter(train))
+print(f"FIRST_ITER {time.time()}", flush=True)
+"""
+
+
+def _until_first_iter(command: list[str], env: dict | None = None) -> float:
+    start = time.time()
+    out = subprocess.run(command, capture_output=True, text=True, env=env, check=True).stdout
+    marks = [float(line.split()[1]) for line in out.splitlines() if line.startswith("FIRST_ITER")]
+    return (marks[0] if marks else time.time()) - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    import os
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        (tmp_path / "conf" / "hooks").mkdir(parents=True)
+        (tmp_path / "conf" / "hooks" / "first_iter.yaml").write_text("first_iter:\n  _target_: firstiter.FirstIter\n")
+        (tmp_path / "firstiter.py").write_text(FIRST_ITER_HOOK)
+        env = {**os.environ, "PYTHONPATH": tmp}
+        sides = {
+            "import torch": lambda r: _until_first_iter([sys.executable, "-c", "import torch"]),
+            "hand-written": lambda r: _until_first_iter([sys.executable, "-c", HAND]),
+            "expkit.train": lambda r: _until_first_iter(
+                [sys.executable, "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), "hooks=[first_iter]",
+                 "trainer.max_epochs=1", f"hydra.run.dir={tmp_path / f'run{r}'}"], env),  # fmt: skip
+        }
+        times: dict[str, list[float]] = {k: [] for k in sides}
+        for r in range(args.rounds):
+            for name, fn in sides.items():
+                times[name].append(fn(r))
+    base = statistics.median(times["import torch"])
+    for name, values in times.items():
+        median = statistics.median(values)
+        print(f"{name:<14} median {median:.2f} s  ({median / base:.2f}x import torch)   runs: "
+              + " ".join(f"{v:.2f}" for v in values))  # fmt: skip
+    print("target: expkit.train <= 1.3x import torch (to the first training iteration)")
+
+
+if __name__ == "__main__":
+    main()
