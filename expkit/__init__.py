@@ -5,7 +5,9 @@
 
 from expkit.errors import ConfigError, ExpkitError, HookError
 from expkit.hooks import Hook
-from expkit.runner import Runner, TrainerSettings, default_hooks, seed_everything
+from expkit.rng import seed_everything
+from expkit.runner import Runner, default_hooks
+from expkit.settings import TrainerSettings
 from expkit.stages import Priority, Stage, get_priority
 
 __version__ = "0.1.0"

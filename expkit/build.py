@@ -20,7 +20,9 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from expkit.backends import Backend
 from expkit.errors import ConfigError, ExpkitError
 from expkit.hooks.base import Hook
-from expkit.runner import Runner, TrainerSettings, seed_everything
+from expkit.rng import seed_everything
+from expkit.runner import Runner
+from expkit.settings import TrainerSettings
 from expkit.stages import get_priority
 
 log = logging.getLogger("expkit")

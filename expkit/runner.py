@@ -8,11 +8,9 @@ Hydra) and hand them over. ``Runner.run()`` trains, validates, tests and writes
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import difflib
 import inspect
 import logging
-import random
 import signal
 import threading
 import time
@@ -29,6 +27,8 @@ from expkit.errors import CheckpointWriteError, ConfigError, ExpkitError, HookEr
 from expkit.hooks.base import Hook
 from expkit.loops import EvalLoop, TrainLoop
 from expkit.metrics import Accuracy, Metric, infer_rule
+from expkit.rng import rng_states, seed_everything, set_deterministic, set_rng_states  # noqa: F401 (re-exported)
+from expkit.settings import TrainerSettings
 from expkit.stages import Stage, get_priority, priority_name
 
 log = logging.getLogger("expkit")
@@ -39,75 +39,6 @@ _PAYLOADS: dict[str, tuple[str, ...]] = {
     s.value: tuple(p for p in inspect.signature(getattr(Hook, s.value)).parameters if p not in ("self", "runner"))
     for s in Stage
 }
-
-
-@dataclasses.dataclass
-class TrainerSettings:
-    """The loop settings (config group ``trainer``)."""
-
-    max_epochs: int | None = 10
-    max_iters: int | None = None  # iteration-based training when set
-    val_interval: int = 1  # epochs, or iterations when max_iters is set
-    val_begin: int = 1  # first epoch (or iteration) that validates
-    seed: int | None = 0
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: str = "32"  # 32 | bf16 | 16
-    clip_grad_norm: float | None = None  # max gradient norm; None = no clipping
-    test_with: str = "best"  # best: test the best checkpoint (by the first save_best metric); last: the final weights
-    deterministic: bool = False  # torch's deterministic algorithms (slower; bit-reproducible runs)
-
-    def __post_init__(self) -> None:
-        def positive(key: str, value: Any, allow_none: bool) -> None:
-            if value is None and allow_none:
-                return
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"trainer.{key} must be a positive integer, got {value!r}; e.g. trainer.{key}=10")
-
-        positive("max_epochs", self.max_epochs, allow_none=True)
-        positive("max_iters", self.max_iters, allow_none=True)
-        positive("val_interval", self.val_interval, allow_none=False)
-        positive("val_begin", self.val_begin, allow_none=False)
-        if self.max_epochs is None and self.max_iters is None:
-            raise ConfigError("set trainer.max_epochs=N (epoch-based) or trainer.max_iters=N (iteration-based)")
-        self.precision = str(self.precision)
-        if self.precision not in ("32", "bf16", "16"):
-            raise ConfigError(f"trainer.precision must be 32, bf16 or 16, got {self.precision!r}")
-        if not (self.device in ("auto", "cpu", "cuda") or str(self.device).startswith("cuda:")):
-            raise ConfigError(f"trainer.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError(f"trainer.device={self.device} but CUDA is not available here; use trainer.device=auto or cpu")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ConfigError(f"trainer.seed must be an integer or null, got {self.seed!r}")
-        if self.clip_grad_norm is not None and not (
-            isinstance(self.clip_grad_norm, (int, float)) and self.clip_grad_norm > 0
-        ):
-            raise ConfigError(f"trainer.clip_grad_norm must be a positive number or null, got {self.clip_grad_norm!r}")
-
-        if self.test_with not in ("best", "last"):
-            raise ConfigError(f"trainer.test_with must be best or last, got {self.test_with!r}")
-
-    @property
-    def by_epoch(self) -> bool:
-        return self.max_iters is None
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (all devices)."""
-    import numpy as np
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def set_deterministic() -> None:
-    """torch's deterministic algorithms and settings (an error names any op without one)."""
-    import os
-
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # needed by deterministic cuBLAS
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cudnn.benchmark = False
 
 
 def default_hooks(**overrides: Hook | None) -> dict[str, Hook]:
@@ -131,37 +62,6 @@ def default_hooks(**overrides: Hook | None) -> dict[str, Hook]:
     }
     hooks.update(overrides)
     return {name: hook for name, hook in hooks.items() if hook is not None}
-
-
-def rng_states() -> dict[str, Any]:
-    """Python, NumPy, torch and CUDA generator states as tensors and plain values
-    (loadable with weights_only=True; one tensor is also far faster to save than 625 ints)."""
-    import numpy as np
-
-    version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    states: dict[str, Any] = {
-        "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
-        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
-                  "cached": float(cached)},  # fmt: skip
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def set_rng_states(states: Mapping[str, Any]) -> None:
-    import numpy as np
-
-    py = states["python"]
-    random.setstate((py["version"], tuple(py["internal"].tolist()), py["gauss"]))
-    if "numpy" in states:
-        n = states["numpy"]
-        np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 _make_default_hooks = default_hooks  # the Runner's `default_hooks` argument shadows the name

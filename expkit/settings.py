@@ -1,0 +1,60 @@
+"""The loop settings (config group ``trainer``), checked when built: errors name the key."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from expkit.errors import ConfigError
+
+
+@dataclasses.dataclass
+class TrainerSettings:
+    """The loop settings (config group ``trainer``)."""
+
+    max_epochs: int | None = 10
+    max_iters: int | None = None  # iteration-based training when set
+    val_interval: int = 1  # epochs, or iterations when max_iters is set
+    val_begin: int = 1  # first epoch (or iteration) that validates
+    seed: int | None = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: str = "32"  # 32 | bf16 | 16
+    clip_grad_norm: float | None = None  # max gradient norm; None = no clipping
+    test_with: str = "best"  # best: test the best checkpoint (by the first save_best metric); last: the final weights
+    deterministic: bool = False  # torch's deterministic algorithms (slower; bit-reproducible runs)
+
+    def __post_init__(self) -> None:
+        def positive(key: str, value: Any, allow_none: bool) -> None:
+            if value is None and allow_none:
+                return
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"trainer.{key} must be a positive integer, got {value!r}; e.g. trainer.{key}=10")
+
+        positive("max_epochs", self.max_epochs, allow_none=True)
+        positive("max_iters", self.max_iters, allow_none=True)
+        positive("val_interval", self.val_interval, allow_none=False)
+        positive("val_begin", self.val_begin, allow_none=False)
+        if self.max_epochs is None and self.max_iters is None:
+            raise ConfigError("set trainer.max_epochs=N (epoch-based) or trainer.max_iters=N (iteration-based)")
+        self.precision = str(self.precision)
+        if self.precision not in ("32", "bf16", "16"):
+            raise ConfigError(f"trainer.precision must be 32, bf16 or 16, got {self.precision!r}")
+        if not (self.device in ("auto", "cpu", "cuda") or str(self.device).startswith("cuda:")):
+            raise ConfigError(f"trainer.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"trainer.device={self.device} but CUDA is not available here; use trainer.device=auto or cpu")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ConfigError(f"trainer.seed must be an integer or null, got {self.seed!r}")
+        if self.clip_grad_norm is not None and not (
+            isinstance(self.clip_grad_norm, (int, float)) and self.clip_grad_norm > 0
+        ):
+            raise ConfigError(f"trainer.clip_grad_norm must be a positive number or null, got {self.clip_grad_norm!r}")
+
+        if self.test_with not in ("best", "last"):
+            raise ConfigError(f"trainer.test_with must be best or last, got {self.test_with!r}")
+
+    @property
+    def by_epoch(self) -> bool:
+        return self.max_iters is None
