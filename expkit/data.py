@@ -16,12 +16,6 @@ from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 from expkit.errors import ConfigError
 
 
-def dist_world() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size()
-
-
 def seed_worker(worker_id: int) -> None:
     """Seed Python and NumPy in a DataLoader worker from torch's per-worker seed (which the
     loader's seeded generator fixes), so random augmentations repeat run to run."""
@@ -126,7 +120,7 @@ class DataModule:
 
         from expkit import distributed
 
-        rank, replicas = (distributed.rank(), dist_world()) if distributed.is_distributed() else (0, 1)
+        rank, replicas = distributed.rank_and_world()
 
         def eval_sampler(ds: Dataset) -> Sampler | None:
             return ShardSampler(ds, rank, replicas) if replicas > 1 else None  # type: ignore[arg-type]

@@ -84,36 +84,38 @@ def _weights(checkpoint: dict[str, Any], source: Path, ema: bool) -> dict[str, t
     return weights
 
 
-def load_model(source: str | Path, *, ema: bool = False, which: str = "best", device: str = "cpu",
-               overrides: list[str] = ()) -> torch.nn.Module:  # type: ignore[assignment]  # fmt: skip
-    """A trained model in one call: built from the checkpoint's config, weights loaded, eval mode."""
+def _restore(source: str | Path, which: str, ema: bool, overrides: list[str]) -> tuple[Path, DictConfig, Any, Any]:
+    """(checkpoint path, stored config, data module, model with the checkpoint's weights)."""
     from expkit.build import build_model, instantiate_node
 
     path = resolve_checkpoint(source, which)
     checkpoint = checkpoint_io.load_checkpoint(path, "checkpoint")
     cfg = stored_config(checkpoint, path, overrides)
-    model = build_model(cfg, instantiate_node(cfg.data, "data"))
+    data = instantiate_node(cfg.data, "data")
+    model = build_model(cfg, data)
     model.load_state_dict(_weights(checkpoint, path, ema))
-    return model.to(device).eval()
+    return path, cfg, data, model
+
+
+def load_model(source: str | Path, *, ema: bool = False, which: str = "best", device: str = "cpu",
+               overrides: list[str] = ()) -> torch.nn.Module:  # type: ignore[assignment]  # fmt: skip
+    """A trained model in one call: built from the checkpoint's config, weights loaded, eval mode."""
+    return _restore(source, which, ema, list(overrides))[3].to(device).eval()
 
 
 def evaluate(args: dict[str, str], overrides: list[str]) -> dict[str, Any]:
     from expkit import Runner, default_hooks
-    from expkit.build import _build_loggers, build_model, build_trainer_settings, instantiate_node
+    from expkit.build import _build_loggers, build_trainer_settings, instantiate_node
 
     if "checkpoint" not in args:
         raise ConfigError("give checkpoint=<.pth file or run dir>")
     split = args.get("split", "test")
     if split not in ("test", "val", "both"):
         raise ConfigError(f"split={split}: use split=test, split=val or split=both")
-    path = resolve_checkpoint(args["checkpoint"], args.get("which", "best"))
-    checkpoint = checkpoint_io.load_checkpoint(path, "checkpoint")
-    cfg = stored_config(checkpoint, path, overrides)
+    ema = args.get("ema", "false").lower() == "true"
+    path, cfg, data, model = _restore(args["checkpoint"], args.get("which", "best"), ema, overrides)
     settings = build_trainer_settings(cfg)
-    data = instantiate_node(cfg.data, "data")
     _, val_loader, test_loader = data.loaders()
-    model = build_model(cfg, data)
-    model.load_state_dict(_weights(checkpoint, path, args.get("ema", "false").lower() == "true"))
     loggers = {}
     if args.get("logger"):
         from expkit.train import CONF_DIR

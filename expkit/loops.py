@@ -91,7 +91,7 @@ class TrainLoop:
             batches = _timed_batches(batches, r)
         for batch_idx, data_batch in enumerate(batches, start=r.inner_iter):
             self.run_iter(batch_idx, data_batch)
-            if not by_epoch and self._val_due(r.iter):
+            if not by_epoch and r.validation_due(r.iter):
                 r.validate()
                 r.model.train()
             if self.done():
@@ -101,7 +101,7 @@ class TrainLoop:
             r.call_hook(Stage.AFTER_TRAIN_EPOCH)
             r.epoch += 1
             r.inner_iter = 0
-            if by_epoch and self._val_due(r.epoch):
+            if by_epoch and r.validation_due(r.epoch):
                 r.validate()
             return
         r.call_hook(Stage.AFTER_TRAIN_EPOCH)  # cut short by the budget or a stop request
@@ -137,9 +137,6 @@ class TrainLoop:
         call(Stage.AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         r.iter += 1
         r.inner_iter = batch_idx + 1
-
-    def _val_due(self, count: int) -> bool:
-        return self.runner.validation_due(count)
 
 
 class EvalLoop:

@@ -98,22 +98,23 @@ def check_group_choices(argv: list[str]) -> str | None:
 
 
 # -- the task ---------------------------------------------------------------------------------------
+def _record_failure(work_dir: Path, error: str) -> None:
+    """result.json says failed, unless the runner already wrote its own (it does once it exists)."""
+    result = work_dir / "result.json"
+    if not result.exists():
+        checkpoint_io.write_json_atomic(result, {"status": "failed", "error": error, "work_dir": str(work_dir)})
+
+
 def _fail(exc: BaseException, work_dir: Path) -> None:
     """Report a user error in a single run: one message, result.json says failed; no traceback wall."""
-    result = work_dir / "result.json"
-    if not result.exists():  # the runner writes its own once it exists
-        checkpoint_io.write_json_atomic(result, {"status": "failed", "error": str(exc), "work_dir": str(work_dir)})
+    _record_failure(work_dir, str(exc))
     print(f"\nError: {exc}\n(work dir: {work_dir})", file=sys.stderr)
     sys.exit(2 if isinstance(exc, ConfigError) else 1)  # 2: fix the input; 1: the run failed
 
 
 def _sweep_job_failed(exc: BaseException, work_dir: Path, sweep_dir: Path, rule: str, fail_fast: bool) -> float:
     """In a sweep: record the failure, then either stop the sweep (fail_fast) or let it go on."""
-    result = work_dir / "result.json"
-    if not result.exists():
-        checkpoint_io.write_json_atomic(
-            result, {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "work_dir": str(work_dir)}
-        )
+    _record_failure(work_dir, f"{type(exc).__name__}: {exc}")
     log.error("Job failed: %s (work dir %s)", exc, work_dir)
     if fail_fast:
         (sweep_dir / FAIL_FAST_MARKER).write_text(str(work_dir))
