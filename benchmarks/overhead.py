@@ -68,9 +68,10 @@ def hand_written(work_dir: Path, epochs: int, ema: bool, checkpoints: bool = Tru
                 lr = optimizer.param_groups[0]["lr"]
                 log.write(json.dumps({"step": step, "epoch": epoch + 1, "train/loss": mean, "train/lr": lr}) + "\n")
                 log.flush()
-        if checkpoints:
-            state = {"state_dict": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1}
-            torch.save(state, work_dir / "checkpoints" / f"epoch_{epoch + 1}.pth")
+        params = list(model.parameters())
+        if ema_params is not None:  # validate with the average, as EMAHook does
+            for p, e in zip(params, ema_params):
+                p.data, e.data = e.data, p.data
         model.eval()
         correct, total, loss_sum = 0, 0, 0.0
         with torch.no_grad():
@@ -79,11 +80,19 @@ def hand_written(work_dir: Path, epochs: int, ema: bool, checkpoints: bool = Tru
                 loss_sum += criterion(logits, y) * len(y)
                 correct += (logits.argmax(-1) == y).sum()
                 total += len(y)
+        if ema_params is not None:
+            for p, e in zip(params, ema_params):
+                p.data, e.data = e.data, p.data
         acc = float(correct) / total
         log.write(json.dumps({"step": step, "val/acc": acc, "val/loss": float(loss_sum) / total}) + "\n")
-        if acc > best_acc and checkpoints:
-            best_acc = acc
-            torch.save({"state_dict": model.state_dict()}, work_dir / "checkpoints" / "best.pth")
+        if checkpoints:  # after validation, so that the best score is in it
+            state = {"state_dict": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1}
+            if ema_params is not None:
+                state["ema_state_dict"] = dict(zip([n for n, _ in model.named_parameters()], ema_params))
+            torch.save(state, work_dir / "checkpoints" / f"epoch_{epoch + 1}.pth")
+            if acc > best_acc:
+                best_acc = acc
+                torch.save({"state_dict": model.state_dict()}, work_dir / "checkpoints" / "best.pth")
     elapsed = time.perf_counter() - start, time.process_time() - cpu
     log.close()
     return elapsed

@@ -42,7 +42,7 @@ def toy_runner(work_dir: Path, *, hooks: Any = (), default_hooks: Any = None, se
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     train, val, test = toy_loaders()  # the data order is config, the same on resume
     resume = settings.pop("resume", False)
-    if default_hooks is None:  # the six defaults, without drawing curves.png in every unit test
+    if default_hooks is None:  # the six defaults, without drawing curves.svg in every unit test
         default_hooks = make_default_hooks(logger=LoggerHook(plot=False))
     settings.setdefault("max_epochs", 2)
     return Runner(

@@ -8,6 +8,7 @@ import os
 import pty
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -88,9 +89,39 @@ def test_a_failing_backend_warns_once_and_the_run_goes_on(tmp_path, caplog):
     assert (tmp_path / "checkpoints" / "epoch_2.pth").is_file()
 
 
-def test_curves_png(tmp_path):
-    toy_runner(tmp_path, default_hooks=default_hooks(logger=LoggerHook(plot=True)), max_epochs=2).run()
-    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+def test_curves_svg_draws_every_metric_against_the_step(tmp_path):
+    toy_runner(tmp_path, default_hooks=default_hooks(logger=LoggerHook(plot=True)), max_epochs=3).run()
+    root = ET.parse(tmp_path / "curves.svg").getroot()  # well-formed XML, or this raises
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    titles = [t.text for t in root.findall("s:text", ns) if t.get("font-size") == "13"]
+    records = _records(tmp_path)
+    keys = sorted({k for r in records for k in r if k.startswith(("train/loss", "val/", "test/"))})
+    assert titles == keys
+    lines = root.findall("s:polyline", ns)
+    assert len(lines) == len(keys)
+    for key, line in zip(keys, lines):  # one vertex per record, placed by value: higher value, smaller y
+        values = [r[key] for r in records if key in r]
+        ys = [float(p.split(",")[1]) for p in line.get("points").split()]
+        xs = [float(p.split(",")[0]) for p in line.get("points").split()]
+        assert len(ys) == len(values)
+        assert xs == sorted(xs)
+        order_by_value = sorted(range(len(values)), key=lambda i: (values[i], -i))
+        order_by_height = sorted(range(len(ys)), key=lambda i: (-ys[i], -i))
+        assert [values[i] for i in order_by_value] == [values[i] for i in order_by_height]
+
+
+def test_svg_ticks_cover_the_data_and_skip_non_finite_values(tmp_path):
+    from expkit.svgplot import line_charts, nice_ticks
+
+    for lo, hi in [(0.0123, 0.9876), (3, 3), (-5.5, 120.0), (1e-6, 3e-6), (800, 16000)]:
+        ticks = nice_ticks(lo, hi)
+        assert ticks[0] <= lo and ticks[-1] >= hi and 2 <= len(ticks) <= 8
+        steps = {round(b - a, 9) for a, b in zip(ticks, ticks[1:])}
+        assert len(steps) == 1
+    line_charts(tmp_path / "c.svg", {"train/loss": [(1, 2.0), (2, float("nan")), (3, 1.0)], "empty": []})
+    root = ET.parse(tmp_path / "c.svg").getroot()
+    (line,) = root.findall("{http://www.w3.org/2000/svg}polyline")
+    assert len(line.get("points").split()) == 2
 
 
 def test_optional_backends_are_not_imported_at_start_up():

@@ -44,7 +44,7 @@ class LoggerHook(Hook):
     """Logs training every ``interval`` iterations and at the last iteration of each epoch,
     and every validation and test result, to metrics.jsonl, the terminal and the backends
     of ``runner.loggers``. ``progress``: a live progress line when the output is a terminal
-    (``auto``), plain lines otherwise. ``plot``: ``curves.png`` in the work dir at the end."""
+    (``auto``), plain lines otherwise. ``plot``: ``curves.svg`` in the work dir at the end (no matplotlib needed)."""
 
     priority = Priority.BELOW_NORMAL
 
@@ -118,7 +118,7 @@ class LoggerHook(Hook):
             self._file.close()
             self._file = None
             if self.plot:
-                plot_curves(runner.work_dir / self.filename, runner.work_dir / "curves.png")
+                plot_curves(runner.work_dir / self.filename, runner.work_dir / "curves.svg")
 
     # -- train -----------------------------------------------------------------------------
     def before_train(self, runner: Runner) -> None:
@@ -206,25 +206,10 @@ class LoggerHook(Hook):
 
 
 def plot_curves(metrics_file: Any, path: Any) -> None:
-    """curves.png: training loss and every val/test metric against the step."""
-    try:
-        import matplotlib
+    """curves.svg: training loss and every val/test metric against the step."""
+    from expkit.svgplot import line_charts
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log.info("matplotlib is not installed: no curves.png")
-        return
     records = [json.loads(line) for line in open(metrics_file, encoding="utf-8") if line.strip()]
     keys = sorted({k for r in records for k in r if k.startswith(("train/loss", "val/", "test/"))})
-    if not keys:
-        return
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3), squeeze=False)
-    for ax, key in zip(axes[0], keys):
-        points = [(r["step"], r[key]) for r in records if key in r]
-        ax.plot(*zip(*points), marker="o" if len(points) < 50 else None, markersize=3)
-        ax.set_title(key)
-        ax.set_xlabel("step")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    if keys:
+        line_charts(path, {key: [(r["step"], r[key]) for r in records if key in r] for key in keys})
