@@ -1,83 +1,157 @@
-"""Framework overhead: expkit's Runner (all default hooks) against a hand-written loop.
+"""Framework overhead: expkit's Runner (all default hooks + EMAHook) against a hand-written
+loop doing the same work, in one process, interleaved rounds.
 
-Same workload, one process, interleaved rounds (the machine is shared and noisy, so the
-ratio of the two, measured side by side, is the figure that counts):
-MLP 64-256-256-10 on digits, batch 32, SGD, one torch thread, 20 epochs, validation
-every epoch. The hand-written loop does the work the default hooks do: it logs the loss
-every 10 iterations to metrics.jsonl, validates (loss + accuracy) every epoch, saves a
-checkpoint (model + optimizer) every epoch and the best one by val accuracy.
+Workloads (``--workload``):
+  mlp       MLP 64-256-256-10 on digits, batch 32, SGD, one torch thread, 20 epochs:
+            per-step overhead dominates here. Target: ratio <= 1.05.
+  resnet18  torchvision ResNet-18 on FakeData 3x64x64, batch 64, CPU (all threads). Target <= 1.02.
+  resnet50  ResNet-50 on FakeData 224x224, batch 128, bf16, CUDA, pinned memory, 8 persistent
+            workers, channels-last: the GPU path. Target <= 1.02 (needs a GPU; exits 0 without).
 
-    python benchmarks/overhead.py [--epochs 20] [--rounds 5] [--ema]
+The hand-written loop does what the default hooks and EMAHook do: logs the mean loss every
+10 iterations to metrics.jsonl, updates the EMA of the weights after every step,
+validates with the EMA weights every epoch (loss + accuracy), then saves a checkpoint
+(model, optimizer, EMA) and the best one by val accuracy.
 
-Target: ratio <= 1.05. Prints wall and CPU times of each side, the ratios (median of
-paired rounds, and of the minimums) and the overhead per iteration.
+    python benchmarks/overhead.py [--workload mlp|resnet18|resnet50] [--rounds N] [--no-ema] [--quick]
+
+``--quick`` (what CI runs, so the script cannot rot) shrinks the workload to seconds; its
+figures mean nothing. Prints each side's times and throughput, and the ratios: the median
+of paired rounds, and min/min (noise on a shared machine only adds time, so the minimum of
+each side is its least disturbed run).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import logging
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from expkit import Runner, TrainerSettings, default_hooks, seed_everything
-from expkit.data import DigitsData
 from expkit.hooks import CheckpointHook, EMAHook
-from expkit.models import MLP
 
 
-def make(seed: int = 0):
+@dataclasses.dataclass
+class Workload:
+    label: str
+    make_model: Callable[[], nn.Module]
+    make_data: Callable[[int], Any]  # seed -> DataModule
+    epochs: int
+    threads: int | None = None  # None: torch's default
+    device: str = "cpu"
+    precision: str = "32"
+    channels_last: bool = False
+
+
+def _workloads(quick: bool) -> dict[str, Workload]:
+    from expkit.data import DigitsData, FakeImageData
+    from expkit.models import MLP, torchvision_resnet
+
+    def fake(size: int, batch: int, train_batches: int, val_batches: int, workers: int = 0) -> Callable[[int], Any]:
+        return lambda seed: FakeImageData(train_size=batch * train_batches, val_size=batch * val_batches,
+                                          image_size=size, batch_size=batch, num_workers=workers, seed=seed)  # fmt: skip
+
+    return {
+        "mlp": Workload(
+            "MLP 64-256-256-10, digits, batch 32, SGD, 1 thread",
+            lambda: MLP(1, 8, 10, hidden=(256, 256)),
+            lambda seed: DigitsData(batch_size=32, seed=seed),
+            epochs=1 if quick else 20,
+            threads=1,
+        ),
+        "resnet18": Workload(
+            "torchvision ResNet-18, FakeData 3x64x64, batch 64, SGD, CPU",
+            lambda: torchvision_resnet(3, 64, 10, "resnet18"),
+            fake(32, 8, 2, 1) if quick else fake(64, 64, 8, 2),
+            epochs=1 if quick else 2,
+        ),
+        "resnet50": Workload(
+            "torchvision ResNet-50, FakeData 3x224x224, batch 128, SGD, bf16, CUDA, channels-last, 8 workers",
+            lambda: torchvision_resnet(3, 224, 1000, "resnet50"),
+            fake(224, 128, 4, 1, workers=8) if quick else fake(224, 128, 40, 4, workers=8),
+            epochs=1 if quick else 2,
+            device="cuda",
+            precision="bf16",
+            channels_last=True,
+        ),
+    }
+
+
+def make(w: Workload, seed: int = 0):
     seed_everything(seed)
-    data = DigitsData(batch_size=32, seed=seed)
-    train, val, _ = data.loaders()
-    model = MLP(1, 8, 10, hidden=(256, 256))
+    train, val, _ = w.make_data(seed).loaders()
+    model = w.make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     return model, optimizer, train, val
 
 
-def hand_written(work_dir: Path, epochs: int, ema: bool, checkpoints: bool = True) -> tuple[float, float]:
-    model, optimizer, train, val = make()
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def hand_written(work_dir: Path, w: Workload, ema: bool, checkpoints: bool = True) -> tuple[float, float]:
+    model, optimizer, train, val = make(w)
+    device = torch.device(w.device)
+    model.to(device)
+    if w.channels_last:
+        model.to(memory_format=torch.channels_last)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    fmt = torch.channels_last if w.channels_last else torch.preserve_format
+    dtype = {"32": None, "bf16": torch.bfloat16}[w.precision]
+    autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
     criterion = nn.CrossEntropyLoss()
-    ema_params = [p.detach().clone() for p in model.parameters()] if ema else None
+    params = list(model.parameters())
+    ema_params = [p.detach().clone() for p in params] if ema else None
     (work_dir / "checkpoints").mkdir(parents=True)
     log = open(work_dir / "metrics.jsonl", "a")
     best_acc, step = -1.0, 0
+    _sync(device)
     start, cpu = time.perf_counter(), time.process_time()
-    for epoch in range(epochs):
+    for epoch in range(w.epochs):
         train.sampler.set_epoch(epoch)
         model.train()
         losses = []
         for i, (x, y) in enumerate(train):
-            loss = criterion(model(x), y)
+            x, y = x.to(device, non_blocking=True, memory_format=fmt), y.to(device, non_blocking=True)
+            with autocast():
+                loss = criterion(model(x), y)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if ema_params is not None:
-                torch._foreach_lerp_(ema_params, [p.detach() for p in model.parameters()], 0.01)
+                torch._foreach_lerp_(ema_params, [p.detach() for p in params], 0.01)
             step += 1
             losses.append(loss.detach())
             if (i + 1) % 10 == 0 or i + 1 == len(train):
-                mean = torch.stack([v.detach() for v in losses]).mean().item()
+                mean = torch.stack([v.float() for v in losses]).mean().item()
                 losses.clear()
                 lr = optimizer.param_groups[0]["lr"]
                 log.write(json.dumps({"step": step, "epoch": epoch + 1, "train/loss": mean, "train/lr": lr}) + "\n")
                 log.flush()
-        params = list(model.parameters())
         if ema_params is not None:  # validate with the average, as EMAHook does
             for p, e in zip(params, ema_params):
                 p.data, e.data = e.data, p.data
         model.eval()
-        correct, total, loss_sum = 0, 0, 0.0
+        correct, total, loss_sum = 0, 0, torch.zeros((), device=device)
         with torch.no_grad():
             for x, y in val:
-                logits = model(x)
-                loss_sum += criterion(logits, y) * len(y)
+                x, y = x.to(device, non_blocking=True, memory_format=fmt), y.to(device, non_blocking=True)
+                with autocast():
+                    logits = model(x)
+                    loss_sum += criterion(logits, y).float() * len(y)
                 correct += (logits.argmax(-1) == y).sum()
                 total += len(y)
         if ema_params is not None:
@@ -92,70 +166,91 @@ def hand_written(work_dir: Path, epochs: int, ema: bool, checkpoints: bool = Tru
             torch.save(state, work_dir / "checkpoints" / f"epoch_{epoch + 1}.pth")
             if acc > best_acc:
                 best_acc = acc
-                torch.save({"state_dict": model.state_dict()}, work_dir / "checkpoints" / "best.pth")
+                torch.save({k: v for k, v in state.items() if k != "optimizer"}, work_dir / "checkpoints" / "best.pth")
+    _sync(device)
     elapsed = time.perf_counter() - start, time.process_time() - cpu
     log.close()
     return elapsed
 
 
-def with_runner(work_dir: Path, epochs: int, ema: bool, checkpoints: bool = True) -> tuple[float, float]:
-    model, optimizer, train, val = make()
+def with_runner(work_dir: Path, w: Workload, ema: bool, checkpoints: bool = True) -> tuple[float, float]:
+    model, optimizer, train, val = make(w)
+    settings = TrainerSettings(max_epochs=w.epochs, device=w.device, seed=0, precision=w.precision,
+                               channels_last=w.channels_last)  # fmt: skip
     runner = Runner(
         model=model,
         optimizer=optimizer,
         train_loader=train,
         val_loader=val,
-        settings=TrainerSettings(max_epochs=epochs, device="cpu", seed=0),
+        settings=settings,
         work_dir=work_dir,
         hooks={"ema": EMAHook(momentum=0.01)} if ema else {},
         default_hooks=default_hooks(checkpoint=CheckpointHook(interval=1, save_best="val/acc") if checkpoints else None),
     )
+    _sync(runner.device)
     start, cpu = time.perf_counter(), time.process_time()
     runner.run()
+    _sync(runner.device)
     return time.perf_counter() - start, time.process_time() - cpu
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=10, help="interleaved repetitions of each side")
-    parser.add_argument("--ema", action="store_true", help="add EMAHook (and the same EMA update by hand)")
+    parser.add_argument("--workload", choices=("mlp", "resnet18", "resnet50"), default="mlp")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved repetitions of each side")
+    parser.add_argument("--ema", action=argparse.BooleanOptionalAction, default=True, help="EMAHook and the same by hand")
+    parser.add_argument("--no-ckpt-variant", action="store_true", help="also time both sides without checkpoints")
+    parser.add_argument("--quick", action="store_true", help="seconds, for CI: checks the script runs")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    w = _workloads(args.quick)[args.workload]
+    if w.device == "cuda" and not torch.cuda.is_available():
+        print(f"{args.workload}: needs a CUDA GPU; none here, nothing measured")
+        return
+    rounds = args.rounds or (1 if args.quick else {"mlp": 10, "resnet18": 3, "resnet50": 3}[args.workload])
+    if w.threads:
+        torch.set_num_threads(w.threads)
     logging.basicConfig(level=logging.WARNING)  # no terminal lines on either side
 
-    iters = args.epochs * len(make()[2])
+    model, _, train, _ = make(w)
+    iters, samples = w.epochs * len(train), w.epochs * len(train.dataset)
     sides = {
-        "hand-written": lambda d: hand_written(d, args.epochs, args.ema),
-        "expkit": lambda d: with_runner(d, args.epochs, args.ema),
-        "hand, no ckpt": lambda d: hand_written(d, args.epochs, args.ema, checkpoints=False),
-        "expkit, no ckpt": lambda d: with_runner(d, args.epochs, args.ema, checkpoints=False),
+        "hand-written": lambda d: hand_written(d, w, args.ema),
+        "expkit": lambda d: with_runner(d, w, args.ema),
     }
+    if args.no_ckpt_variant:
+        sides["hand, no ckpt"] = lambda d: hand_written(d, w, args.ema, checkpoints=False)
+        sides["expkit, no ckpt"] = lambda d: with_runner(d, w, args.ema, checkpoints=False)
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
     with tempfile.TemporaryDirectory() as tmp:
-        hand_written(Path(tmp) / "warmup_a", 1, args.ema)  # imports, allocator, caches
-        with_runner(Path(tmp) / "warmup_b", 1, args.ema)
-        for r in range(args.rounds):  # alternate the order each round: no order bias
+        warm = dataclasses.replace(w, epochs=1)
+        hand_written(Path(tmp) / "warmup_a", warm, args.ema)  # imports, allocator, caches, cuDNN autotuning
+        with_runner(Path(tmp) / "warmup_b", warm, args.ema)
+        for r in range(rounds):  # alternate the order each round: no order bias
             order = list(sides.items())
             for i, (name, fn) in enumerate(order if r % 2 == 0 else order[::-1]):
                 times[name].append(fn(Path(tmp) / f"{r}_{i}"))
 
-    print(f"workload: MLP 64-256-256-10, digits, batch 32, SGD, 1 thread, {args.epochs} epochs "
-          f"({iters} iterations), validation every epoch{', EMA' if args.ema else ''}; "
-          "with ckpt: a checkpoint every epoch + the best one")  # fmt: skip
+    threads = torch.get_num_threads() if w.device == "cpu" else "-"
+    print(f"workload {args.workload}: {w.label}; {w.epochs} epochs ({iters} iterations, {samples} samples), "
+          f"validation every epoch{', EMA' if args.ema else ''}, a checkpoint every epoch + the best one; "
+          f"torch threads {threads}; {rounds} rounds{' (QUICK: figures mean nothing)' if args.quick else ''}")  # fmt: skip
     for name, values in times.items():
         wall, cpu = [v[0] for v in values], [v[1] for v in values]
-        print(f"  {name:<16} wall median {statistics.median(wall):.3f} s (min {min(wall):.3f})   "
-              f"cpu median {statistics.median(cpu):.3f} s (min {min(cpu):.3f})")  # fmt: skip
-    for ours, hand, label in (("expkit", "hand-written", "all default hooks"),
-                              ("expkit, no ckpt", "hand, no ckpt", "without checkpoints")):  # fmt: skip
+        print(f"  {name:<16} wall median {statistics.median(wall):.3f} s (min {min(wall):.3f}), "
+              f"{samples / min(wall):.1f} samples/s   cpu median {statistics.median(cpu):.3f} s (min {min(cpu):.3f})")  # fmt: skip
+    pairs = [("expkit", "hand-written", "all default hooks")]
+    if args.no_ckpt_variant:
+        pairs.append(("expkit, no ckpt", "hand, no ckpt", "without checkpoints"))
+    for ours, hand, label in pairs:
         for kind, k in (("wall", 0), ("cpu ", 1)):
             o, h = [v[k] for v in times[ours]], [v[k] for v in times[hand]]
             paired = statistics.median(a / b for a, b in zip(o, h))
-            print(f"ratio {kind} ({label}): median of paired rounds {paired:.3f}, min/min {min(o) / min(h):.3f}; "
-                  f"overhead per iteration {(statistics.median(o) - statistics.median(h)) / iters * 1e6:.1f} us")
-    print("target: ratio <= 1.05. The machine is shared: CPU time (user + system of this process) is the")
-    print("steadier figure; wall time adds waiting for the disk and for other tenants.")
+            print(f"ratio {kind} ({label}): min/min {min(o) / min(h):.3f}, median of paired rounds {paired:.3f}; "
+                  f"overhead per iteration {(min(o) - min(h)) / iters * 1e6:.0f} us")  # fmt: skip
+    target = {"mlp": 1.05, "resnet18": 1.02, "resnet50": 1.02}[args.workload]
+    print(f"target: ratio <= {target}")
+    sys.stdout.flush()
+
 
 if __name__ == "__main__":
     main()

@@ -123,13 +123,17 @@ def _resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _move(batch: Any, device: torch.device) -> Any:
+def _move(batch: Any, device: torch.device, channels_last: bool = False) -> Any:
+    """Tensors to `device` without waiting for the copy (from pinned memory it overlaps with
+    compute); with `channels_last`, 4-D floating tensors (images) also change layout."""
     if isinstance(batch, torch.Tensor):
+        if channels_last and batch.dim() == 4 and batch.is_floating_point():
+            return batch.to(device, non_blocking=True, memory_format=torch.channels_last)
         return batch.to(device, non_blocking=True)
     if isinstance(batch, (list, tuple)):
-        return type(batch)(_move(b, device) for b in batch)
+        return type(batch)(_move(b, device, channels_last) for b in batch)
     if isinstance(batch, Mapping):
-        return {k: _move(v, device) for k, v in batch.items()}
+        return {k: _move(v, device, channels_last) for k, v in batch.items()}
     return batch
 
 
@@ -172,6 +176,10 @@ class Runner:
         if distributed.is_distributed() and self.device.type == "cuda":
             self.device = torch.device("cuda", distributed.local_rank())
         self.model = model.to(self.device)
+        if self.settings.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        if self.settings.compile:
+            self.model.compile()  # in place: the same module, state_dict keys and hooks; compiled on first call
         self.ddp_model: nn.Module | None = None
         if distributed.is_distributed() and optimizer is not None:
             self.ddp_model = torch.nn.parallel.DistributedDataParallel(
@@ -361,6 +369,8 @@ class Runner:
                                 torch.backends.cudnn.benchmark)  # fmt: skip
         if self.settings.deterministic:
             set_deterministic()
+        elif self.settings.cudnn_benchmark and self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # fixed input shapes: cuDNN times its kernels once, then reuses
         self.provenance = provenance.write(self.work_dir) if self.is_main else {}
         previous_handlers = self._catch_signals()
         try:
@@ -462,7 +472,9 @@ class Runner:
 
     # -- the step ---------------------------------------------------------------------------
     def to_device(self, batch: Any) -> Any:
-        return batch if self.device.type == "cpu" else _move(batch, self.device)
+        if self.device.type == "cpu" and not self.settings.channels_last:
+            return batch
+        return _move(batch, self.device, self.settings.channels_last)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self._autocast_dtype is None:

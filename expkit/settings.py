@@ -24,6 +24,9 @@ class TrainerSettings:
     clip_grad_norm: float | None = None  # max gradient norm; None = no clipping
     test_with: str = "best"  # best: test the best checkpoint (by the first save_best metric); last: the final weights
     deterministic: bool = False  # torch's deterministic algorithms (slower; bit-reproducible runs)
+    compile: bool = False  # torch.compile the model's forward (in place: state_dict keys unchanged)
+    channels_last: bool = False  # model and 4-D inputs in channels-last memory format (faster convolutions)
+    cudnn_benchmark: bool = True  # on CUDA, let cuDNN pick the fastest kernels (off when deterministic)
 
     def __post_init__(self) -> None:
         def positive(key: str, value: Any, allow_none: bool) -> None:
@@ -52,6 +55,9 @@ class TrainerSettings:
         ):
             raise ConfigError(f"trainer.clip_grad_norm must be a positive number or null, got {self.clip_grad_norm!r}")
 
+        for key in ("deterministic", "compile", "channels_last", "cudnn_benchmark"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"trainer.{key} must be true or false, got {getattr(self, key)!r}")
         if self.test_with not in ("best", "last"):
             raise ConfigError(f"trainer.test_with must be best or last, got {self.test_with!r}")
 

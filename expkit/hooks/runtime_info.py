@@ -32,14 +32,16 @@ class RuntimeInfoHook(Hook):
         runner.run_info.setdefault("model_params", params)
         runner.run_info.setdefault("device", str(runner.device))
         log.info("Work dir: %s", runner.work_dir.resolve())
+        extras = [name for name, on in (("compiled", s.compile), ("channels_last", s.channels_last)) if on]
         log.info(
-            "Model %s: %s parameters | device %s | precision %s | seed %s | %s",
+            "Model %s: %s parameters | device %s | precision %s | seed %s | %s%s",
             type(runner.model).__name__,
             f"{params:,}",
             runner.device,
             s.precision,
             s.seed,
             budget,
+            "".join(f" | {e}" for e in extras),
         )
         log.info(
             "Data: train %s, val %s, test %s",
