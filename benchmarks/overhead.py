@@ -212,7 +212,7 @@ def main() -> None:
         torch.set_num_threads(w.threads)
     logging.basicConfig(level=logging.WARNING)  # no terminal lines on either side
 
-    model, _, train, _ = make(w)
+    _, _, train, _ = make(w)
     iters, samples = w.epochs * len(train), w.epochs * len(train.dataset)
     sides = {
         "hand-written": lambda d: hand_written(d, w, args.ema),
