@@ -212,7 +212,7 @@ def main() -> None:
         torch.set_num_threads(w.threads)
     logging.basicConfig(level=logging.WARNING)  # no terminal lines on either side
 
-    _, _, train, _ = make(w)
+    train = w.make_data(0).loaders()[0]  # only to count iterations and samples: no model built
     iters, samples = w.epochs * len(train), w.epochs * len(train.dataset)
     sides = {
         "hand-written": lambda d: hand_written(d, w, args.ema),
