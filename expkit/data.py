@@ -1,4 +1,4 @@
-"""Datasets as small data modules: digits (embedded in scikit-learn), ImageFolder, FakeData.
+"""Datasets as small data modules: digits (embedded in scikit-learn), ImageFolder, random images.
 
 A data module knows its shape (``in_channels``, ``image_size``, ``num_classes``, which model
 configs interpolate) and builds the train/val/test DataLoaders. The train order depends
@@ -197,8 +197,30 @@ def stratified_split(labels: torch.Tensor, fraction: float, seed: int) -> tuple[
     return torch.sort(torch.cat(kept)).values, torch.sort(torch.cat(held)).values
 
 
+class RandomImages(Dataset):
+    """``size`` random images and labels, each a function of ``offset + index`` alone: what
+    torchvision's FakeData gives, without its per-item PIL round trip and without reseeding
+    torch's global generator on every item. Pixels are uniform over the 256 levels of an
+    8-bit image, scaled to [0, 1] as ``ToTensor`` scales them."""
+
+    def __init__(self, size: int, shape: tuple[int, ...], num_classes: int, offset: int = 0) -> None:
+        self.size, self.shape, self.num_classes, self.offset = size, tuple(shape), num_classes, offset
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if not 0 <= index < self.size:
+            raise IndexError(f"index {index} out of range for {self.size} images")
+        g = torch.Generator().manual_seed(self.offset + index)
+        image = torch.randint(0, 256, self.shape, generator=g, dtype=torch.uint8).float().div_(255)
+        label = int(torch.randint(self.num_classes, (1,), generator=g))
+        return image, label
+
+
 class FakeImageData(DataModule):
-    """torchvision's FakeData: random images, for throughput tests."""
+    """Random images (``RandomImages``), for throughput tests: the same images every run, no
+    download, no torchvision needed."""
 
     def __init__(
         self,
@@ -215,20 +237,11 @@ class FakeImageData(DataModule):
         self.in_channels, self.image_size, self.num_classes = in_channels, image_size, num_classes
 
     def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
-        from torchvision import datasets, transforms
-
-        def fake(size: int, offset: int) -> Dataset | None:
-            if size <= 0:
-                return None
-            return datasets.FakeData(
-                size=size,
-                image_size=(self.in_channels, self.image_size, self.image_size),
-                num_classes=self.num_classes,
-                transform=transforms.ToTensor(),
-                random_offset=offset,
-            )
-
-        train, val, test = (fake(n, i * 1_000_000) for i, n in enumerate(self.sizes))
+        shape = (self.in_channels, self.image_size, self.image_size)
+        train, val, test = (
+            RandomImages(n, shape, self.num_classes, offset=i * 1_000_000) if n > 0 else None
+            for i, n in enumerate(self.sizes)
+        )
         return train, val, test  # type: ignore[return-value]
 
 

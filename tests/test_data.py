@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from expkit import ConfigError
-from expkit.data import DigitsData, FakeImageData, ImageFolderData, SeededRandomSampler, load_digits, stratified_split
+from expkit.data import (
+    DigitsData,
+    FakeImageData,
+    ImageFolderData,
+    RandomImages,
+    SeededRandomSampler,
+    load_digits,
+    stratified_split,
+)
 
 
 def test_digits_load_without_download_and_match_scikit_learn():
@@ -86,3 +94,19 @@ def test_fake_data_shapes():
     x, y = next(iter(train))
     assert tuple(x.shape) == (4, 3, 16, 16) and y.dtype == torch.long
     assert test is None and len(val.dataset) == 2
+
+
+def test_random_images_are_a_function_of_the_index_and_leave_the_global_rng_alone():
+    state = torch.get_rng_state()
+    a, b = RandomImages(8, (3, 5, 5), 10, offset=7), RandomImages(8, (3, 5, 5), 10, offset=7)
+    images = [a[i] for i in (3, 0, 3)]
+    assert torch.equal(images[0][0], images[2][0]) and images[0][1] == images[2][1]
+    assert torch.equal(a[5][0], b[5][0]) and not torch.equal(a[5][0], a[6][0])
+    assert not torch.equal(a[0][0], RandomImages(8, (3, 5, 5), 10, offset=0)[0][0])
+    assert torch.equal(torch.get_rng_state(), state)
+    pixels = torch.stack([a[i][0] for i in range(8)])
+    assert pixels.dtype == torch.float32 and 0 <= pixels.min() and pixels.max() <= 1
+    assert torch.equal(pixels * 255, (pixels * 255).round())  # 8-bit levels, as ToTensor gives
+    assert len({a[i][1] for i in range(8)}) > 1 and all(0 <= a[i][1] < 10 for i in range(8))
+    with pytest.raises(IndexError):
+        a[8]

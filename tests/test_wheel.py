@@ -21,8 +21,10 @@ def test_wheel_contains_the_configs_and_runs_outside_the_repo(tmp_path):
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(REPO)], check=True)
     (wheel,) = dist.glob("expkit-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for config in ("expkit/conf/train.yaml", "expkit/conf/hooks/ema.yaml", "expkit/conf/model/cnn.yaml"):
+    for config in ("expkit/conf/train.yaml", "expkit/conf/hooks/ema.yaml", "expkit/conf/model/cnn.yaml",
+                   "expkit/conf/hydra/sweeper/expkit.yaml", "hydra_plugins/expkit_sweeper/expkit_sweeper.py"):
         assert config in names
+    assert "hydra_plugins/__init__.py" not in names  # a namespace package, shared with Hydra's other plugins
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True)
 
     env = {**os.environ, "PYTHONPATH": str(site)}
@@ -38,3 +40,11 @@ def test_wheel_contains_the_configs_and_runs_outside_the_repo(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads((work / "result.json").read_text())["status"] == "completed"
+
+    # the expkit-train command imports expkit.train instead of running it with -m: Hydra then
+    # looks the configs up as the package expkit.conf
+    command = site / "bin" / "expkit-train"
+    proc = subprocess.run([str(command), f"hydra.run.dir={work}_cmd", "debug=fast"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "run_cmd" / "result.json").read_text())["status"] == "completed"

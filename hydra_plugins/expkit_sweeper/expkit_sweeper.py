@@ -1,0 +1,78 @@
+"""expkit's default sweeper (``hydra/sweeper=expkit``): Hydra's BasicSweeper, which composes
+every job once more when the jobs run in this process.
+
+BasicSweeper composes each job of a batch before launching any (so that a bad override
+fails the sweep before the first job trains), then BasicLauncher composes each job again
+to run it: two compositions per job, about 0.2 s each here. When the launcher is the
+in-process BasicLauncher, this sweeper keeps the configs the check composed and hands
+each to the launcher once, so a job is composed a single time and the early check stays.
+Other launchers (joblib, submitit) compose in their own processes and are left as they are.
+
+Hydra only instantiates plugins that live in the ``hydra_plugins`` package, hence this place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+
+# The composed configs held between the check and the launch: a batch larger than this
+# composes its later jobs a second time, as BasicSweeper does, instead of holding them all.
+MAX_HELD = 256
+
+
+class ComposeOnce:
+    """A config loader that serves each sweep job's config composed during the check to the
+    launch that follows, once; everything else goes to Hydra's loader."""
+
+    def __init__(self, loader: Any, max_held: int = MAX_HELD) -> None:
+        self._loader = loader
+        self._max_held = max_held
+        self._held: dict[tuple[str, ...], DictConfig] = {}
+        self.composed = 0  # compositions done (for tests)
+        self.served = 0  # configs handed out from the check
+
+    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
+        key = tuple(sweep_overrides)
+        held = self._held.pop(key, None)
+        if held is not None:
+            self.served += 1
+            return held
+        config = self._loader.load_sweep_config(master_config, sweep_overrides)
+        self.composed += 1
+        return config
+
+    def check(self, master_config: DictConfig, sweep_overrides: list[str]) -> None:
+        config = self._loader.load_sweep_config(master_config, sweep_overrides)
+        self.composed += 1
+        if len(self._held) < self._max_held:
+            self._held[tuple(sweep_overrides)] = config
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class ExpkitSweeper(BasicSweeper):
+    def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
+        super().__init__(max_batch_size=max_batch_size, params=params)
+        self.compose_once: ComposeOnce | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        if type(self.launcher) is BasicLauncher:  # jobs composed and run in this process
+            self.compose_once = ComposeOnce(hydra_context.config_loader)
+            shared = HydraContext(config_loader=self.compose_once, callbacks=hydra_context.callbacks)
+            self.hydra_context = shared
+            self.launcher.hydra_context = shared
+
+    def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
+        if self.compose_once is None:
+            super().validate_batch_is_legal(batch)
+            return
+        assert self.config is not None
+        for overrides in batch:
+            self.compose_once.check(self.config, list(overrides))
