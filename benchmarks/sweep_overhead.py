@@ -6,7 +6,7 @@ Two figures, both per job:
 - the strict one: (sweep wall time - one process start-up - the jobs' own run times from
   their result.json) / 8: everything Hydra and expkit add per job (composing the job's
   config, its .hydra/ files, provenance, checkpoints' bookkeeping, the summary after every
-  job, sweep.png at the end).
+  job, sweep.svg at the end).
 Target: under 0.5 s per job.
 
     python benchmarks/sweep_overhead.py [--jobs 8] [--quick]

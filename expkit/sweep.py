@@ -7,7 +7,7 @@ the sweep dir:
 
   summary.csv, summary.md   one row per job, best first
   best.json                 the best job: metric, value, epoch, work dir, checkpoint, overrides
-  sweep.png                 the monitored metric over epochs per job, and the best value
+  sweep.svg                 the monitored metric over epochs per job, and the best value
                             against each swept hyperparameter
 """
 
@@ -118,7 +118,7 @@ def _sort_key(row: dict[str, Any]) -> tuple:
 
 
 def summarize(sweep_dir: str | Path, plot: bool = True) -> dict[str, Any] | None:
-    """Write summary.csv, summary.md, best.json (and sweep.png) for `sweep_dir`; returns best.json's content."""
+    """Write summary.csv, summary.md, best.json (and sweep.svg) for `sweep_dir`; returns best.json's content."""
     sweep_dir = Path(sweep_dir)
     jobs = sorted((p for p in sweep_dir.iterdir() if p.is_dir()), key=lambda p: (len(p.name), p.name))
     rows = [row for row in (job_row(p) for p in jobs) if row is not None]
@@ -160,56 +160,36 @@ def summarize(sweep_dir: str | Path, plot: bool = True) -> dict[str, Any] | None
     }
     write_json_atomic(sweep_dir / "best.json", best)
     if plot:
-        try:
-            plot_sweep(rows, sweep_dir / "sweep.png")
-        except ImportError:
-            log.warning("matplotlib is not installed: no sweep.png (pip install matplotlib)")
+        plot_sweep(rows, sweep_dir / "sweep.svg")
     return best
 
 
 def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
-    """Left: the monitored metric over epochs, one line per job. Right: each job's best value
-    against each swept hyperparameter."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # no pyplot: no GUI machinery, 0.3 s less
-    from matplotlib.figure import Figure
+    """Left: the monitored metric over epochs, one line per job. Then one panel per swept
+    hyperparameter: each job's best value against its value (a log axis when positive
+    values span 20x or more; names in order for values that are not numbers)."""
+    from expkit.svgplot import Panel, Series, charts
 
     keys = {k for r in rows for k in r["override_values"]} - {"hydra.sweep.dir", "hydra.run.dir"}
     swept = sorted(k for k in keys if len({r["override_values"].get(k) for r in rows}) > 1)  # values that vary
-    panels = 1 + max(1, len(swept))
-    fig = Figure(figsize=(5 * panels, 4))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, panels, squeeze=False)
-    monitor = rows[0]["monitor"]
-    ax = axes[0][0]
-    for r in sorted(rows, key=lambda r: (len(r["job"]), r["job"])):
-        if r["curve"]:
-            epochs, values = zip(*r["curve"])
-            ax.plot(epochs, values, marker="o", markersize=3, label=f"{r['job']}: {r['overrides']}"[:60])
-    ax.set_xlabel("epoch")
-    ax.set_ylabel(monitor)
-    ax.set_title(f"{monitor} per job")
-    if any(r["curve"] for r in rows):
-        ax.legend(fontsize=6)
-    for i, key in enumerate(swept or [""]):
-        ax = axes[0][i + 1]
-        points = [(r["override_values"].get(key), r.get("best")) for r in rows]
-        points = [(x, y) for x, y in points if x is not None and isinstance(y, (int, float)) and math.isfinite(y)]
+    monitor = rows[0]["monitor"] if rows else "value"
+    jobs = sorted(rows, key=lambda r: (len(r["job"]), r["job"]))
+    curves = [Series(r["curve"], label=f"{r['job']}: {r['overrides']}") for r in jobs if r["curve"]]
+    panels = [Panel(f"{monitor} per job", curves, xlabel="epoch", ylabel=monitor, legend=True)]
+    for key in swept or [""]:
+        points = [(r["override_values"].get(key), r.get("best"), r["job"]) for r in jobs]
+        points = [p for p in points if p[0] is not None and isinstance(p[1], (int, float)) and math.isfinite(p[1])]
+        panel = Panel(f"best {monitor}", [], xlabel=key or "(nothing swept)", ylabel=f"best {monitor}")
         try:
-            xs = [float(x) for x, _ in points]
-            ax.scatter(xs, [y for _, y in points])
-            if xs and min(xs) > 0 and max(xs) / min(xs) >= 20:
-                ax.set_xscale("log")
+            xs = [float(x) for x, _, _ in points]
+            panel.log_x = bool(xs) and min(xs) > 0 and max(xs) / min(xs) >= 20
         except ValueError:  # categorical values
-            labels = sorted({x for x, _ in points})
-            ax.scatter([labels.index(x) for x, _ in points], [y for _, y in points])
-            ax.set_xticks(range(len(labels)), labels)
-        ax.set_xlabel(key or "(nothing swept)")
-        ax.set_ylabel(f"best {monitor}")
-    fig.subplots_adjust(left=0.6 / (5 * panels), right=1 - 0.2 / (5 * panels), bottom=0.13, top=0.92,
-                        wspace=0.3)  # fixed margins: tight_layout measured every label, a third of the time  # fmt: skip
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=80)
-    tmp.replace(path)
+            panel.categories = sorted({str(x) for x, _, _ in points})
+            xs = [float(panel.categories.index(str(x))) for x, _, _ in points]
+        panel.series = [Series([(x, y)], label=f"job {job}: {key}={raw}", line=False)
+                        for x, (raw, y, job) in zip(xs, points)]  # fmt: skip
+        panels.append(panel)
+    charts(path, panels)
 
 
 JOB_FILE = "job.json"  # a job's identity in a sweep; Hydra never writes it
@@ -285,7 +265,7 @@ class SweepSummaryCallback(Callback):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m expkit.sweep", description="Rebuild a sweep's summary from disk.")
     parser.add_argument("sweep_dir", type=Path, help="the sweep dir (holds one work dir per job: 0/, 1/, ...)")
-    parser.add_argument("--no-plot", action="store_true", help="skip sweep.png")
+    parser.add_argument("--no-plot", action="store_true", help="skip sweep.svg")
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         print(f"Error: {args.sweep_dir} is not a directory", file=sys.stderr)

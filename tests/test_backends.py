@@ -124,6 +124,24 @@ def test_svg_ticks_cover_the_data_and_skip_non_finite_values(tmp_path):
     assert len(line.get("points").split()) == 2
 
 
+def test_sweep_svg_log_axis_and_named_values(tmp_path):
+    from expkit.sweep import plot_sweep
+
+    def row(job, lr, model, best):
+        return {"job": job, "monitor": "val/acc", "best": best, "overrides": f"optim.lr={lr} model={model}",
+                "override_values": {"optim.lr": lr, "model": model}, "curve": [(1, 0.3), (2, best)]}  # fmt: skip
+
+    rows = [row("0", "0.001", "mlp", 0.5), row("1", "0.1", "cnn", 0.9), row("2", "0.01", "cnn", float("nan"))]
+    plot_sweep(rows, tmp_path / "sweep.svg")
+    root = ET.parse(tmp_path / "sweep.svg").getroot()
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert {"0.001", "0.01", "0.1"} <= set(texts)  # lr spans 100x: one tick per decade
+    assert {"cnn", "mlp"} <= set(texts) and "model" in texts and "optim.lr" in texts
+    points = [c for c in root.iter("{http://www.w3.org/2000/svg}circle") if c.get("class") == "point"]
+    assert len(points) == 2 * 2  # two swept keys; job 2's NaN is left out
+    assert len(root.findall("{http://www.w3.org/2000/svg}polyline")) == 3
+
+
 def test_optional_backends_are_not_imported_at_start_up():
     code = ("import sys, expkit.train, expkit.build, expkit.hooks; "
             "print([m for m in ('wandb', 'tensorboard', 'matplotlib', 'torch.utils.tensorboard') if m in sys.modules])")  # fmt: skip

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -43,8 +44,27 @@ def _check_sweep(sweep: Path, jobs: int) -> dict:
     assert (best["job"], best["value"]) == (job, pytest.approx(value))
     assert Path(best["best_checkpoint"]).is_file() and best["work_dir"] == str((sweep / job).resolve())
     assert (sweep / "summary.md").read_text().startswith("# Sweep")
-    assert (sweep / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    _check_plot(sweep, rows)
     return best
+
+
+def _check_plot(sweep: Path, rows: list[dict]) -> None:
+    """sweep.svg: one line per job (its tooltip names the job), and in every panel of a swept
+    hyperparameter one point per job, placed by its best value (higher value, smaller y)."""
+    ns = "{http://www.w3.org/2000/svg}"
+    root = ET.parse(sweep / "sweep.svg").getroot()
+    lines = root.findall(f"{ns}polyline")
+    assert sorted(line.find(f"{ns}title").text.split(":")[0] for line in lines) == sorted(r["job"] for r in rows)
+    points = [c for c in root.findall(f"{ns}circle") if c.get("class") == "point"]
+    best = {r["job"]: float(r["best"]) for r in rows}
+    swept = len(points) // len(rows)
+    assert swept >= 1 and len(points) == swept * len(rows)
+    for panel in range(swept):
+        mine = points[panel * len(rows):(panel + 1) * len(rows)]
+        jobs = [c.find(f"{ns}title").text.split(":")[0].removeprefix("job ") for c in mine]
+        assert sorted(jobs) == sorted(best)
+        by_height = [best[j] for j, _ in sorted(zip(jobs, mine), key=lambda jc: float(jc[1].get("cy")))]
+        assert by_height == sorted(by_height, reverse=True)
 
 
 def test_grid_with_the_basic_launcher(tmp_path):
@@ -103,14 +123,14 @@ def test_rebuild_command_while_running_and_after(tmp_path):
     proc = run_cli("-m", "optim.lr=0.1,0.01", "trainer.max_epochs=2", f"hydra.sweep.dir={tmp_path}")
     assert proc.returncode == 0, proc.output
     expected = json.loads((tmp_path / "best.json").read_text())
-    for name in ("summary.csv", "summary.md", "best.json", "sweep.png"):
+    for name in ("summary.csv", "summary.md", "best.json", "sweep.svg"):
         (tmp_path / name).unlink()
     (tmp_path / "1" / "result.json").unlink()  # as if job 1 were still running
     rebuild = subprocess.run([sys.executable, "-m", "expkit.sweep", str(tmp_path)], capture_output=True, text=True)
     assert rebuild.returncode == 0, rebuild.stderr
     rows = {r["job"]: r for r in csv.DictReader((tmp_path / "summary.csv").open())}
     assert rows["1"]["status"] == "running" and float(rows["1"]["best"]) > 0  # read from metrics.jsonl
-    assert (tmp_path / "sweep.png").is_file()
+    assert (tmp_path / "sweep.svg").is_file()
     rebuilt = json.loads((tmp_path / "best.json").read_text())
     assert (rebuilt["job"], rebuilt["value"]) == (expected["job"], pytest.approx(expected["value"]))
     bad = subprocess.run([sys.executable, "-m", "expkit.sweep", str(tmp_path / "nope")], capture_output=True, text=True)
