@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,6 +77,18 @@ def test_help_lists_the_groups_and_cfg_job_prints_the_config():
     proc = run_cli("--cfg", "job", "hooks=[ema]", "optim=adamw")
     assert proc.returncode == 0
     assert "_target_: torch.optim.AdamW" in proc.stdout and "_target_: expkit.hooks.EMAHook" in proc.stdout
+
+
+def test_the_expkit_train_command_runs_like_python_m(tmp_path):
+    """The console script imports expkit.train (not run as __main__): Hydra then finds the
+    configs as the package expkit.conf, which must be importable as one."""
+    command = Path(sys.executable).parent / "expkit-train"
+    if not command.is_file():
+        pytest.skip(f"{command} is not installed in this environment (pip install -e . installs it)")
+    proc = subprocess.run([str(command), f"hydra.run.dir={tmp_path}", "debug=fast"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "completed"
 
 
 def test_show_hooks_prints_the_order_without_training(tmp_path):
