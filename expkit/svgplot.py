@@ -126,8 +126,8 @@ def _panel(panel: Panel, x0: int, single_color: str) -> list[str]:
     if panel.ylabel:
         out.append(f'<text x="{x0 + 10}" y="{top + plot_h / 2:.0f}" text-anchor="middle" font-size="11" '
                    f'transform="rotate(-90 {x0 + 10} {top + plot_h / 2:.0f})">{escape(panel.ylabel)}</text>')  # fmt: skip
-    for i, s in enumerate(series):
-        color = single_color if len(series) == 1 else COLORS[i % len(COLORS)]
+    colors = [single_color] if len(series) == 1 else [COLORS[i % len(COLORS)] for i in range(len(series))]
+    for s, color in zip(series, colors):
         tip = f"<title>{escape(s.label)}</title>" if s.label else ""
         if s.line and s.points:
             coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in s.points)
@@ -141,8 +141,7 @@ def _panel(panel: Panel, x0: int, single_color: str) -> list[str]:
         labelled = [(i, s) for i, s in enumerate(series) if s.label]
         for row, (i, s) in enumerate(labelled[:LEGEND_MAX]):
             y = PANEL_H + 4 + row * LEGEND_LINE
-            out.append(f'<rect class="legend" x="{left}" y="{y}" width="10" height="3" '
-                       f'fill="{COLORS[i % len(COLORS)] if len(series) > 1 else single_color}"/>')  # fmt: skip
+            out.append(f'<rect class="legend" x="{left}" y="{y}" width="10" height="3" fill="{colors[i]}"/>')
             out.append(f'<text x="{left + 14}" y="{y + 5}" font-size="10">{escape(s.label[:60])}</text>')
         if len(labelled) > LEGEND_MAX:
             y = PANEL_H + 4 + LEGEND_MAX * LEGEND_LINE

@@ -125,17 +125,21 @@ def _sweep_job_failed(exc: BaseException, work_dir: Path, sweep_dir: Path, rule:
 FAIL_FAST_MARKER = ".fail_fast"
 
 
+def _resuming_sweep(cfg: DictConfig) -> bool:
+    """resume=true: continue a sweep in its dir (a .pth path or false means something else)."""
+    return str(cfg.resume).lower() == "true"
+
+
 def _place_sweep_job(cfg: DictConfig, overrides: list[str], hydra_dir: Path, sweep_dir: Path) -> Path:
     """The work dir of this sweep job. Hydra numbers jobs by position; with resume=true a job
     is found by its overrides instead (job.json), so reordered or added values mix nothing up."""
     identity = job_identity(overrides)
-    if str(cfg.resume).lower() != "true":
+    if not _resuming_sweep(cfg):
         record_job(hydra_dir, identity)
         return hydra_dir
     own = read_job(hydra_dir)
     if own is not None and own.get("overrides") == identity:
         return hydra_dir
-    current = {p.name: p.read_text() for p in (hydra_dir / ".hydra").glob("*.yaml")}
     target = find_job(sweep_dir, identity)
     if own is None:  # a new dir
         if target is None:
@@ -143,6 +147,7 @@ def _place_sweep_job(cfg: DictConfig, overrides: list[str], hydra_dir: Path, swe
             return hydra_dir
         write_json_atomic(hydra_dir / JOB_FILE, {"alias_of": str(target), "overrides": identity})
     else:  # the dir holds another job of the earlier launch: give it its record back
+        current = {p.name: p.read_text() for p in (hydra_dir / ".hydra").glob("*.yaml")}  # this launch's
         restore_hydra_record(hydra_dir, own)
         if target is None:
             digest = hashlib.sha1(" ".join(identity).encode()).hexdigest()[:6]
@@ -160,7 +165,7 @@ def _place_sweep_job(cfg: DictConfig, overrides: list[str], hydra_dir: Path, swe
 def _finished_job_value(cfg: DictConfig, work_dir: Path, rule: str, monitor: str) -> float | None:
     """With resume=true: a job that already finished is not trained again; its value is returned."""
     result_file = work_dir / "result.json"
-    if str(cfg.resume).lower() != "true" or not result_file.is_file():
+    if not _resuming_sweep(cfg) or not result_file.is_file():
         return None
     result = json.loads(result_file.read_text())
     status, reason = result.get("status"), str(result.get("stop_reason") or "")
@@ -203,7 +208,7 @@ def run(cfg: DictConfig) -> float | None:
         done = _finished_job_value(cfg, work_dir, rule, monitor)
         if done is not None:
             return done
-        if str(cfg.resume).lower() == "true" and list(work_dir.glob("checkpoints/*.pth")):
+        if _resuming_sweep(cfg) and list(work_dir.glob("checkpoints/*.pth")):
             run_info["resumed_in_sweep"] = True
         if (sweep_dir / FAIL_FAST_MARKER).exists():
             checkpoint_io.write_json_atomic(work_dir / "result.json", {

@@ -33,22 +33,14 @@ class ComposeOnce:
         self._loader = loader
         self._max_held = max_held
         self._held: dict[tuple[str, ...], DictConfig] = {}
-        self.composed = 0  # compositions done (for tests)
-        self.served = 0  # configs handed out from the check
 
     def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
         key = tuple(sweep_overrides)
         held = self._held.pop(key, None)
-        if held is not None:
-            self.served += 1
-            return held
-        config = self._loader.load_sweep_config(master_config, sweep_overrides)
-        self.composed += 1
-        return config
+        return held if held is not None else self._loader.load_sweep_config(master_config, sweep_overrides)
 
     def check(self, master_config: DictConfig, sweep_overrides: list[str]) -> None:
         config = self._loader.load_sweep_config(master_config, sweep_overrides)
-        self.composed += 1
         if len(self._held) < self._max_held:
             self._held[tuple(sweep_overrides)] = config
 
