@@ -8,6 +8,7 @@ metrics.jsonl and checkpoints are not affected.
 
 from __future__ import annotations
 
+import logging
 import math
 import netrc
 import os
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from expkit.runner import Runner
+
+log = logging.getLogger("expkit")
 
 AXIS_KEYS = ("step", "epoch", "iter")
 
@@ -131,11 +134,15 @@ class WandbBackend(Backend):
         group: str | None = None,
         tags: Sequence[str] = (),
         job_type: str = "train",
+        flush_timeout: float = 30.0,
     ) -> None:
         if mode not in (None, "online", "offline", "disabled"):
             raise ValueError(f"mode must be online, offline, disabled or null, got {mode!r}")
         self.project, self.entity, self.mode = project, entity, mode
         self.run_name, self.group, self.tags, self.job_type = name, group, list(tags), job_type
+        if isinstance(flush_timeout, bool) or not isinstance(flush_timeout, (int, float)) or not flush_timeout >= 0:
+            raise ValueError(f"logger.wandb.flush_timeout must be a number of seconds >= 0, got {flush_timeout!r}")
+        self.flush_timeout = float(flush_timeout)
         self.run: Any = None
 
     def open(self, runner: Runner) -> None:
@@ -164,13 +171,24 @@ class WandbBackend(Backend):
         summary.update({f"final/{k}": v for k, v in result.get("final_metrics", {}).items()})
         summary["status"] = result.get("status")
         self.run.summary.update(summary)
-        self.run.finish(exit_code=0 if result.get("status") in ("completed", "stopped") else 1)
-        self.run = None
+        self._finish_run(exit_code=0 if result.get("status") in ("completed", "stopped") else 1)
 
     def close(self) -> None:
         if self.run is not None:  # finish() did not run (a failure before it)
-            self.run.finish(exit_code=1)
-            self.run = None
+            self._finish_run(exit_code=1)
+
+    def _finish_run(self, exit_code: int) -> None:
+        """Finish the run and wait until its log is on disk: wandb's service writes it out
+        after ``finish()`` returns, and the work dir should be complete when the job ends
+        (``wandb sync`` right away, the next job of a sweep, a copy off the node)."""
+        path = Path(self.run.settings.sync_file)
+        self.run.finish(exit_code=exit_code)
+        self.run = None
+        if path.is_file() and not wait_for_wandb_run(path, self.flush_timeout):
+            log.warning(
+                "wandb: %s still lacks the run's exit record %.0f s after finish(); it may be "
+                "incomplete (logger.wandb.flush_timeout sets the wait)", path, self.flush_timeout,
+            )
 
 
 def offline_run_files(work_dir: Path) -> list[Path]:
@@ -178,21 +196,84 @@ def offline_run_files(work_dir: Path) -> list[Path]:
     return sorted((work_dir / "wandb").glob("offline-run-*/run-*.wandb"))
 
 
-def read_wandb_run(path: Path) -> dict[str, Any]:
-    """Read an offline wandb run log (``run-<id>.wandb``) without uploading it: its run
-    record (name, group, project), config, history rows and summary. The file is a LevelDB-
-    style log: a 7-byte ``:W&B`` header, then 32 KiB blocks of records, each with a 7-byte
-    header (crc32c, length, type: 1 whole, 2 first, 3 middle, 4 last) and a protobuf
-    ``wandb.proto.wandb_internal_pb2.Record``."""
-    import json as _json
+_WANDB_BLOCK = 32768
+
+
+def _wandb_log_records(data: bytes) -> list[bytes]:
+    """The complete records of a wandb run log, in order. The file is a LevelDB-style log: a
+    7-byte ``:W&B`` header, then 32 KiB blocks of records, each with a 7-byte header (crc32c,
+    length, type: 1 whole, 2 first, 3 middle, 4 last). A record cut off by the end of the
+    data (a log still being written) is left out."""
     import struct
 
+    records: list[bytes] = []
+    pos, pending = 7, b""
+    while pos + 7 <= len(data):
+        room = _WANDB_BLOCK - pos % _WANDB_BLOCK
+        if room < 7:  # too little room for a header: the block is padded
+            pos += room
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if pos + 7 + length > len(data):
+            break
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 1:
+            records.append(chunk)
+        elif kind == 2:
+            pending = chunk
+        elif kind == 3:
+            pending += chunk
+        elif kind == 4:
+            records.append(pending + chunk)
+        elif kind == 0 and length == 0:  # zero padding at the end of a block
+            pos += _WANDB_BLOCK - pos % _WANDB_BLOCK if pos % _WANDB_BLOCK else 0
+    return records
+
+
+def _wandb_record(raw: bytes) -> Any:
     from wandb.proto import wandb_internal_pb2
+
+    record = wandb_internal_pb2.Record()
+    record.ParseFromString(raw)
+    return record
+
+
+def wandb_run_complete(path: Path) -> bool:
+    """Whether a wandb run log holds its exit record, the one ``run.finish()`` writes last.
+    wandb's service writes the log through a buffer and closes it after ``finish()`` has
+    returned, so for a moment the file can hold only its header."""
+    data = Path(path).read_bytes()
+    if data[:4] != b":W&B":
+        return False
+    tail = _wandb_log_records(data)[-16:]  # the exit record is the last one or close to it
+    return any(_wandb_record(raw).WhichOneof("record_type") == "exit" for raw in reversed(tail))
+
+
+def wait_for_wandb_run(path: Path, timeout: float = 30.0) -> bool:
+    """Wait until wandb's service has written a finished run's log out (its exit record is
+    on disk), so that ``wandb sync`` or ``read_wandb_run`` right after a run sees all of it.
+    False if it has not after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while not wandb_run_complete(path):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
+    return True
+
+
+def read_wandb_run(path: Path) -> dict[str, Any]:
+    """Read an offline wandb run log (``run-<id>.wandb``) without uploading it: its run
+    record (name, group, project), config, history rows and summary. Each record is a
+    protobuf ``wandb.proto.wandb_internal_pb2.Record``."""
+    import json as _json
 
     data = Path(path).read_bytes()
     if data[:4] != b":W&B":
         raise ValueError(f"{path}: not a wandb run log")
-    block, pos, pending = 32768, 7, b""
     out: dict[str, Any] = {"run": {}, "config": {}, "history": [], "summary": {}}
 
     def value(item: Any) -> Any:
@@ -201,9 +282,8 @@ def read_wandb_run(path: Path) -> dict[str, Any]:
     def key(item: Any) -> str:
         return item.key or "/".join(item.nested_key)
 
-    def take(raw: bytes) -> None:
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(raw)
+    for raw in _wandb_log_records(data):
+        record = _wandb_record(raw)
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run = record.run
@@ -216,21 +296,4 @@ def read_wandb_run(path: Path) -> dict[str, Any]:
             out["history"].append({key(i): value(i) for i in record.history.item})
         elif kind == "summary":
             out["summary"].update({key(i): value(i) for i in record.summary.update})
-
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # too little room for a header: the block is padded
-            pos += block - pos % block
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
-        if kind == 1:
-            take(chunk)
-        elif kind == 2:
-            pending = chunk
-        elif kind == 3:
-            pending += chunk
-        elif kind == 4:
-            take(pending + chunk)
-        elif kind == 0 and length == 0:  # zero padding at the end of a block
-            pos += block - pos % block if pos % block else 0
     return out

@@ -15,7 +15,15 @@ import pytest
 
 from conftest import REPO, run_cli, toy_runner
 from expkit import default_hooks
-from expkit.backends import Backend, TensorBoardBackend, WandbBackend, offline_run_files, read_wandb_run
+from expkit.backends import (
+    Backend,
+    TensorBoardBackend,
+    WandbBackend,
+    offline_run_files,
+    read_wandb_run,
+    wait_for_wandb_run,
+    wandb_run_complete,
+)
 from expkit.hooks import LoggerHook
 
 
@@ -65,6 +73,31 @@ def test_wandb_offline_run_holds_config_history_name_and_summary(tmp_path, monke
     assert run["summary"]["status"] == "completed"
     assert run["summary"]["best/val/acc"] == pytest.approx(runner.best_metrics["val/acc"]["value"])
 
+
+
+def test_a_wandb_log_counts_as_written_out_only_with_its_exit_record(tmp_path, monkeypatch):
+    """wandb's service writes a run's log through a buffer and closes it after finish() has
+    returned; the backend waits for the exit record, so a run's log is whole when run() ends.
+    A log cut anywhere before the end of its exit record is read without error and is not
+    complete."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    runner = toy_runner(tmp_path / "run", max_epochs=1)
+    runner.loggers = {"wandb": WandbBackend()}
+    runner.run()
+    (path,) = offline_run_files(tmp_path / "run")
+    data = path.read_bytes()
+    assert wandb_run_complete(path) and read_wandb_run(path)["summary"]["status"] == "completed"
+    cut = tmp_path / "cut.wandb"
+    for end in (7, 8, 100, len(data) // 2, len(data) - 1):
+        cut.write_bytes(data[:end])
+        assert not wandb_run_complete(cut), end
+        assert len(read_wandb_run(cut)["history"]) <= len(read_wandb_run(path)["history"])
+    cut.write_bytes(data[:7])
+    assert read_wandb_run(cut) == {"run": {}, "config": {}, "history": [], "summary": {}}
+    assert wait_for_wandb_run(cut, timeout=0.05) is False
+    with pytest.raises(ValueError, match="logger.wandb.flush_timeout"):
+        WandbBackend(flush_timeout="soon")
 
 class Broken(Backend):
     name = "broken"
