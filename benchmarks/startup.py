@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _handwritten import MLP, READ_DIGITS
+
 FIRST_ITER_HOOK = """
 import os, time
 from expkit import Hook
@@ -34,20 +36,15 @@ class FirstIter(Hook):
         os._exit(0)
 """
 
-HAND = """
-import importlib.util, time
-from pathlib import Path
-import numpy as np, torch
+HAND = READ_DIGITS + f"""
+import time
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-sklearn_dir = Path(importlib.util.find_spec("sklearn").submodule_search_locations[0])
-table = np.loadtxt(sklearn_dir / "datasets" / "data" / "digits.csv.gz", delimiter=",", dtype=np.float32)
-x = torch.from_numpy(table[:, :-1]).reshape(-1, 1, 8, 8) / 16
-train = DataLoader(TensorDataset(x, torch.from_numpy(table[:, -1]).long()), batch_size=32, shuffle=True)
-model = nn.Sequential(nn.Flatten(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+train = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)
+model = {MLP}
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 x, y = next(iter(train))
-print(f"FIRST_ITER {time.time()}", flush=True)
+print(f"FIRST_ITER {{time.time()}}", flush=True)
 """
 
 def _until_first_iter(command: list[str], env: dict | None = None) -> float:

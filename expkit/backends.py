@@ -181,10 +181,11 @@ class WandbBackend(Backend):
         """Finish the run and wait until its log is on disk: wandb's service writes it out
         after ``finish()`` returns, and the work dir should be complete when the job ends
         (``wandb sync`` right away, the next job of a sweep, a copy off the node)."""
-        path = Path(self.run.settings.sync_file)
+        sync_file = getattr(getattr(self.run, "settings", None), "sync_file", None)  # wandb >= 0.16
         self.run.finish(exit_code=exit_code)
         self.run = None
-        if path.is_file() and not wait_for_wandb_run(path, self.flush_timeout):
+        path = Path(sync_file) if sync_file else None
+        if path is not None and path.is_file() and not wait_for_wandb_run(path, self.flush_timeout):
             log.warning(
                 "wandb: %s still lacks the run's exit record %.0f s after finish(); it may be "
                 "incomplete (logger.wandb.flush_timeout sets the wait)", path, self.flush_timeout,
