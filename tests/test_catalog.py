@@ -270,7 +270,7 @@ def test_sync_buffers_averages_over_two_real_processes(tmp_path):
         "dist.destroy_process_group()\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29533", str(script)],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)],
         capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     results = sorted(re.findall(r"RESULT (\d) (\d) (\[[^\]]*\])", proc.stdout))

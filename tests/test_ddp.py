@@ -47,7 +47,7 @@ def _torchrun(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.Comp
     (tmp_path / "ddp_probe.py").write_text(PROBE)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29621",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), "hooks=[probe]", *args],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
