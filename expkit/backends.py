@@ -12,8 +12,9 @@ import logging
 import math
 import netrc
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from expkit.runner import Runner

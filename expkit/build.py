@@ -9,8 +9,9 @@ import functools
 import inspect
 import logging
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate

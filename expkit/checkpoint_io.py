@@ -14,8 +14,9 @@ import json
 import logging
 import os
 import pickle
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import IO, Any
 
 import torch
 

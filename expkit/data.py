@@ -7,8 +7,8 @@ only on (seed, epoch), so a resumed run sees exactly the batches an uninterrupte
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sized
 from pathlib import Path
-from typing import Iterator, Sized
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset

@@ -15,8 +15,9 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn

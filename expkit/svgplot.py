@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 from xml.sax.saxutils import escape
 
 from expkit.checkpoint_io import write_text_atomic

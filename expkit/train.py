@@ -14,8 +14,9 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig

@@ -45,8 +45,9 @@ checkpoint was loaded (resume, load_from, test).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from expkit.stages import Priority
 

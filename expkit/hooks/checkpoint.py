@@ -10,8 +10,9 @@ import hashlib
 import io
 import logging
 from collections import deque
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 

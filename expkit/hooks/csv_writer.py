@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import csv
-from typing import IO, TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 

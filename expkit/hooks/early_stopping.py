@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from expkit.hooks.base import Hook
 from expkit.metrics import infer_rule

@@ -7,7 +7,8 @@ Costs one extra copy of the parameters (and of the buffers with ``update_buffers
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
