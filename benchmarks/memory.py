@@ -20,8 +20,9 @@ from torch.utils.data import DataLoader, TensorDataset
 torch.manual_seed(0)
 order = torch.randperm(len(y))  # expkit's split: 70% train, 15% val, 15% test
 n_train, n_val = int(0.7 * len(y)), int(0.15 * len(y))
-train = DataLoader(TensorDataset(x[order[:n_train]], y[order[:n_train]]), batch_size=32, shuffle=True)
-val = DataLoader(TensorDataset(x[order[n_train:n_train + n_val]], y[order[n_train:n_train + n_val]]), batch_size=32)
+train_idx, val_idx = order[:n_train], order[n_train:n_train + n_val]
+train = DataLoader(TensorDataset(x[train_idx], y[train_idx]), batch_size=32, shuffle=True)
+val = DataLoader(TensorDataset(x[val_idx], y[val_idx]), batch_size=32)
 model = {MLP}
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
 for epoch in range(EPOCHS):

@@ -5,8 +5,7 @@ Interleaved rounds; medians and ratios printed. Target: expkit / import torch <=
 
 The hand-written script imports nothing from expkit: it reads the digits as expkit does (the
 CSV inside scikit-learn, without importing scikit-learn), builds the same model and SGD, and
-takes its first batch. It is the floor any training
-script pays: building a torch.optim
+takes its first batch. It is the floor any training script pays: building a torch.optim
 optimizer imports torch._dynamo (its methods are wrapped by torch._disable_dynamo, and
 ``Optimizer.step`` imports it on every call), about 1.5-2 s here. expkit / hand-written is
 the framework's own share: Hydra's import and composition, and the build.
