@@ -63,37 +63,78 @@ def write_json_atomic(path: Path, obj: Any) -> Path:
     return write_text_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
+def own_file(directory: Path, recorded: str | Path) -> Path:
+    """A file a run recorded about its own checkpoints, as a path in `directory` (the dir the
+    record belongs to). Records are names relative to it; an absolute record (written before
+    records were relative, or by the run this dir was copied from) means the file of that name
+    here, so a copied run dir never reaches back into the original."""
+    path = Path(recorded)
+    if not path.is_absolute():
+        return directory / path
+    with contextlib.suppress(ValueError):
+        return directory / path.relative_to(directory.resolve())
+    return directory / path.name
+
+
 def point_last_checkpoint(checkpoint_dir: Path, checkpoint_path: Path) -> None:
-    """Record `checkpoint_path` as the newest complete checkpoint: written through a temporary
+    """Record `checkpoint_path` as the newest complete checkpoint, by its name relative to
+    `checkpoint_dir` (a copied or moved run dir stays valid): written through a temporary
     file and renamed, so a reader (a monitor, a resume) never sees it empty or half written."""
-    write_text_atomic(checkpoint_dir / LAST_CHECKPOINT, str(checkpoint_path.resolve()))
+    target = checkpoint_path.resolve().relative_to(checkpoint_dir.resolve())
+    write_text_atomic(checkpoint_dir / LAST_CHECKPOINT, target.as_posix())
 
 
 def find_last_checkpoint(work_dir: Path) -> Path | None:
-    """The checkpoint `checkpoints/last_checkpoint` names, or None when there is none."""
+    """The checkpoint `checkpoints/last_checkpoint` names, or None when there is none (or the
+    pointer is unreadable: then the caller falls back to the files themselves)."""
     pointer = work_dir / "checkpoints" / LAST_CHECKPOINT
     if not pointer.is_file():
         return None
-    path = Path(pointer.read_text(encoding="utf-8").strip())
-    if not path.is_absolute():
-        path = work_dir / path
+    try:
+        recorded = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning("Ignoring %s, it is not a readable path (%s)", pointer, exc)
+        return None
+    if not recorded:
+        return None
+    path = own_file(pointer.parent, recorded)
     return path if path.is_file() else None
+
+
+def remove_stale_temporaries(directory: Path) -> list[str]:
+    """Delete the temporary files (`.<name>.tmp<pid>`) a killed writer left in `directory`."""
+    removed = []
+    for tmp in directory.glob(".*.tmp*"):
+        if tmp.is_file() and tmp.name.rpartition(".tmp")[2].isdigit():
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+                removed.append(tmp.name)
+    return removed
 
 
 def load_resumable(work_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint of `work_dir` that loads: the pointer's, else the newest regular
-    file that is readable (after a power cut an unsynced file may be empty). None if none."""
+    file that is readable (after a power cut an unsynced file may be empty). None when there
+    is no checkpoint; ConfigError when there are some but none loads."""
     candidates = []
     pointed = find_last_checkpoint(work_dir)
     if pointed is not None:
         candidates.append(pointed)
     regular = [p for p in (work_dir / "checkpoints").glob("*.pth") if not p.name.startswith("best_")]
     candidates += sorted(regular, key=lambda p: p.stat().st_mtime, reverse=True)
+    problems = []
     for path in dict.fromkeys(candidates):
         try:
             return path, load_checkpoint(path, "resume")
         except ConfigError as exc:  # truncated or foreign: fall back to an older one, and say so
             log.warning("Cannot resume from this checkpoint, falling back to an older one: %s", exc)
+            problems.append(path.name)
+    if problems:
+        raise ConfigError(
+            f"resume=true: {work_dir / 'checkpoints'} holds checkpoints but none loads ({', '.join(problems)}; "
+            "the reasons are above). Nothing was changed. To train this run again from scratch, run without "
+            "resume=true (its checkpoints will be overwritten), or give another hydra.run.dir."
+        )
     return None
 
 

@@ -7,10 +7,14 @@ The model, data and metrics come from the config stored in the checkpoint; any o
     which=best|last     for a run dir
     split=test|val|both which loaders to evaluate (default test)
     ema=true            evaluate the EMA weights (ema_state_dict) instead of the raw ones
+    trusted_targets=[my_project]  packages (or objects) whose _target_ the stored config may name
+    --config-dir DIR    your config dir: the targets its YAML files name are trusted too
     logger=[tensorboard,wandb]  the same backends as training
     work_dir=DIR        default outputs/evals/<date>_<time>/
 
-Results go to the work dir (metrics.jsonl, result.json) and the terminal. In Python,
+The stored config is data from whoever wrote the checkpoint: every ``_target_`` in it must be
+trusted before anything is built (expkit's own, torch.nn, torch.optim, torchvision.models,
+torchmetrics, and what you trust; see ``expkit.trust``). Results go to the work dir (metrics.jsonl, result.json) and the terminal. In Python,
 ``load_model(path)`` returns the trained model, weights loaded, in eval mode.
 """
 
@@ -21,6 +25,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -29,9 +34,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from expkit import checkpoint_io
 from expkit.errors import ConfigError, ExpkitError
+from expkit.trust import TrustPolicy
 
 log = logging.getLogger("expkit")
-OPTIONS = ("checkpoint", "which", "split", "ema", "logger", "work_dir")
+OPTIONS = ("checkpoint", "which", "split", "ema", "logger", "work_dir", "trusted_targets")
 
 
 def resolve_checkpoint(source: str | Path, which: str = "best") -> Path:
@@ -58,17 +64,30 @@ def resolve_checkpoint(source: str | Path, which: str = "best") -> Path:
     return last
 
 
-def stored_config(checkpoint: dict[str, Any], source: Path, overrides: list[str] = ()) -> DictConfig:  # type: ignore[assignment]
-    """The config saved in the checkpoint, with `key=value` overrides (unknown keys refused)."""
-    if not checkpoint.get("config"):
+def stored_config(checkpoint: dict[str, Any], source: Path, overrides: Sequence[str] = (),
+                  trust: TrustPolicy | None = None) -> DictConfig:  # fmt: skip
+    """The config saved in the checkpoint, with `key=value` overrides (unknown keys refused),
+    resolved, and refused unless every ``_target_`` in it is trusted (`trust`, default: expkit's)."""
+    stored = checkpoint.get("config")
+    if not stored:
         raise ConfigError(f"{source} carries no config; it was not written by a Hydra run of expkit")
-    cfg = OmegaConf.create(checkpoint["config"])
-    OmegaConf.set_struct(cfg, True)
+    if not isinstance(stored, dict):
+        raise ConfigError(f"{source}: its stored config is a {type(stored).__name__}, not a mapping")
     try:
-        return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))  # type: ignore[return-value]
+        cfg = OmegaConf.create(stored)
+        OmegaConf.set_struct(cfg, True)
+        merged = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        plain = OmegaConf.to_container(merged, resolve=True)  # no ${...} left to smuggle a target in later
     except OmegaConfBaseException as exc:
         first = str(exc.msg).strip().splitlines()[0]
-        raise ConfigError(f"{exc.full_key}: not a key of the stored config ({first}); the stored config is in the run's .hydra/config.yaml") from None
+        if exc.full_key and any(o.split("=", 1)[0].lstrip("+~") == exc.full_key for o in overrides):
+            raise ConfigError(f"{exc.full_key}: not a key of the stored config ({first}); the stored config is in "
+                              "the run's .hydra/config.yaml") from None  # fmt: skip
+        raise ConfigError(f"{source}: its stored config does not load ({exc.full_key}: {first})") from None
+    (trust or TrustPolicy()).check(plain, source)
+    resolved = OmegaConf.create(plain)
+    OmegaConf.set_struct(resolved, True)
+    return resolved  # type: ignore[return-value]
 
 
 def _weights(checkpoint: dict[str, Any], source: Path, ema: bool) -> dict[str, torch.Tensor]:
@@ -84,13 +103,14 @@ def _weights(checkpoint: dict[str, Any], source: Path, ema: bool) -> dict[str, t
     return weights
 
 
-def _restore(source: str | Path, which: str, ema: bool, overrides: list[str]) -> tuple[Path, DictConfig, Any, Any]:
+def _restore(source: str | Path, which: str, ema: bool, overrides: list[str],
+             trust: TrustPolicy) -> tuple[Path, DictConfig, Any, Any]:  # fmt: skip
     """(checkpoint path, stored config, data module, model with the checkpoint's weights)."""
     from expkit.build import build_model, instantiate_node
 
     path = resolve_checkpoint(source, which)
     checkpoint = checkpoint_io.load_checkpoint(path, "checkpoint")
-    cfg = stored_config(checkpoint, path, overrides)
+    cfg = stored_config(checkpoint, path, overrides, trust)
     data = instantiate_node(cfg.data, "data")
     model = build_model(cfg, data)
     model.load_state_dict(_weights(checkpoint, path, ema))
@@ -98,12 +118,24 @@ def _restore(source: str | Path, which: str, ema: bool, overrides: list[str]) ->
 
 
 def load_model(source: str | Path, *, ema: bool = False, which: str = "best", device: str = "cpu",
-               overrides: list[str] = ()) -> torch.nn.Module:  # type: ignore[assignment]  # fmt: skip
-    """A trained model in one call: built from the checkpoint's config, weights loaded, eval mode."""
-    return _restore(source, which, ema, list(overrides))[3].to(device).eval()
+               overrides: Sequence[str] = (), trusted_targets: Sequence[str] = (),
+               config_dirs: Sequence[str | Path] = ()) -> torch.nn.Module:  # fmt: skip
+    """A trained model in one call: built from the checkpoint's config, weights loaded, eval mode.
+
+    The stored config may name only trusted targets: expkit's own and those of its shipped
+    configs, plus `trusted_targets` (packages or objects, e.g. ``["my_project"]``) and the
+    targets named in the YAML files of `config_dirs`. Others raise UntrustedTargetError.
+    """
+    trust = TrustPolicy(trusted_targets, config_dirs)
+    return _restore(source, which, ema, list(overrides), trust)[3].to(device).eval()
 
 
-def evaluate(args: dict[str, str], overrides: list[str]) -> dict[str, Any]:
+def _list_value(value: str) -> list[str]:
+    """`[a,b]`, `a,b` or `a` -> the names."""
+    return [n.strip().strip("'\"") for n in value.strip().strip("[]").split(",") if n.strip()]
+
+
+def evaluate(args: dict[str, str], overrides: list[str], config_dirs: Sequence[str | Path] = ()) -> dict[str, Any]:
     from expkit import Runner, default_hooks
     from expkit.build import _build_loggers, build_trainer_settings, instantiate_node
 
@@ -113,14 +145,15 @@ def evaluate(args: dict[str, str], overrides: list[str]) -> dict[str, Any]:
     if split not in ("test", "val", "both"):
         raise ConfigError(f"split={split}: use split=test, split=val or split=both")
     ema = args.get("ema", "false").lower() == "true"
-    path, cfg, data, model = _restore(args["checkpoint"], args.get("which", "best"), ema, overrides)
+    trust = TrustPolicy(_list_value(args.get("trusted_targets", "")), config_dirs)
+    path, cfg, data, model = _restore(args["checkpoint"], args.get("which", "best"), ema, overrides, trust)
     settings = build_trainer_settings(cfg)
     _, val_loader, test_loader = data.loaders()
     loggers = {}
     if args.get("logger"):
         from expkit.train import CONF_DIR
 
-        names = [n.strip() for n in args["logger"].strip("[]").split(",") if n.strip()]
+        names = _list_value(args["logger"])
         nodes = {}
         for name in names:
             file = CONF_DIR / "logger" / f"{name}.yaml"
@@ -155,8 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         return 0
+    from expkit.train import config_dirs_of
+
+    config_dirs = config_dirs_of(argv)[1:]
     args, overrides = {}, []
-    for item in argv:
+    flags = [i for i, a in enumerate(argv) if a.split("=", 1)[0] in ("--config-dir", "-cd")]
+    skip = {i + 1 for i in flags if "=" not in argv[i]} | set(flags)
+    for item in (a for i, a in enumerate(argv) if i not in skip):
         key, sep, value = item.partition("=")
         if not sep:
             print(f"Error: {item!r} is not key=value; see python -m expkit.eval --help", file=sys.stderr)
@@ -167,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides.append(item)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
     try:
-        result = evaluate(args, overrides)
+        result = evaluate(args, overrides, config_dirs)
     except ExpkitError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1

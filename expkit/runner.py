@@ -509,7 +509,7 @@ class Runner:
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "work_dir": str(self.work_dir),
                 "best_metrics": self.best_metrics,
-                "best_checkpoints": self.best_checkpoints,
+                "best_checkpoints": {k: Path(v).name for k, v in self.best_checkpoints.items()},  # beside this file
             },
             "state_dict": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "config": self.config,
@@ -554,6 +554,10 @@ class Runner:
 
     def _load_or_resume(self) -> None:
         if self.resume_from is True or self.resume_from == "true":
+            if self.is_main:  # what a killed writer left half-written is never read: remove it
+                for directory in (self.work_dir, self.work_dir / "checkpoints"):
+                    for name in checkpoint_io.remove_stale_temporaries(directory):
+                        log.info("Removed %s, a temporary file left by an interrupted write", name)
             found = checkpoint_io.load_resumable(self.work_dir)
             if found is None:
                 log.warning("resume=true: no checkpoint in %s/checkpoints yet; training from scratch", self.work_dir)
@@ -589,7 +593,9 @@ class Runner:
         self.epoch, self.iter, self.inner_iter = meta["epoch"], meta["iter"], meta.get("inner_iter", 0)
         self.position = (self.epoch, self.iter, self.inner_iter)
         self.best_metrics = dict(meta.get("best_metrics", {}))
-        self.best_checkpoints = dict(meta.get("best_checkpoints", {}))
+        # recorded paths name this run's own files: read them in the dir of the file resumed from
+        self.best_checkpoints = {key: str(checkpoint_io.own_file(source.parent, path))
+                                 for key, path in meta.get("best_checkpoints", {}).items()}  # fmt: skip
         if self.optimizer is not None and "optimizer" in checkpoint:
             self.optimizer.load_state_dict(checkpoint["optimizer"])
         if self.scheduler is not None and "scheduler" in checkpoint:

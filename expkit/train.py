@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import math
+import shlex
 import sys
 import time
 from collections.abc import Iterable
@@ -43,7 +44,8 @@ CONF_DIR = Path(__file__).parent / "conf"
 
 
 # -- group choices, checked before Hydra composes (its message for hooks=[typo] lists nothing) --
-def _config_dirs(argv: list[str]) -> list[Path]:
+def config_dirs_of(argv: list[str]) -> list[Path]:
+    """expkit's shipped config dir, then every --config-dir / -cd on the command line."""
     dirs = [CONF_DIR]
     for i, arg in enumerate(argv):
         for flag in ("--config-dir", "-cd"):
@@ -74,7 +76,7 @@ def check_group_choices(argv: list[str]) -> str | None:
     """An error message for the first override that names an option no config dir has."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    dirs = _config_dirs(argv)
+    dirs = config_dirs_of(argv)
     groups = {p.name for d in dirs if d.is_dir() for p in d.iterdir() if p.is_dir()}
     candidates = [a for a in argv if "=" in a and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
     try:
@@ -234,12 +236,50 @@ def run(cfg: DictConfig) -> float | None:
     log.info("Done (%s) in %.1f s: %s", result["status"], result["wall_time_s"], summary)
     log.info("Work dir: %s", work_dir.resolve())
     if runner.stop_signal is not None and not multirun:
-        log.info("Stopped by a signal; continue with: hydra.run.dir=%s resume=true", work_dir)
+        log.info("Stopped by a signal; continue with: %s", continue_command(sys.argv[1:], work_dir))
         sys.exit(128 + runner.stop_signal)  # the shell's convention: 143 after SIGTERM, 130 after Ctrl-C
     value = None if best is None else float(best["value"])
     if multirun and (value is None or not math.isfinite(value)):
         return worst_value(rule)  # diverged or never validated: the worst, never NaN
     return value
+
+
+def continue_command(argv: list[str], work_dir: Path) -> str:
+    """The command that resumes this run, quoted for a POSIX shell (paths with spaces paste)."""
+    kept = [a for a in argv if not a.startswith(("hydra.run.dir=", "resume="))]
+    return shlex.join(["python", "-m", "expkit.train", *kept, f"hydra.run.dir={work_dir}", "resume=true"])
+
+
+_VALUED_FLAGS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn", "--cfg", "-c",
+                 "--package", "-p", "--experimental-rerun")  # fmt: skip
+_INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+
+
+def flags_first(argv: list[str]) -> list[str]:
+    """Hydra's flags (with their values) before the overrides: Hydra's argument parser takes the
+    overrides only as one block, so `model=x --config-dir conf optim.lr=1` would be refused."""
+    flags, overrides, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        takes_value = arg in _VALUED_FLAGS or (arg in ("--info", "-i") and i + 1 < len(argv) and argv[i + 1] in _INFO_TOPICS)
+        if takes_value:
+            flags += argv[i:i + 2]
+            i += 2
+            continue
+        (flags if arg.startswith("-") else overrides).append(arg)
+        i += 1
+    return flags + overrides
+
+
+def _check_output_dirs(argv: list[str]) -> str | None:
+    """An empty hydra.run.dir / hydra.sweep.dir would make the current directory the work dir."""
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+") in ("hydra.run.dir", "hydra.sweep.dir") and not value.strip().strip("'\""):
+            example = "outputs/runs/my_run" if key.endswith("run.dir") else "outputs/sweeps/my_sweep"
+            return (f"{key.lstrip('+')} is empty, which would write this run's files into the current directory. "
+                    f"Give a directory ({key.lstrip('+')}={example}) or leave the key out for a new dated one.")  # fmt: skip
+    return None
 
 
 def _log_to_rank_file(work_dir: Path, rank: int) -> None:
@@ -276,7 +316,8 @@ def _share_run_dir_across_ranks() -> None:
 
 
 def main() -> None:
-    message = check_group_choices(sys.argv[1:])
+    sys.argv[1:] = flags_first(sys.argv[1:])
+    message = _check_output_dirs(sys.argv[1:]) or check_group_choices(sys.argv[1:])
     if message:
         print(f"Error: {message}", file=sys.stderr)
         sys.exit(2)

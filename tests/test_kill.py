@@ -104,6 +104,6 @@ def test_sigterm_exits_143_with_a_checkpoint_then_resumes_exactly(tmp_path, refe
     assert "Stopped by a signal; continue with:" in output
     result = json.loads((work / "result.json").read_text())
     assert (result["status"], result["stop_reason"]) == ("stopped", "signal SIGTERM")
-    pointed = Path((work / "checkpoints" / "last_checkpoint").read_text())
+    pointed = work / "checkpoints" / (work / "checkpoints" / "last_checkpoint").read_text()
     assert pointed.name == f"iter_{result['iter']}.pth"  # saved where it stopped
     _resume_and_compare(work, reference)

@@ -107,7 +107,9 @@ class CheckpointHook(Hook):
             self._set_rule(key, given)
         self.best_scores: dict[str, float] = {}
         self.best_paths: dict[str, str] = {}
-        self.kept: deque[str] = deque()
+        self.dir = Path("checkpoints")  # the run's checkpoint dir, set in before_run
+        self.kept: deque[str] = deque()  # regular checkpoints max_keep_ckpts counts, oldest first
+        self._dropping: list[str] = []  # retired by the save in progress; deleted once it is complete
         self._last_saved_position: tuple[int, int, int] | None = None
         self._deferred: int | None = None  # a regular save waiting for the validation that follows
 
@@ -120,14 +122,21 @@ class CheckpointHook(Hook):
             raise ValueError(f"cannot tell whether {key!r} is better greater or less: set rule=greater or rule=less")
         self.rules[key] = rule
 
-    # -- state ------------------------------------------------------------------------------
+    # -- state: file names relative to self.dir, so that a copied run dir resumes from its own files --
     def state_dict(self) -> dict[str, Any]:
-        return {"best_scores": self.best_scores, "best_paths": self.best_paths, "kept": list(self.kept)}
+        return {"best_scores": self.best_scores, "best_paths": dict(self.best_paths), "kept": list(self.kept),
+                "dropping": list(self._dropping)}  # fmt: skip
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Absolute paths (checkpoints written before names were relative, or by the run this
+        dir was copied from) are read as the file of that name in this run's checkpoint dir."""
         self.best_scores = dict(state.get("best_scores", {}))
-        self.best_paths = dict(state.get("best_paths", {}))
-        self.kept = deque(state.get("kept", []))
+        self.best_paths = {key: self._own(path) for key, path in state.get("best_paths", {}).items()}
+        self.kept = deque(self._own(path) for path in state.get("kept", []))
+        self._dropping = [self._own(path) for path in state.get("dropping", [])]
+
+    def _own(self, recorded: str) -> str:
+        return checkpoint_io.own_file(self.dir, recorded).relative_to(self.dir).as_posix()
 
     # -- saving -----------------------------------------------------------------------------
     def before_run(self, runner: Runner) -> None:
@@ -148,17 +157,29 @@ class CheckpointHook(Hook):
         return self.interval > 0 and passed >= 0 and passed % self.interval == 0
 
     def _save_regular(self, runner: Runner, count: int, tmpl: str | None = None) -> None:
-        path = self.dir / (tmpl or self.filename_tmpl).format(count)
+        """Retention deletes the oldest kept checkpoints only after the new one is complete and
+        `last_checkpoint` names it: at every instant a complete regular checkpoint exists. The
+        checkpoint records the names it retires, so a resume after a kill in between deletes them."""
+        name = (tmpl or self.filename_tmpl).format(count)
         if self.max_keep_ckpts > 0:
+            if name in self.kept:  # saved again at the same count (e.g. save_last after a resume)
+                self.kept.remove(name)
             while len(self.kept) >= self.max_keep_ckpts:
-                old = Path(self.kept.popleft())
-                if runner.is_main:
-                    old.unlink(missing_ok=True)
-            self.kept.append(str(path))
+                self._dropping.append(self.kept.popleft())
+            self.kept.append(name)
         runner.save_checkpoint(
-            path, save_optimizer=self.save_optimizer, save_scheduler=self.save_param_scheduler, durable=self.fsync
-        )
+            self.dir / name, save_optimizer=self.save_optimizer, save_scheduler=self.save_param_scheduler,
+            durable=self.fsync,
+        )  # fmt: skip
         self._last_saved_position = runner.position
+        self._delete_retired(runner)
+
+    def _delete_retired(self, runner: Runner) -> None:
+        if runner.is_main:
+            for name in self._dropping:
+                if name not in self.kept:
+                    (self.dir / name).unlink(missing_ok=True)
+        self._dropping = []
 
     def _save_or_defer(self, runner: Runner, count: int) -> None:
         """When validation follows, save after it (in after_val): the checkpoint then holds the
@@ -195,10 +216,12 @@ class CheckpointHook(Hook):
             self._save_regular(runner, runner.iter, None if not self.by_epoch else "iter_{}.pth")
 
     def before_train(self, runner: Runner) -> None:
-        """On resume, trust the best files on disk over the (possibly older) state restored
-        from a regular checkpoint: each best file carries its own score."""
+        """On resume, finish the retention of a save a kill interrupted, and trust the best files
+        on disk over the (possibly older) state restored from a regular checkpoint: each best
+        file carries its own score."""
         if not runner.resuming:
             return
+        self._delete_retired(runner)
         for key in self.save_best:
             files = sorted(self.dir.glob(f"best_{key.replace('/', '_')}_*.pth"))
             scored = []
@@ -212,7 +235,7 @@ class CheckpointHook(Hook):
                 continue
             pick = max if self.rules[key] == "greater" else min
             score, path = pick(scored, key=lambda item: item[0])
-            self.best_scores[key], self.best_paths[key] = score, str(path)
+            self.best_scores[key], self.best_paths[key] = score, path.name
             runner.best_checkpoints[key] = str(path)
             for _, other in scored:
                 if other != path and runner.is_main:
@@ -247,8 +270,8 @@ class CheckpointHook(Hook):
             name = f"best_{key.replace('/', '_')}_{self.filename_tmpl.format(count)}"
             old = self.best_paths.get(key)
             self.best_scores[key] = score
-            self.best_paths[key] = str(self.dir / name)
-            runner.best_checkpoints[key] = self.best_paths[key]
+            self.best_paths[key] = name
+            runner.best_checkpoints[key] = str(self.dir / name)
             runner.save_checkpoint(
                 self.dir / name,
                 save_optimizer=self.best_save_optimizer,
@@ -257,15 +280,15 @@ class CheckpointHook(Hook):
                 metric=key,
                 durable=self.fsync,
             )
-            if old and old != self.best_paths[key] and runner.is_main:
-                Path(old).unlink(missing_ok=True)
+            if old and old != name and runner.is_main:
+                (self.dir / old).unlink(missing_ok=True)  # after the new best is complete
             log.info("New best %s = %.4f: %s", key, score, name)
 
     def after_run(self, runner: Runner) -> None:
         """published_keys: slim copies of the last and best checkpoints, named by content hash."""
         if not self.published_keys or runner.optimizer is None or not runner.is_main:
             return
-        sources = list(self.best_paths.values())
+        sources = [str(self.dir / name) for name in self.best_paths.values()]
         if self.save_last and runner.last_checkpoint is not None:
             sources.insert(0, str(runner.last_checkpoint))
         for source in dict.fromkeys(sources):
