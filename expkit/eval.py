@@ -51,8 +51,10 @@ def resolve_checkpoint(source: str | Path, which: str = "best") -> Path:
         raise ConfigError(f"which={which}: use which=best or which=last")
     result_file = path / "result.json"
     result = json.loads(result_file.read_text()) if result_file.is_file() else {}
-    if which == "best" and result.get("best_checkpoint") and Path(result["best_checkpoint"]).is_file():
-        return Path(result["best_checkpoint"])
+    if which == "best" and result.get("best_checkpoint"):
+        best = checkpoint_io.own_file(path / "checkpoints", result["best_checkpoint"])  # never another run's file
+        if best.is_file():
+            return best
     if which == "best":
         best = sorted((path / "checkpoints").glob("best_*.pth"))
         if best:

@@ -78,8 +78,9 @@ def test_two_processes_one_run(tmp_path):
     assert seen[0]["0"] != seen[0]["1"]  # a new order each epoch
 
     # val/acc over both ranks equals one process evaluating the final weights on the whole set
-    evaluation = subprocess.run([sys.executable, "-m", "expkit.eval", f"checkpoint={work}", "which=last",
-                                 "split=val", f"work_dir={tmp_path / 'eval'}"], capture_output=True, text=True)  # fmt: skip
+    evaluation = subprocess.run([sys.executable, "-m", "expkit.eval", "--config-dir", str(tmp_path / "conf"),
+                                 f"checkpoint={work}", "which=last", "split=val", f"work_dir={tmp_path / 'eval'}"],
+                                capture_output=True, text=True)  # the probe hook's config dir: its target is trusted # fmt: skip
     assert evaluation.returncode == 0, evaluation.stderr
     single = json.loads((tmp_path / "eval" / "result.json").read_text())["final_metrics"]
     assert single["val/acc"] == pytest.approx(result["final_metrics"]["val/acc"], abs=1e-9)
