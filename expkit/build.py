@@ -15,12 +15,14 @@ from typing import Any
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from expkit.backends import Backend
+from expkit.data import DataModule
 from expkit.errors import ConfigError, ExpkitError
 from expkit.hooks.base import Hook
+from expkit.metrics import MetricSlot
 from expkit.rng import seed_everything
 from expkit.runner import Runner
 from expkit.settings import TrainerSettings
@@ -135,13 +137,62 @@ def _build_loggers(nodes: Any, key: str) -> dict[str, Backend]:
     return loggers
 
 
+_DATA_INFO: dict[str, Any] = {}  # what the current data module describes; read by ${data_info:KEY}
+
+
+def _data_info(key: str) -> Any:
+    if not _DATA_INFO:
+        raise ConfigError(f"${{data_info:{key}}} is known only once the data module is built (at training time)")
+    if key not in _DATA_INFO:
+        raise ConfigError(f"${{data_info:{key}}}: the data module describes {sorted(_DATA_INFO)}, not {key!r}")
+    return _DATA_INFO[key]
+
+
+OmegaConf.register_new_resolver("data_info", _data_info, replace=True)
+
+
+def describe_data(data: Any) -> dict[str, Any]:
+    """What the data module tells models: its ``describe()``, or the image attributes of an
+    object that has no such method."""
+    if callable(getattr(data, "describe", None)):
+        return dict(data.describe())
+    return {k: getattr(data, k) for k in DataModule.IMAGE_KEYS if hasattr(data, k)}
+
+
 def build_model(cfg: DictConfig, data: Any) -> Any:
-    """The model of `cfg`, given the data module's shape (in_channels, image_size, num_classes)
-    for the arguments the model takes and the config leaves unset."""
-    shape = {"in_channels": data.in_channels, "image_size": data.image_size, "num_classes": data.num_classes}
+    """The model of `cfg`. What the data module describes (``in_channels``, ``num_classes``,
+    ``vocab_size``, ...) fills the model's arguments of those names that the config leaves
+    unset, and is available to any config value as ``${data_info:KEY}``."""
+    info = describe_data(data)
+    _DATA_INFO.clear()
+    _DATA_INFO.update(info)
     model_target = _locate_target(cfg.model, "model")
-    model_kwargs = {k: v for k, v in _accepted(model_target, shape).items() if cfg.model.get(k) is None}
+    model_kwargs = {k: v for k, v in _accepted(model_target, info).items() if cfg.model.get(k) is None}
     return instantiate_node(cfg.model, "model", **model_kwargs)
+
+
+_SLOT_KEYS = ("inputs", "higher_is_better")  # expkit's keys in a metric's node, not the metric's arguments
+
+
+def build_metrics(nodes: Any, key: str = "metrics") -> dict[str, MetricSlot]:
+    """``metrics.<name>``: any object with update/compute/reset (torchmetrics included), plus
+    expkit's ``inputs`` (which eval-step outputs it reads) and ``higher_is_better`` (its direction)."""
+    slots: dict[str, MetricSlot] = {}
+    for name, node in (nodes or {}).items():
+        if node is None:
+            continue
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            raise ConfigError(f"{key}.{name} needs a _target_, e.g. {key}.{name}="
+                              "{_target_: torchmetrics.classification.MulticlassF1Score, num_classes: 10}")  # fmt: skip
+        node = node.copy()
+        with open_dict(node):
+            extra = {k: node.pop(k) for k in _SLOT_KEYS if k in node}
+        inputs = extra.get("inputs")
+        if inputs is not None:
+            inputs = OmegaConf.to_container(inputs) if isinstance(inputs, (DictConfig, ListConfig)) else inputs
+        slots[str(name)] = MetricSlot(instantiate_node(node, f"{key}.{name}"), f"{name}", inputs,
+                                      extra.get("higher_is_better"))  # fmt: skip
+    return slots
 
 
 def build_trainer_settings(cfg: DictConfig) -> TrainerSettings:
@@ -192,7 +243,7 @@ def _build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, 
             raise ConfigError(f"sched.scheduler ({cfg.sched.scheduler._target_}): {exc}") from None
 
     criterion = instantiate_node(cfg.criterion, "criterion")
-    metrics = {str(name): instantiate_node(node, f"metrics.{name}") for name, node in cfg.metrics.items()}
+    metrics = build_metrics(cfg.metrics)
 
     return Runner(
         model=model,
@@ -204,6 +255,7 @@ def _build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, 
         scheduler_by_epoch=bool(cfg.sched.by_epoch),
         criterion=criterion,
         metrics=metrics,
+        monitor=cfg.get("monitor"),
         settings=settings,
         default_hooks=_build_hooks(cfg.default_hooks, "default_hooks"),
         hooks=_build_hooks(cfg.hooks, "hooks"),

@@ -1,7 +1,9 @@
 """Datasets as small data modules: digits (embedded in scikit-learn), ImageFolder, random images.
 
-A data module knows its shape (``in_channels``, ``image_size``, ``num_classes``, which model
-configs interpolate) and builds the train/val/test DataLoaders. The train order depends
+A data module describes its data for models (``describe()``: ``in_channels``, ``image_size``,
+``num_classes`` for images; anything else, e.g. ``num_features`` or ``vocab_size``, for other
+data), which fills the model arguments of those names and which configs read as
+``${data_info:KEY}``; and it builds the train/val/test DataLoaders. The train order depends
 only on (seed, epoch), so a resumed run sees exactly the batches an uninterrupted one would.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sized
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
@@ -81,11 +84,11 @@ class ShardSampler(Sampler[int]):
 
 
 class DataModule:
-    """Base class: subclasses implement ``datasets()`` -> (train, val, test-or-None)."""
+    """Base class: subclasses implement ``datasets()`` -> (train, val, test-or-None), and say
+    what models need to know of the data in ``describe()`` (image modules set the class
+    attributes ``in_channels``, ``image_size``, ``num_classes``, which the default returns)."""
 
-    in_channels: int
-    image_size: int
-    num_classes: int
+    IMAGE_KEYS = ("in_channels", "image_size", "num_classes")
 
     def __init__(self, batch_size: int = 32, num_workers: int = 0, pin_memory: bool | str = "auto", seed: int = 0):
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -99,6 +102,11 @@ class DataModule:
 
     def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
         raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        """What models need to know of the data, by argument name; called after ``loaders()``,
+        so values found while loading (a vocabulary) can be given."""
+        return {key: getattr(self, key) for key in self.IMAGE_KEYS if hasattr(self, key)}
 
     def loaders(self) -> tuple[DataLoader, DataLoader | None, DataLoader | None]:
         train, val, test = self.datasets()

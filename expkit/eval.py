@@ -107,16 +107,17 @@ def _weights(checkpoint: dict[str, Any], source: Path, ema: bool) -> dict[str, t
 
 def _restore(source: str | Path, which: str, ema: bool, overrides: list[str],
              trust: TrustPolicy) -> tuple[Path, DictConfig, Any, Any]:  # fmt: skip
-    """(checkpoint path, stored config, data module, model with the checkpoint's weights)."""
+    """(checkpoint path, stored config, the data's loaders, model with the checkpoint's weights)."""
     from expkit.build import build_model, instantiate_node
 
     path = resolve_checkpoint(source, which)
     checkpoint = checkpoint_io.load_checkpoint(path, "checkpoint")
     cfg = stored_config(checkpoint, path, overrides, trust)
     data = instantiate_node(cfg.data, "data")
+    loaders = data.loaders()  # before describe(): a data module may learn its shape (a vocabulary) while loading
     model = build_model(cfg, data)
     model.load_state_dict(_weights(checkpoint, path, ema))
-    return path, cfg, data, model
+    return path, cfg, loaders, model
 
 
 def load_model(source: str | Path, *, ema: bool = False, which: str = "best", device: str = "cpu",
@@ -139,7 +140,7 @@ def _list_value(value: str) -> list[str]:
 
 def evaluate(args: dict[str, str], overrides: list[str], config_dirs: Sequence[str | Path] = ()) -> dict[str, Any]:
     from expkit import Runner, default_hooks
-    from expkit.build import _build_loggers, build_trainer_settings, instantiate_node
+    from expkit.build import _build_loggers, build_metrics, build_trainer_settings, instantiate_node
 
     if "checkpoint" not in args:
         raise ConfigError("give checkpoint=<.pth file or run dir>")
@@ -148,9 +149,9 @@ def evaluate(args: dict[str, str], overrides: list[str], config_dirs: Sequence[s
         raise ConfigError(f"split={split}: use split=test, split=val or split=both")
     ema = args.get("ema", "false").lower() == "true"
     trust = TrustPolicy(_list_value(args.get("trusted_targets", "")), config_dirs)
-    path, cfg, data, model = _restore(args["checkpoint"], args.get("which", "best"), ema, overrides, trust)
+    path, cfg, (_, val_loader, test_loader), model = _restore(args["checkpoint"], args.get("which", "best"), ema,
+                                                            overrides, trust)  # fmt: skip
     settings = build_trainer_settings(cfg)
-    _, val_loader, test_loader = data.loaders()
     loggers = {}
     if args.get("logger"):
         from expkit.train import CONF_DIR
@@ -171,7 +172,7 @@ def evaluate(args: dict[str, str], overrides: list[str], config_dirs: Sequence[s
         val_loader=val_loader if split in ("val", "both") else None,
         test_loader=test_loader if split in ("test", "both") else None,
         criterion=instantiate_node(cfg.criterion, "criterion"),
-        metrics={str(k): instantiate_node(v, f"metrics.{k}") for k, v in cfg.metrics.items()},
+        metrics=build_metrics(cfg.metrics),
         settings=settings,
         default_hooks=default_hooks(timer=None, sampler_seed=None, param_scheduler=None, checkpoint=None),
         loggers=loggers,

@@ -179,7 +179,8 @@ class EvalLoop:
             for metric in r.metrics.values():
                 metric.sync()
         metrics = {f"{self.mode}/loss": float(self.loss_sum / max(self.count, 1))}
-        metrics.update({f"{self.mode}/{name}": metric.compute() for name, metric in r.metrics.items()})
+        for name, metric in r.metrics.items():  # Python floats; a dict result becomes <name>/<key>
+            metrics.update({f"{self.mode}/{name}{suffix}": value for suffix, value in metric.compute().items()})
         r.model.train(was_training)
         r.call_hook(stages["end_epoch"], metrics=metrics)
         r.call_hook(stages["end"])
@@ -197,5 +198,5 @@ class EvalLoop:
             self.loss_sum += outputs["loss"].detach().float() * n
         self.count += n
         for metric in r.metrics.values():
-            metric.update(outputs["logits"], targets)
+            metric.update(outputs)  # each reads the outputs it is configured for (default: preds/logits, targets)
         r.call_hook(self.stages["after_iter"], batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)

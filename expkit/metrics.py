@@ -1,16 +1,37 @@
-"""Evaluation metrics (accumulated on the device, read once per pass) and metric directions."""
+"""Metrics and the one notion of "better".
+
+A metric is any object with ``update`` / ``compute`` / ``reset``: expkit's own (``Metric``
+subclasses, accumulated on the device, combined over DDP ranks by ``sync()``) or a
+torchmetrics metric or ``MetricCollection`` (which synchronise inside ``compute()``).
+``MetricSlot`` gives one configured metric what the eval step produced, by name, and turns
+its result into Python floats (a dict result becomes ``<name>/<key>``).
+
+Which direction is better comes from one place, ``Directions.rule(key)``: a setting made
+once per metric (``metrics.<name>.higher_is_better``, or a hook's explicit ``rule``), then
+the metric object's own ``higher_is_better`` (torchmetrics sets it), then the name rules
+(MMEngine's word lists: acc, f1, ... are greater; loss, error, perplexity ... are less).
+Best tracking, ``save_best``, early stopping, the plateau scheduler, the sweep summary and
+the value returned to Hydra's sweepers all ask it.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
 import torch
+
+from expkit.errors import ConfigError
 
 # MMEngine's defaults: a key containing one of these is better when greater / less
 GREATER_KEYS = ("acc", "top", "AR@", "auc", "precision", "mAP", "mDice", "mIoU", "mAcc", "aAcc", "f1", "recall")
 LESS_KEYS = ("loss", "error", "err", "perplexity")
+RULES = ("greater", "less")
 
 
-def infer_rule(key: str, greater_keys=GREATER_KEYS, less_keys=LESS_KEYS) -> str | None:
-    """'greater' or 'less' for a metric name such as 'val/acc'; None when it cannot tell."""
+def infer_rule(key: str, greater_keys: Iterable[str] = GREATER_KEYS, less_keys: Iterable[str] = LESS_KEYS) -> str | None:
+    """'greater' or 'less' for a metric name such as 'val/acc' by name alone; None when it cannot tell."""
     name = key.rsplit("/", 1)[-1].lower()
     for keys, rule in ((greater_keys, "greater"), (less_keys, "less")):
         if name in (k.lower() for k in keys):
@@ -21,13 +42,37 @@ def infer_rule(key: str, greater_keys=GREATER_KEYS, less_keys=LESS_KEYS) -> str 
     return None
 
 
+def better(value: float, best: float | None, rule: str, min_delta: float = 0.0) -> bool:
+    """Whether `value` beats `best` under `rule` by more than `min_delta`. NaN never wins;
+    anything (but NaN) beats no best at all."""
+    if value != value:
+        return False
+    if best is None:
+        return True
+    return value > best + min_delta if rule == "greater" else value < best - min_delta
+
+
+def worst_value(rule: str) -> float:
+    """What a failed or diverged job returns to a sweeper: never NaN (it crashes Optuna)."""
+    return -1e30 if rule == "greater" else 1e30
+
+
+def rule_of_flag(higher_is_better: Any) -> str | None:
+    """True -> 'greater', False -> 'less', anything else (None, unset) -> None."""
+    return {True: "greater", False: "less"}.get(higher_is_better) if isinstance(higher_is_better, bool) else None
+
+
 class Metric:
-    """update(logits, targets) per batch; compute() -> float once per pass; reset()."""
+    """expkit's metric protocol: update(preds, targets) per batch; compute() -> float once per
+    pass; reset(). ``sync()`` combines the counts of all DDP ranks before compute (a metric
+    that synchronises inside compute(), as torchmetrics' do, need not subclass this)."""
+
+    higher_is_better: bool | None = None
 
     def reset(self) -> None:
         raise NotImplementedError
 
-    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+    def update(self, preds: torch.Tensor, targets: torch.Tensor) -> None:
         raise NotImplementedError
 
     def compute(self) -> float:
@@ -40,6 +85,8 @@ class Metric:
 class Accuracy(Metric):
     """Top-k classification accuracy in [0, 1]."""
 
+    higher_is_better = True
+
     def __init__(self, top_k: int = 1) -> None:
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
@@ -50,11 +97,11 @@ class Accuracy(Metric):
         self.correct: torch.Tensor | int = 0
         self.total = 0
 
-    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+    def update(self, preds: torch.Tensor, targets: torch.Tensor) -> None:
         if self.top_k == 1:
-            hits = logits.argmax(dim=-1) == targets
+            hits = preds.argmax(dim=-1) == targets
         else:
-            hits = (logits.topk(self.top_k, dim=-1).indices == targets.unsqueeze(-1)).any(dim=-1)
+            hits = (preds.topk(self.top_k, dim=-1).indices == targets.unsqueeze(-1)).any(dim=-1)
         self.correct = self.correct + hits.sum()
         self.total += targets.numel()
 
@@ -68,3 +115,214 @@ class Accuracy(Metric):
             counts = torch.tensor([float(self.correct), float(self.total)], dtype=torch.float64, device=reduce_device())
             all_reduce_sum(counts)
             self.correct, self.total = counts[0], int(counts[1])
+
+
+DEFAULT_INPUTS = ("preds", "targets")
+_FALLBACK = {"preds": "logits"}  # a step that returns no "preds" is read through its "logits"
+
+
+def _scalar(name: str, value: Any) -> float:
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ConfigError(
+                f"metrics.{name} computed a tensor of shape {tuple(value.shape)}, not one number; configure it to "
+                "reduce (for torchmetrics e.g. average: macro, or num_outputs: 1) or wrap it in a metric that does"
+            )
+        return float(value.detach().float().cpu())
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise ConfigError(f"metrics.{name} computed a {type(value).__name__} ({value!r:.80}); a metric must compute a "
+                      "number, a one-element tensor, or a dict of those")  # fmt: skip
+
+
+class MetricSlot:
+    """One configured metric: the object, which step outputs its ``update`` gets, its direction.
+
+    ``inputs``: the names of the eval step's outputs passed to ``update``, in order (a list),
+    or as keyword arguments (a mapping ``{argument: output name}``). By default
+    ``[preds, targets]``, where ``preds`` falls back to ``logits``.
+    ``higher_is_better``: the direction, set once here; None takes the metric's own attribute.
+    """
+
+    def __init__(self, metric: Any, name: str = "metric", inputs: Sequence[str] | Mapping[str, str] | None = None,
+                 higher_is_better: bool | None = None) -> None:  # fmt: skip
+        missing = [m for m in ("update", "compute", "reset") if not callable(getattr(metric, m, None))]
+        if missing:
+            raise ConfigError(f"metrics.{name} ({type(metric).__name__}) has no {', '.join(missing)}: a metric needs "
+                              "update(), compute() and reset() (torchmetrics metrics have them)")  # fmt: skip
+        if higher_is_better is not None and not isinstance(higher_is_better, bool):
+            raise ConfigError(f"metrics.{name}.higher_is_better={higher_is_better!r}: use true, false or null")
+        self.metric, self.name = metric, name
+        self.higher_is_better = higher_is_better
+        if inputs is None:
+            inputs = DEFAULT_INPUTS
+        if isinstance(inputs, str) or not isinstance(inputs, (Sequence, Mapping)) or not inputs:
+            raise ConfigError(f"metrics.{name}.inputs={inputs!r}: give a list of step outputs ([preds, targets]) "
+                              "or a mapping of update() arguments to outputs ({preds: logits, target: targets})")  # fmt: skip
+        self.keywords = dict(inputs) if isinstance(inputs, Mapping) else None
+        self.positional = None if self.keywords is not None else tuple(inputs)
+
+    # -- the per-batch call --------------------------------------------------------------------
+    def _get(self, outputs: Mapping[str, Any], key: str) -> Any:
+        if key in outputs:
+            return outputs[key]
+        fallback = _FALLBACK.get(key)
+        if fallback is not None and fallback in outputs:
+            return outputs[fallback]
+        raise ConfigError(f"metrics.{self.name} reads {key!r} from the eval step's outputs, which has "
+                          f"{sorted(outputs)}; set metrics.{self.name}.inputs to the outputs it needs")  # fmt: skip
+
+    def update(self, outputs: Mapping[str, Any]) -> None:
+        if self.keywords is None:
+            self.metric.update(*(self._get(outputs, key) for key in self.positional))  # type: ignore[union-attr]
+        else:
+            self.metric.update(**{arg: self._get(outputs, key) for arg, key in self.keywords.items()})
+
+    def reset(self) -> None:
+        self.metric.reset()
+
+    def sync(self) -> None:
+        """expkit's own metrics combine their counts here; others synchronise in compute()."""
+        if isinstance(self.metric, Metric):
+            self.metric.sync()
+
+    def compute(self) -> dict[str, float]:
+        """``{"": value}`` for a number, ``{"/key": value, ...}`` for a dict result (flattened)."""
+        result = self.metric.compute()
+        if isinstance(result, Mapping):
+            flat: dict[str, float] = {}
+            for key, value in result.items():
+                for sub, number in (_flatten(f"/{key}", value, self.name)).items():
+                    flat[sub] = number
+            return flat
+        return {"": _scalar(self.name, result)}
+
+    # -- what it reports, and which way is better ------------------------------------------------
+    def reported_names(self) -> tuple[list[str], bool]:
+        """(the suffixes compute() will report as far as known before the first pass, whether
+        ``<name>/<key>`` keys may appear too). A collection's members are known; expkit's own
+        metrics report one number; any other object may return a dict."""
+        members = _members(self.metric)
+        if members is not None:
+            return [f"/{key}" for key in members], False
+        return [""], not isinstance(self.metric, Metric)
+
+    def rule(self, suffix: str = "") -> str | None:
+        """The direction of the value at `suffix`: this slot's setting, then the object's own."""
+        explicit = rule_of_flag(self.higher_is_better)
+        if explicit is not None:
+            return explicit
+        members = _members(self.metric)
+        if suffix and members is not None and suffix[1:] in members:
+            return rule_of_flag(getattr(members[suffix[1:]], "higher_is_better", None))
+        return rule_of_flag(getattr(self.metric, "higher_is_better", None))
+
+    def to(self, device: torch.device) -> MetricSlot:
+        if isinstance(self.metric, torch.nn.Module):
+            self.metric.to(device)
+        return self
+
+
+def _flatten(prefix: str, value: Any, name: str) -> dict[str, float]:
+    if isinstance(value, Mapping):
+        return {k: v for key, sub in value.items() for k, v in _flatten(f"{prefix}/{key}", sub, name).items()}
+    return {prefix: _scalar(f"{name}{prefix}", value)}
+
+
+def _members(metric: Any) -> Mapping[str, Any] | None:
+    """A torchmetrics MetricCollection's members by the keys its compute() reports, else None."""
+    if metric.__class__.__name__ != "MetricCollection" or not hasattr(metric, "keys"):
+        return None
+    try:
+        return {key: metric[key] for key in metric.keys(keep_base=False)}
+    except TypeError:  # older torchmetrics: keys() without keep_base
+        return dict(metric.items())
+
+
+class Directions:
+    """The direction of every metric key of one run, from one place (see the module docstring).
+
+    ``declare(key, rule, by)`` records a rule a hook was given explicitly (MMEngine's ``rule``
+    parameters); a rule set on the metric itself wins over inference, and two explicit rules
+    that disagree are an error naming both settings.
+    """
+
+    def __init__(self, slots: Mapping[str, MetricSlot]) -> None:
+        self.slots = slots
+        self.declared: dict[str, tuple[str, str]] = {}  # key -> (rule, the setting that gave it)
+
+    def _slot(self, key: str) -> tuple[MetricSlot | None, str]:
+        """The slot a key such as val/f1 or val/scores/f1 belongs to, and the suffix ('' or /f1)."""
+        _, _, name = key.partition("/")
+        for metric_name, slot in self.slots.items():
+            if name == metric_name or name.startswith(metric_name + "/"):
+                return slot, name[len(metric_name):]
+        return None, ""
+
+    def explicit(self, key: str) -> tuple[str, str] | None:
+        """(rule, the setting) when the user set the direction of `key` explicitly."""
+        slot, suffix = self._slot(key)
+        if slot is not None and rule_of_flag(slot.higher_is_better) is not None:
+            return rule_of_flag(slot.higher_is_better), f"metrics.{slot.name}.higher_is_better"  # type: ignore[return-value]
+        return self.declared.get(key)
+
+    def declare(self, key: str, rule: str, by: str) -> None:
+        if rule not in RULES:
+            raise ConfigError(f"{by}={rule!r}: use greater or less")
+        known = self.explicit(key)
+        if known is not None and known[0] != rule:
+            raise ConfigError(f"{by}={rule} contradicts {known[1]} ({known[0]} is better) for {key}: set the direction "
+                              f"once, with metrics.<name>.higher_is_better")  # fmt: skip
+        self.declared.setdefault(key, (rule, by))
+
+    def rule(self, key: str) -> str | None:
+        """'greater', 'less', or None when nothing says."""
+        known = self.explicit(key)
+        if known is not None:
+            return known[0]
+        slot, suffix = self._slot(key)
+        if slot is not None:
+            own = slot.rule(suffix)
+            if own is not None:
+                return own
+        if key.rpartition("/")[2] == "loss":
+            return "less"
+        return infer_rule(key)
+
+    def require(self, key: str, by: str) -> str:
+        """The rule of `key`, or a ConfigError saying how to set it."""
+        rule = self.rule(key)
+        if rule is None:
+            slot, _ = self._slot(key)
+            fix = (f"set metrics.{slot.name}.higher_is_better=true or false" if slot is not None
+                   else f"set the rule where {by} is set")  # fmt: skip
+            raise ConfigError(f"{by}={key}: cannot tell whether {key} is better greater or less; {fix}")
+        return rule
+
+    def expected(self, mode: str = "val") -> tuple[list[str], list[str]]:
+        """(the keys validation will report, prefixes under which more keys may appear)."""
+        keys, open_prefixes = [f"{mode}/loss"], []
+        for name, slot in self.slots.items():
+            suffixes, more = slot.reported_names()
+            keys += [f"{mode}/{name}{suffix}" for suffix in suffixes]
+            if more:
+                open_prefixes.append(f"{mode}/{name}/")
+        return keys, open_prefixes
+
+    def check_reported(self, key: str, by: str, mode: str = "val") -> None:
+        """A ConfigError at start-up when `key` is not a metric validation will report."""
+        keys, open_prefixes = self.expected(mode)
+        if key in keys or any(key.startswith(p) for p in open_prefixes):
+            return
+        listed = ", ".join(keys + [p + "..." for p in open_prefixes])
+        raise ConfigError(f"{by}={key!r} is not a metric that validation reports; it reports: {listed}. "
+                          "Add a metric with metrics.<name>={_target_: ...} or pick one of these.")  # fmt: skip
+
+
+def as_slots(metrics: Mapping[str, Any]) -> dict[str, MetricSlot]:
+    """Every metric in a MetricSlot (default inputs, its own direction), slots kept as they are."""
+    return {str(name): m if isinstance(m, MetricSlot) else MetricSlot(m, str(name)) for name, m in metrics.items()}
+
+
+def finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

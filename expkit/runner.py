@@ -27,7 +27,7 @@ from expkit.backends import Backend
 from expkit.errors import CheckpointWriteError, ConfigError, ExpkitError, HookError
 from expkit.hooks.base import Hook
 from expkit.loops import EvalLoop, TrainLoop
-from expkit.metrics import Accuracy, Metric, infer_rule
+from expkit.metrics import Accuracy, Directions, MetricSlot, as_slots, better
 from expkit.rng import rng_states, seed_everything, set_deterministic, set_rng_states  # noqa: F401 (re-exported)
 from expkit.settings import TrainerSettings
 from expkit.stages import Stage, get_priority, priority_name
@@ -142,6 +142,9 @@ class Runner:
     """Trains ``model`` with ``optimizer`` on ``train_loader``; validates and tests.
 
     ``loggers``: backends (TensorBoard, wandb) the LoggerHook writes to besides metrics.jsonl.
+    ``metrics``: name -> any object with update/compute/reset (torchmetrics included), or a
+    ``MetricSlot`` that says which step outputs it reads and its direction. ``monitor``: the
+    metric key (``val/acc``) whose best value result.json reports first; checked at start-up.
     ``default_hooks``: None gives the six defaults (see ``default_hooks()``); a mapping
     gives exactly those. ``hooks``: custom hooks, a name->hook mapping or a sequence.
     Default hooks register first; then everything is sorted by priority, ties kept in
@@ -161,7 +164,8 @@ class Runner:
         scheduler: Any = None,
         scheduler_by_epoch: bool = True,
         criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-        metrics: Mapping[str, Metric] | None = None,
+        metrics: Mapping[str, Any] | None = None,
+        monitor: str | None = None,
         settings: TrainerSettings | None = None,
         default_hooks: Mapping[str, Hook] | None = None,
         hooks: Mapping[str, Hook] | Sequence[Hook] = (),
@@ -193,7 +197,11 @@ class Runner:
         self.val_loader = val_loader
         self.test_loader = test_loader
         self.criterion = criterion or nn.CrossEntropyLoss()
-        self.metrics: dict[str, Metric] = dict(metrics) if metrics is not None else {"acc": Accuracy()}
+        self.metrics: dict[str, MetricSlot] = {
+            name: slot.to(self.device) for name, slot in as_slots(metrics if metrics is not None else {"acc": Accuracy()}).items()
+        }
+        self.directions = Directions(self.metrics)  # the one answer to "is greater better?" for every metric key
+        self.monitor = monitor
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.resume_from = resume
@@ -376,7 +384,9 @@ class Runner:
         previous_handlers = self._catch_signals()
         try:
             try:
-                self.call_hook(Stage.BEFORE_RUN)
+                self.call_hook(Stage.BEFORE_RUN)  # hooks check their metrics here and declare explicit rules
+                if self.monitor is not None:
+                    self.metric_rule(self.monitor, "monitor")
                 self._load_or_resume()
                 if self.train_loader is not None and self.optimizer is not None:
                     self.train()
@@ -464,12 +474,22 @@ class Runner:
 
     def _track_best(self, metrics: Mapping[str, float]) -> None:
         for key, value in metrics.items():
-            rule = infer_rule(key)
-            best = self.best_metrics.get(key)
-            if rule is None or value != value:  # unknown direction, or NaN
+            rule = self.directions.rule(key)
+            if rule is None:  # nothing says which way is better: not tracked (monitored keys are checked at start-up)
                 continue
-            if best is None or (value > best["value"] if rule == "greater" else value < best["value"]):
+            best = self.best_metrics.get(key)
+            if better(value, None if best is None else best["value"], rule):
                 self.best_metrics[key] = {"value": value, "epoch": self.epoch, "iter": self.iter, "rule": rule}
+
+    def metric_rule(self, key: str, by: str, rule: str | None = None) -> str:
+        """For hooks at before_run: check that validation will report `key` (when this run
+        validates) and return its direction; an explicit `rule` (a hook's own setting) is
+        declared for the whole run. `by` names the setting in errors."""
+        if self.val_loader is not None and self.optimizer is not None:
+            self.directions.check_reported(key, by)
+        if rule is not None:
+            self.directions.declare(key, rule, by.rsplit(".", 1)[0] + ".rule")
+        return self.directions.require(key, by)
 
     # -- the step ---------------------------------------------------------------------------
     def to_device(self, batch: Any) -> Any:
@@ -490,7 +510,8 @@ class Runner:
         return {"loss": self.criterion(logits, targets), "logits": logits}
 
     def eval_step(self, data_batch: Any) -> dict[str, Any]:
-        """Forward for val/test: a dict with ``loss``, ``logits`` and ``targets``."""
+        """Forward for val/test: a dict with ``loss``, ``logits`` and ``targets`` (a model's own
+        ``eval_step`` may add more, e.g. ``preds``, for metrics to read by name)."""
         if hasattr(self.model, "eval_step"):
             return self.model.eval_step(data_batch)
         inputs, targets = data_batch
@@ -621,6 +642,8 @@ class Runner:
             "iter": self.iter,
             "final_metrics": {**self.val_metrics, **self.test_metrics},
             "best_metrics": self.best_metrics,
+            "monitor": self.monitor,
+            "monitor_rule": self.directions.rule(self.monitor) if self.monitor else None,
             "best_checkpoint": next(iter(self.best_checkpoints.values()), None),
             "best_checkpoints": self.best_checkpoints,
             "last_checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,

@@ -27,7 +27,7 @@ import yaml
 from hydra.experimental.callback import Callback
 
 from expkit.checkpoint_io import write_json_atomic, write_text_atomic
-from expkit.metrics import infer_rule
+from expkit.metrics import infer_rule, rule_of_flag
 
 log = logging.getLogger("expkit")
 
@@ -59,12 +59,17 @@ def _records(work_dir: Path) -> list[dict[str, Any]]:
 
 
 def monitor_of(config: dict[str, Any] | None) -> tuple[str, str]:
-    """The job's monitored metric and its rule, as its CheckpointHook sees them."""
+    """The job's monitored metric and its rule as far as its config tells (before the run
+    decided it: a run records the rule it used as result.json's ``monitor_rule``, which wins)."""
     config = config or {}
-    monitor = config.get("monitor") or "val/acc"
-    rule = ((config.get("default_hooks") or {}).get("checkpoint") or {}).get("rule")
-    if isinstance(rule, list):
-        rule = rule[0] if rule else None
+    monitor = str(config.get("monitor") or "val/acc")
+    metric = (config.get("metrics") or {}).get(monitor.partition("/")[2].split("/")[0])
+    rule = rule_of_flag(metric.get("higher_is_better")) if isinstance(metric, dict) else None
+    if rule is None:
+        rule = ((config.get("default_hooks") or {}).get("checkpoint") or {}).get("rule")
+        rule = (rule[0] if rule else None) if isinstance(rule, list) else rule
+    if rule is None and monitor.rpartition("/")[2] == "loss":
+        rule = "less"
     return monitor, rule or infer_rule(monitor) or "greater"
 
 
@@ -86,6 +91,8 @@ def job_row(work_dir: Path) -> dict[str, Any] | None:
     }
     result_path = work_dir / "result.json"
     result = json.loads(result_path.read_text()) if result_path.is_file() else None
+    if result is not None and result.get("monitor") == monitor and result.get("monitor_rule") in ("greater", "less"):
+        row["rule"] = rule = result["monitor_rule"]  # the direction the run itself used
     records = _records(work_dir)
     curve = [(r["epoch"], r[monitor]) for r in records if monitor in r and "epoch" in r]
     row["curve"] = curve
@@ -227,11 +234,6 @@ def find_job(sweep_dir: Path, identity: list[str]) -> Path | None:
         if job is not None and job.get("overrides") == identity and "alias_of" not in job:
             return candidate
     return None
-
-
-def worst_value(rule: str) -> float:
-    """What a failed or diverged job returns to a sweeper: never NaN (it crashes Optuna)."""
-    return -1e30 if rule == "greater" else 1e30
 
 
 class SweepSummaryCallback(Callback):

@@ -35,8 +35,8 @@ from expkit.sweep import (
     read_job,
     record_job,
     restore_hydra_record,
-    worst_value,
 )
+from expkit.metrics import worst_value
 
 log = logging.getLogger("expkit")
 
@@ -171,6 +171,7 @@ def _finished_job_value(cfg: DictConfig, work_dir: Path, rule: str, monitor: str
     if not _resuming_sweep(cfg) or not result_file.is_file():
         return None
     result = json.loads(result_file.read_text())
+    rule = result.get("monitor_rule") or rule  # the direction the run itself used
     status, reason = result.get("status"), str(result.get("stop_reason") or "")
     if status == "failed" and not cfg.retry_failed:
         log.info("Job in %s failed before (%s); kept as failed (retry_failed=true retries it)", work_dir,
@@ -218,6 +219,7 @@ def run(cfg: DictConfig) -> float | None:
                 "status": "skipped", "error": f"an earlier job failed and fail_fast is set ({(sweep_dir / FAIL_FAST_MARKER).read_text()})",
                 "work_dir": str(work_dir)})  # fmt: skip
             return worst_value(rule)
+    runner = None
     try:
         runner = build_runner(cfg, work_dir, run_info)
         if cfg.show_hooks:
@@ -225,6 +227,8 @@ def run(cfg: DictConfig) -> float | None:
             return None
         result = runner.run()
     except Exception as exc:
+        if runner is not None:
+            rule = runner.directions.rule(monitor) or rule  # the run's own direction, when it got that far
         if multirun:
             return _sweep_job_failed(exc, work_dir, sweep_dir, rule, bool(cfg.fail_fast))
         if isinstance(exc, ExpkitError):
@@ -232,6 +236,7 @@ def run(cfg: DictConfig) -> float | None:
         print(f"\nError: {type(exc).__name__}: {exc}\n(traceback in {work_dir / 'result.json'})", file=sys.stderr)
         sys.exit(1)
     best = result["best_metrics"].get(monitor)
+    rule = result.get("monitor_rule") or rule
     summary = ", ".join(f"{k} {v:.4f}" for k, v in result["final_metrics"].items())
     log.info("Done (%s) in %.1f s: %s", result["status"], result["wall_time_s"], summary)
     log.info("Work dir: %s", work_dir.resolve())

@@ -17,6 +17,7 @@ from expkit import Hook, Runner, Stage, TrainerSettings
 from expkit import default_hooks as make_default_hooks
 from expkit.data import SeededRandomSampler
 from expkit.hooks import LoggerHook
+from expkit.metrics import Metric
 
 REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
@@ -37,7 +38,8 @@ def toy_loaders(n_train: int = 8, n_val: int = 4, n_test: int = 4, batch_size: i
     )
 
 
-def toy_runner(work_dir: Path, *, hooks: Any = (), default_hooks: Any = None, seed: int = 0, **settings: Any) -> Runner:
+def toy_runner(work_dir: Path, *, hooks: Any = (), default_hooks: Any = None, seed: int = 0, metrics: Any = None,
+               monitor: str | None = None, **settings: Any) -> Runner:  # fmt: skip
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     train, val, test = toy_loaders()  # the data order is config, the same on resume
@@ -56,7 +58,23 @@ def toy_runner(work_dir: Path, *, hooks: Any = (), default_hooks: Any = None, se
         hooks=hooks,
         default_hooks=default_hooks,
         resume=resume,
+        metrics=metrics,
+        monitor=monitor,
     )
+
+
+class Score(Metric):
+    """A metric no name rule knows: the mean of the first logit (its direction must be set)."""
+
+    def reset(self) -> None:
+        self.total, self.count = 0.0, 0
+
+    def update(self, preds: torch.Tensor, targets: torch.Tensor) -> None:
+        self.total += float(preds[:, 0].sum())
+        self.count += len(preds)
+
+    def compute(self) -> float:
+        return self.total / max(self.count, 1)
 
 
 class Recorder(Hook):

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from conftest import toy_runner
-from expkit import Hook, HookError, default_hooks
+from expkit import ConfigError, Hook, HookError, default_hooks
 from expkit.hooks import (
     ActivationStatsHook,
     CheckpointHook,
@@ -31,6 +31,7 @@ from expkit.hooks import (
     StopAfterHook,
 )
 from expkit.hooks.model_complexity import model_complexity
+from expkit.metrics import Accuracy
 
 
 def _records(work_dir):
@@ -113,12 +114,32 @@ def test_early_stopping_state_survives_resume(tmp_path):
     assert fresh.best_score == 0.6
 
 
+class Parts:
+    """A metric of no known class that computes a dict: its keys are known only after a pass."""
+
+    higher_is_better = True
+
+    def reset(self) -> None:
+        pass
+
+    def update(self, preds, targets) -> None:
+        pass
+
+    def compute(self) -> dict[str, float]:
+        return {"a": 1.0}
+
+
 def test_early_stopping_missing_monitor(tmp_path, caplog):
-    with pytest.raises(HookError, match="val/f1"):
-        toy_runner(tmp_path, hooks=[EarlyStoppingHook("val/f1", strict=True)]).run()
-    result = toy_runner(tmp_path / "b", hooks=[EarlyStoppingHook("val/f1")]).run()
+    for strict in (True, False):  # a metric validation cannot report fails at start-up, strict or not
+        with pytest.raises(ConfigError, match=r"monitor='val/f1' is not a metric that validation reports; .*val/acc"):
+            toy_runner(tmp_path / str(strict), hooks=[EarlyStoppingHook("val/f1", strict=strict)]).run()
+    # a key a dict-valued metric might report passes the start-up check; strict decides when it is missing
+    metrics = {"acc": Accuracy(), "parts": Parts()}
+    with pytest.raises(HookError, match="val/parts/b"):
+        toy_runner(tmp_path / "s", metrics=metrics, hooks=[EarlyStoppingHook("val/parts/b", strict=True)]).run()
+    result = toy_runner(tmp_path / "b", metrics=metrics, hooks=[EarlyStoppingHook("val/parts/b")]).run()
     assert result["status"] == "completed"
-    assert "early stopping monitors 'val/f1', not among ['val/acc', 'val/loss']; skipped" in caplog.text
+    assert "early stopping monitors 'val/parts/b', not among ['val/acc', 'val/loss', 'val/parts/a']; skipped" in caplog.text
 
 
 # -- invalid loss ----------------------------------------------------------------------------------------

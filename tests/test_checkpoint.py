@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import toy_runner
+from conftest import Score, toy_runner
 from expkit import ConfigError, Hook, HookError, default_hooks
 from expkit.checkpoint_io import load_checkpoint
 from expkit.hooks import CheckpointHook
@@ -93,11 +93,20 @@ def test_save_best_list_auto_and_explicit_rule(tmp_path):
     assert _names(tmp_path / "c") == [f"best_val_loss_epoch_{losses.index(max(losses)) + 1}.pth"]
 
 
-def test_greater_and_less_keys_decide_the_rule():
-    assert CheckpointHook(save_best="val/score", greater_keys=["score"]).rules == {"val/score": "greater"}
-    assert CheckpointHook(save_best="val/score", less_keys="score").rules == {"val/score": "less"}
-    with pytest.raises(ValueError, match="cannot tell whether 'val/score'"):
-        CheckpointHook(save_best="val/score")
+def test_greater_and_less_keys_decide_the_rule(tmp_path):
+    def run(name: str, **kwargs):
+        hook = CheckpointHook(save_best="val/score", **kwargs)
+        result = toy_runner(tmp_path / name, default_hooks={"checkpoint": hook}, metrics={"score": Score()}).run()
+        return hook.rules, result["best_metrics"]["val/score"]["rule"]
+
+    assert run("g", greater_keys=["score"]) == ({"val/score": "greater"}, "greater")  # the run tracks it the same way
+    assert run("l", less_keys="score") == ({"val/score": "less"}, "less")
+    with pytest.raises(ConfigError, match="cannot tell whether val/score is better .* metrics.score.higher_is_better"):
+        run("none")
+    with pytest.raises(ConfigError, match=r"save_best='val/nope' is not a metric that validation reports; .*val/score"):
+        toy_runner(tmp_path / "typo", default_hooks={"checkpoint": CheckpointHook(save_best="val/nope")},
+                   metrics={"score": Score()}).run()  # fmt: skip
+    assert not (tmp_path / "typo" / "checkpoints").exists()  # refused at start-up, before training
     with pytest.raises(ValueError, match="rule must be"):
         CheckpointHook(save_best="val/acc", rule="bigger")
     with pytest.raises(ValueError, match="save_begin"):

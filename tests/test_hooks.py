@@ -53,8 +53,9 @@ def test_best_checkpoint_is_unique_and_matches_the_best_epoch(tmp_path):
 
 def test_save_best_names_available_metrics_when_missing(tmp_path):
     hooks = {"checkpoint": CheckpointHook(save_best="val/top5_acc")}
-    with pytest.raises(ConfigError, match=r"val/top5_acc.*available: val/acc, val/loss"):
+    with pytest.raises(ConfigError, match=r"save_best='val/top5_acc' is not a metric .* it reports: val/loss, val/acc"):
         toy_runner(tmp_path, default_hooks=hooks).run()
+    assert not (tmp_path / "metrics.jsonl").exists()  # at start-up, not after the first epoch
 
 
 def test_logger_writes_monotonic_jsonl(tmp_path):

@@ -19,7 +19,7 @@ import torch
 from expkit import checkpoint_io
 from expkit.errors import ConfigError, ExpkitError
 from expkit.hooks.base import Hook
-from expkit.metrics import GREATER_KEYS, LESS_KEYS, infer_rule
+from expkit.metrics import better, infer_rule
 from expkit.stages import Priority
 
 if TYPE_CHECKING:
@@ -43,7 +43,9 @@ class CheckpointHook(Hook):
     ``save_last``: also save where training ends, whatever the interval, including an early stop.
     ``max_keep_ckpts``: keep the newest n regular checkpoints (best ones are not counted).
     ``save_best``: metric key(s) such as ``val/acc``, or ``auto`` (the first metric validation reports).
-    ``rule``: ``greater``/``less`` per key; inferred from the name when None.
+    ``rule``: ``greater``/``less`` per key, declared for the whole run (best tracking, the sweep
+    summary); None asks the run's one direction rule (the metric's ``higher_is_better``, its
+    own attribute, then its name, with ``greater_keys`` / ``less_keys`` added to the name rules).
     ``best_save_optimizer``: whether best checkpoints carry optimizer and scheduler state.
     ``published_keys``: at the end of training, also write the last and best checkpoints with
     only these keys (e.g. ``[meta, state_dict]``) as ``<name>-<sha256[:8]>.pth``.
@@ -88,8 +90,7 @@ class CheckpointHook(Hook):
         if len(set(self.published_keys)) != len(self.published_keys):
             raise ValueError(f"published_keys lists a key twice: {self.published_keys}")
         self.fsync = fsync
-        self.greater_keys = tuple(_as_list(greater_keys)) or GREATER_KEYS
-        self.less_keys = tuple(_as_list(less_keys)) or LESS_KEYS
+        self.greater_keys, self.less_keys = tuple(_as_list(greater_keys)), tuple(_as_list(less_keys))
         self.save_best = _as_list(save_best)
         if len(set(self.save_best)) != len(self.save_best):
             raise ValueError(f"save_best lists a key twice: {self.save_best}")
@@ -101,10 +102,10 @@ class CheckpointHook(Hook):
         for r in rules:
             if r not in ("greater", "less"):
                 raise ValueError(f"rule must be 'greater' or 'less', got {r!r}")
-        self.rules: dict[str, str] = {}
-        for i, key in enumerate(self.save_best):
-            given = rules[0] if len(rules) == 1 else (rules[i] if rules else None)
-            self._set_rule(key, given)
+        self.given_rules: dict[str, str | None] = {
+            key: rules[0] if len(rules) == 1 else (rules[i] if rules else None) for i, key in enumerate(self.save_best)
+        }
+        self.rules: dict[str, str] = {}  # decided at before_run (auto: at the first validation)
         self.best_scores: dict[str, float] = {}
         self.best_paths: dict[str, str] = {}
         self.dir = Path("checkpoints")  # the run's checkpoint dir, set in before_run
@@ -113,14 +114,12 @@ class CheckpointHook(Hook):
         self._last_saved_position: tuple[int, int, int] | None = None
         self._deferred: int | None = None  # a regular save waiting for the validation that follows
 
-    def _set_rule(self, key: str, given: str | None) -> None:
-        if key == "auto":
-            self.rules[key] = given or ""
-            return
-        rule = given or infer_rule(key, self.greater_keys, self.less_keys)
-        if rule is None:
-            raise ValueError(f"cannot tell whether {key!r} is better greater or less: set rule=greater or rule=less")
-        self.rules[key] = rule
+    def _decide_rule(self, runner: Runner, key: str, given: str | None) -> None:
+        """The direction of `key`, from the run's one rule; a given rule, or one the extra
+        greater_keys / less_keys name, is declared for the whole run."""
+        if given is None and runner.directions.rule(key) is None and (self.greater_keys or self.less_keys):
+            given = infer_rule(key, self.greater_keys, self.less_keys)
+        self.rules[key] = runner.metric_rule(key, "default_hooks.checkpoint.save_best", given)
 
     # -- state: file names relative to self.dir, so that a copied run dir resumes from its own files --
     def state_dict(self) -> dict[str, Any]:
@@ -140,6 +139,9 @@ class CheckpointHook(Hook):
 
     # -- saving -----------------------------------------------------------------------------
     def before_run(self, runner: Runner) -> None:
+        for key in self.save_best:
+            if key != "auto":
+                self._decide_rule(runner, key, self.given_rules[key])
         base = runner.work_dir / "checkpoints"
         self.dir = base if self.out_dir is None else self.out_dir / runner.work_dir.name
         unit = "epochs" if self.by_epoch else "iterations"
@@ -147,7 +149,8 @@ class CheckpointHook(Hook):
         if self.save_last:
             policy.append("the last")
         if self.save_best:
-            policy.append("best by " + ", ".join(f"{k} ({self.rules[k] or 'inferred'})" for k in self.save_best))
+            policy.append("best by " + ", ".join(f"{k} ({self.rules.get(k, 'decided at the first validation')})"
+                                                 for k in self.save_best))  # fmt: skip
         if self.max_keep_ckpts > 0:
             policy.append(f"keeping the newest {self.max_keep_ckpts}")
         log.info("Checkpoints in %s: %s", self.dir, "; ".join(policy))
@@ -233,7 +236,7 @@ class CheckpointHook(Hook):
                     log.warning("Ignoring best checkpoint %s: %s", path, exc)
             if not scored:
                 continue
-            pick = max if self.rules[key] == "greater" else min
+            pick = max if self.rules.get(key) == "greater" else min
             score, path = pick(scored, key=lambda item: item[0])
             self.best_scores[key], self.best_paths[key] = score, path.name
             runner.best_checkpoints[key] = str(path)
@@ -253,7 +256,8 @@ class CheckpointHook(Hook):
                 return
             key = next(iter(metrics))
             self.save_best = [key]
-            self._set_rule(key, self.rules.pop("auto") or None)
+            self._decide_rule(runner, key, self.given_rules.pop("auto"))
+            self.given_rules[key] = None
         for key in self.save_best:
             if key not in metrics:
                 raise ConfigError(
@@ -261,10 +265,7 @@ class CheckpointHook(Hook):
                     f"available: {', '.join(sorted(metrics))}"
                 )
             score = metrics[key]
-            best = self.best_scores.get(key)
-            if score != score:  # NaN never wins
-                continue
-            if best is not None and not (score > best if self.rules[key] == "greater" else score < best):
+            if not better(score, self.best_scores.get(key), self.rules[key]):  # NaN never wins
                 continue
             count = runner.epoch if self.by_epoch else runner.iter
             name = f"best_{key.replace('/', '_')}_{self.filename_tmpl.format(count)}"

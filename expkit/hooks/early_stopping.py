@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from expkit.hooks.base import Hook
-from expkit.metrics import infer_rule
+from expkit.metrics import RULES, better
 from expkit.stages import Priority
 
 if TYPE_CHECKING:
@@ -24,8 +24,10 @@ class EarlyStoppingHook(Hook):
     an improvement smaller than ``min_delta`` counts toward ``patience`` validations, after
     which training stops; a larger one resets the count.
 
-    ``rule``: greater/less, inferred from the name when None. ``strict``: a missing
-    ``monitor`` is an error instead of a warning. ``min_delta`` defaults to 0 (MMEngine's
+    ``rule``: greater/less, declared for the whole run; None asks the run's one direction
+    rule (``metrics.<name>.higher_is_better``, the metric's own attribute, its name).
+    ``monitor`` must be a metric validation reports (checked at start-up). ``strict``: a
+    monitor missing from a validation's results is an error instead of a warning. ``min_delta`` defaults to 0 (MMEngine's
     code uses 0.1 and its docs 0.01; 0.1 is most of an accuracy's range).
     """
 
@@ -41,18 +43,17 @@ class EarlyStoppingHook(Hook):
         check_finite: bool = True,
         stopping_threshold: float | None = None,
     ) -> None:
-        rule = rule or infer_rule(monitor)
-        if rule not in ("greater", "less"):
-            raise ValueError(f"rule must be 'greater' or 'less' (cannot infer it for {monitor!r}), got {rule!r}")
+        if rule is not None and rule not in RULES:
+            raise ValueError(f"rule must be 'greater', 'less' or null, got {rule!r}")
         if patience < 1 or min_delta < 0:
             raise ValueError("patience must be >= 1 and min_delta >= 0")
         self.monitor, self.rule, self.min_delta, self.patience = monitor, rule, min_delta, patience
         self.strict, self.check_finite, self.stopping_threshold = strict, check_finite, stopping_threshold
-        self.best_score = -math.inf if rule == "greater" else math.inf
+        self.best_score: float | None = None  # none yet: the first finite value improves
         self.wait_count = 0
 
-    def _better(self, a: float, b: float) -> bool:
-        return a > b if self.rule == "greater" else a < b
+    def before_run(self, runner: Runner) -> None:
+        self.rule = runner.metric_rule(self.monitor, "hooks.early_stopping.monitor", self.rule)
 
     def after_val_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:
         if self.monitor not in metrics:
@@ -65,14 +66,14 @@ class EarlyStoppingHook(Hook):
         where = f"epoch {runner.epoch}" if runner.settings.by_epoch else f"iteration {runner.iter}"
         if self.check_finite and not math.isfinite(score):
             runner.request_stop(f"early stopping: {self.monitor} is {score} at {where}")
-        elif self.stopping_threshold is not None and not self._better(self.stopping_threshold, score):
+        elif self.stopping_threshold is not None and not better(self.stopping_threshold, score, self.rule):
             self.best_score = score
             runner.request_stop(f"early stopping: {self.monitor}={score:.4f} reached {self.stopping_threshold}")
-        elif not self._better(score, self.best_score + (self.min_delta if self.rule == "greater" else -self.min_delta)):
+        elif self.best_score is not None and not better(score, self.best_score, self.rule, self.min_delta):
             self.wait_count += 1
             if self.wait_count >= self.patience:
                 runner.request_stop(
-                    f"early stopping: {self.monitor} did not improve on {self.best_score:.4f} by more than "
+                    f"early stopping: {self.monitor} did not improve on {self.best_score:.4g} by more than "
                     f"{self.min_delta} for {self.patience} validations (at {where})"
                 )
         else:
@@ -82,5 +83,6 @@ class EarlyStoppingHook(Hook):
         return {"best_score": self.best_score, "wait_count": self.wait_count}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.best_score = float(state["best_score"])
+        best = state["best_score"]
+        self.best_score = None if best is None or not math.isfinite(best) else float(best)
         self.wait_count = int(state["wait_count"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -13,6 +14,8 @@ from expkit.stages import Priority
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+log = logging.getLogger("expkit")
+
 
 class ParamSchedulerHook(Hook):
     """Steps ``runner.scheduler`` after each iteration (``scheduler_by_epoch=False``) or
@@ -22,6 +25,20 @@ class ParamSchedulerHook(Hook):
 
     def __init__(self, monitor: str = "val/loss") -> None:
         self.monitor = monitor
+
+    def before_run(self, runner: Runner) -> None:
+        """ReduceLROnPlateau decays when `monitor` stops improving: its mode follows the run's
+        direction of that metric (max for an accuracy, min for a loss), whatever its config said."""
+        if runner.scheduler is None or not self._plateau(runner):
+            return
+        rule = runner.metric_rule(self.monitor, "default_hooks.param_scheduler.monitor")
+        mode = "max" if rule == "greater" else "min"
+        if runner.scheduler.mode != mode:
+            log.info("ReduceLROnPlateau mode %s for %s (%s is better)", mode, self.monitor, rule)
+            scheduler = runner.scheduler
+            scheduler.mode = mode
+            scheduler._init_is_better(mode=mode, threshold=scheduler.threshold, threshold_mode=scheduler.threshold_mode)
+            scheduler._reset()
 
     def _plateau(self, runner: Runner) -> bool:
         return isinstance(runner.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)

@@ -1,0 +1,16 @@
+"""Example tasks beyond image classification, each a data module plus a model that fits it.
+
+Nothing is downloaded: every task reads data that ships with the installed packages or
+generates it.
+
+- ``expkit.tasks.regression``: ``DiabetesData`` (scikit-learn's 442-patient diabetes table,
+  10 features, one continuous target) and ``RegressionMLP``; loss ``torch.nn.MSELoss``.
+- ``expkit.tasks.segmentation``: ``ShapesData`` (synthetic images of discs, squares and
+  triangles with per-pixel masks, 4 classes) and ``SegNet``, a small encoder-decoder.
+- ``expkit.tasks.char_lm``: ``CharCorpusData`` (a character-level corpus from the Python
+  documentation topics shipped with CPython), ``CharGRU`` (a GRU language model with its
+  own train/eval steps and ``generate``) and ``TextSampleHook`` (writes samples after
+  training).
+
+The submodules are imported only when a config names them, so importing ``expkit`` stays fast.
+"""
