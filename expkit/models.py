@@ -1,10 +1,25 @@
-"""Built-in models; each takes the data's shape (in_channels, image_size, num_classes)."""
+"""Built-in image models; each takes the data's shape (in_channels, image_size, num_classes).
+
+The shipped tasks' models (regression, segmentation, a character language model) are in
+``expkit.tasks``."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from torch import nn
+
+
+def mlp_layers(width: int, hidden: Sequence[int], outputs: int, dropout: float = 0.0) -> list[nn.Module]:
+    """Linear-ReLU(-Dropout) layers of the `hidden` widths from `width` inputs, then a linear
+    layer to `outputs`."""
+    layers: list[nn.Module] = []
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        if dropout > 0:
+            layers.append(nn.Dropout(dropout))
+        width = h
+    return [*layers, nn.Linear(width, outputs)]
 
 
 class MLP(nn.Module):
@@ -14,15 +29,8 @@ class MLP(nn.Module):
         self, in_channels: int, image_size: int, num_classes: int, hidden: Sequence[int] = (256, 256), dropout: float = 0.0
     ) -> None:
         super().__init__()
-        layers: list[nn.Module] = [nn.Flatten()]
         width = in_channels * image_size * image_size
-        for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU()]
-            if dropout > 0:
-                layers.append(nn.Dropout(dropout))
-            width = h
-        layers.append(nn.Linear(width, num_classes))
-        self.net = nn.Sequential(*layers)
+        self.net = nn.Sequential(nn.Flatten(), *mlp_layers(width, hidden, num_classes, dropout))
 
     def forward(self, x):
         return self.net(x)

@@ -40,6 +40,9 @@ class Probe(Hook):
 '''
 
 
+F1 = "+metrics.f1={_target_:torchmetrics.classification.MulticlassF1Score,num_classes:10,average:macro}"
+
+
 def _torchrun(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     conf = tmp_path / "conf" / "hooks"
     conf.mkdir(parents=True, exist_ok=True)
@@ -54,7 +57,7 @@ def _torchrun(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.Comp
 
 
 def test_two_processes_one_run(tmp_path):
-    proc = _torchrun(tmp_path, "trainer.max_epochs=3", "trainer.test_with=last")
+    proc = _torchrun(tmp_path, "trainer.max_epochs=3", "trainer.test_with=last", F1)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     runs = list((tmp_path / "outputs" / "runs").iterdir())
     assert len(runs) == 1, runs  # no second work dir for rank 1
@@ -85,6 +88,8 @@ def test_two_processes_one_run(tmp_path):
     single = json.loads((tmp_path / "eval" / "result.json").read_text())["final_metrics"]
     assert single["val/acc"] == pytest.approx(result["final_metrics"]["val/acc"], abs=1e-9)
     assert single["val/loss"] == pytest.approx(result["final_metrics"]["val/loss"], rel=1e-5)
+    # a torchmetrics metric synchronises itself (in compute): macro F1 needs every rank's counts, once
+    assert single["val/f1"] == pytest.approx(result["final_metrics"]["val/f1"], abs=1e-6)
 
     # the same checkpoint resumes in one process
     resumed = run_cli(f"hydra.run.dir={tmp_path / 'single'}", f"resume={work / 'checkpoints' / 'epoch_2.pth'}",

@@ -33,8 +33,8 @@ class ParamSchedulerHook(Hook):
             return
         rule = runner.metric_rule(self.monitor, "default_hooks.param_scheduler.monitor")
         mode = "max" if rule == "greater" else "min"
+        log.info("ReduceLROnPlateau mode %s for %s (%s is better)", mode, self.monitor, rule)
         if runner.scheduler.mode != mode:
-            log.info("ReduceLROnPlateau mode %s for %s (%s is better)", mode, self.monitor, rule)
             scheduler = runner.scheduler
             scheduler.mode = mode
             scheduler._init_is_better(mode=mode, threshold=scheduler.threshold, threshold_mode=scheduler.threshold_mode)

@@ -2,7 +2,7 @@
 language model with its own train/eval steps, and a hook that writes samples after training.
 
 The model computes its loss itself (cross-entropy over every position), so the configured
-``loss`` is not used; a metric such as ``torchmetrics.text.Perplexity`` reads the (B, T, V)
+``criterion`` is not used; a metric such as ``torchmetrics.text.Perplexity`` reads the (B, T, V)
 logits against the (B, T) targets.
 """
 

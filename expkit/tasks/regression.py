@@ -1,6 +1,6 @@
 """Tabular regression: scikit-learn's diabetes data and an MLP regressor.
 
-Use with ``loss: torch.nn.MSELoss`` and regression metrics such as
+Use with ``criterion: torch.nn.MSELoss`` and regression metrics such as
 ``torchmetrics.MeanSquaredError`` / ``torchmetrics.R2Score``.
 """
 
@@ -16,6 +16,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from expkit.data import DataModule
 from expkit.errors import ConfigError
+from expkit.models import mlp_layers
 
 
 class DiabetesData(DataModule):
@@ -100,15 +101,7 @@ class RegressionMLP(nn.Module):
         self, num_features: int, num_outputs: int = 1, hidden: Sequence[int] = (64, 64), dropout: float = 0.0
     ) -> None:
         super().__init__()
-        layers: list[nn.Module] = []
-        width = num_features
-        for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU()]
-            if dropout > 0:
-                layers.append(nn.Dropout(dropout))
-            width = h
-        layers.append(nn.Linear(width, num_outputs))
-        self.net = nn.Sequential(*layers)
+        self.net = nn.Sequential(*mlp_layers(num_features, hidden, num_outputs, dropout))
         self.num_outputs = num_outputs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
