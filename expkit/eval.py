@@ -24,8 +24,8 @@ import json
 import logging
 import sys
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch

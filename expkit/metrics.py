@@ -45,7 +45,7 @@ def infer_rule(key: str, greater_keys: Iterable[str] = GREATER_KEYS, less_keys: 
 def better(value: float, best: float | None, rule: str, min_delta: float = 0.0) -> bool:
     """Whether `value` beats `best` under `rule` by more than `min_delta`. NaN never wins;
     anything (but NaN) beats no best at all."""
-    if value != value:
+    if math.isnan(value):
         return False
     if best is None:
         return True
@@ -261,9 +261,10 @@ class Directions:
 
     def explicit(self, key: str) -> tuple[str, str] | None:
         """(rule, the setting) when the user set the direction of `key` explicitly."""
-        slot, suffix = self._slot(key)
-        if slot is not None and rule_of_flag(slot.higher_is_better) is not None:
-            return rule_of_flag(slot.higher_is_better), f"metrics.{slot.name}.higher_is_better"  # type: ignore[return-value]
+        slot, _ = self._slot(key)
+        rule = None if slot is None else rule_of_flag(slot.higher_is_better)
+        if rule is not None:
+            return rule, f"metrics.{slot.name}.higher_is_better"  # type: ignore[union-attr]
         return self.declared.get(key)
 
     def declare(self, key: str, rule: str, by: str) -> None:

@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 from expkit import checkpoint_io
 from expkit.checkpoint_io import write_json_atomic
 from expkit.errors import ConfigError, ExpkitError
+from expkit.metrics import worst_value
 from expkit.sweep import (
     JOB_FILE,
     find_job,
@@ -36,7 +37,6 @@ from expkit.sweep import (
     record_job,
     restore_hydra_record,
 )
-from expkit.metrics import worst_value
 
 log = logging.getLogger("expkit")
 

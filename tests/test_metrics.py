@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, toy_runner
 from hydra import compose, initialize_config_dir
 
-from conftest import REPO, toy_runner
 from expkit.build import build_metrics, build_runner
 from expkit.errors import ConfigError
 from expkit.metrics import Accuracy, Directions, MetricSlot, better

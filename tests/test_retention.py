@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, run_cli, toy_runner
+
 from expkit import Hook
 from expkit.errors import ConfigError
 from expkit.hooks import CheckpointHook, LoggerHook

@@ -7,9 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import REPO
 from hydra import compose, initialize_config_dir
 
-from conftest import REPO
 from expkit.build import build_runner
 from expkit.eval import load_model
 from expkit.metrics import better

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from conftest import REPO
 from expkit.build import build_runner
 from expkit.errors import ConfigError
 from expkit.eval import load_model

@@ -44,8 +44,8 @@ class DiabetesData(DataModule):
         x, y = load_diabetes()
         n = len(y)
         order = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
-        n_val = max(1, int(round(self.val_fraction * n)))
-        n_test = int(round(self.test_fraction * n))
+        n_val = max(1, round(self.val_fraction * n))
+        n_test = round(self.test_fraction * n)
         train_idx = order[: n - n_val - n_test]
         val_idx = order[n - n_val - n_test : n - n_test]
         test_idx = order[n - n_test :]
