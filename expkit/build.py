@@ -231,7 +231,7 @@ def _build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, 
 
     scheduler = None
     if cfg.sched.get("scheduler") is not None:
-        steps_per_epoch = len(train_loader)
+        steps_per_epoch = settings.steps_per_epoch(len(train_loader))  # optimizer steps
         total = settings.max_iters or settings.max_epochs * steps_per_epoch  # type: ignore[operator]
         if cfg.sched.by_epoch:
             total = settings.max_epochs or -(-total // steps_per_epoch)

@@ -6,6 +6,7 @@ hooks read values when they need them (the logger, at its interval).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from collections.abc import Iterable, Iterator
@@ -49,6 +50,24 @@ def _timed_batches(batches: Iterable, runner: Runner) -> Iterator:
 _END = object()
 
 
+def _windows(batches: Iterator, k: int) -> Iterator[list[Any]]:
+    """Consecutive windows of `k` batches; the last one of an epoch may be shorter."""
+    while window := list(itertools.islice(batches, k)):
+        yield window
+
+
+def _samples(batch: Any) -> int:
+    """The number of samples in a batch: the leading size of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for value in values:
+        n = _samples(value)
+        if n:
+            return n
+    return 0
+
+
 class TrainLoop:
     """Epoch-based (``max_epochs``) or iteration-based (``max_iters``) training.
 
@@ -85,13 +104,18 @@ class TrainLoop:
     def run_epoch(self) -> None:
         r = self.runner
         by_epoch = self.settings.by_epoch
+        k = self.settings.accumulate_grad_batches
         r.call_hook(Stage.BEFORE_TRAIN_EPOCH)  # DistSamplerSeedHook sets the epoch's order here
         r.model.train()
+        if r.inner_iter % k:
+            log.warning("Resuming after %d batches of the epoch, not a multiple of accumulate_grad_batches=%d: "
+                        "this epoch's windows are shifted", r.inner_iter, k)  # fmt: skip
         batches = _skip_batches(self.loader, r.inner_iter)  # type: ignore[arg-type]
         if r.instrumented:
             batches = _timed_batches(batches, r)
-        for batch_idx, data_batch in enumerate(batches, start=r.inner_iter):
-            self.run_iter(batch_idx, data_batch)
+        windows = ([b] for b in batches) if k == 1 else _windows(iter(batches), k)
+        for step_idx, window in enumerate(windows, start=r.inner_iter // k):
+            self.run_iter(step_idx, window)
             if not by_epoch and r.validation_due(r.iter):
                 r.validate()
                 r.model.train()
@@ -107,21 +131,20 @@ class TrainLoop:
             return
         r.call_hook(Stage.AFTER_TRAIN_EPOCH)  # cut short by the budget or a stop request
 
-    def run_iter(self, batch_idx: int, data_batch: Any) -> None:
+    def run_iter(self, batch_idx: int, window: list[Any]) -> None:
+        """One iteration: one optimizer step over a window of micro-batches (one unless
+        ``accumulate_grad_batches`` > 1). ``batch_idx`` is the step's index in the epoch."""
         r = self.runner
         call = r.call_hook
-        data_batch = r.to_device(data_batch)
+        window = [r.to_device(b) for b in window]
+        data_batch = window[0]
         call(Stage.BEFORE_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch)
-        with r.phase("forward"), r.autocast():
-            outputs = self.step(data_batch)
-        call(Stage.AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        if len(window) == 1:
+            outputs = self._forward_backward(batch_idx, data_batch, None)
+        else:
+            outputs = self._accumulate(batch_idx, window)
+            data_batch = window[-1]
         optimizer = r.optimizer
-        with r.phase("backward"):
-            if r.scaler is None:
-                outputs["loss"].backward()
-            else:
-                r.scaler.scale(outputs["loss"]).backward()
-        call(Stage.AFTER_BACKWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         with r.phase("optimizer"):
             if r.settings.clip_grad_norm is not None:
                 if r.scaler is not None:
@@ -133,11 +156,42 @@ class TrainLoop:
                 r.scaler.step(optimizer)
                 r.scaler.update()
             optimizer.zero_grad(set_to_none=True)  # type: ignore[union-attr]
-        r.position = (r.epoch, r.iter + 1, batch_idx + 1)  # what a checkpoint saved from here on records
+        consumed = r.inner_iter + len(window)  # batches of this epoch trained on
+        r.position = (r.epoch, r.iter + 1, consumed)  # what a checkpoint saved from here on records
         call(Stage.AFTER_OPTIMIZER_STEP, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         call(Stage.AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         r.iter += 1
-        r.inner_iter = batch_idx + 1
+        r.inner_iter = consumed
+
+    def _forward_backward(self, batch_idx: int, data_batch: Any, weight: float | None) -> dict[str, Any]:
+        """Forward, loss (times `weight`, a micro-batch's share of its window), backward."""
+        r, call = self.runner, self.runner.call_hook
+        with r.phase("forward"), r.autocast():
+            outputs = self.step(data_batch)
+        call(Stage.AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        loss = outputs["loss"] if weight is None else outputs["loss"] * weight
+        with r.phase("backward"):
+            (loss if r.scaler is None else r.scaler.scale(loss)).backward()
+        call(Stage.AFTER_BACKWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        return outputs
+
+    def _accumulate(self, batch_idx: int, window: list[Any]) -> dict[str, Any]:
+        """Gradient accumulation, exact: each micro-batch's (mean) loss is weighted by its share
+        of the window's samples, so the summed gradient is that of one batch of all of them,
+        the shorter last window of an epoch included. Under DDP, gradients are all-reduced
+        once, in the backward of the last micro-batch. Returns the last micro-batch's outputs
+        with ``loss`` the window's loss."""
+        sizes = [_samples(b) for b in window]
+        total = sum(sizes)
+        ddp = self.runner.ddp_model
+        window_loss = None
+        for i, (micro, size) in enumerate(zip(window, sizes)):
+            last = i == len(window) - 1
+            with contextlib.nullcontext() if ddp is None or last else ddp.no_sync():
+                outputs = self._forward_backward(batch_idx, micro, size / total)
+            share = outputs["loss"].detach() * (size / total)
+            window_loss = share if window_loss is None else window_loss + share
+        return {**outputs, "loss": window_loss}
 
 
 class EvalLoop:

@@ -358,11 +358,18 @@ class Runner:
 
     # -- the run --------------------------------------------------------------------------
     @property
+    def steps_per_epoch(self) -> int | None:
+        """Training iterations (optimizer steps) per epoch; None for a loader without a length."""
+        if not hasattr(self.train_loader, "__len__"):
+            return None
+        return self.settings.steps_per_epoch(len(self.train_loader))  # type: ignore[arg-type]
+
+    @property
     def max_iters(self) -> int:
-        """The total number of training iterations of this run."""
+        """The total number of training iterations (optimizer steps) of this run."""
         if self.settings.max_iters is not None:
             return self.settings.max_iters
-        return self.settings.max_epochs * len(self.train_loader)  # type: ignore[arg-type,operator]
+        return self.settings.max_epochs * self.steps_per_epoch  # type: ignore[operator]
 
     def run(self) -> dict[str, Any]:
         """before_run, [load], train, test, after_run; writes and returns result.json's content."""

@@ -22,6 +22,7 @@ class TrainerSettings:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "32"  # 32 | bf16 | 16
     clip_grad_norm: float | None = None  # max gradient norm; None = no clipping
+    accumulate_grad_batches: int = 1  # micro-batches per optimizer step; iterations count optimizer steps
     test_with: str = "best"  # best: test the best checkpoint (by the first save_best metric); last: the final weights
     deterministic: bool = False  # torch's deterministic algorithms (slower; bit-reproducible runs)
     compile: bool = False  # torch.compile the model's forward (in place: state_dict keys unchanged)
@@ -39,6 +40,7 @@ class TrainerSettings:
         positive("max_iters", self.max_iters, allow_none=True)
         positive("val_interval", self.val_interval, allow_none=False)
         positive("val_begin", self.val_begin, allow_none=False)
+        positive("accumulate_grad_batches", self.accumulate_grad_batches, allow_none=False)
         if self.max_epochs is None and self.max_iters is None:
             raise ConfigError("set trainer.max_epochs=N (epoch-based) or trainer.max_iters=N (iteration-based)")
         self.precision = str(self.precision)
@@ -60,6 +62,10 @@ class TrainerSettings:
                 raise ConfigError(f"trainer.{key} must be true or false, got {getattr(self, key)!r}")
         if self.test_with not in ("best", "last"):
             raise ConfigError(f"trainer.test_with must be best or last, got {self.test_with!r}")
+
+    def steps_per_epoch(self, batches: int) -> int:
+        """Optimizer steps in an epoch of `batches` batches (the last window may be shorter)."""
+        return -(-batches // self.accumulate_grad_batches)
 
     @property
     def by_epoch(self) -> bool:

@@ -10,15 +10,16 @@ The whole run, with every stage marked where it fires::
             BEFORE_TRAIN
             while epochs/iters remain and no stop was requested:
                 BEFORE_TRAIN_EPOCH
-                for batch_idx, data_batch in train_loader:
-                    BEFORE_TRAIN_ITER(batch_idx, data_batch)
-                    outputs = forward + loss
-                    AFTER_FORWARD(batch_idx, data_batch, outputs)
-                    outputs["loss"].backward()
-                    AFTER_BACKWARD(batch_idx, data_batch, outputs)
-                    optimizer.step(); optimizer.zero_grad()
-                    AFTER_OPTIMIZER_STEP(batch_idx, data_batch, outputs)
-                    AFTER_TRAIN_ITER(batch_idx, data_batch, outputs)   # runner.iter += 1 right after
+                for batch_idx, window in windows of accumulate_grad_batches (k) batches:   # one iteration
+                    BEFORE_TRAIN_ITER(batch_idx, window[0])               # per optimizer step
+                    for data_batch in window:                             # k micro-batches (1 by default)
+                        outputs = forward + loss
+                        AFTER_FORWARD(batch_idx, data_batch, outputs)     # per micro-batch
+                        (loss * its share of the window's samples).backward()   # DDP syncs on the last only
+                        AFTER_BACKWARD(batch_idx, data_batch, outputs)    # per micro-batch
+                    clip gradients, optimizer.step(), optimizer.zero_grad()    # once per window
+                    AFTER_OPTIMIZER_STEP(batch_idx, window[-1], outputs)  # per step; outputs["loss"]: the window's
+                    AFTER_TRAIN_ITER(batch_idx, window[-1], outputs)      # runner.iter += 1 right after
                     (iteration-based: validate here when due)
                 AFTER_TRAIN_EPOCH                                  # runner.epoch += 1 right after
                 (epoch-based: validate here when due)
@@ -41,7 +42,11 @@ The whole run, with every stage marked where it fires::
     any exception in the run:  ON_EXCEPTION(exception), then AFTER_RUN, then it propagates
 
 Counters follow MMEngine: inside an iteration ``runner.iter`` is the 0-based index of
-the current iteration (= iterations completed before it); inside a train epoch
+the current iteration (= iterations completed before it). An iteration is one optimizer
+step: with ``trainer.accumulate_grad_batches=k`` it spans k batches, and ``max_iters``,
+iteration-based ``val_interval``, per-iteration schedulers, EMA, logging intervals,
+iteration checkpoints and every log's ``step`` count steps; ``batch_idx`` is the step's
+index in the epoch (the last window of an epoch may be shorter). Inside a train epoch
 ``runner.epoch`` is the 0-based index of the epoch; in validation both count completed
 work.
 """

@@ -26,6 +26,18 @@ class Probe(Hook):
     def __init__(self, crash_rank: int = -1):
         self.crash_rank, self.seen = crash_rank, {}
 
+    def before_train(self, runner):
+        """Count the gradient all-reduces DDP starts (one per bucket per synchronised backward)."""
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        self.allreduces = 0
+
+        def counting(state, bucket):
+            self.allreduces += 1
+            return allreduce_hook(None, bucket)
+
+        runner.ddp_model.register_comm_hook(None, counting)
+
     def before_train_epoch(self, runner):
         self.seen[runner.epoch] = list(runner.train_loader.sampler)
 
@@ -37,6 +49,7 @@ class Probe(Hook):
         rank = dist.get_rank()
         torch.save(runner.model.state_dict(), runner.work_dir / f"weights_rank{rank}.pt")
         (runner.work_dir / f"seen_rank{rank}.json").write_text(json.dumps(self.seen))
+        (runner.work_dir / f"allreduces_rank{rank}.json").write_text(json.dumps([self.allreduces, runner.iter]))
 '''
 
 
@@ -96,6 +109,30 @@ def test_two_processes_one_run(tmp_path):
                       "trainer.max_epochs=3")  # fmt: skip
     assert resumed.returncode == 0, resumed.output
     assert json.loads((tmp_path / "single" / "result.json").read_text())["epoch"] == 3
+
+
+def test_accumulation_under_ddp_syncs_once_per_step_and_equals_one_big_batch(tmp_path):
+    """2 ranks x batch 32 x 2 micro-batches = one global batch of 128 per step (the ranks take
+    alternate samples of one permutation), the shorter last window of an epoch included."""
+    proc = _torchrun(tmp_path, "trainer.max_epochs=2", "data.batch_size=32", "trainer.accumulate_grad_batches=2",
+                     "trainer.test_with=last")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (work,) = list((tmp_path / "outputs" / "runs").iterdir())
+    for rank in (0, 1):  # 629 samples a rank: 20 micro-batches, 10 steps an epoch; the MLP's gradients fill 1 bucket
+        allreduces, steps = json.loads((work / f"allreduces_rank{rank}.json").read_text())
+        assert (allreduces, steps) == (20, 20)  # one all-reduce per step: the first micro-batch ran under no_sync
+    from hydra import compose, initialize_config_dir
+
+    from expkit.build import build_runner
+    from expkit.train import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["trainer.max_epochs=2", "data.batch_size=128"])
+    single = build_runner(cfg, tmp_path / "single")
+    single.run()
+    weights = torch.load(work / "weights_rank0.pt", weights_only=True)
+    for key, value in single.model.state_dict().items():
+        assert torch.allclose(weights[key], value, atol=1e-5), key
 
 
 def test_a_crashing_rank_stops_the_whole_run(tmp_path):

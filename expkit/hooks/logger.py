@@ -126,7 +126,7 @@ class LoggerHook(Hook):
         self._batch_size = getattr(runner.train_loader, "batch_size", None) or 0
 
     def before_train_epoch(self, runner: Runner) -> None:
-        self._epoch_len = len(runner.train_loader) if hasattr(runner.train_loader, "__len__") else None  # type: ignore[arg-type]
+        self._epoch_len = runner.steps_per_epoch  # iterations (optimizer steps), not batches
 
     def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
         self._losses.append(outputs["loss"].detach())  # read at the interval: no device sync per iteration

@@ -1,0 +1,117 @@
+"""Training recipes: gradient accumulation (exact, counted in optimizer steps, resumable)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from conftest import REPO, run_cli
+from expkit.build import build_runner
+from expkit.errors import ConfigError
+from expkit.train import CONF_DIR
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+def _train(work: Path, *overrides: str):
+    runner = build_runner(_compose("trainer.max_epochs=2", *overrides), work)
+    return runner, runner.run()
+
+
+def _max_difference(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    sa, sb = a.state_dict(), b.state_dict()
+    return max(float((sa[k] - sb[k]).abs().max()) for k in sa)
+
+
+@pytest.mark.parametrize(("batch", "k", "clip"), [(32, 2, None), (32, 3, None), (32, 2, 0.5)])
+def test_accumulation_equals_one_batch_of_the_windows_samples(tmp_path, batch, k, clip):
+    """1,258 training samples: the last window of each epoch is shorter (42 of 64; 10 of 96), and
+    each micro-batch weighs by its share of the window's samples, so even that window is exact."""
+    extra = [f"trainer.clip_grad_norm={clip}"] if clip else []
+    big, big_result = _train(tmp_path / "big", f"data.batch_size={batch * k}", *extra)
+    acc, acc_result = _train(tmp_path / "acc", f"data.batch_size={batch}", f"trainer.accumulate_grad_batches={k}", *extra)
+    assert acc_result["iter"] == big_result["iter"] == 2 * -(-1258 // (batch * k))  # iterations are optimizer steps
+    assert _max_difference(big.model, acc.model) < 1e-5
+    plain, _ = _train(tmp_path / "plain", f"data.batch_size={batch}")  # without accumulation: different weights
+    assert _max_difference(big.model, plain.model) > 1e-3
+
+
+def test_steps_drive_logs_schedulers_and_checkpoints(tmp_path):
+    _, result = _train(tmp_path, "data.batch_size=16", "trainer.accumulate_grad_batches=4", "sched=cosine",
+                       "default_hooks.logger.interval=5", "default_hooks.checkpoint.by_epoch=false",
+                       "default_hooks.checkpoint.interval=7")  # fmt: skip
+    steps_per_epoch = -(-(-(-1258 // 16)) // 4)  # 79 batches -> 20 steps
+    assert result["iter"] == 2 * steps_per_epoch
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "train/loss" in r]
+    assert [r["step"] for r in train][:4] == [5, 10, 15, 20]  # the logger's interval counts steps
+    assert train[-1]["train/lr"] < 0.01 * train[0]["train/lr"]  # the cosine ran its whole length in steps
+    names = sorted(p.name for p in (tmp_path / "checkpoints").glob("iter_*.pth"))
+    assert "iter_7.pth" in names and "iter_14.pth" in names
+    meta = torch.load(tmp_path / "checkpoints" / "iter_7.pth", weights_only=True)["meta"]
+    assert (meta["iter"], meta["inner_iter"]) == (7, 28)  # at a window boundary: 7 steps = 28 batches
+
+
+def test_a_bad_accumulation_value_is_named():
+    for value in ("0", "-2", "1.5"):
+        with pytest.raises(ConfigError, match=r"trainer.accumulate_grad_batches must be a positive integer"):
+            build_runner(_compose(f"trainer.accumulate_grad_batches={value}"), "/nonexistent")
+
+
+SLOW_HOOK = """
+import time
+from expkit import Hook
+
+class Slow(Hook):
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        time.sleep(0.03)
+"""
+ACCUMULATE = ["trainer.max_epochs=3", "data.batch_size=32", "trainer.accumulate_grad_batches=2",
+              "default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=7"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_accumulation_killed_mid_epoch_resumes_bit_identical(tmp_path):
+    """20 steps an epoch; iteration checkpoints every 7 steps land mid-epoch, at window boundaries."""
+    reference = tmp_path / "reference"
+    assert run_cli(f"hydra.run.dir={reference}", *ACCUMULATE).returncode == 0
+    (tmp_path / "conf" / "hooks").mkdir(parents=True)
+    (tmp_path / "conf" / "hooks" / "slow.yaml").write_text("slow:\n  _target_: slowhook.Slow\n")
+    (tmp_path / "slowhook.py").write_text(SLOW_HOOK)
+    work = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), "hooks=[slow]",
+         f"hydra.run.dir={work}", *ACCUMULATE],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(tmp_path)}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    pointer, deadline = work / "checkpoints" / "last_checkpoint", time.time() + 120
+    try:
+        while time.time() < deadline:
+            assert proc.poll() is None, "the run ended before it could be killed"
+            name = pointer.read_text() if pointer.exists() else ""
+            if name.startswith("iter_") and 20 < int(name[5:-4]) < 40:  # mid-epoch 2
+                break
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    killed_at = torch.load(work / "checkpoints" / pointer.read_text(), weights_only=True)["meta"]
+    assert killed_at["inner_iter"] == 2 * (killed_at["iter"] - 20)  # batches = 2 x steps into the epoch
+    resumed = run_cli(f"hydra.run.dir={work}", "resume=true", *ACCUMULATE)
+    assert resumed.returncode == 0, resumed.output
+    final = torch.load(work / "checkpoints" / "iter_60.pth", weights_only=True)["state_dict"]
+    expected = torch.load(reference / "checkpoints" / "iter_60.pth", weights_only=True)["state_dict"]
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
