@@ -23,6 +23,7 @@ from expkit.data import DataModule
 from expkit.errors import ConfigError, ExpkitError
 from expkit.hooks.base import Hook
 from expkit.metrics import MetricSlot
+from expkit.param_groups import build_param_groups
 from expkit.rng import seed_everything
 from expkit.runner import Runner
 from expkit.settings import TrainerSettings
@@ -223,9 +224,15 @@ def _build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, 
     train_loader, val_loader, test_loader = data.loaders()
     model = build_model(cfg, data)
 
-    optimizer_factory = instantiate_node(cfg.optim, "optim")
+    optim_node = cfg.optim.copy()
+    with open_dict(optim_node):
+        rules = optim_node.pop("param_groups", None)  # expkit's key, not the optimizer's argument
+    optimizer_factory = instantiate_node(optim_node, "optim")
+    params: Any = model.parameters()
+    if rules:
+        params = build_param_groups(model, OmegaConf.to_container(rules, resolve=True), optimizer_factory)  # type: ignore[arg-type]
     try:
-        optimizer = optimizer_factory(model.parameters())
+        optimizer = optimizer_factory(params)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"optim ({cfg.optim._target_}): {exc}") from None
 

@@ -1,4 +1,4 @@
-"""Training recipes: gradient accumulation (exact, counted in optimizer steps, resumable)."""
+"""Training recipes: gradient accumulation (exact, counted in optimizer steps, resumable), parameter groups."""
 
 from __future__ import annotations
 
@@ -115,3 +115,48 @@ def test_accumulation_killed_mid_epoch_resumes_bit_identical(tmp_path):
     final = torch.load(work / "checkpoints" / "iter_60.pth", weights_only=True)["state_dict"]
     expected = torch.load(reference / "checkpoints" / "iter_60.pth", weights_only=True)["state_dict"]
     assert all(torch.equal(final[k], expected[k]) for k in expected)
+
+
+# -- parameter groups ---------------------------------------------------------------------------
+NO_DECAY = 'optim.param_groups=[{match:"*.bias",weight_decay:0.0},{match:norm,weight_decay:0.0}]'
+
+
+def test_param_groups_put_biases_and_norm_parameters_in_zero_decay_groups(tmp_path):
+    runner, _ = _train(tmp_path, "model=cnn", "optim=adamw", NO_DECAY, "trainer.max_epochs=1")
+    names = {id(p): n for n, p in runner.model.named_parameters()}
+    norms = {f"{m}.{p}" for m, mod in runner.model.named_modules() if isinstance(mod, torch.nn.BatchNorm2d)
+             for p, _ in mod.named_parameters(recurse=False)}  # fmt: skip
+    groups = {g["name"]: g for g in runner.optimizer.param_groups}
+    assert list(groups) == ["default", "bias", "norm"]  # the rest first, then the rules in order
+    zero = {names[id(p)] for name in ("bias", "norm") for p in groups[name]["params"]}
+    assert zero == {n for n in names.values() if n.endswith(".bias")} | norms  # exactly biases and BatchNorm
+    assert all(groups[name]["weight_decay"] == 0.0 for name in ("bias", "norm"))
+    assert groups["default"]["weight_decay"] == 0.01 and len(groups["default"]["params"]) == 3
+    saved = torch.load(tmp_path / "checkpoints" / "epoch_1.pth", weights_only=True)["optimizer"]["param_groups"]
+    assert [(g["name"], g["weight_decay"], len(g["params"])) for g in saved] == [
+        ("default", 0.01, 3), ("bias", 0.0, 3), ("norm", 0.0, 2)]  # fmt: skip
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert {"train/lr/default", "train/lr/bias", "train/lr/norm"} <= set(next(r for r in records if "train/lr" in r))
+
+    resumed = build_runner(_compose("model=cnn", "optim=adamw", NO_DECAY, "trainer.max_epochs=2", "resume=true"),
+                           tmp_path)  # fmt: skip
+    assert resumed.run()["epoch"] == 2 and resumed.optimizer.param_groups[1]["weight_decay"] == 0.0
+
+
+def test_the_first_matching_rule_wins_and_multipliers_scale_the_optimizers_values(tmp_path):
+    rules = 'optim.param_groups=[{match:"*.bias",lr_mult:2},{match:"head.*",lr_mult:10,decay_mult:0,name:head}]'
+    runner = build_runner(_compose("model=cnn", "optim=adamw", "optim.lr=0.01", rules), tmp_path)
+    groups = {g["name"]: g for g in runner.optimizer.param_groups}
+    names = {id(p): n for n, p in runner.model.named_parameters()}
+    assert [names[id(p)] for p in groups["head"]["params"]] == ["head.2.weight"]  # head.2.bias went to *.bias
+    assert groups["head"]["lr"] == pytest.approx(0.1) and groups["head"]["weight_decay"] == 0.0
+    assert groups["bias"]["lr"] == pytest.approx(0.02) and groups["default"]["lr"] == pytest.approx(0.01)
+
+
+def test_bad_param_group_rules_are_named(tmp_path, caplog):
+    with pytest.raises(ConfigError, match=r"optim.param_groups\[0\]: 'wieght_decay' is not an argument of the optimizer"):
+        build_runner(_compose("optim=adamw", 'optim.param_groups=[{match:"*.bias",wieght_decay:0}]'), tmp_path)
+    with pytest.raises(ConfigError, match=r"optim.param_groups\[0\]: a rule needs match"):
+        build_runner(_compose('optim.param_groups=[{weight_decay:0}]'), tmp_path)
+    build_runner(_compose('optim.param_groups=[{match:"encoder.*",weight_decay:0}]'), tmp_path)
+    assert "optim.param_groups[0] (match: encoder.*) matches no parameter" in caplog.text

@@ -138,7 +138,10 @@ class LoggerHook(Hook):
         step = runner.iter + 1
         record: dict[str, Any] = {"step": step, "epoch": runner.epoch + 1, "iter": step, "train/loss": loss}
         if runner.optimizer is not None:
-            record["train/lr"] = runner.optimizer.param_groups[0]["lr"]
+            groups = runner.optimizer.param_groups
+            record["train/lr"] = groups[0]["lr"]
+            if len(groups) > 1:  # each group's own, by its name (optim.param_groups)
+                record.update({f"train/lr/{g.get('name', i)}": g["lr"] for i, g in enumerate(groups)})
         scalars = runner.scalars
         for key in ("train/time", "train/data_time"):
             if key in scalars:
