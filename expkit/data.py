@@ -9,7 +9,7 @@ only on (seed, epoch), so a resumed run sees exactly the batches an uninterrupte
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
+from collections.abc import Iterator, Mapping, Sized
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +100,9 @@ class DataModule:
         self.pin_memory = torch.cuda.is_available() if pin_memory == "auto" else bool(pin_memory)
         self.seed = seed
 
-    def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
+    def datasets(self) -> tuple[Dataset, Dataset | Mapping[str, Dataset] | None, Dataset | Mapping[str, Dataset] | None]:
+        """(train, val, test); val and test may each be None, one dataset, or named datasets
+        (``{"clean": ..., "noisy": ...}``: reported as ``val/clean/acc``, ``val/noisy/acc``)."""
         raise NotImplementedError
 
     def describe(self) -> dict[str, Any]:
@@ -133,25 +135,41 @@ class DataModule:
         def eval_sampler(ds: Dataset) -> Sampler | None:
             return ShardSampler(ds, rank, replicas) if replicas > 1 else None  # type: ignore[arg-type]
 
+        def eval_loader(ds: Any) -> Any:  # one loader, or one per named set, each sharded under DDP
+            if ds is None:
+                return None
+            if isinstance(ds, Mapping):
+                return {str(name): loader(d, eval_sampler(d)) for name, d in ds.items()}
+            return loader(ds, eval_sampler(ds))
+
         return (
             loader(train, SeededRandomSampler(train, self.seed, rank, replicas)),  # type: ignore[arg-type]
-            loader(val, eval_sampler(val)) if val is not None else None,
-            loader(test, eval_sampler(test)) if test is not None else None,
+            eval_loader(val),
+            eval_loader(test),
         )
 
 
 class DigitsData(DataModule):
-    """scikit-learn's 8x8 digits (1,797 images, 10 classes), split train/val/test, stratified."""
+    """scikit-learn's 8x8 digits (1,797 images, 10 classes), split train/val/test, stratified.
+
+    ``noisy_val`` > 0 validates on two named sets: ``clean`` (the val split) and ``noisy``
+    (the same images plus Gaussian noise of that standard deviation, fixed by ``split_seed``),
+    reported as ``val/clean/<metric>`` and ``val/noisy/<metric>``.
+    """
 
     in_channels, image_size, num_classes = 1, 8, 10
 
-    def __init__(self, val_fraction: float = 0.15, test_fraction: float = 0.15, split_seed: int = 0, **kwargs):
+    def __init__(self, val_fraction: float = 0.15, test_fraction: float = 0.15, split_seed: int = 0,
+                 noisy_val: float = 0.0, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         if not (0 < val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
             raise ConfigError("data.val_fraction and data.test_fraction must be in (0, 1) and sum to less than 1")
+        if not isinstance(noisy_val, (int, float)) or not 0 <= noisy_val < float("inf"):
+            raise ConfigError(f"data.noisy_val must be a noise level >= 0 (0: no noisy set), got {noisy_val!r}")
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
         self.split_seed = split_seed
+        self.noisy_val = noisy_val
 
     def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
         x, y = load_digits()
@@ -163,7 +181,11 @@ class DigitsData(DataModule):
             val_part, test_part = stratified_split(y[rest], self.test_fraction / held, self.split_seed + 1)
             val_idx, test_idx = rest[val_part], rest[test_part]
             test = TensorDataset(x[test_idx], y[test_idx])
-        return TensorDataset(x[train_idx], y[train_idx]), TensorDataset(x[val_idx], y[val_idx]), test
+        val: Dataset | dict[str, Dataset] = TensorDataset(x[val_idx], y[val_idx])
+        if self.noisy_val > 0:
+            noise = torch.randn(x[val_idx].shape, generator=torch.Generator().manual_seed(self.split_seed + 2))
+            val = {"clean": val, "noisy": TensorDataset(x[val_idx] + self.noisy_val * noise, y[val_idx])}
+        return TensorDataset(x[train_idx], y[train_idx]), val, test
 
 
 def load_digits() -> tuple[torch.Tensor, torch.Tensor]:

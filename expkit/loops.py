@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -195,9 +195,13 @@ class TrainLoop:
 
 
 class EvalLoop:
-    """One pass over a val or test loader; returns ``{"val/loss": ..., "val/acc": ...}``."""
+    """One pass over a val or test loader; returns ``{"val/loss": ..., "val/acc": ...}``.
 
-    def __init__(self, runner: Runner, loader: Iterable, mode: str) -> None:
+    A mapping of named loaders (several validation sets) is one validation: each set in turn
+    (``runner.eval_set`` names it while its batches run), reported as ``val/<set>/<metric>``,
+    and the hooks' epoch-level stages see all of them at once."""
+
+    def __init__(self, runner: Runner, loader: Iterable | Mapping[str, Iterable], mode: str) -> None:
         self.runner = runner
         self.loader = loader
         self.mode = mode
@@ -219,12 +223,26 @@ class EvalLoop:
         r.call_hook(stages["begin_epoch"])
         was_training = r.model.training
         r.model.eval()
+        sets = self.loader.items() if isinstance(self.loader, Mapping) else [(None, self.loader)]
+        metrics: dict[str, float] = {}
+        for name, loader in sets:
+            r.eval_set = name
+            metrics.update(self.run_set(loader, f"{self.mode}/{name}" if name else self.mode))
+        r.eval_set = None
+        r.model.train(was_training)
+        r.call_hook(stages["end_epoch"], metrics=metrics)
+        r.call_hook(stages["end"])
+        return metrics
+
+    def run_set(self, loader: Iterable, prefix: str) -> dict[str, float]:
+        """The loss and every metric over one loader, as ``<prefix>/<name>``."""
+        r = self.runner
         for metric in r.metrics.values():
             metric.reset()
         self.loss_sum = torch.zeros((), device=r.device)  # summed on the device: one sync at the end
         self.count = 0
         with torch.no_grad():
-            for batch_idx, data_batch in enumerate(self.loader):
+            for batch_idx, data_batch in enumerate(loader):
                 self.run_iter(batch_idx, data_batch)
         if is_distributed():  # every rank evaluated its own share: add them up
             totals = torch.tensor([float(self.loss_sum), float(self.count)], dtype=torch.float64, device=reduce_device())
@@ -232,12 +250,9 @@ class EvalLoop:
             self.loss_sum, self.count = totals[0], int(totals[1])
             for metric in r.metrics.values():
                 metric.sync()
-        metrics = {f"{self.mode}/loss": float(self.loss_sum / max(self.count, 1))}
+        metrics = {f"{prefix}/loss": float(self.loss_sum / max(self.count, 1))}
         for name, metric in r.metrics.items():  # Python floats; a dict result becomes <name>/<key>
-            metrics.update({f"{self.mode}/{name}{suffix}": value for suffix, value in metric.compute().items()})
-        r.model.train(was_training)
-        r.call_hook(stages["end_epoch"], metrics=metrics)
-        r.call_hook(stages["end"])
+            metrics.update({f"{prefix}/{name}{suffix}": value for suffix, value in metric.compute().items()})
         return metrics
 
     def run_iter(self, batch_idx: int, data_batch: Any) -> None:

@@ -247,13 +247,18 @@ class Directions:
     that disagree are an error naming both settings.
     """
 
-    def __init__(self, slots: Mapping[str, MetricSlot]) -> None:
+    def __init__(self, slots: Mapping[str, MetricSlot], sets: Mapping[str, Sequence[str]] | None = None) -> None:
         self.slots = slots
+        self.sets = {mode: list(names) for mode, names in (sets or {}).items()}  # named sets: val/<set>/<metric>
         self.declared: dict[str, tuple[str, str]] = {}  # key -> (rule, the setting that gave it)
 
     def _slot(self, key: str) -> tuple[MetricSlot | None, str]:
-        """The slot a key such as val/f1 or val/scores/f1 belongs to, and the suffix ('' or /f1)."""
+        """The slot a key such as val/f1, val/scores/f1 or val/noisy/f1 belongs to, and the
+        suffix ('' or /f1)."""
         _, _, name = key.partition("/")
+        first, _, rest = name.partition("/")
+        if rest and first in self.sets.get(key.partition("/")[0], ()):
+            name = rest
         for metric_name, slot in self.slots.items():
             if name == metric_name or name.startswith(metric_name + "/"):
                 return slot, name[len(metric_name):]
@@ -302,12 +307,14 @@ class Directions:
 
     def expected(self, mode: str = "val") -> tuple[list[str], list[str]]:
         """(the keys validation will report, prefixes under which more keys may appear)."""
-        keys, open_prefixes = [f"{mode}/loss"], []
-        for name, slot in self.slots.items():
-            suffixes, more = slot.reported_names()
-            keys += [f"{mode}/{name}{suffix}" for suffix in suffixes]
-            if more:
-                open_prefixes.append(f"{mode}/{name}/")
+        keys, open_prefixes = [], []
+        for prefix in [f"{mode}/{s}" for s in self.sets.get(mode, ())] or [mode]:
+            keys.append(f"{prefix}/loss")
+            for name, slot in self.slots.items():
+                suffixes, more = slot.reported_names()
+                keys += [f"{prefix}/{name}{suffix}" for suffix in suffixes]
+                if more:
+                    open_prefixes.append(f"{prefix}/{name}/")
         return keys, open_prefixes
 
     def check_reported(self, key: str, by: str, mode: str = "val") -> None:

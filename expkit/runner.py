@@ -200,7 +200,10 @@ class Runner:
         self.metrics: dict[str, MetricSlot] = {
             name: slot.to(self.device) for name, slot in as_slots(metrics if metrics is not None else {"acc": Accuracy()}).items()
         }
-        self.directions = Directions(self.metrics)  # the one answer to "is greater better?" for every metric key
+        sets = {mode: list(loader) for mode, loader in (("val", val_loader), ("test", test_loader))
+                if isinstance(loader, Mapping)}  # fmt: skip
+        self.directions = Directions(self.metrics, sets)  # the one answer to "is greater better?" for every metric key
+        self.eval_set: str | None = None  # the named val/test set being evaluated, if there are several
         self.monitor = monitor
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)

@@ -160,3 +160,31 @@ def test_bad_param_group_rules_are_named(tmp_path, caplog):
         build_runner(_compose('optim.param_groups=[{weight_decay:0}]'), tmp_path)
     build_runner(_compose('optim.param_groups=[{match:"encoder.*",weight_decay:0}]'), tmp_path)
     assert "optim.param_groups[0] (match: encoder.*) matches no parameter" in caplog.text
+
+
+# -- several validation sets ----------------------------------------------------------------------
+def test_named_validation_sets_are_reported_monitored_and_checked(tmp_path):
+    noisy = ["data.noisy_val=0.5", "trainer.max_epochs=3", "monitor=val/clean/acc", "hooks=[early_stopping]",
+             "hooks.early_stopping.monitor=val/noisy/loss"]  # fmt: skip
+    _, result = _train(tmp_path, *noisy)
+    validations = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+                   if "val/clean/acc" in line]  # fmt: skip
+    assert len(validations) == 3
+    assert {"val/clean/loss", "val/clean/acc", "val/noisy/loss", "val/noisy/acc"} <= set(validations[-1])
+    assert all(v["val/noisy/acc"] < v["val/clean/acc"] for v in validations)  # the noisy copy is harder
+    best = result["best_metrics"]
+    assert (best["val/clean/acc"]["rule"], best["val/noisy/loss"]["rule"]) == ("greater", "less")
+    assert result["best_checkpoint"].endswith(f"best_val_clean_acc_epoch_{best['val/clean/acc']['epoch']}.pth")
+    with pytest.raises(ConfigError, match=r"'val/acc' is not a metric .* val/clean/loss, val/clean/acc, val/noisy/loss"):
+        _train(tmp_path / "b", "data.noisy_val=0.5")  # monitor=val/acc: validation reports per set
+
+
+def test_each_named_set_is_sharded_under_ddp(monkeypatch):
+    from expkit import distributed
+    from expkit.data import DigitsData, ShardSampler
+
+    monkeypatch.setattr(distributed, "rank_and_world", lambda: (1, 2))
+    _, val, _ = DigitsData(noisy_val=0.3).loaders()
+    assert set(val) == {"clean", "noisy"}
+    for loader in val.values():
+        assert isinstance(loader.sampler, ShardSampler) and loader.sampler.indices[:3] == [1, 3, 5]

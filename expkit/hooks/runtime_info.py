@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from expkit.hooks.base import Hook
@@ -15,6 +16,8 @@ log = logging.getLogger("expkit")
 
 
 def _size(loader: object) -> str:
+    if isinstance(loader, Mapping):  # named sets
+        return "(" + ", ".join(f"{name} {_size(one)}" for name, one in loader.items()) + ")"
     dataset = getattr(loader, "dataset", None)
     return f"{len(dataset)} samples" if dataset is not None and hasattr(dataset, "__len__") else "?"
 
