@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from expkit.distributed import all_reduce_sum, is_distributed, reduce_device
+from expkit.optimizers import Optimizers
 from expkit.stages import Stage
 
 if TYPE_CHECKING:
@@ -85,6 +86,8 @@ class TrainLoop:
             self.step = runner.ddp_model
         else:
             self.step = runner.model.train_step if hasattr(runner.model, "train_step") else runner.train_step
+        self.optimizers = Optimizers(runner.optimizers, runner.scaler, runner.settings.clip_grad_norm)
+        self.only_optimizer = next(iter(runner.optimizers), "")  # the one the loop steps (not an owned update)
 
     def done(self) -> bool:
         r = self.runner
@@ -139,23 +142,18 @@ class TrainLoop:
         window = [r.to_device(b) for b in window]
         data_batch = window[0]
         call(Stage.BEFORE_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch)
-        if len(window) == 1:
-            outputs = self._forward_backward(batch_idx, data_batch, None)
+        if r.manual_optimization:
+            outputs = self._owned_update(batch_idx, data_batch)
         else:
-            outputs = self._accumulate(batch_idx, window)
-            data_batch = window[-1]
-        optimizer = r.optimizer
-        with r.phase("optimizer"):
-            if r.settings.clip_grad_norm is not None:
-                if r.scaler is not None:
-                    r.scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(r.model.parameters(), r.settings.clip_grad_norm)
-            if r.scaler is None:
-                optimizer.step()  # type: ignore[union-attr]
+            if len(window) == 1:
+                outputs = self._forward_backward(batch_idx, data_batch, None)
             else:
-                r.scaler.step(optimizer)
-                r.scaler.update()
-            optimizer.zero_grad(set_to_none=True)  # type: ignore[union-attr]
+                outputs = self._accumulate(batch_idx, window)
+                data_batch = window[-1]
+            with r.phase("optimizer"):
+                self.optimizers.step(self.only_optimizer)  # clip, step (through the scaler), zero_grad
+                if r.scaler is not None:
+                    r.scaler.update()
         consumed = r.inner_iter + len(window)  # batches of this epoch trained on
         r.position = (r.epoch, r.iter + 1, consumed)  # what a checkpoint saved from here on records
         call(Stage.AFTER_OPTIMIZER_STEP, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
@@ -173,6 +171,19 @@ class TrainLoop:
         with r.phase("backward"):
             (loss if r.scaler is None else r.scaler.scale(loss)).backward()
         call(Stage.AFTER_BACKWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        return outputs
+
+    def _owned_update(self, batch_idx: int, data_batch: Any) -> dict[str, Any]:
+        """A model that owns its update does forward, backward and steps in its train_step;
+        AFTER_FORWARD and AFTER_BACKWARD fire after it returns (its backward passes done)."""
+        r, call = self.runner, self.runner.call_hook
+        with r.phase("forward"), r.autocast():
+            outputs = r.model.train_step(data_batch, self.optimizers)
+        call(Stage.AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        call(Stage.AFTER_BACKWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        if r.scaler is not None:
+            r.scaler.update()  # once per iteration, after every step the model took
+        self.optimizers.zero_grad()
         return outputs
 
     def _accumulate(self, batch_idx: int, window: list[Any]) -> dict[str, Any]:

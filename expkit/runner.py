@@ -28,6 +28,7 @@ from expkit.errors import CheckpointWriteError, ConfigError, ExpkitError, HookEr
 from expkit.hooks.base import Hook
 from expkit.loops import EvalLoop, TrainLoop
 from expkit.metrics import Accuracy, Directions, MetricSlot, as_slots, better
+from expkit.optimizers import owns_its_update
 from expkit.rng import rng_states, seed_everything, set_deterministic, set_rng_states  # noqa: F401 (re-exported)
 from expkit.settings import TrainerSettings
 from expkit.stages import Stage, get_priority, priority_name
@@ -156,7 +157,7 @@ class Runner:
         self,
         *,
         model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
+        optimizer: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer] | None,
         train_loader: Iterable | None,
         work_dir: str | Path,
         val_loader: Iterable | None = None,
@@ -186,13 +187,29 @@ class Runner:
         if self.settings.compile:
             self.model.compile()  # in place: the same module, state_dict keys and hooks; compiled on first call
         self.ddp_model: nn.Module | None = None
-        if distributed.is_distributed() and optimizer is not None:
+        # one optimizer, or several by name (a model that owns its update: train_step(batch, optimizers))
+        self.optimizers: dict[str, torch.optim.Optimizer] = (
+            dict(optimizer) if isinstance(optimizer, Mapping) else {"optimizer": optimizer} if optimizer else {}
+        )
+        self._named_optimizers = isinstance(optimizer, Mapping)
+        self.schedulers: dict[str, Any] = (
+            dict(scheduler) if isinstance(scheduler, Mapping) else {"scheduler": scheduler} if scheduler else {}
+        )
+        self.scheduler_by_epoch = scheduler_by_epoch
+        self.manual_optimization = owns_its_update(self.model)
+        if len(self.optimizers) > 1 and not self.manual_optimization:
+            raise ConfigError(f"optim defines {len(self.optimizers)} optimizers ({', '.join(self.optimizers)}): the model "
+                              "must own its update, with a train_step(batch, optimizers) that uses them")  # fmt: skip
+        if self.manual_optimization and self.settings.accumulate_grad_batches > 1:
+            raise ConfigError("trainer.accumulate_grad_batches > 1 with a model that owns its update (train_step(batch, "
+                              "optimizers)): accumulate inside train_step instead")  # fmt: skip
+        if distributed.is_distributed() and self.optimizer is not None:
+            if self.manual_optimization:
+                raise ConfigError("a model that owns its update (train_step(batch, optimizers)) cannot run under DDP "
+                                  "yet: DDP needs the backward outside the forward; train it in one process")  # fmt: skip
             self.ddp_model = torch.nn.parallel.DistributedDataParallel(
                 _StepModule(self), device_ids=[self.device.index] if self.device.type == "cuda" else None
             )
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.scheduler_by_epoch = scheduler_by_epoch
         self.train_loader = train_loader
         self.val_loader = val_loader
         self.test_loader = test_loader
@@ -248,6 +265,25 @@ class Runner:
         named = hooks.items() if isinstance(hooks, Mapping) else ((type(h).__name__, h) for h in hooks)
         for name, hook in named:
             self.register_hook(hook, name=name)
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The (first) optimizer: its first group's lr is logged as train/lr."""
+        return next(iter(self.optimizers.values()), None)
+
+    @optimizer.setter
+    def optimizer(self, value: torch.optim.Optimizer | None) -> None:
+        self.optimizers = {"optimizer": value} if value is not None else {}
+        self._named_optimizers = False
+
+    @property
+    def scheduler(self) -> Any:
+        """The (first) scheduler; setting it replaces the run's schedulers with this one."""
+        return next(iter(self.schedulers.values()), None)
+
+    @scheduler.setter
+    def scheduler(self, value: Any) -> None:
+        self.schedulers = {"scheduler": value} if value is not None else {}
 
     # -- hooks ----------------------------------------------------------------------------
     @property
@@ -547,10 +583,16 @@ class Runner:
             "rng": rng_states(),
             "hooks": {name: state for name, _, hook in self._hooks if (state := hook.state_dict())},
         }
-        if save_optimizer and self.optimizer is not None:
-            checkpoint["optimizer"] = self.optimizer.state_dict()
-        if save_scheduler and self.scheduler is not None:
-            checkpoint["scheduler"] = self.scheduler.state_dict()
+        if save_optimizer and self.optimizers:
+            if self._named_optimizers:
+                checkpoint["optimizers"] = {name: opt.state_dict() for name, opt in self.optimizers.items()}
+            else:
+                checkpoint["optimizer"] = self.optimizer.state_dict()  # type: ignore[union-attr]
+        if save_scheduler and self.schedulers:
+            if self._named_optimizers:
+                checkpoint["schedulers"] = {name: sched.state_dict() for name, sched in self.schedulers.items()}
+            else:
+                checkpoint["scheduler"] = self.scheduler.state_dict()
         if self.scaler is not None:
             checkpoint["grad_scaler"] = self.scaler.state_dict()
         return checkpoint
@@ -629,8 +671,14 @@ class Runner:
                                  for key, path in meta.get("best_checkpoints", {}).items()}  # fmt: skip
         if self.optimizer is not None and "optimizer" in checkpoint:
             self.optimizer.load_state_dict(checkpoint["optimizer"])
+        for name, state in checkpoint.get("optimizers", {}).items():
+            if name in self.optimizers:
+                self.optimizers[name].load_state_dict(state)
         if self.scheduler is not None and "scheduler" in checkpoint:
             self.scheduler.load_state_dict(checkpoint["scheduler"])
+        for name, state in checkpoint.get("schedulers", {}).items():
+            if name in self.schedulers:
+                self.schedulers[name].load_state_dict(state)
         if self.scaler is not None and "grad_scaler" in checkpoint:
             self.scaler.load_state_dict(checkpoint["grad_scaler"])
         if "rng" in checkpoint:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-import torch
+from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from expkit.errors import ConfigError
 from expkit.hooks.base import Hook
@@ -17,9 +17,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("expkit")
 
 
+def _plateaus(runner: Runner) -> list[ReduceLROnPlateau]:
+    return [s for s in runner.schedulers.values() if isinstance(s, ReduceLROnPlateau)]
+
+
+def _step_all(runner: Runner) -> None:
+    """Step every scheduler but ReduceLROnPlateau (stepped on a metric after validation)."""
+    for scheduler in runner.schedulers.values():
+        if not isinstance(scheduler, ReduceLROnPlateau):
+            scheduler.step()
+
+
 class ParamSchedulerHook(Hook):
-    """Steps ``runner.scheduler`` after each iteration (``scheduler_by_epoch=False``) or
-    each complete epoch; ReduceLROnPlateau steps after validation on ``monitor``."""
+    """Steps the run's schedulers (``runner.schedulers``: one per optimizer) after each
+    iteration (``scheduler_by_epoch=False``) or each complete epoch; ReduceLROnPlateau steps
+    after validation on ``monitor``."""
 
     priority = Priority.LOW
 
@@ -29,35 +41,34 @@ class ParamSchedulerHook(Hook):
     def before_run(self, runner: Runner) -> None:
         """ReduceLROnPlateau decays when `monitor` stops improving: its mode follows the run's
         direction of that metric (max for an accuracy, min for a loss), whatever its config said."""
-        if runner.scheduler is None or not self._plateau(runner):
+        plateaus = _plateaus(runner)
+        if not plateaus:
             return
         rule = runner.metric_rule(self.monitor, "default_hooks.param_scheduler.monitor")
         mode = "max" if rule == "greater" else "min"
         log.info("ReduceLROnPlateau mode %s for %s (%s is better)", mode, self.monitor, rule)
-        if runner.scheduler.mode != mode:
-            scheduler = runner.scheduler
-            scheduler.mode = mode
-            scheduler._init_is_better(mode=mode, threshold=scheduler.threshold, threshold_mode=scheduler.threshold_mode)
-            scheduler._reset()
-
-    def _plateau(self, runner: Runner) -> bool:
-        return isinstance(runner.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        for scheduler in plateaus:
+            if scheduler.mode != mode:
+                scheduler.mode = mode
+                scheduler._init_is_better(mode=mode, threshold=scheduler.threshold, threshold_mode=scheduler.threshold_mode)
+                scheduler._reset()
 
     def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
-        if runner.scheduler is not None and not runner.scheduler_by_epoch and not self._plateau(runner):
-            runner.scheduler.step()
+        if not runner.scheduler_by_epoch:
+            _step_all(runner)
 
     def after_train_epoch(self, runner: Runner) -> None:
-        if runner.scheduler is not None and runner.scheduler_by_epoch and runner.epoch_complete:
-            if not self._plateau(runner):
-                runner.scheduler.step()
+        if runner.scheduler_by_epoch and runner.epoch_complete:
+            _step_all(runner)
 
     def after_val_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:
-        if runner.scheduler is None or not self._plateau(runner):
+        plateaus = _plateaus(runner)
+        if not plateaus:
             return
         if self.monitor not in metrics:
             raise ConfigError(
                 f"ReduceLROnPlateau monitors {self.monitor!r}, which validation does not produce; "
                 f"set default_hooks.param_scheduler.monitor to one of {sorted(metrics)}"
             )
-        runner.scheduler.step(metrics[self.monitor])
+        for scheduler in plateaus:
+            scheduler.step(metrics[self.monitor])

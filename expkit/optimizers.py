@@ -1,0 +1,83 @@
+"""A model that owns its update: GANs, actor-critic, meta-learning.
+
+A model whose ``train_step`` takes a second argument gets an ``Optimizers`` and does its own
+backward passes and steps, as with Lightning's manual optimization or MMEngine's
+``train_step(data, optim_wrapper)``::
+
+    class GAN(nn.Module):
+        def train_step(self, batch, optimizers):
+            optimizers.zero_grad("discriminator")
+            optimizers.backward(d_loss)             # through the fp16 grad scaler when there is one
+            optimizers.step("discriminator")        # gradient clipping, the step, zero_grad
+            ...
+            return {"loss": d_loss + g_loss, "log": {"d_loss": d_loss, "g_loss": g_loss}}
+
+The loop around it stays the same: hooks, logging (``log`` entries become ``train/<key>``),
+the grad scaler's update once per iteration, schedulers, checkpoints of every optimizer.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from expkit.errors import ConfigError
+
+
+def owns_its_update(model: torch.nn.Module) -> bool:
+    """Whether the model's ``train_step`` takes the optimizers (a second parameter)."""
+    step = getattr(model, "train_step", None)
+    if step is None:
+        return False
+    try:
+        return len(inspect.signature(step).parameters) >= 2
+    except (TypeError, ValueError):
+        return False
+
+
+class Optimizers:
+    """The run's optimizers by name, with the run's scaler and clipping; given to a model's
+    ``train_step(batch, optimizers)``."""
+
+    def __init__(self, optimizers: Mapping[str, torch.optim.Optimizer], scaler: Any = None,
+                 clip_grad_norm: float | None = None) -> None:  # fmt: skip
+        self._optimizers = dict(optimizers)
+        self.scaler = scaler
+        self.clip_grad_norm = clip_grad_norm
+
+    def __getitem__(self, name: str) -> torch.optim.Optimizer:
+        try:
+            return self._optimizers[name]
+        except KeyError:
+            raise ConfigError(f"the model asked for optimizer {name!r}; optim defines {sorted(self._optimizers)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._optimizers)
+
+    def __len__(self) -> int:
+        return len(self._optimizers)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
+    def zero_grad(self, *names: str) -> None:
+        """Clear the gradients of these optimizers' parameters (all when none is named)."""
+        for name in names or tuple(self._optimizers):
+            self[name].zero_grad(set_to_none=True)
+
+    def step(self, name: str) -> None:
+        """Clip (``trainer.clip_grad_norm``), step and zero the gradients of one optimizer."""
+        optimizer = self[name]
+        if self.clip_grad_norm is not None:
+            if self.scaler is not None:
+                self.scaler.unscale_(optimizer)
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm)
+        if self.scaler is None:
+            optimizer.step()
+        else:
+            self.scaler.step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
