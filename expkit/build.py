@@ -196,6 +196,47 @@ def build_metrics(nodes: Any, key: str = "metrics") -> dict[str, MetricSlot]:
     return slots
 
 
+def _build_optimizer(node: DictConfig, module: Any, key: str) -> Any:
+    """One optimizer over `module`'s parameters (grouped by ``param_groups`` rules, if any)."""
+    node = node.copy()
+    with open_dict(node):
+        rules = node.pop("param_groups", None)  # expkit's keys, not the optimizer's arguments
+        node.pop("module", None)
+    factory = instantiate_node(node, key)
+    params: Any = module.parameters()
+    if rules:
+        params = build_param_groups(module, OmegaConf.to_container(rules, resolve=True), factory, f"{key}.param_groups")  # type: ignore[arg-type]
+    try:
+        return factory(params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{key} ({node._target_}): {exc}") from None
+
+
+def build_optimizers(optim: DictConfig, model: Any) -> dict[str, Any]:
+    """``optim`` with a ``_target_``: one optimizer over the model (named "optimizer").
+    Without: named optimizers, ``optim.<name>: {_target_: ..., module: <submodule path>}``,
+    each over its submodule's parameters (the whole model when ``module`` is unset), for a
+    model whose ``train_step(batch, optimizers)`` uses them."""
+    if "_target_" in optim:
+        return {"optimizer": _build_optimizer(optim, model, "optim")}
+    optimizers = {}
+    for name, node in optim.items():
+        key = f"optim.{name}"
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            raise ConfigError(f"{key} needs a _target_: optim is one optimizer ({{_target_: torch.optim.AdamW, ...}}) "
+                              "or named ones, each with its _target_ and the model's submodule it updates (module:)")  # fmt: skip
+        module = model
+        for part in str(node.get("module") or "").split(".") if node.get("module") else ():
+            if not hasattr(module, part):
+                raise ConfigError(f"{key}.module={node.module}: the model has no submodule {part!r}; it has "
+                                  f"{', '.join(n for n, _ in model.named_children())}")  # fmt: skip
+            module = getattr(module, part)
+        optimizers[str(name)] = _build_optimizer(node, module, key)
+    if not optimizers:
+        raise ConfigError("optim defines no optimizer: give optim=sgd (or adam, adamw) or named optimizers")
+    return optimizers
+
+
 def build_trainer_settings(cfg: DictConfig) -> TrainerSettings:
     fields = OmegaConf.to_container(cfg.trainer, resolve=True)
     try:
@@ -224,41 +265,32 @@ def _build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, 
     train_loader, val_loader, test_loader = data.loaders()
     model = build_model(cfg, data)
 
-    optim_node = cfg.optim.copy()
-    with open_dict(optim_node):
-        rules = optim_node.pop("param_groups", None)  # expkit's key, not the optimizer's argument
-    optimizer_factory = instantiate_node(optim_node, "optim")
-    params: Any = model.parameters()
-    if rules:
-        params = build_param_groups(model, OmegaConf.to_container(rules, resolve=True), optimizer_factory)  # type: ignore[arg-type]
-    try:
-        optimizer = optimizer_factory(params)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"optim ({cfg.optim._target_}): {exc}") from None
-
-    scheduler = None
-    if cfg.sched.get("scheduler") is not None:
+    optimizers = build_optimizers(cfg.optim, model)
+    schedulers = {}
+    if cfg.sched.get("scheduler") is not None:  # one scheduler per optimizer
         steps_per_epoch = settings.steps_per_epoch(len(train_loader))  # optimizer steps
         total = settings.max_iters or settings.max_epochs * steps_per_epoch  # type: ignore[operator]
         if cfg.sched.by_epoch:
             total = settings.max_epochs or -(-total // steps_per_epoch)
         factory = instantiate_node(cfg.sched.scheduler, "sched.scheduler")
         extra = _accepted(factory, {"total_steps": total, "steps_per_epoch": steps_per_epoch})
-        try:
-            scheduler = factory(optimizer, **extra)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"sched.scheduler ({cfg.sched.scheduler._target_}): {exc}") from None
+        for name, optimizer in optimizers.items():
+            try:
+                schedulers[name] = factory(optimizer, **extra)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"sched.scheduler ({cfg.sched.scheduler._target_}): {exc}") from None
+    named = "_target_" not in cfg.optim  # optim: {generator: {...}, discriminator: {...}}
 
     criterion = instantiate_node(cfg.criterion, "criterion")
     metrics = build_metrics(cfg.metrics)
 
     return Runner(
         model=model,
-        optimizer=optimizer,
+        optimizer=optimizers if named else optimizers["optimizer"],
         train_loader=train_loader,
         val_loader=val_loader,
         test_loader=test_loader,
-        scheduler=scheduler,
+        scheduler=schedulers if named else schedulers.get("optimizer"),
         scheduler_by_epoch=bool(cfg.sched.by_epoch),
         criterion=criterion,
         metrics=metrics,

@@ -81,6 +81,17 @@ class Metric:
     def sync(self) -> None:
         """Combine the counts of all DDP ranks (before compute); a no-op in one process."""
 
+    @staticmethod
+    def sum_over_ranks(*values: Any) -> list[float]:
+        """The sums over all DDP ranks of these numbers (as float64); the numbers in one process."""
+        from expkit.distributed import all_reduce_sum, is_distributed, reduce_device
+
+        if not is_distributed():
+            return [float(v) for v in values]
+        totals = torch.tensor([float(v) for v in values], dtype=torch.float64, device=reduce_device())
+        all_reduce_sum(totals)
+        return totals.tolist()
+
 
 class Accuracy(Metric):
     """Top-k classification accuracy in [0, 1]."""
@@ -109,12 +120,8 @@ class Accuracy(Metric):
         return float(self.correct) / self.total if self.total else float("nan")
 
     def sync(self) -> None:
-        from expkit.distributed import all_reduce_sum, is_distributed, reduce_device
-
-        if is_distributed():
-            counts = torch.tensor([float(self.correct), float(self.total)], dtype=torch.float64, device=reduce_device())
-            all_reduce_sum(counts)
-            self.correct, self.total = counts[0], int(counts[1])
+        correct, total = self.sum_over_ranks(self.correct, self.total)
+        self.correct, self.total = correct, int(total)
 
 
 DEFAULT_INPUTS = ("preds", "targets")

@@ -188,3 +188,36 @@ def test_each_named_set_is_sharded_under_ddp(monkeypatch):
     assert set(val) == {"clean", "noisy"}
     for loader in val.values():
         assert isinstance(loader.sampler, ShardSampler) and loader.sampler.indices[:3] == [1, 3, 5]
+
+
+# -- several optimizers: a model that owns its update ------------------------------------------------
+def test_a_gan_with_two_optimizers_checkpoints_both_and_resumes_bit_identical(tmp_path):
+    straight, result = _train(tmp_path / "straight", "experiment=gan", "trainer.max_epochs=2", "sched=cosine")
+    assert result["status"] == "completed" and result["monitor_rule"] == "less"
+    checkpoint = torch.load(tmp_path / "straight" / "checkpoints" / "epoch_2.pth", weights_only=True)
+    assert set(checkpoint["optimizers"]) == {"generator", "discriminator"} and "optimizer" not in checkpoint
+    for name in ("generator", "discriminator"):  # each optimizer updates its own submodule, and has its own state
+        params = checkpoint["optimizers"][name]["param_groups"][0]["params"]
+        assert len(params) == len(list(getattr(straight.model, name).parameters()))
+        assert len(checkpoint["optimizers"][name]["state"]) == len(params)
+    assert set(checkpoint["schedulers"]) == {"generator", "discriminator"}  # one scheduler per optimizer
+    records = [json.loads(line) for line in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    logged = next(r for r in records if "train/d_loss" in r)  # the model's own scalars (outputs["log"])
+    assert {"train/g_loss", "train/lr/generator", "train/lr/discriminator"} <= set(logged)
+
+    _, first = _train(tmp_path / "resumed", "experiment=gan", "sched=cosine", "hooks=[stop_after]",
+                      "hooks.stop_after.epochs=1")  # the same run (its cosine spans 2 epochs), stopped after one
+    assert (first["status"], first["epoch"]) == ("stopped", 1)
+    resumed, _ = _train(tmp_path / "resumed", "experiment=gan", "sched=cosine", "resume=true")
+    for key, value in straight.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key
+    for name in ("generator", "discriminator"):
+        assert resumed.optimizers[name].param_groups[0]["lr"] == straight.optimizers[name].param_groups[0]["lr"]
+
+
+def test_several_optimizers_need_a_model_that_owns_its_update(tmp_path):
+    with pytest.raises(ConfigError, match=r"optim defines 2 optimizers \(generator, discriminator\): the model must own"):
+        build_runner(_compose("optim=gan", "model=mlp", "optim.generator.module=null",
+                              "optim.discriminator.module=null"), tmp_path)  # fmt: skip
+    with pytest.raises(ConfigError, match=r"optim.generator.module=gen: the model has no submodule 'gen'"):
+        build_runner(_compose("experiment=gan", "optim.generator.module=gen"), tmp_path)

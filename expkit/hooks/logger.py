@@ -61,6 +61,7 @@ class LoggerHook(Hook):
         self.plot = plot
         self._file: IO[str] | None = None
         self._losses: list[torch.Tensor] = []
+        self._logged: dict[str, list[Any]] = {}  # a model's own train scalars (outputs["log"]) since the last record
         self._backends: list[Backend] = []
         self._tty: list[logging.StreamHandler] = []
         self._filter = _HideTrainLines()
@@ -130,6 +131,8 @@ class LoggerHook(Hook):
 
     def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
         self._losses.append(outputs["loss"].detach())  # read at the interval: no device sync per iteration
+        for key, value in (outputs.get("log") or {}).items():  # a model's own scalars: train/<key>
+            self._logged.setdefault(key, []).append(value.detach() if isinstance(value, torch.Tensor) else value)
         last_of_epoch = batch_idx + 1 == self._epoch_len
         if (batch_idx + 1) % self.interval and not last_of_epoch and runner.iter + 1 != self._max_iters:
             return
@@ -137,11 +140,19 @@ class LoggerHook(Hook):
         self._losses.clear()
         step = runner.iter + 1
         record: dict[str, Any] = {"step": step, "epoch": runner.epoch + 1, "iter": step, "train/loss": loss}
+        for key, values in self._logged.items():
+            record[f"train/{key}"] = float(torch.stack([torch.as_tensor(v, dtype=torch.float32) for v in values]).mean())
+        self._logged.clear()
         if runner.optimizer is not None:
-            groups = runner.optimizer.param_groups
-            record["train/lr"] = groups[0]["lr"]
-            if len(groups) > 1:  # each group's own, by its name (optim.param_groups)
-                record.update({f"train/lr/{g.get('name', i)}": g["lr"] for i, g in enumerate(groups)})
+            record["train/lr"] = runner.optimizer.param_groups[0]["lr"]
+            several = len(runner.optimizers) > 1
+            for name, optimizer in runner.optimizers.items():  # each optimizer's, each group's (by name)
+                groups = optimizer.param_groups
+                prefix = f"train/lr/{name}" if several else "train/lr"
+                if several:
+                    record[prefix] = groups[0]["lr"]
+                if len(groups) > 1:
+                    record.update({f"{prefix}/{g.get('name', i)}": g["lr"] for i, g in enumerate(groups)})
         scalars = runner.scalars
         for key in ("train/time", "train/data_time"):
             if key in scalars:
