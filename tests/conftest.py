@@ -38,10 +38,22 @@ def toy_loaders(n_train: int = 8, n_val: int = 4, n_test: int = 4, batch_size: i
     )
 
 
+class Twin(nn.Module):
+    """The toy network as ``online``, and a ``target`` of the same shape (momentum encoders)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.online = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        self.target = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.online(x)
+
+
 def toy_runner(work_dir: Path, *, hooks: Any = (), default_hooks: Any = None, seed: int = 0, metrics: Any = None,
-               monitor: str | None = None, **settings: Any) -> Runner:  # fmt: skip
+               monitor: str | None = None, model: nn.Module | None = None, **settings: Any) -> Runner:  # fmt: skip
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    model = model or nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     train, val, test = toy_loaders()  # the data order is config, the same on resume
     resume = settings.pop("resume", False)
     if default_hooks is None:  # the six defaults, without drawing curves.svg in every unit test

@@ -70,7 +70,7 @@ def test_hydra_forms(tmp_path, args):
 def test_help_lists_the_groups_and_cfg_job_prints_the_config():
     proc = run_cli("--help")
     assert proc.returncode == 0
-    models = "model: char_gru, cnn, digits_gan, mlp, regression_mlp, resnet18, segnet"
+    models = "model: byol_mlp, char_gru, cnn, digits_gan, mlp, regression_mlp, resnet18, segnet"
     for line in (models, "optim: adam, adamw, gan, sgd", "sched: cosine, none"):
         assert line in proc.stdout
     hooks_line = next(line for line in proc.stdout.splitlines() if line.startswith("hooks: "))
@@ -104,7 +104,7 @@ def test_show_hooks_prints_the_order_without_training(tmp_path):
     "args, expected",
     [
         (["hooks=[nonexistent]"], ["Unknown hook 'nonexistent'", "Available hooks: activation_stats, csv", "profiler"]),
-        (["model=nonexistent"], ["Unknown model option 'nonexistent'", "char_gru, cnn, digits_gan, mlp, regression_mlp, resnet18, segnet"]),
+        (["model=nonexistent"], ["Unknown model option 'nonexistent'", "byol_mlp, char_gru, cnn, digits_gan, mlp, regression_mlp, resnet18, segnet"]),
         (["hooks=[ema]", "+hooks.ema.priority=SUPER"], ["hooks.ema.priority", "'SUPER'", "VERY_HIGH (10)"]),
         (["hooks=[ema]", "+hooks.ema.priority=101"], ["hooks.ema.priority", "101", "0-100"]),
         (["model._target_=nowhere.Net"], ["model._target_='nowhere.Net' cannot be imported", "No module named"]),

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from conftest import toy_runner
+from conftest import Twin, toy_runner
 from expkit import ConfigError, Hook, default_hooks
 from expkit.build import build_hook
 from expkit.hooks import CheckpointHook, EMAHook, IterTimerHook, LoggerHook
@@ -163,7 +163,8 @@ def test_every_shipped_hook_builds_runs_and_round_trips_its_state(tmp_path, key,
     if "save_best" in node:
         node.save_best = "val/acc"  # the interpolation ${monitor} needs the root config
     hook = build_hook(node, key)
-    runner = toy_runner(tmp_path, default_hooks={}, hooks={key.split(".")[1]: hook}, max_epochs=2)
+    model = Twin() if key == "hooks.momentum_encoder" else None  # it needs an online and a target network
+    runner = toy_runner(tmp_path, default_hooks={}, hooks={key.split(".")[1]: hook}, max_epochs=2, model=model)
     assert runner.run()["status"] == "completed"
     runner.call_hook("after_run")  # closing twice is safe
     state = hook.state_dict()

@@ -221,3 +221,43 @@ def test_several_optimizers_need_a_model_that_owns_its_update(tmp_path):
                               "optim.discriminator.module=null"), tmp_path)  # fmt: skip
     with pytest.raises(ConfigError, match=r"optim.generator.module=gen: the model has no submodule 'gen'"):
         build_runner(_compose("experiment=gan", "optim.generator.module=gen"), tmp_path)
+
+
+# -- momentum encoders (self-supervised learning) ----------------------------------------------------
+def test_the_momentum_encoder_follows_the_online_network_on_its_schedule(tmp_path):
+    from conftest import Twin, toy_runner
+    from expkit.hooks import MomentumEncoderHook
+
+    cosine = MomentumEncoderHook(momentum=0.9, schedule="cosine", end_momentum=1.0)
+    assert (cosine.momentum_at(0, 10), cosine.momentum_at(5, 10), cosine.momentum_at(10, 10)) == pytest.approx((0.9, 0.95, 1.0))
+    assert MomentumEncoderHook(momentum=0.9, schedule="constant").momentum_at(7, 10) == 0.9
+
+    follow = Twin()
+    toy_runner(tmp_path / "m0", model=follow, hooks=[MomentumEncoderHook(momentum=0.0, schedule="constant")]).run()
+    for t, o in zip(follow.target.parameters(), follow.online.parameters()):  # m = 0: the target is the online net
+        assert torch.equal(t, o) and not t.requires_grad
+
+    frozen = Twin()
+    start = [p.clone() for p in frozen.online.parameters()]
+    hook = MomentumEncoderHook(momentum=1.0, end_momentum=1.0)
+    toy_runner(tmp_path / "m1", model=frozen, hooks=[hook]).run()  # m = 1: the target keeps its initial copy
+    assert all(torch.equal(t, s) for t, s in zip(frozen.target.parameters(), start))
+    assert not all(torch.equal(o, s) for o, s in zip(frozen.online.parameters(), start))  # while online trained
+
+
+def test_byol_learns_a_representation_a_linear_probe_reads_better_than_random_init(tmp_path):
+    _, result = _train(tmp_path, "experiment=byol_digits", "trainer.max_epochs=15")
+    probe = result["linear_probe"]
+    assert probe["acc"] > probe["random_init_acc"] + 0.05, probe  # measured: 0.88 vs 0.73 after 30 epochs
+    checkpoint = torch.load(tmp_path / "checkpoints" / "epoch_15.pth", weights_only=True)
+    assert any(k.startswith("target.") for k in checkpoint["state_dict"])  # the target network is checkpointed
+    assert 0.99 < checkpoint["hooks"]["momentum_encoder"]["momentum"] <= 1.0  # near the end of BYOL's cosine
+
+
+def test_byol_resumed_after_one_epoch_is_bit_identical(tmp_path):
+    straight, _ = _train(tmp_path / "straight", "experiment=byol_digits", "hooks=[momentum_encoder]")
+    _train(tmp_path / "resumed", "experiment=byol_digits", "hooks=[momentum_encoder,stop_after]",
+           "hooks.stop_after.epochs=1")  # fmt: skip
+    resumed, _ = _train(tmp_path / "resumed", "experiment=byol_digits", "hooks=[momentum_encoder]", "resume=true")
+    for key, value in straight.model.state_dict().items():  # the target network included
+        assert torch.equal(value, resumed.model.state_dict()[key]), key

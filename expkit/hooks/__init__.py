@@ -14,6 +14,7 @@ from expkit.hooks.iter_timer import IterTimerHook
 from expkit.hooks.logger import LoggerHook
 from expkit.hooks.memory_summary import MemorySummaryHook
 from expkit.hooks.model_complexity import ModelComplexityHook
+from expkit.hooks.momentum_encoder import MomentumEncoderHook
 from expkit.hooks.param_scheduler import ParamSchedulerHook
 from expkit.hooks.perf_stats import PerfStatsHook
 from expkit.hooks.profiler import ProfilerHook
@@ -39,6 +40,7 @@ __all__ = [
     "LoggerHook",
     "MemorySummaryHook",
     "ModelComplexityHook",
+    "MomentumEncoderHook",
     "ParamSchedulerHook",
     "PerfStatsHook",
     "ProfilerHook",
