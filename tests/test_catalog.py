@@ -10,9 +10,9 @@ import re
 
 import pytest
 import torch
+from conftest import toy_runner
 from torch import nn
 
-from conftest import toy_runner
 from expkit import ConfigError, Hook, HookError, default_hooks
 from expkit.hooks import (
     ActivationStatsHook,

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import Score, toy_runner
+
 from expkit import ConfigError, Hook, HookError, default_hooks
 from expkit.checkpoint_io import load_checkpoint
 from expkit.hooks import CheckpointHook

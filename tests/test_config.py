@@ -99,7 +99,7 @@ def test_fake_data_builds_with_torchvision(tmp_path):
         (["hooks=[ema,nope]"], "Unknown hook 'nope'"),
         (["-m", "hooks=[ema],[nope]"], "Unknown hook 'nope'"),
         (["-m", "model=mlp,nope"], "Unknown model option 'nope'"),
-        (["optim=sgdd"], "Available optim: adam, adamw, sgd"),
+        (["optim=sgdd"], "Available optim: adam, adamw, gan, sgd"),
     ],
 )
 def test_group_choices_are_checked_with_the_options_listed(argv, fragment):

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import Twin, toy_runner
 from hydra import compose, initialize_config_dir
 
-from conftest import Twin, toy_runner
 from expkit import ConfigError, Hook, default_hooks
 from expkit.build import build_hook
 from expkit.hooks import CheckpointHook, EMAHook, IterTimerHook, LoggerHook

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, run_cli
 from hydra import compose, initialize_config_dir
 
-from conftest import REPO, run_cli
 from expkit.build import build_runner
 from expkit.errors import ConfigError
 from expkit.train import CONF_DIR
@@ -226,6 +226,7 @@ def test_several_optimizers_need_a_model_that_owns_its_update(tmp_path):
 # -- momentum encoders (self-supervised learning) ----------------------------------------------------
 def test_the_momentum_encoder_follows_the_online_network_on_its_schedule(tmp_path):
     from conftest import Twin, toy_runner
+
     from expkit.hooks import MomentumEncoderHook
 
     cosine = MomentumEncoderHook(momentum=0.9, schedule="cosine", end_momentum=1.0)
