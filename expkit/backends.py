@@ -57,6 +57,9 @@ class Backend:
 
     def log(self, record: dict[str, Any], step: int) -> None: ...
 
+    def resume(self, step: int) -> None:
+        """The run resumes from a checkpoint at `step`: what an earlier attempt logged after it is void."""
+
     def finish(self, runner: Runner, result: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
@@ -87,6 +90,13 @@ class TensorBoardBackend(Backend):
     def log(self, record: dict[str, Any], step: int) -> None:
         for key, value in scalars(record).items():
             self.writer.add_scalar(key, value, step)
+
+    def resume(self, step: int) -> None:
+        """What SummaryWriter(purge_step=step + 1) writes: readers drop the events of earlier
+        files from that step on (the killed attempt's records after the checkpoint)."""
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        self.writer.file_writer.add_event(Event(step=step + 1, session_log=SessionLog(status=SessionLog.START)))
 
     def finish(self, runner: Runner, result: dict[str, Any]) -> None:
         from torch.utils.tensorboard.summary import hparams

@@ -241,6 +241,7 @@ class EvalLoop:
             metrics.update(self.run_set(loader, f"{self.mode}/{name}" if name else self.mode))
         r.eval_set = None
         r.model.train(was_training)
+        r.record_eval(self.mode, metrics)
         r.call_hook(stages["end_epoch"], metrics=metrics)
         r.call_hook(stages["end"])
         return metrics

@@ -497,14 +497,19 @@ class Runner:
         TrainLoop(self).run()
 
     def validate(self) -> dict[str, float]:
-        metrics = EvalLoop(self, self.val_loader, "val").run()
-        self.val_metrics = metrics
-        self._track_best(metrics)
-        return metrics
+        return EvalLoop(self, self.val_loader, "val").run()
 
     def test(self) -> dict[str, float]:
-        self.test_metrics = EvalLoop(self, self.test_loader, "test").run()
-        return self.test_metrics
+        return EvalLoop(self, self.test_loader, "test").run()
+
+    def record_eval(self, mode: str, metrics: dict[str, float]) -> None:
+        """The run state takes a pass's results before its hooks see them: a checkpoint saved
+        after validation holds this validation's metrics and best values."""
+        if mode == "val":
+            self.val_metrics = metrics
+            self._track_best(metrics)
+        else:
+            self.test_metrics = metrics
 
     def _load_test_weights(self) -> None:
         """test_with=best: test the best checkpoint by the first monitored metric (model
@@ -576,6 +581,7 @@ class Runner:
                 "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "work_dir": str(self.work_dir),
                 "best_metrics": self.best_metrics,
+                "val_metrics": self.val_metrics,  # the last validation's: result.json reports them after a resume
                 "best_checkpoints": {k: Path(v).name for k, v in self.best_checkpoints.items()},  # beside this file
             },
             "state_dict": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
@@ -666,6 +672,7 @@ class Runner:
         self.epoch, self.iter, self.inner_iter = meta["epoch"], meta["iter"], meta.get("inner_iter", 0)
         self.position = (self.epoch, self.iter, self.inner_iter)
         self.best_metrics = dict(meta.get("best_metrics", {}))
+        self.val_metrics = dict(meta.get("val_metrics", {}))
         # recorded paths name this run's own files: read them in the dir of the file resumed from
         self.best_checkpoints = {key: str(checkpoint_io.own_file(source.parent, path))
                                  for key, path in meta.get("best_checkpoints", {}).items()}  # fmt: skip

@@ -14,6 +14,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
+from expkit.checkpoint_io import write_text_atomic
 from expkit.hooks.base import Hook
 from expkit.stages import Priority
 
@@ -88,6 +89,34 @@ class LoggerHook(Hook):
             self._file.flush()
         for backend in list(self._backends):
             self._safely(backend, "log", record, record["step"])
+
+    def after_load_checkpoint(self, runner: Runner, *, checkpoint: dict[str, Any]) -> None:
+        """Resuming: what an earlier attempt recorded after this checkpoint is void, so the logs
+        read as one uninterrupted run. metrics.jsonl keeps the records up to the checkpoint's
+        step (test records come only at the end: all are dropped), and each backend is told
+        (TensorBoard purges later steps)."""
+        if runner.load_purpose != "resume" or self._file is None:
+            return
+        step = int(checkpoint["meta"]["iter"])
+        path = runner.work_dir / self.filename
+        self._file.close()
+        kept, dropped = [], 0
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by the kill
+                dropped += 1
+                continue
+            if record.get("step", 0) <= step and not any(k.startswith("test/") for k in record):
+                kept.append(line)
+            else:
+                dropped += 1
+        write_text_atomic(path, "".join(line + "\n" for line in kept))
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in after_run
+        if dropped:
+            log.info("Resuming at step %d: dropped %d records of %s written after it", step, dropped, self.filename)
+        for backend in list(self._backends):
+            self._safely(backend, "resume", step)
 
     def before_run(self, runner: Runner) -> None:
         if not runner.is_main:  # under DDP, rank 0 writes the files and the backends
