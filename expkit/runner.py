@@ -622,9 +622,11 @@ class Runner:
         self.call_hook(Stage.BEFORE_SAVE_CHECKPOINT, checkpoint=checkpoint)
         try:
             checkpoint_io.save_atomic(checkpoint, path, durable=durable)
-        except OSError as exc:  # disk full, permission denied, ...
-            kept = f"{self.last_checkpoint} (and last_checkpoint) is intact" if self.last_checkpoint else "none was saved"
-            raise CheckpointWriteError(f"could not write {path}: {exc}; the previous complete checkpoint {kept}") from exc
+        except (OSError, RuntimeError) as exc:  # disk full (torch's zip writer raises RuntimeError), permissions, ...
+            cause = "no space left on the device" if _disk_full(exc) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            kept = (f"the previous complete checkpoint {self.last_checkpoint} (and last_checkpoint) is intact"
+                    if self.last_checkpoint else "no earlier checkpoint of this run exists")  # fmt: skip
+            raise CheckpointWriteError(f"could not write {path}: {cause}; {kept}") from exc
         if not is_best:
             checkpoint_io.point_last_checkpoint(path.parent, path)
             self.last_checkpoint = path
@@ -721,6 +723,13 @@ class Runner:
         if self.is_main:
             checkpoint_io.write_json_atomic(self.work_dir / "result.json", result)
         return result
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """ENOSPC, however it surfaced (an OSError, or torch's zip writer's RuntimeError)."""
+    import errno
+
+    return getattr(exc, "errno", None) == errno.ENOSPC or "unexpected pos" in str(exc) or "No space left" in str(exc)
 
 
 def _check_hook_methods(hook: Hook, name: str) -> None:

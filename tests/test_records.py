@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
+
+from conftest import run_cli
 
 from expkit import Hook
 from expkit.build import build_runner
@@ -65,3 +69,89 @@ def test_a_resumed_run_logs_what_an_uninterrupted_run_logs(tmp_path, crash):
     for key in ("status", "epoch", "iter", "final_metrics", "best_metrics"):
         assert resumed[key] == reference[key], key  # the last validation's metrics come back with the state
     assert not list(work.rglob("*.tmp*"))
+
+
+EXIT_HOOK = """
+import os
+from expkit import Hook
+
+class ExitAt(Hook):
+    '''Ends the process at once, as SIGKILL would (no cleanup, no flush), at a chosen point.'''
+
+    def __init__(self, point: str) -> None:
+        self.point, self.saves = point, 0
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        if self.point == "mid-epoch" and runner.iter + 1 == 55:
+            os._exit(9)
+
+    def after_val_iter(self, runner, *, batch_idx, data_batch, outputs):
+        if self.point == "validation" and runner.epoch == 2 and batch_idx == 3:
+            os._exit(9)
+
+    def before_save_checkpoint(self, runner, *, checkpoint):
+        self.saves += "optimizer" in checkpoint  # regular checkpoints (best ones carry no optimizer)
+        if self.point == "checkpoint-write" and self.saves == 2 and "optimizer" in checkpoint:
+            (runner.work_dir / "checkpoints" / f".epoch_2.pth.tmp{os.getpid()}").write_bytes(b"half written")
+            os._exit(9)
+
+    def after_save_checkpoint(self, runner, *, path, is_best, metric):
+        if self.point == "after-last-checkpoint" and path.name == "epoch_3.pth":
+            os._exit(9)
+"""
+
+
+@pytest.fixture(scope="module")
+def reference_cli(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("reference") / "run"
+    proc = run_cli(f"hydra.run.dir={work}", *COMMON)
+    assert proc.returncode == 0, proc.output
+    return work
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["mid-epoch", "validation", "checkpoint-write", "after-last-checkpoint"])
+def test_killed_anywhere_then_resumed_records_equal_an_uninterrupted_run(tmp_path, point, reference_cli):
+    (tmp_path / "exithook.py").write_text(EXIT_HOOK)
+    work = tmp_path / "run"
+    killed = run_cli(f"hydra.run.dir={work}", *COMMON, "+hooks.exit._target_=exithook.ExitAt", f"+hooks.exit.point={point}",
+                     env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    assert killed.returncode == 9, killed.output
+    resumed = run_cli(f"hydra.run.dir={work}", *COMMON, "resume=true")
+    assert resumed.returncode == 0, resumed.output
+    assert _records(work) == _records(reference_cli)
+    assert _tensorboard(work) == _tensorboard(reference_cli)
+    result, reference = (json.loads((w / "result.json").read_text()) for w in (work, reference_cli))
+    for key in ("status", "epoch", "iter", "final_metrics", "best_metrics", "monitor_rule"):
+        assert result[key] == reference[key], key
+    final, expected = (torch.load(w / "checkpoints" / "epoch_3.pth", weights_only=True)["state_dict"]
+                       for w in (work, reference_cli))  # fmt: skip
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
+    assert not list(work.rglob("*.tmp*"))  # the killed writer's temporary file is gone
+
+
+@pytest.mark.slow
+def test_a_full_disk_fails_naming_the_file_and_resumes_bit_identical_with_space(tmp_path, reference_cli):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs is not allowed here")
+    try:
+        work = disk / "run"
+        full = run_cli(f"hydra.run.dir={work}", *COMMON)  # ~0.7 MB a regular checkpoint: the disk fills in epoch 2
+        assert full.returncode == 1, full.output
+        assert "could not write" in full.stderr and "no space left on the device" in full.stderr
+        assert "is intact" in full.stderr and "Traceback" not in full.stderr
+        result = json.loads((work / "result.json").read_text())
+        assert result["status"] == "failed" and "no space left" in result["error"]
+        for path in (work / "checkpoints").glob("*.pth"):
+            torch.load(path, weights_only=True)  # every earlier checkpoint is complete
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        assert not (work / "checkpoints" / "epoch_3.pth").exists()
+        resumed = run_cli(f"hydra.run.dir={work}", *COMMON, "resume=true")
+        assert resumed.returncode == 0, resumed.output
+        final, expected = (torch.load(w / "checkpoints" / "epoch_3.pth", weights_only=True)["state_dict"]
+                           for w in (work, reference_cli))  # fmt: skip
+        assert all(torch.equal(final[k], expected[k]) for k in expected)
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
