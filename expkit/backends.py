@@ -60,6 +60,9 @@ class Backend:
     def resume(self, step: int) -> None:
         """The run resumes from a checkpoint at `step`: what an earlier attempt logged after it is void."""
 
+    def flush(self) -> None:
+        """Put everything logged so far on disk (called before each checkpoint is written)."""
+
     def finish(self, runner: Runner, result: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
@@ -111,6 +114,10 @@ class TensorBoardBackend(Backend):
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, runner.iter)
         self.writer.flush()
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
 
     def close(self) -> None:
         if self.writer is not None:

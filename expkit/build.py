@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -55,10 +56,14 @@ def _check_numbers(target: Any, node: DictConfig, key: str) -> None:
     except (TypeError, ValueError):
         return
     for name, value in node.items():
-        if name in _RESERVED or name not in params or not isinstance(value, str):
+        if name in _RESERVED or name not in params:
             continue
         default = params[name].default
-        if isinstance(default, (int, float)) and not isinstance(default, bool):
+        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+        if isinstance(value, float) and not math.isfinite(value):  # lr=nan trains nothing and "completes"
+            example = f", e.g. {key}.{name}={default}" if numeric and math.isfinite(default) else ""
+            raise ConfigError(f"{key}.{name}={value} is not a finite number; give one{example}")
+        if isinstance(value, str) and numeric:
             raise ConfigError(f"{key}.{name}={value!r} is not a number; give one, e.g. {key}.{name}={default}")
 
 

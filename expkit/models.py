@@ -13,6 +13,8 @@ from torch import nn
 def mlp_layers(width: int, hidden: Sequence[int], outputs: int, dropout: float = 0.0) -> list[nn.Module]:
     """Linear-ReLU(-Dropout) layers of the `hidden` widths from `width` inputs, then a linear
     layer to `outputs`."""
+    if any(not isinstance(h, int) or h < 1 for h in hidden) or outputs < 1:
+        raise ValueError(f"layer widths must be positive integers, got hidden={list(hidden)} and {outputs} outputs")
     layers: list[nn.Module] = []
     for h in hidden:
         layers += [nn.Linear(width, h), nn.ReLU()]

@@ -8,6 +8,7 @@ Hydra) and hand them over. ``Runner.run()`` trains, validates, tests and writes
 from __future__ import annotations
 
 import contextlib
+import copy
 import difflib
 import inspect
 import logging
@@ -433,6 +434,8 @@ class Runner:
                 self.call_hook(Stage.BEFORE_RUN)  # hooks check their metrics here and declare explicit rules
                 if self.monitor is not None:
                     self.metric_rule(self.monitor, "monitor")
+                if self.val_loader is not None and self.optimizer is not None:
+                    self._check_metrics()
                 self._load_or_resume()
                 if self.train_loader is not None and self.optimizer is not None:
                     self.train()
@@ -531,6 +534,37 @@ class Runner:
             best = self.best_metrics.get(key)
             if better(value, None if best is None else best["value"], rule):
                 self.best_metrics[key] = {"value": value, "epoch": self.epoch, "iter": self.iter, "rule": rule}
+
+    def _check_metrics(self) -> None:
+        """Every metric updated and computed once, on copies, with the first validation batch:
+        a metric that does not fit the data (top_k=20 on 10 classes, a wrong num_classes)
+        fails here, naming it, instead of after the first epoch. Leaves the run's random
+        state and the metrics as they were."""
+        loader = next(iter(self.val_loader.values())) if isinstance(self.val_loader, Mapping) else self.val_loader
+        batch = next(iter(loader), None)  # type: ignore[arg-type]
+        if batch is None or not self.metrics:
+            return
+        states, was_training = rng_states(), self.model.training
+        try:
+            self.model.eval()
+            with torch.no_grad(), self.autocast():
+                outputs = self.eval_step(self.to_device(batch))
+            for name, slot in self.metrics.items():
+                probe = copy.deepcopy(slot)
+                probe.reset()
+                try:
+                    probe.update(outputs)
+                    probe.compute()
+                except ConfigError:
+                    raise
+                except Exception as exc:
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                    raise ConfigError(f"metrics.{name} ({type(slot.metric).__name__}) fails on the first validation "
+                                      f"batch: {type(exc).__name__}: {first[:200]}. Check its settings against the data "
+                                      f"(e.g. top_k, num_classes) and metrics.{name}.inputs") from None  # fmt: skip
+        finally:
+            self.model.train(was_training)
+            set_rng_states(states)
 
     def metric_rule(self, key: str, by: str, rule: str | None = None) -> str:
         """For hooks at before_run: check that validation will report `key` (when this run

@@ -53,7 +53,7 @@ class TrainerSettings:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ConfigError(f"trainer.seed must be an integer or null, got {self.seed!r}")
         if self.clip_grad_norm is not None and not (
-            isinstance(self.clip_grad_norm, (int, float)) and self.clip_grad_norm > 0
+            isinstance(self.clip_grad_norm, (int, float)) and 0 < self.clip_grad_norm < float("inf")
         ):
             raise ConfigError(f"trainer.clip_grad_norm must be a positive number or null, got {self.clip_grad_norm!r}")
 

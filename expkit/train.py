@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import shlex
 import sys
 import time
@@ -81,8 +82,8 @@ def check_group_choices(argv: list[str]) -> str | None:
     candidates = [a for a in argv if "=" in a and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
     try:
         overrides = OverridesParser.create().parse_overrides(candidates)
-    except Exception:  # a malformed override: Hydra's own message says where
-        return None
+    except Exception:  # a malformed override: name it (Hydra's message does not)
+        return _check_parsable(candidates)
     for override in overrides:
         group = override.key_or_group
         if group not in groups or override.is_delete() or override.package:
@@ -194,6 +195,8 @@ def run(cfg: DictConfig) -> float | None:
     from expkit import distributed
     from expkit.build import build_runner
 
+    global _TASK_STARTED
+    _TASK_STARTED = True
     hc = HydraConfig.get()
     work_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
@@ -277,14 +280,63 @@ def flags_first(argv: list[str]) -> list[str]:
 
 
 def _check_output_dirs(argv: list[str]) -> str | None:
-    """An empty hydra.run.dir / hydra.sweep.dir would make the current directory the work dir."""
+    """An output dir that is empty (the current directory would become the work dir) or cannot
+    be written, named before Hydra tries to log into it."""
+    given = False
     for arg in argv:
         key, sep, value = arg.partition("=")
-        if sep and key.lstrip("+") in ("hydra.run.dir", "hydra.sweep.dir") and not value.strip().strip("'\""):
-            example = "outputs/runs/my_run" if key.endswith("run.dir") else "outputs/sweeps/my_sweep"
-            return (f"{key.lstrip('+')} is empty, which would write this run's files into the current directory. "
-                    f"Give a directory ({key.lstrip('+')}={example}) or leave the key out for a new dated one.")  # fmt: skip
+        key, value = key.lstrip("+"), value.strip().strip("'\"")
+        if not sep or key not in ("hydra.run.dir", "hydra.sweep.dir"):
+            continue
+        example = "outputs/runs/my_run" if key.endswith("run.dir") else "outputs/sweeps/my_sweep"
+        if not value:
+            return (f"{key} is empty, which would write this run's files into the current directory. "
+                    f"Give a directory ({key}={example}) or leave the key out for a new dated one.")  # fmt: skip
+        given = True
+        if "${" not in value and not _writable(Path(value)):
+            return f"{key}={value}: cannot create or write this directory; give a writable one, e.g. {key}={example}"
+    if not given and not _writable(Path("outputs")):
+        return (f"cannot write {Path('outputs').resolve()} (runs go to outputs/ under the current directory); "
+                "run from a writable directory or give hydra.run.dir=<a writable dir>")  # fmt: skip
     return None
+
+
+def _writable(directory: Path) -> bool:
+    """Whether `directory` can be created (Hydra creates it next anyway) and written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(directory, os.W_OK | os.X_OK)
+
+
+def _check_keys(argv: list[str]) -> str | None:
+    """Keys no config can have (a key longer than a file name can be)."""
+    for arg in argv:
+        key = arg.partition("=")[0].lstrip("+~")
+        if "=" in arg and not arg.startswith("-") and any(len(part) > 200 for part in key.split(".")):
+            return f"{key[:40]}...: a {len(key)}-character key is not a key of the config; see --cfg job for the keys"
+    return None
+
+
+def _check_parsable(argv: list[str]) -> str | None:
+    """The first override Hydra's grammar cannot parse, named (Hydra's own message does not)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for arg in argv:
+        if "=" not in arg or arg.startswith("-"):
+            continue
+        try:
+            parser.parse_overrides([arg])
+        except Exception as exc:  # Hydra's OverrideParseException, or a grammar error
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return (f"'{arg}' cannot be parsed ({first}); check its brackets and quotes, e.g. 'optim.lr=0.1', "
+                    "'hooks=[ema,profiler]' (https://hydra.cc/docs/advanced/override_grammar/basic/)")  # fmt: skip
+    return None
+
+
+_TASK_STARTED = False  # set by the task function: a SystemExit(1) before it is Hydra's config error
 
 
 def _log_to_rank_file(work_dir: Path, rank: int) -> None:
@@ -322,12 +374,18 @@ def _share_run_dir_across_ranks() -> None:
 
 def main() -> None:
     sys.argv[1:] = flags_first(sys.argv[1:])
-    message = _check_output_dirs(sys.argv[1:]) or check_group_choices(sys.argv[1:])
+    argv = sys.argv[1:]
+    message = _check_keys(argv) or check_group_choices(argv) or _check_output_dirs(argv)
     if message:
         print(f"Error: {message}", file=sys.stderr)
         sys.exit(2)
     _share_run_dir_across_ranks()
-    run()
+    try:
+        run()
+    except SystemExit as exc:
+        if exc.code == 1 and not _TASK_STARTED:  # Hydra's own errors (an unknown key, an unparsable override)
+            sys.exit(2)  # are the user's to fix, like expkit's: one exit code for "fix your input"
+        raise
 
 
 if __name__ == "__main__":

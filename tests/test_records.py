@@ -155,3 +155,22 @@ def test_a_full_disk_fails_naming_the_file_and_resumes_bit_identical_with_space(
         assert all(torch.equal(final[k], expected[k]) for k in expected)
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("args", "named"), [
+    (["optim.lr=nan"], "optim.lr=nan is not a finite number"),
+    (["optim.lr=inf"], "optim.lr=inf is not a finite number"),
+    (["model.hidden=[0]"], "layer widths must be positive integers"),
+    (["metrics.acc.top_k=20"], "metrics.acc (Accuracy) fails on the first validation batch"),
+    (["hydra.run.dir=/proc/expkit-test/run"], "hydra.run.dir=/proc/expkit-test/run: cannot create or write"),
+    (["x" * 5000 + "=1"], "5000-character key is not a key of the config"),
+    (["nokey=1"], "Could not override 'nokey'"),  # Hydra's own errors exit 2 too
+    (["optim.lr=[1"], "optim.lr=[1"),
+], ids=["nan", "inf", "zero-width", "top_k", "unwritable", "long-key", "unknown-key", "unparsable"])  # fmt: skip
+def test_bad_input_exits_2_with_one_message_naming_it(tmp_path, args, named):
+    run_dir = [] if any(a.startswith("hydra.run.dir=") for a in args) else [f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = run_cli(*run_dir, *args, "trainer.max_epochs=1")
+    assert proc.returncode == 2, proc.output
+    assert named in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before training

@@ -90,6 +90,13 @@ class LoggerHook(Hook):
         for backend in list(self._backends):
             self._safely(backend, "log", record, record["step"])
 
+    def before_save_checkpoint(self, runner: Runner, *, checkpoint: dict[str, Any]) -> None:
+        """What is logged up to a checkpoint is on disk before the checkpoint exists: a run
+        killed later resumes from it with every record up to its step (TensorBoard buffers
+        events for up to flush_secs; metrics.jsonl is flushed per record)."""
+        for backend in list(self._backends):
+            self._safely(backend, "flush")
+
     def after_load_checkpoint(self, runner: Runner, *, checkpoint: dict[str, Any]) -> None:
         """Resuming: what an earlier attempt recorded after this checkpoint is void, so the logs
         read as one uninterrupted run. metrics.jsonl keeps the records up to the checkpoint's
