@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, run_cli
 from hydra import compose, initialize_config_dir
-
-from conftest import run_cli
 
 from expkit import Hook
 from expkit.build import build_runner
@@ -174,3 +174,11 @@ def test_bad_input_exits_2_with_one_message_naming_it(tmp_path, args, named):
     assert proc.returncode == 2, proc.output
     assert named in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before training
+
+
+@pytest.mark.slow
+def test_the_fault_campaign_script_runs_and_finds_every_trial_consistent():
+    proc = subprocess.run([sys.executable, "benchmarks/fault_campaign.py", "--quick", "--seed", "1"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    assert "2 of 2 trials ended bit-identical with consistent records" in proc.stdout

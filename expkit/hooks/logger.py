@@ -90,6 +90,17 @@ class LoggerHook(Hook):
         for backend in list(self._backends):
             self._safely(backend, "log", record, record["step"])
 
+    # -- state: the losses of a log interval not yet written, so a resumed record averages the same ones --
+    def state_dict(self) -> dict[str, Any]:
+        if not self._losses and not self._logged:
+            return {}
+        return {"pending_losses": [float(x) for x in self._losses],
+                "pending_logged": {k: [float(v) for v in vs] for k, vs in self._logged.items()}}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._losses = [torch.tensor(x, dtype=torch.float32) for x in state.get("pending_losses", [])]
+        self._logged = {k: list(vs) for k, vs in state.get("pending_logged", {}).items()}
+
     def before_save_checkpoint(self, runner: Runner, *, checkpoint: dict[str, Any]) -> None:
         """What is logged up to a checkpoint is on disk before the checkpoint exists: a run
         killed later resumes from it with every record up to its step (TensorBoard buffers
@@ -102,9 +113,12 @@ class LoggerHook(Hook):
         read as one uninterrupted run. metrics.jsonl keeps the records up to the checkpoint's
         step (test records come only at the end: all are dropped), and each backend is told
         (TensorBoard purges later steps)."""
-        if runner.load_purpose != "resume" or self._file is None:
+        if runner.load_purpose == "resume":
+            self._void_after(runner, int(checkpoint["meta"]["iter"]))
+
+    def _void_after(self, runner: Runner, step: int) -> None:
+        if self._file is None:
             return
-        step = int(checkpoint["meta"]["iter"])
         path = runner.work_dir / self.filename
         self._file.close()
         kept, dropped = [], 0
@@ -159,6 +173,8 @@ class LoggerHook(Hook):
 
     # -- train -----------------------------------------------------------------------------
     def before_train(self, runner: Runner) -> None:
+        if not runner.resuming:  # training starts at step 0 (a new run, or resume=true before any checkpoint)
+            self._void_after(runner, 0)
         self._max_iters = runner.max_iters  # computing it per iteration costs microseconds
         self._batch_size = getattr(runner.train_loader, "batch_size", None) or 0
 
