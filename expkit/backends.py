@@ -58,7 +58,8 @@ class Backend:
     def log(self, record: dict[str, Any], step: int) -> None: ...
 
     def resume(self, step: int) -> None:
-        """The run resumes from a checkpoint at `step`: what an earlier attempt logged after it is void."""
+        """The run resumes at `step`: what an earlier attempt logged at `step` and later is void
+        (the logger then logs the records of `step` that the checkpoint covers again)."""
 
     def flush(self) -> None:
         """Put everything logged so far on disk (called before each checkpoint is written)."""
@@ -95,11 +96,11 @@ class TensorBoardBackend(Backend):
             self.writer.add_scalar(key, value, step)
 
     def resume(self, step: int) -> None:
-        """What SummaryWriter(purge_step=step + 1) writes: readers drop the events of earlier
-        files from that step on (the killed attempt's records after the checkpoint)."""
+        """What SummaryWriter(purge_step=step) writes: readers drop the events of earlier files
+        from that step on."""
         from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 
-        self.writer.file_writer.add_event(Event(step=step + 1, session_log=SessionLog(status=SessionLog.START)))
+        self.writer.file_writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
 
     def finish(self, runner: Runner, result: dict[str, Any]) -> None:
         from torch.utils.tensorboard.summary import hparams

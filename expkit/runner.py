@@ -755,7 +755,11 @@ class Runner:
             "traceback": tb,
         }
         if self.is_main:
-            checkpoint_io.write_json_atomic(self.work_dir / "result.json", result)
+            try:
+                checkpoint_io.write_json_atomic(self.work_dir / "result.json", result)
+            except OSError as exc:  # a full disk: say so instead of hiding the run's own error under a traceback
+                log.error("Could not write %s: %s (the run's status: %s)", self.work_dir / "result.json",
+                          "no space left on the device" if _disk_full(exc) else exc, status)  # fmt: skip
         return result
 
 

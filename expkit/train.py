@@ -106,7 +106,10 @@ def _record_failure(work_dir: Path, error: str) -> None:
     """result.json says failed, unless the runner already wrote its own (it does once it exists)."""
     result = work_dir / "result.json"
     if not result.exists():
-        checkpoint_io.write_json_atomic(result, {"status": "failed", "error": error, "work_dir": str(work_dir)})
+        try:
+            checkpoint_io.write_json_atomic(result, {"status": "failed", "error": error, "work_dir": str(work_dir)})
+        except OSError as exc:  # a full or read-only disk: the error itself is what matters
+            log.error("Could not write %s: %s", result, exc)
 
 
 def _fail(exc: BaseException, work_dir: Path) -> None:

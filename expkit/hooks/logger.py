@@ -85,8 +85,11 @@ class LoggerHook(Hook):
 
     def write(self, record: dict[str, Any]) -> None:
         if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
-            self._file.flush()
+            try:
+                self._file.write(json.dumps(record) + "\n")
+                self._file.flush()
+            except OSError as exc:  # name the file and the cause (a full disk, most often)
+                raise OSError(exc.errno, f"could not append to {self._file.name}: {exc.strerror}") from None
         for backend in list(self._backends):
             self._safely(backend, "log", record, record["step"])
 
@@ -136,8 +139,11 @@ class LoggerHook(Hook):
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in after_run
         if dropped:
             log.info("Resuming at step %d: dropped %d records of %s written after it", step, dropped, self.filename)
-        for backend in list(self._backends):
-            self._safely(backend, "resume", step)
+        at_step = [json.loads(line) for line in kept if json.loads(line).get("step") == step]
+        for backend in list(self._backends):  # void from `step` on, then the records of `step` again: an
+            self._safely(backend, "resume", step)  # earlier attempt may have logged test records at it too
+            for record in at_step:
+                self._safely(backend, "log", record, step)
 
     def before_run(self, runner: Runner) -> None:
         if not runner.is_main:  # under DDP, rank 0 writes the files and the backends
