@@ -113,18 +113,20 @@ class LoggerHook(Hook):
 
     def after_load_checkpoint(self, runner: Runner, *, checkpoint: dict[str, Any]) -> None:
         """Resuming: what an earlier attempt recorded after this checkpoint is void, so the logs
-        read as one uninterrupted run. metrics.jsonl keeps the records up to the checkpoint's
-        step (test records come only at the end: all are dropped), and each backend is told
-        (TensorBoard purges later steps)."""
+        read as one uninterrupted run."""
         if runner.load_purpose == "resume":
             self._void_after(runner, int(checkpoint["meta"]["iter"]))
 
     def _void_after(self, runner: Runner, step: int) -> None:
+        """metrics.jsonl keeps the records up to `step` (test records come only at a run's end:
+        all are dropped); each backend voids `step` and later, then gets the kept records of
+        `step` again (an earlier attempt may have logged test records at that step too)."""
         if self._file is None:
             return
         path = runner.work_dir / self.filename
         self._file.close()
-        kept, dropped = [], 0
+        kept: list[tuple[str, dict[str, Any]]] = []
+        dropped = 0
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 record = json.loads(line)
@@ -132,18 +134,18 @@ class LoggerHook(Hook):
                 dropped += 1
                 continue
             if record.get("step", 0) <= step and not any(k.startswith("test/") for k in record):
-                kept.append(line)
+                kept.append((line, record))
             else:
                 dropped += 1
-        write_text_atomic(path, "".join(line + "\n" for line in kept))
+        write_text_atomic(path, "".join(line + "\n" for line, _ in kept))
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in after_run
         if dropped:
             log.info("Resuming at step %d: dropped %d records of %s written after it", step, dropped, self.filename)
-        at_step = [json.loads(line) for line in kept if json.loads(line).get("step") == step]
-        for backend in list(self._backends):  # void from `step` on, then the records of `step` again: an
-            self._safely(backend, "resume", step)  # earlier attempt may have logged test records at it too
-            for record in at_step:
-                self._safely(backend, "log", record, step)
+        for backend in list(self._backends):
+            self._safely(backend, "resume", step)
+            for _, record in kept:
+                if record.get("step") == step:
+                    self._safely(backend, "log", record, step)
 
     def before_run(self, runner: Runner) -> None:
         if not runner.is_main:  # under DDP, rank 0 writes the files and the backends
