@@ -24,6 +24,7 @@ from expkit.data import DataModule
 from expkit.errors import ConfigError, ExpkitError
 from expkit.hooks.base import Hook
 from expkit.metrics import MetricSlot
+from expkit.models import submodule
 from expkit.param_groups import build_param_groups
 from expkit.rng import seed_everything
 from expkit.runner import Runner
@@ -230,12 +231,7 @@ def build_optimizers(optim: DictConfig, model: Any) -> dict[str, Any]:
         if not isinstance(node, DictConfig) or "_target_" not in node:
             raise ConfigError(f"{key} needs a _target_: optim is one optimizer ({{_target_: torch.optim.AdamW, ...}}) "
                               "or named ones, each with its _target_ and the model's submodule it updates (module:)")  # fmt: skip
-        module = model
-        for part in str(node.get("module") or "").split(".") if node.get("module") else ():
-            if not hasattr(module, part):
-                raise ConfigError(f"{key}.module={node.module}: the model has no submodule {part!r}; it has "
-                                  f"{', '.join(n for n, _ in model.named_children())}")  # fmt: skip
-            module = getattr(module, part)
+        module = submodule(model, str(node.get("module") or ""), f"{key}.module")
         optimizers[str(name)] = _build_optimizer(node, module, key)
     if not optimizers:
         raise ConfigError("optim defines no optimizer: give optim=sgd (or adam, adamw) or named optimizers")

@@ -146,7 +146,7 @@ class TrainLoop:
             outputs = self._owned_update(batch_idx, data_batch)
         else:
             if len(window) == 1:
-                outputs = self._forward_backward(batch_idx, data_batch, None)
+                outputs, _ = self._forward_backward(batch_idx, data_batch, None)
             else:
                 outputs = self._accumulate(batch_idx, window)
                 data_batch = window[-1]
@@ -161,17 +161,18 @@ class TrainLoop:
         r.iter += 1
         r.inner_iter = consumed
 
-    def _forward_backward(self, batch_idx: int, data_batch: Any, weight: float | None) -> dict[str, Any]:
-        """Forward, loss (times `weight`, a micro-batch's share of its window), backward."""
+    def _forward_backward(self, batch_idx: int, data_batch: Any, weight: float | None) -> tuple[dict[str, Any], Any]:
+        """Forward, loss (times `weight`, a micro-batch's share of its window), backward (through
+        the scaler); returns the outputs and the loss that was back-propagated."""
         r, call = self.runner, self.runner.call_hook
         with r.phase("forward"), r.autocast():
             outputs = self.step(data_batch)
         call(Stage.AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         loss = outputs["loss"] if weight is None else outputs["loss"] * weight
         with r.phase("backward"):
-            (loss if r.scaler is None else r.scaler.scale(loss)).backward()
+            self.optimizers.backward(loss)
         call(Stage.AFTER_BACKWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
-        return outputs
+        return outputs, loss
 
     def _owned_update(self, batch_idx: int, data_batch: Any) -> dict[str, Any]:
         """A model that owns its update does forward, backward and steps in its train_step;
@@ -199,8 +200,8 @@ class TrainLoop:
         for i, (micro, size) in enumerate(zip(window, sizes)):
             last = i == len(window) - 1
             with contextlib.nullcontext() if ddp is None or last else ddp.no_sync():
-                outputs = self._forward_backward(batch_idx, micro, size / total)
-            share = outputs["loss"].detach() * (size / total)
+                outputs, share = self._forward_backward(batch_idx, micro, size / total)
+            share = share.detach()
             window_loss = share if window_loss is None else window_loss + share
         return {**outputs, "loss": window_loss}
 

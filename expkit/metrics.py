@@ -195,14 +195,7 @@ class MetricSlot:
 
     def compute(self) -> dict[str, float]:
         """``{"": value}`` for a number, ``{"/key": value, ...}`` for a dict result (flattened)."""
-        result = self.metric.compute()
-        if isinstance(result, Mapping):
-            flat: dict[str, float] = {}
-            for key, value in result.items():
-                for sub, number in (_flatten(f"/{key}", value, self.name)).items():
-                    flat[sub] = number
-            return flat
-        return {"": _scalar(self.name, result)}
+        return _flatten("", self.metric.compute(), self.name)
 
     # -- what it reports, and which way is better ------------------------------------------------
     def reported_names(self) -> tuple[list[str], bool]:
@@ -298,9 +291,7 @@ class Directions:
             own = slot.rule(suffix)
             if own is not None:
                 return own
-        if key.rpartition("/")[2] == "loss":
-            return "less"
-        return infer_rule(key)
+        return infer_rule(key)  # val/loss included: "loss" is a less-is-better name
 
     def require(self, key: str, by: str) -> str:
         """The rule of `key`, or a ConfigError saying how to set it."""
@@ -337,7 +328,3 @@ class Directions:
 def as_slots(metrics: Mapping[str, Any]) -> dict[str, MetricSlot]:
     """Every metric in a MetricSlot (default inputs, its own direction), slots kept as they are."""
     return {str(name): m if isinstance(m, MetricSlot) else MetricSlot(m, str(name)) for name, m in metrics.items()}
-
-
-def finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

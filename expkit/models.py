@@ -10,6 +10,21 @@ from collections.abc import Sequence
 from torch import nn
 
 
+def submodule(model: nn.Module, path: str, key: str) -> nn.Module:
+    """The model's submodule at the dotted `path` (empty: the model itself); a ConfigError
+    naming the config `key` and the model's children when there is none."""
+    from expkit.errors import ConfigError
+
+    module = model
+    for part in path.split(".") if path else ():
+        child = getattr(module, part, None)
+        if not isinstance(child, nn.Module):
+            names = ", ".join(n for n, _ in model.named_children())
+            raise ConfigError(f"{key}={path}: the model has no submodule {part!r}; it has {names}")
+        module = child
+    return module
+
+
 def mlp_layers(width: int, hidden: Sequence[int], outputs: int, dropout: float = 0.0) -> list[nn.Module]:
     """Linear-ReLU(-Dropout) layers of the `hidden` widths from `width` inputs, then a linear
     layer to `outputs`."""

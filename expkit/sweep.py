@@ -68,8 +68,6 @@ def monitor_of(config: dict[str, Any] | None) -> tuple[str, str]:
     if rule is None:
         rule = ((config.get("default_hooks") or {}).get("checkpoint") or {}).get("rule")
         rule = (rule[0] if rule else None) if isinstance(rule, list) else rule
-    if rule is None and monitor.rpartition("/")[2] == "loss":
-        rule = "less"
     return monitor, rule or infer_rule(monitor) or "greater"
 
 

@@ -298,7 +298,8 @@ def _check_output_dirs(argv: list[str]) -> str | None:
         given = True
         if "${" not in value and not _writable(Path(value)):
             return f"{key}={value}: cannot create or write this directory; give a writable one, e.g. {key}={example}"
-    if not given and not _writable(Path("outputs")):
+    default = Path("outputs") if Path("outputs").is_dir() else Path.cwd()  # checked, not created (--help, --cfg)
+    if not given and not os.access(default, os.W_OK | os.X_OK):
         return (f"cannot write {Path('outputs').resolve()} (runs go to outputs/ under the current directory); "
                 "run from a writable directory or give hydra.run.dir=<a writable dir>")  # fmt: skip
     return None

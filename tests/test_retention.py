@@ -78,6 +78,12 @@ def test_resuming_a_copied_run_leaves_the_original_untouched(tmp_path):
     assert result["epoch"] == 5 and Path(result["best_checkpoint"]).parent == copy / "checkpoints"
 
 
+def _keep_one(work: Path) -> list[str]:
+    """A 3-epoch run keeping one regular checkpoint, without best ones: the n-th save is epoch_n."""
+    return [f"hydra.run.dir={work}", "trainer.max_epochs=3", "default_hooks.checkpoint.max_keep_ckpts=1",
+            "default_hooks.checkpoint.save_best=null"]  # fmt: skip
+
+
 def _write_exit_hook(tmp_path: Path, stage: str, count: int) -> tuple[list[str], dict[str, str]]:
     (tmp_path / "exithook.py").write_text(EXIT_HOOK)
     args = ["+hooks.exit._target_=exithook.ExitAtSave", f"+hooks.exit.stage={stage}", f"+hooks.exit.count={count}"]
@@ -87,8 +93,7 @@ def _write_exit_hook(tmp_path: Path, stage: str, count: int) -> tuple[list[str],
 @pytest.mark.slow
 def test_a_kill_inside_the_second_save_keeps_the_first_checkpoint(tmp_path):
     work = tmp_path / "run"
-    common = [f"hydra.run.dir={work}", "trainer.max_epochs=3", "default_hooks.checkpoint.max_keep_ckpts=1",
-              "default_hooks.checkpoint.save_best=null"]  # regular saves only: the n-th save is epoch_n
+    common = _keep_one(work)
     exit_args, env = _write_exit_hook(tmp_path, "before", 2)
     killed = run_cli(*common, *exit_args, env=env)
     assert killed.returncode == 9, killed.output
@@ -107,8 +112,7 @@ def test_a_kill_inside_the_second_save_keeps_the_first_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_a_kill_between_a_save_and_its_retention_is_finished_on_resume(tmp_path):
     work = tmp_path / "run"
-    common = [f"hydra.run.dir={work}", "trainer.max_epochs=3", "default_hooks.checkpoint.max_keep_ckpts=1",
-              "default_hooks.checkpoint.save_best=null"]  # regular saves only: the n-th save is epoch_n
+    common = _keep_one(work)
     exit_args, env = _write_exit_hook(tmp_path, "after", 2)
     assert run_cli(*common, *exit_args, env=env).returncode == 9
     assert _names(work) == ["epoch_1.pth", "epoch_2.pth"]  # written and pointed at, epoch_1 not yet deleted

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from expkit.errors import ConfigError
 from expkit.hooks.base import Hook
+from expkit.models import submodule
 from expkit.stages import Priority
 
 if TYPE_CHECKING:
@@ -43,18 +43,9 @@ class MomentumEncoderHook(Hook):
         self.momentum, self.schedule, self.end_momentum = momentum, schedule, end_momentum
         self.current = momentum
 
-    def _module(self, runner: Runner, path: str, key: str) -> nn.Module:
-        module = runner.model
-        for part in path.split("."):
-            if not hasattr(module, part):
-                names = ", ".join(n for n, _ in runner.model.named_children())
-                raise ConfigError(f"hooks.momentum_encoder.{key}={path}: the model has no submodule {part!r}; it has {names}")
-            module = getattr(module, part)
-        return module
-
     def before_train(self, runner: Runner) -> None:
-        self.online = self._module(runner, self.online_name, "online")
-        self.target = self._module(runner, self.target_name, "target")
+        self.online = submodule(runner.model, self.online_name, "hooks.momentum_encoder.online")
+        self.target = submodule(runner.model, self.target_name, "hooks.momentum_encoder.target")
         online_shapes = [p.shape for p in self.online.parameters()]
         if online_shapes != [p.shape for p in self.target.parameters()]:
             raise ConfigError(f"hooks.momentum_encoder: {self.target_name} and {self.online_name} differ in structure")

@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from expkit.errors import ConfigError
 from expkit.hooks.base import Hook
+from expkit.models import submodule
 from expkit.stages import Priority
 
 if TYPE_CHECKING:
@@ -130,12 +132,14 @@ class LinearProbeHook(Hook):
         self.encoder, self.steps, self.seed = encoder, steps, seed
 
     def after_train(self, runner: Runner) -> None:
-        encoder = runner.model
-        for part in self.encoder.split("."):
-            encoder = getattr(encoder, part, None)
         val = runner.val_loader
-        if not isinstance(encoder, nn.Module) or runner.train_loader is None or val is None:
-            log.warning("LinearProbeHook: no %r submodule, train or val data; skipped", self.encoder)
+        try:
+            encoder = submodule(runner.model, self.encoder, "hooks.linear_probe.encoder")
+        except ConfigError as exc:
+            log.warning("LinearProbeHook skipped: %s", exc)
+            return
+        if runner.train_loader is None or val is None:
+            log.warning("LinearProbeHook skipped: it needs train and val data")
             return
         if isinstance(val, dict):
             val = next(iter(val.values()))
