@@ -12,9 +12,12 @@ import logging
 import math
 import netrc
 import os
+import secrets
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from expkit.checkpoint_io import write_text_atomic
 
 if TYPE_CHECKING:
     from expkit.runner import Runner
@@ -140,7 +143,16 @@ class WandbBackend(Backend):
     or WANDB_API_KEY) or set ``mode`` / WANDB_MODE. Name: the job's overrides; group: the
     sweep, so a sweep's jobs sit together; config: the resolved config; summary: the best and
     final metrics. The run is always finished, also when the job fails, so the next job of a
-    sweep gets a run of its own. Offline runs upload later with ``wandb sync <dir>``."""
+    sweep gets a run of its own. Offline runs upload later with ``wandb sync <dir>``.
+
+    A resumed run (``resume=true``) continues the same wandb run: the id is kept in
+    ``<work dir>/wandb/run_id`` and the run opens when the resume step is known. Online,
+    ``rewind=true`` rewinds the run to that step (wandb's ``resume_from``, where the server
+    offers it); otherwise it resumes with ``resume="allow"`` and wandb keeps the first value
+    it got per step, which exact resume makes the same value. Offline, each attempt writes its
+    own ``offline-run-*`` dir of that id; ``wandb_history(work_dir)`` reads them as one run."""
+
+    ID_FILE = "run_id"
 
     name = "wandb"
 
@@ -154,6 +166,7 @@ class WandbBackend(Backend):
         tags: Sequence[str] = (),
         job_type: str = "train",
         flush_timeout: float = 30.0,
+        rewind: bool = False,
     ) -> None:
         if mode not in (None, "online", "offline", "disabled"):
             raise ValueError(f"mode must be online, offline, disabled or null, got {mode!r}")
@@ -162,14 +175,42 @@ class WandbBackend(Backend):
         if isinstance(flush_timeout, bool) or not isinstance(flush_timeout, (int, float)) or not flush_timeout >= 0:
             raise ValueError(f"logger.wandb.flush_timeout must be a number of seconds >= 0, got {flush_timeout!r}")
         self.flush_timeout = float(flush_timeout)
+        self.rewind = bool(rewind)
         self.run: Any = None
+        self._runner: Runner | None = None
+        self._resume_step = 0
 
     def open(self, runner: Runner) -> None:
+        """The wandb run starts at the first record, once a resume has said its step."""
+        import wandb  # noqa: F401 - a missing wandb fails here, at start-up
+
+        self._runner, self._resume_step = runner, 0
+
+    def resume(self, step: int) -> None:
+        self._resume_step = step
+
+    def _started(self) -> Any:
+        if self.run is None and self._runner is not None:
+            self._start(self._runner)
+        return self.run
+
+    def _start(self, runner: Runner) -> None:
         import wandb
 
         mode = self.mode or os.environ.get("WANDB_MODE") or ("online" if _wandb_logged_in() else "offline")
         overrides = [o for o in runner.run_info.get("overrides", []) if not o.startswith("hydra.")]
+        id_file = runner.work_dir / "wandb" / self.ID_FILE
+        run_id = id_file.read_text().strip() if self._resume_step > 0 and id_file.is_file() else None
+        resume: dict[str, Any] = {}
+        if run_id is None:  # a new run (also a run that starts again from step 0)
+            run_id = secrets.token_hex(4)  # wandb's ids: 8 lowercase letters and digits
+            write_text_atomic(id_file, run_id + "\n")
+        elif self.rewind and mode == "online":
+            resume = {"resume_from": f"{run_id}?_step={self._resume_step}"}
+        else:
+            resume = {"id": run_id, "resume": "allow"}
         self.run = wandb.init(
+            **(resume or {"id": run_id}),
             project=self.project,
             entity=self.entity,
             name=self.run_name or (" ".join(overrides) or runner.work_dir.name),
@@ -183,9 +224,10 @@ class WandbBackend(Backend):
         )
 
     def log(self, record: dict[str, Any], step: int) -> None:
-        self.run.log(scalars(record), step=step)
+        self._started().log(scalars(record), step=step)
 
     def finish(self, runner: Runner, result: dict[str, Any]) -> None:
+        self._started()
         summary = {f"best/{k}": v["value"] for k, v in runner.best_metrics.items()}
         summary.update({f"final/{k}": v for k, v in result.get("final_metrics", {}).items()})
         summary["status"] = result.get("status")
@@ -193,7 +235,8 @@ class WandbBackend(Backend):
         self._finish_run(exit_code=0 if result.get("status") in ("completed", "stopped") else 1)
 
     def close(self) -> None:
-        if self.run is not None:  # finish() did not run (a failure before it)
+        if self._runner is not None:  # finish() did not run (a failure before it)
+            self._started()
             self._finish_run(exit_code=1)
 
     def _finish_run(self, exit_code: int) -> None:
@@ -202,7 +245,7 @@ class WandbBackend(Backend):
         (``wandb sync`` right away, the next job of a sweep, a copy off the node)."""
         sync_file = getattr(getattr(self.run, "settings", None), "sync_file", None)  # wandb >= 0.16
         self.run.finish(exit_code=exit_code)
-        self.run = None
+        self.run = self._runner = None
         path = Path(sync_file) if sync_file else None
         if path is not None and path.is_file() and not wait_for_wandb_run(path, self.flush_timeout):
             log.warning(
@@ -283,6 +326,29 @@ def wait_for_wandb_run(path: Path, timeout: float = 30.0) -> bool:
         time.sleep(delay)
         delay = min(delay * 2, 0.25)
     return True
+
+
+def _started(path: Path) -> tuple[str, int]:
+    """When an offline run log began: its dir is ``offline-run-<YYYYmmdd_HHMMSS>-<id>``, with
+    ``-<n>`` appended for the n-th further attempt of that id in the same second."""
+    run_id = path.stem.removeprefix("run-")
+    stamp, _, rest = path.parent.name.removeprefix("offline-run-").partition("-")
+    tail = rest.removeprefix(run_id).lstrip("-")
+    return stamp, int(tail) if tail.isdigit() else 0
+
+
+def wandb_history(work_dir: Path) -> list[dict[str, Any]]:
+    """The history of a work dir's latest wandb run, as an uninterrupted run logged it: each
+    resumed attempt's offline log replaces the earlier attempts' rows from its first step
+    on (what wandb's rewind does online)."""
+    runs = [read_wandb_run(path) for path in sorted(offline_run_files(work_dir), key=_started)]
+    latest = runs[-1]["run"].get("id") if runs else None
+    rows: list[dict[str, Any]] = []
+    for run in (r for r in runs if r["run"].get("id") == latest):
+        if run["history"]:
+            first = run["history"][0].get("_step", 0)
+            rows = [row for row in rows if row.get("_step", 0) < first] + run["history"]
+    return rows
 
 
 def read_wandb_run(path: Path) -> dict[str, Any]:

@@ -10,6 +10,7 @@ names is complete.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -57,6 +58,38 @@ def write_bytes_atomic(path: Path, data: bytes, durable: bool = False) -> Path:
 
 def write_text_atomic(path: Path, text: str, durable: bool = False) -> Path:
     return write_bytes_atomic(path, text.encode("utf-8"), durable=durable)
+
+
+class SpaceReserve:
+    """A few KiB held on the work dir's disk from the start of a run, given back when the disk
+    is full so that the run's last words (result.json, provenance.json) still fit."""
+
+    SIZE = 64 * 1024
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            write_bytes_atomic(path, b"\0" * self.SIZE)
+        except OSError:  # already full at the start: nothing to hold
+            self.path = None
+
+    def write_json(self, path: Path, obj: Any) -> Path:
+        """write_json_atomic, retried with the reserve given back when the disk is full."""
+        try:
+            return write_json_atomic(path, obj)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or not self.release():
+                raise
+            return write_json_atomic(path, obj)
+
+    def release(self) -> bool:
+        """Give the space back; whether there was any."""
+        if self.path is None:
+            return False
+        with contextlib.suppress(OSError):
+            self.path.unlink(missing_ok=True)
+        self.path = None
+        return True
 
 
 def write_json_atomic(path: Path, obj: Any) -> Path:

@@ -88,6 +88,7 @@ def write(work_dir: Path, cwd: Path | None = None) -> dict[str, Any]:
     return info
 
 
-def finish(work_dir: Path, info: dict[str, Any], status: str) -> None:
+def finish(info: dict[str, Any], status: str) -> dict[str, Any]:
+    """provenance.json's content at the end of a run (the runner writes it beside result.json)."""
     info.update(ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), status=status)
-    write_json_atomic(work_dir / "provenance.json", info)
+    return info

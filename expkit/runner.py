@@ -428,6 +428,8 @@ class Runner:
         elif self.settings.cudnn_benchmark and self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed input shapes: cuDNN times its kernels once, then reuses
         self.provenance = provenance.write(self.work_dir) if self.is_main else {}
+        # room for result.json and provenance.json however full the disk gets during the run
+        reserve = checkpoint_io.SpaceReserve(self.work_dir / ".result.reserve") if self.is_main else None
         previous_handlers = self._catch_signals()
         try:
             try:
@@ -465,11 +467,9 @@ class Runner:
         finally:
             for signum, handler in previous_handlers.items():
                 signal.signal(signum, handler)
-            if self.is_main:
-                provenance.finish(self.work_dir, self.provenance, status)
             torch.use_deterministic_algorithms(previous_determinism[0])
             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous_determinism[1:]
-            result = self._write_result(status, error, tb, time.time() - started)
+            result = self._write_result(status, error, tb, time.time() - started, reserve)
         return result
 
     def _catch_signals(self) -> dict[int, Any]:
@@ -733,7 +733,8 @@ class Runner:
         log.info("Resumed from %s at epoch %d, iteration %d", source, self.epoch, self.iter)
 
     # -- result.json ------------------------------------------------------------------------------
-    def _write_result(self, status: str, error: str | None, tb: str | None, wall_time: float) -> dict[str, Any]:
+    def _write_result(self, status: str, error: str | None, tb: str | None, wall_time: float,
+                      reserve: checkpoint_io.SpaceReserve | None = None) -> dict[str, Any]:
         result = {
             "status": status,
             "error": error,
@@ -755,11 +756,16 @@ class Runner:
             "traceback": tb,
         }
         if self.is_main:
-            try:
-                checkpoint_io.write_json_atomic(self.work_dir / "result.json", result)
-            except OSError as exc:  # a full disk: say so instead of hiding the run's own error under a traceback
-                log.error("Could not write %s: %s (the run's status: %s)", self.work_dir / "result.json",
-                          "no space left on the device" if _disk_full(exc) else exc, status)  # fmt: skip
+            write = reserve.write_json if reserve is not None else checkpoint_io.write_json_atomic
+            for path, content in ((self.work_dir / "result.json", result),
+                                  (self.work_dir / "provenance.json", provenance.finish(self.provenance, status))):  # fmt: skip
+                try:
+                    write(path, content)
+                except OSError as exc:  # say so instead of hiding the run's own error under a traceback
+                    log.error("Could not write %s: %s (the run's status: %s)", path,
+                              "no space left on the device" if _disk_full(exc) else exc, status)  # fmt: skip
+            if reserve is not None:
+                reserve.release()
         return result
 
 

@@ -15,6 +15,7 @@ import math
 import os
 import shlex
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -189,6 +190,38 @@ def _finished_job_value(cfg: DictConfig, work_dir: Path, rule: str, monitor: str
     return None  # interrupted, skipped or never finished: run it (resume=true continues it)
 
 
+def _write_errors_in_one_line() -> None:
+    """A log file that cannot be written (a full disk) is said once, in one line, instead of
+    logging's "--- Logging error ---" traceback for every record after it; the same for a
+    library's writer thread that cannot write."""
+
+    def handle_error(handler: logging.FileHandler, record: logging.LogRecord) -> None:
+        if not getattr(handler, "_expkit_failed", False):
+            handler._expkit_failed = True  # type: ignore[attr-defined]
+            exc = sys.exc_info()[1]
+            cause = "no space left on the device" if getattr(exc, "errno", None) == 28 else exc
+            print(f"expkit: could not write {handler.baseFilename}: {cause}; it stops here", file=sys.stderr)
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handleError = handle_error.__get__(handler)  # type: ignore[method-assign]
+
+    def thread_error(args: threading.ExceptHookArgs) -> None:
+        """A library's writer thread (TensorBoard's) that hits a full disk: one line, not a traceback."""
+        if not isinstance(args.exc_value, OSError):
+            return default_thread_error(args)
+        tb, library = args.exc_traceback, "?"
+        while tb is not None:
+            library = str(tb.tb_frame.f_globals.get("__name__", "?")).partition(".")[0]
+            tb = tb.tb_next
+        name = args.thread.name if args.thread is not None else "a thread"
+        print(f"expkit: {library}'s writer ({name}) stopped: {args.exc_value}", file=sys.stderr)
+
+    default_thread_error = threading.excepthook
+    if default_thread_error.__name__ != thread_error.__name__:  # once per process (sweep jobs share it)
+        threading.excepthook = thread_error
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def run(cfg: DictConfig) -> float | None:
     """Hydra's task function: returns the best value of ``monitor`` for sweepers (never NaN:
@@ -200,6 +233,7 @@ def run(cfg: DictConfig) -> float | None:
 
     global _TASK_STARTED
     _TASK_STARTED = True
+    _write_errors_in_one_line()
     hc = HydraConfig.get()
     work_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN

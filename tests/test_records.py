@@ -71,6 +71,36 @@ def test_a_resumed_run_logs_what_an_uninterrupted_run_logs(tmp_path, crash):
     assert not list(work.rglob("*.tmp*"))
 
 
+def _wandb(work: Path) -> list[dict]:
+    from expkit.backends import wandb_history
+
+    return [{k: v for k, v in row.items() if k not in TIMING and k not in ("_runtime", "_timestamp")}
+            for row in wandb_history(work)]  # fmt: skip
+
+
+def test_a_resumed_run_continues_its_wandb_run_with_the_history_of_an_uninterrupted_run(tmp_path, monkeypatch):
+    from expkit.backends import offline_run_files, read_wandb_run
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc login: offline
+    overrides = ["trainer.max_epochs=2", "default_hooks.logger.interval=5", "logger=[wandb]"]
+    build_runner(_compose(*overrides), tmp_path / "reference").run()
+    work = tmp_path / "run"
+    crashed = build_runner(_compose(*overrides), work)
+    crashed.register_hook(CrashAt(55))  # after the epoch-1 checkpoint (step 40): steps 45-55 are void
+    with pytest.raises(Exception, match="crash"):
+        crashed.run()
+    build_runner(_compose(*overrides, "resume=true"), work).run()
+    attempts = [read_wandb_run(p) for p in offline_run_files(work)]
+    assert len(attempts) == 2 and len({a["run"]["id"] for a in attempts}) == 1  # one wandb run, resumed
+    assert sorted(r["_step"] for a in attempts for r in a["history"]).count(50) == 2  # the void step was logged twice
+    history = _wandb(work)
+    assert [r["_step"] for r in history] == sorted(r["_step"] for r in history)
+    assert history == _wandb(tmp_path / "reference")
+    assert {a["summary"]["status"] for a in attempts} == {"failed", "completed"}
+
+
 EXIT_HOOK = """
 import os
 from expkit import Hook
@@ -153,6 +183,59 @@ def test_a_full_disk_fails_naming_the_file_and_resumes_bit_identical_with_space(
         final, expected = (torch.load(w / "checkpoints" / "epoch_3.pth", weights_only=True)["state_dict"]
                            for w in (work, reference_cli))  # fmt: skip
         assert all(torch.equal(final[k], expected[k]) for k in expected)
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+FILL_HOOK = """
+from expkit import Hook
+
+class Fill(Hook):
+    '''Another process fills the disk after iteration `at`.'''
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        if runner.iter + 1 == self.at:
+            try:
+                with open(runner.work_dir.parent / "filler", "wb", buffering=0) as f:
+                    while True:
+                        f.write(bytes(4096))
+            except OSError:
+                pass
+"""
+
+
+@pytest.mark.slow
+def test_a_disk_filled_while_logging_fails_naming_metrics_jsonl_and_resumes(tmp_path, reference_cli):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs is not allowed here")
+    (tmp_path / "fillhook.py").write_text(FILL_HOOK)
+    try:
+        work = disk / "run"
+        args = [f"hydra.run.dir={work}", *COMMON, "default_hooks.logger.interval=1"]  # a record per step
+        full = run_cli(*args, "+hooks.fill._target_=fillhook.Fill", "+hooks.fill.at=81",
+                       env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+        assert full.returncode == 1, full.output
+        assert "could not append to " + str(work / "metrics.jsonl") in full.stderr, full.stderr
+        assert "Traceback" not in full.stderr and "Logging error" not in full.stderr
+        result = json.loads((work / "result.json").read_text())  # written although the disk is full
+        assert result["status"] == "failed" and "metrics.jsonl" in result["error"]
+        assert json.loads((work / "provenance.json").read_text())["status"] == "failed"
+        assert torch.load(work / "checkpoints" / "epoch_2.pth", weights_only=True)["meta"]["iter"] == 80
+        (disk / "filler").unlink()
+        resumed = run_cli(*args, "resume=true")
+        assert resumed.returncode == 0, resumed.output
+        steps = [json.loads(line)["step"] for line in (work / "metrics.jsonl").read_text().splitlines()]
+        assert steps == sorted(steps)  # no record twice, none out of order
+        assert len([s for s in steps if s == 97]) == 1
+        final, expected = (torch.load(w / "checkpoints" / "epoch_3.pth", weights_only=True)["state_dict"]
+                           for w in (work, reference_cli))  # fmt: skip
+        assert all(torch.equal(final[k], expected[k]) for k in expected)
+        assert not list(work.rglob("*.tmp*")) and not (work / ".result.reserve").exists()
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
 
