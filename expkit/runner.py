@@ -240,6 +240,7 @@ class Runner:
         self.load_purpose = ""  # why the last checkpoint was loaded: resume, load_from or test
         self.test_checkpoint: str | None = None  # the weights the test used
         self.stop_reason: str | None = None
+        self.stop_status = "stopped"  # result.json's status after a stop: stopped or pruned
         self.status = "running"  # then completed, stopped or failed (set before after_run)
         self.stop_signal: int | None = None  # the signal number when a signal asked to stop
         self.scalars: dict[str, float] = {}  # latest values hooks publish (train/time, ...)
@@ -390,10 +391,12 @@ class Runner:
                 lines.extend(f"    {e}" for e in entries)
         return "\n".join(lines)
 
-    def request_stop(self, reason: str) -> None:
-        """Ask the loop to stop after the current iteration (first reason wins)."""
+    def request_stop(self, reason: str, status: str = "stopped") -> None:
+        """Ask the loop to stop after the current iteration (first reason wins). `status` is
+        what result.json will say: ``stopped`` (early stopping, a signal) or ``pruned`` (a
+        search gave up on this trial: the test pass is skipped too)."""
         if self.stop_reason is None:
-            self.stop_reason = reason
+            self.stop_reason, self.stop_status = reason, status
             log.info("Stop requested: %s", reason)
 
     # -- the run --------------------------------------------------------------------------
@@ -443,11 +446,11 @@ class Runner:
                     self.train()
                 elif self.val_loader is not None:  # nothing to train: evaluate
                     self.validate()
-                if self.test_loader is not None and self.stop_signal is None:  # preempted: test after resuming
-                    self._load_test_weights()
+                if self.test_loader is not None and self.stop_signal is None and self.stop_status != "pruned":
+                    self._load_test_weights()  # (preempted: test after resuming)
                     self.test()
                 if self.stop_reason is not None:
-                    status = "stopped"
+                    status = self.stop_status
             except BaseException as exc:
                 status, error = "failed", (str(exc) if isinstance(exc, ExpkitError) else f"{type(exc).__name__}: {exc}")
                 if isinstance(exc, KeyboardInterrupt):

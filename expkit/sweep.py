@@ -105,6 +105,7 @@ def job_row(work_dir: Path) -> dict[str, Any] | None:
             best_checkpoint=(result.get("best_checkpoints") or {}).get(monitor) or result.get("best_checkpoint"),
             error=result.get("error"),
             resumed=bool(result.get("resumed_in_sweep", False)),
+            trial=result.get("optuna_trial"),
         )
     else:  # still running (or killed): what metrics.jsonl shows so far
         values = [v for _, v in curve if isinstance(v, (int, float)) and math.isfinite(v)]
@@ -119,7 +120,8 @@ def _sort_key(row: dict[str, Any]) -> tuple:
     value = row.get("best")
     usable = isinstance(value, (int, float)) and math.isfinite(value)
     sign = -1 if row.get("rule") == "greater" else 1
-    return (not usable, sign * value if usable else 0.0, row["job"])
+    # a pruned job ranks after every job that ran to its end (as in the Optuna study's best trial)
+    return (not usable, row.get("status") == "pruned", sign * value if usable else 0.0, row["job"])
 
 
 def summarize(sweep_dir: str | Path, plot: bool = True) -> dict[str, Any] | None:
@@ -131,8 +133,9 @@ def summarize(sweep_dir: str | Path, plot: bool = True) -> dict[str, Any] | None
         return None
     rows.sort(key=_sort_key)
 
+    columns = COLUMNS[:1] + ["trial"] + COLUMNS[1:] if any(r.get("trial") is not None for r in rows) else COLUMNS
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, extrasaction="ignore")
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
     write_text_atomic(sweep_dir / "summary.csv", buffer.getvalue())
@@ -142,7 +145,7 @@ def summarize(sweep_dir: str | Path, plot: bool = True) -> dict[str, Any] | None
             return f"{value:.4f}"
         return "" if value is None else str(value).replace("|", "\\|").replace("\n", " ")[:120]
 
-    shown = [c for c in COLUMNS if c not in ("work_dir", "error")] + ["error"]
+    shown = [c for c in columns if c not in ("work_dir", "error")] + ["error"]
     lines = [f"# Sweep {sweep_dir.name}: {len(rows)} jobs, best first by {rows[0]['monitor']} ({rows[0]['rule']})", "",
              "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]  # fmt: skip
     lines += ["| " + " | ".join(cell(r.get(c)) for c in shown) + " |" for r in rows]
@@ -194,6 +197,21 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
         panel.series = [Series([(x, y)], label=f"job {job}: {key}={raw}", line=False)
                         for x, (raw, y, job) in zip(xs, points)]  # fmt: skip
         panels.append(panel)
+    trials = sorted((r for r in rows if r.get("trial") is not None), key=lambda r: r["trial"])
+    if trials:  # an Optuna search: each trial's best value, and the best so far over the trials
+        pick = max if trials[0]["rule"] == "greater" else min
+        done, so_far, best = [], [], None
+        for r in trials:
+            value = r.get("best")
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                done.append(Series([(float(r["trial"]), value)], label=f"trial {r['trial']} (job {r['job']}): "
+                                   f"{r.get('status')}", line=False))  # fmt: skip
+                if r.get("status") != "pruned":
+                    best = value if best is None else pick(best, value)
+            if best is not None:
+                so_far.append((float(r["trial"]), best))
+        series = [Series(so_far, label="best so far")] if so_far else []
+        panels.append(Panel(f"search progress: best {monitor}", series + done, xlabel="trial", ylabel=monitor))
     charts(path, panels)
 
 
@@ -223,6 +241,15 @@ def record_job(work_dir: Path, identity: list[str]) -> None:
 def restore_hydra_record(work_dir: Path, job: dict[str, Any]) -> None:
     for name, text in job.get("hydra", {}).items():
         write_text_atomic(work_dir / ".hydra" / name, text)
+
+
+def job_result(work_dir: Path) -> dict[str, Any] | None:
+    """A job's result.json, where the job really ran (a resumed job's dir may point to another: alias_of)."""
+    target = Path((read_job(work_dir) or {}).get("alias_of") or work_dir)
+    try:
+        return json.loads((target / "result.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def find_job(sweep_dir: Path, identity: list[str]) -> Path | None:

@@ -182,7 +182,7 @@ def _finished_job_value(cfg: DictConfig, work_dir: Path, rule: str, monitor: str
         log.info("Job in %s failed before (%s); kept as failed (retry_failed=true retries it)", work_dir,
                  result.get("error"))  # fmt: skip
         return worst_value(rule)
-    if status == "completed" or (status == "stopped" and not reason.startswith("signal")):
+    if status in ("completed", "pruned") or (status == "stopped" and not reason.startswith("signal")):
         best = (result.get("best_metrics") or {}).get(monitor)
         log.info("Job in %s is already %s; not trained again", work_dir, status)
         value = None if best is None else best.get("value")
@@ -228,7 +228,7 @@ def run(cfg: DictConfig) -> float | None:
     a failed or diverged job in a sweep returns the worst value)."""
     from omegaconf import OmegaConf
 
-    from expkit import distributed
+    from expkit import distributed, search
     from expkit.build import build_runner
 
     global _TASK_STARTED
@@ -261,7 +261,12 @@ def run(cfg: DictConfig) -> float | None:
             return worst_value(rule)
     runner = None
     try:
+        trial = search.current_trial() if multirun else None  # a job of an Optuna search
+        if trial is not None:
+            run_info["optuna_trial"] = trial[1]
         runner = build_runner(cfg, work_dir, run_info)
+        if trial is not None:
+            runner.register_hook(search.TrialReportHook(*trial))
         if cfg.show_hooks:
             print(runner.hook_order_table())
             return None

@@ -49,23 +49,34 @@ class ComposeOnce:
         return getattr(self._loader, name)
 
 
+def compose_once(launcher: Any, hydra_context: HydraContext) -> HydraContext:
+    """A context whose config loader holds each job's config from the check to its launch by
+    `launcher` (the in-process BasicLauncher); the sweeper checks through ``check_batch``."""
+    shared = HydraContext(config_loader=ComposeOnce(hydra_context.config_loader), callbacks=hydra_context.callbacks)
+    launcher.hydra_context = shared
+    return shared
+
+
+def check_batch(hydra_context: HydraContext, config: DictConfig, batch: Sequence[Sequence[str]]) -> None:
+    """Compose every job of a batch before any runs: an override that cannot compose fails the
+    sweep before anything trains (held for the launch under ``compose_once``)."""
+    loader = hydra_context.config_loader
+    for overrides in batch:
+        if isinstance(loader, ComposeOnce):
+            loader.check(config, list(overrides))
+        else:
+            loader.load_sweep_config(config, list(overrides))
+
+
 class ExpkitSweeper(BasicSweeper):
     def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
-        self.compose_once: ComposeOnce | None = None
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         if type(self.launcher) is BasicLauncher:  # jobs composed and run in this process
-            self.compose_once = ComposeOnce(hydra_context.config_loader)
-            shared = HydraContext(config_loader=self.compose_once, callbacks=hydra_context.callbacks)
-            self.hydra_context = shared
-            self.launcher.hydra_context = shared
+            self.hydra_context = compose_once(self.launcher, hydra_context)
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
-        if self.compose_once is None:
-            super().validate_batch_is_legal(batch)
-            return
-        assert self.config is not None
-        for overrides in batch:
-            self.compose_once.check(self.config, list(overrides))
+        assert self.config is not None and self.hydra_context is not None
+        check_batch(self.hydra_context, self.config, batch)

@@ -1,0 +1,108 @@
+"""Optuna searches, the job's side: which trial a sweep job is, and the hook that reports the
+monitored metric to that trial after every validation and stops the job when the pruner says so.
+
+The sweeper (``hydra_plugins.expkit_sweeper.optuna_sweeper``, ``hparams_search=optuna``) asks
+the study for a trial, then launches a job with ``hydra.job.env_set`` naming the trial; Hydra
+sets those variables around the job in whatever process runs it (this one, a joblib worker, a
+Slurm task), so the job finds its trial through the study's storage. A study kept in memory is
+reachable only from this process: the sweeper registers it in ``LIVE_STUDIES``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from expkit.hooks.base import Hook
+
+if TYPE_CHECKING:
+    from expkit.runner import Runner
+
+log = logging.getLogger("expkit")
+
+TRIAL_ENV = "EXPKIT_OPTUNA_TRIAL"  # "<trial id> <trial number>"
+STUDY_ENV = "EXPKIT_OPTUNA_STUDY"
+STORAGE_ENV = "EXPKIT_OPTUNA_STORAGE"  # empty: the study lives in this process (LIVE_STUDIES)
+
+LIVE_STUDIES: dict[str, Any] = {}  # study name -> optuna.Study kept in memory by this process's sweeper
+
+JOURNAL_SUFFIXES = (".journal", ".log", ".jsonl")
+
+
+def open_storage(spec: str | None) -> Any:
+    """An Optuna storage from the sweeper's ``storage`` setting: None (in memory), a database URL
+    (``sqlite:///study.db``, ``postgresql://...``: Optuna's RDB storage) or a file path ending
+    in .journal / .log / .jsonl (Optuna's journal file: no database server, fine on NFS)."""
+    if not spec:
+        return None
+    if "://" in spec:
+        import optuna
+
+        return optuna.storages.RDBStorage(spec)
+    if spec.endswith(JOURNAL_SUFFIXES):
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        Path(spec).parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(spec))
+    raise ValueError(f"storage={spec!r}: give a database URL (sqlite:///study.db) or a journal file "
+                     f"(a path ending in {', '.join(JOURNAL_SUFFIXES)})")  # fmt: skip
+
+
+def job_env(trial: Any, study_name: str, storage: str | None) -> list[str]:
+    """The overrides that tell a launched job its trial (Hydra sets them as environment variables)."""
+    values = {TRIAL_ENV: f"{trial._trial_id} {trial.number}", STUDY_ENV: study_name, STORAGE_ENV: storage or ""}
+    return [f"+hydra.job.env_set.{k}='{v}'" for k, v in values.items()]
+
+
+def current_trial() -> tuple[Any, int] | None:
+    """(optuna.Trial, trial number) of this sweep job, or None outside an Optuna search."""
+    spec = os.environ.get(TRIAL_ENV)
+    if not spec:
+        return None
+    import optuna
+
+    trial_id, number = (int(x) for x in spec.split())
+    name, storage = os.environ.get(STUDY_ENV, ""), os.environ.get(STORAGE_ENV, "")
+    study = LIVE_STUDIES.get(name) if not storage else optuna.load_study(
+        study_name=name, storage=open_storage(storage), pruner=_sweeper_pruner())
+    if study is None:
+        raise RuntimeError(f"trial {number} of study {name!r}: the study is in another process's memory; "
+                           "give hydra.sweeper.storage (sqlite:///study.db or a .journal file)")  # fmt: skip
+    return optuna.trial.Trial(study, trial_id), number
+
+
+def _sweeper_pruner() -> Any:
+    """The pruner the sweeper was given (``hydra.sweeper.pruner``: the job's Hydra config holds
+    it), built in this job; a study loaded from storage does not carry its pruner."""
+    import optuna
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.utils import instantiate
+
+    spec = HydraConfig.get().sweeper.get("pruner") if HydraConfig.initialized() else None
+    return instantiate(spec) if spec else optuna.pruners.NopPruner()
+
+
+class TrialReportHook(Hook):
+    """Reports ``monitor`` to the Optuna trial after every validation, at the run's step
+    (``runner.iter``, the one step axis of metrics.jsonl), and stops the run when the study's
+    pruner prunes it: the current epoch's checkpoint stays, the test pass is skipped, and
+    result.json says ``pruned``. Registered by ``expkit.train`` for jobs of an Optuna search."""
+
+    priority = "LOWEST"  # after the checkpoint hook has saved this validation's files
+
+    def __init__(self, trial: Any, number: int) -> None:
+        self.trial, self.number = trial, number
+
+    def after_val_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:
+        value = metrics.get(runner.monitor) if runner.monitor else None
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return  # a diverged value is not reported; the job's end tells the study
+        self.trial.report(float(value), step=runner.iter)
+        if self.trial.should_prune():
+            pruner = type(self.trial.study.pruner).__name__
+            runner.request_stop(f"pruned by {pruner} at step {runner.iter} ({runner.monitor}={value:.4f})",
+                                status="pruned")  # fmt: skip

@@ -1,0 +1,313 @@
+"""expkit's Optuna sweeper (``hydra/sweeper=optuna``, picked by ``hparams_search=optuna``), on
+current Optuna (>= 4), with the settings hydra-optuna-sweeper users know: ``direction``,
+``study_name``, ``storage``, ``n_trials``, ``n_jobs``, ``sampler``, ``params`` and
+``custom_search_space``, plus ``pruner``.
+
+Each round asks the study for ``n_jobs`` trials, launches one job per trial through the
+configured launcher (basic, joblib, submitit...), and tells the study how each ended:
+its returned value (the best ``monitor`` of the run), ``pruned`` (the job's
+``TrialReportHook`` stopped it on the pruner's word) or ``failed``. Jobs learn their
+trial through ``hydra.job.env_set`` and reach the study through its storage, so pruning
+works in any process. ``<sweep dir>/optuna_trials.json`` maps each trial of this sweep to
+its job dir; ``resume=true`` runs again the trials a dead sweep left running (each resumes
+from its checkpoint) and then the trials still missing from ``n_trials``.
+
+Optuna is imported when the sweep starts, not when Hydra scans plugins (every command pays
+for a scan).
+"""
+
+
+import importlib
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
+from hydra.errors import CompactHydraException
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+from hydra_plugins.expkit_sweeper.expkit_sweeper import check_batch, compose_once
+
+log = logging.getLogger("expkit")
+
+LEDGER = "optuna_trials.json"
+
+
+class SearchConfigError(CompactHydraException):
+    """Bad sweeper settings: Hydra prints the message alone (no traceback) and expkit exits 2."""
+
+
+@dataclass
+class OptunaSweeperConf:
+    _target_: str = "hydra_plugins.expkit_sweeper.optuna_sweeper.OptunaSweeper"
+    direction: Optional[str] = None  # maximize | minimize; null: from `monitor`, by expkit's one "better" rule
+    study_name: Optional[str] = "expkit"
+    storage: Optional[str] = None  # null: in memory; sqlite:///study.db; a .journal file; postgresql://...
+    n_trials: int = 20  # trials this command runs (resume=true: until the sweep dir holds this many)
+    n_jobs: int = 1  # trials at once (with a parallel launcher: joblib, submitit)
+    sampler: Any = field(default_factory=lambda: {"_target_": "optuna.samplers.TPESampler", "seed": None})
+    pruner: Any = None  # {_target_: optuna.pruners.MedianPruner, ...}; null: no pruning
+    params: Optional[dict[str, Any]] = None  # name -> interval(..), tag(log, interval(..)), choice(..), range(..)
+    custom_search_space: Optional[str] = None  # "module.function": function(cfg, trial) suggests more
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="expkit")
+
+
+def distribution(value: Any) -> Any:
+    """The Optuna distribution of a Hydra sweep value: interval (``tag(log, ...)`` for a log
+    scale, ``tag(int, ...)`` for integers), range (Hydra's: the stop is excluded) or choice."""
+    from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if isinstance(value, IntervalSweep):
+        log_scale = "log" in value.tags
+        if "int" in value.tags:
+            return IntDistribution(int(value.start), int(value.end), log=log_scale)
+        return FloatDistribution(float(value.start), float(value.end), log=log_scale)
+    if isinstance(value, RangeSweep):
+        start, stop, step = value.start, value.stop, value.step
+        count = math.ceil((stop - start) / step)
+        if count < 1:
+            raise ValueError(f"range({start}, {stop}, {step}) holds no value")
+        last = start + step * (count - 1)
+        if all(isinstance(x, int) for x in (start, stop, step)):
+            return IntDistribution(min(start, last), max(start, last), step=abs(step))
+        return FloatDistribution(float(min(start, last)), float(max(start, last)), step=abs(float(step)))
+    if isinstance(value, ChoiceSweep):
+        primitive = (type(None), bool, int, float, str)
+        return CategoricalDistribution([v if isinstance(v, primitive) else Override._get_value_element_as_str(v)
+                                        for v in value.list])  # fmt: skip
+    raise ValueError(f"{value!r} is not interval(...), range(...) or choice(...)")
+
+
+def override_value(value: Any) -> str:
+    from hydra.core.override_parser.types import Override
+
+    if isinstance(value, str) and value[:1] in "[{":  # a list or dict choice, kept as its override text
+        return value
+    return Override._get_value_element_as_str(value)
+
+
+class OptunaSweeper(Sweeper):
+    def __init__(self, direction: str | None = None, study_name: str | None = "expkit", storage: str | None = None,
+                 n_trials: int = 20, n_jobs: int = 1, sampler: Any = None, pruner: Any = None,
+                 params: dict[str, Any] | None = None, custom_search_space: str | None = None) -> None:  # fmt: skip
+        if direction not in (None, "maximize", "minimize"):
+            raise ValueError(f"hydra.sweeper.direction={direction}: use maximize, minimize, or null (from monitor)")
+        for key, number in (("n_trials", n_trials), ("n_jobs", n_jobs)):
+            if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+                raise ValueError(f"hydra.sweeper.{key}={number}: a whole number >= 1")
+        self.direction, self.study_name, self.storage = direction, study_name or "expkit", storage
+        self.n_trials, self.n_jobs = n_trials, n_jobs
+        self.sampler_cfg, self.pruner_cfg = sampler, pruner
+        self.params, self.custom_search_space = dict(params or {}), custom_search_space
+        self.config: DictConfig | None = None
+        self.launcher: Any = None
+        self.hydra_context: HydraContext | None = None
+        self.in_process = False
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+
+        self.config, self.hydra_context = config, hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+        self.in_process = type(self.launcher) is BasicLauncher
+        if self.in_process:
+            self.hydra_context = compose_once(self.launcher, hydra_context)
+
+    # -- the search space --------------------------------------------------------------------
+    def _space(self, arguments: list[str]) -> tuple[list[str], dict[str, Any]]:
+        """Fixed overrides and the search space, from ``params`` then the command line (wins)."""
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parser = OverridesParser.create()
+        lines = [f"{k}={v}" for k, v in self.params.items()] + list(arguments)
+        fixed: dict[str, str] = {}
+        space: dict[str, Any] = {}
+        for override in parser.parse_overrides(lines):
+            key = override.get_key_element()
+            fixed.pop(key, None)
+            space.pop(key, None)
+            if override.is_sweep_override():
+                try:
+                    space[key] = distribution(override.value())
+                except ValueError as exc:
+                    raise SearchConfigError(f"hydra.sweeper.params.{key}={override.input_line.partition('=')[2]}: "
+                                            f"{exc}") from None  # fmt: skip
+            else:
+                fixed[key] = override.input_line
+        return list(fixed.values()), space
+
+    def _direction(self) -> str:
+        if self.direction is not None:
+            return self.direction
+        from expkit.sweep import monitor_of
+
+        assert self.config is not None
+        _, rule = monitor_of(OmegaConf.to_container(self.config, resolve=False))  # type: ignore[arg-type]
+        return "maximize" if rule == "greater" else "minimize"
+
+    # -- the sweep -------------------------------------------------------------------------------
+    def sweep(self, arguments: list[str]) -> None:
+        import optuna
+        from hydra.utils import instantiate
+
+        from expkit import search
+
+        assert self.config is not None and self.launcher is not None
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        fixed, space = self._space(arguments)
+        storage = self.storage
+        if storage is None and not self.in_process:  # jobs in other processes must reach the study
+            storage = str(sweep_dir / "optuna.journal")
+            log.info("Optuna: jobs run in other processes; the study is kept in %s", storage)
+        def build(spec: Any) -> Any:  # Hydra builds nested _target_ nodes when it builds the sweeper
+            return instantiate(spec) if isinstance(spec, (dict, DictConfig)) else spec
+
+        sampler = build(self.sampler_cfg)
+        pruner = build(self.pruner_cfg) or optuna.pruners.NopPruner()
+        direction = self._direction()
+        try:
+            study = optuna.create_study(study_name=self.study_name, storage=search.open_storage(storage),
+                                        sampler=sampler, pruner=pruner, direction=direction, load_if_exists=True)
+        except Exception as exc:  # a bad URL, an unreachable database, a dir that does not exist
+            cause = (str(exc).splitlines() or [""])[0]  # SQLAlchemy appends SQL and a link
+            raise SearchConfigError(f"hydra.sweeper.storage={storage}: {type(exc).__name__}: {cause}") from None
+        if study.direction.name.lower() != direction:
+            raise SearchConfigError(f"study {self.study_name!r} in {storage} {study.direction.name.lower()}s; this search "
+                             f"would {direction} (set hydra.sweeper.direction, or another study_name)")  # fmt: skip
+        if storage is None:
+            search.LIVE_STUDIES[self.study_name] = study
+        ledger = Ledger(sweep_dir / LEDGER)
+        resume = bool(self.config.get("resume"))
+        log.info("Optuna study %s (%s, %s): %d trials, %d at once; sampler %s, pruner %s", self.study_name,
+                 storage or "in memory", direction, self.n_trials, self.n_jobs, type(sampler).__name__,
+                 type(pruner).__name__)  # fmt: skip
+        try:
+            if resume:
+                self._resume(study, ledger, storage)
+            todo = max(self.n_trials - len(ledger.trials), 0) if resume else self.n_trials
+            while todo > 0:
+                trials = [study.ask(fixed_distributions=space) for _ in range(min(self.n_jobs, todo))]
+                jobs = [fixed + self._overrides(trial, space) + search.job_env(trial, self.study_name, storage)
+                        for trial in trials]  # fmt: skip
+                self._run(study, ledger, trials, jobs, first=ledger.next_job(sweep_dir))
+                todo -= len(trials)
+        finally:
+            search.LIVE_STUDIES.pop(self.study_name, None)
+        self._write_results(study, sweep_dir)
+
+    def _overrides(self, trial: Any, space: dict[str, Any]) -> list[str]:
+        if self.custom_search_space:
+            module, _, name = self.custom_search_space.rpartition(".")
+            getattr(importlib.import_module(module), name)(self.config, trial)  # suggests more params
+        return [f"{k}={override_value(v)}" for k, v in trial.params.items()]
+
+    def _run(self, study: Any, ledger: "Ledger", trials: list[Any], jobs: list[list[str]], first: int) -> None:
+        for i, (trial, job) in enumerate(zip(trials, jobs)):
+            ledger.add(trial, job, first + i)
+        self.validate_batch_is_legal(jobs)
+        returns = self.launcher.launch(jobs, initial_job_idx=first)
+        for trial, ret in zip(trials, returns):
+            self._tell(study, ledger, trial, ret)
+
+    def _tell(self, study: Any, ledger: "Ledger", trial: Any, ret: Any) -> None:
+        from hydra.core.utils import JobStatus
+        from optuna.trial import TrialState
+
+        from expkit.sweep import job_result
+
+        output_dir = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir") if ret.hydra_cfg else None
+        result = job_result(Path(output_dir)) if output_dir else None
+        status = (result or {}).get("status")
+        value = ret.return_value if ret.status == JobStatus.COMPLETED else None
+        if status == "pruned":
+            study.tell(trial, state=TrialState.PRUNED)
+        elif status in ("completed", "stopped") and isinstance(value, (int, float)) and math.isfinite(value):
+            study.tell(trial, float(value))
+        else:
+            study.tell(trial, state=TrialState.FAIL)
+            status = status or "failed"
+        ledger.finish(trial, status)
+
+    def _resume(self, study: Any, ledger: "Ledger", storage: str | None) -> None:
+        """Trials this sweep dir started that the study still holds as running: their sweep died.
+        Each runs again in its own job dir (resuming from its checkpoint, or returning its result
+        when it had finished) and is told to the study."""
+        import optuna
+        from optuna.trial import TrialState
+
+        from expkit import search
+
+        states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+        for number, entry in sorted(ledger.trials.items(), key=lambda kv: int(kv[0])):
+            if states.get(int(number)) != TrialState.RUNNING:
+                continue
+            trial = optuna.trial.Trial(study, entry["trial_id"])
+            job = [o for o in entry["overrides"] if not o.startswith("+hydra.job.env_set.")]
+            job += search.job_env(trial, self.study_name, storage)
+            if "resume=true" not in job:
+                job.append("resume=true")
+            log.info("Optuna: trial %s was left running; resuming it in job %s", number, entry["job"])
+            self._run(study, ledger, [trial], [job], first=int(entry["job"]))
+
+    def _write_results(self, study: Any, sweep_dir: Path) -> None:
+        """optimization_results.yaml, as hydra-optuna-sweeper wrote it: the study's best trial."""
+        try:
+            best = study.best_trial
+        except ValueError:  # no trial completed
+            log.warning("Optuna study %s has no completed trial", self.study_name)
+            return
+        results = {"name": "optuna", "study_name": self.study_name, "best_trial": best.number,
+                   "best_params": dict(best.params), "best_value": best.value}  # fmt: skip
+        OmegaConf.save(OmegaConf.create(results), sweep_dir / "optimization_results.yaml")
+        log.info("Optuna best: trial %d, value %.4f, %s", best.number, best.value, best.params)
+
+    def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
+        assert self.config is not None and self.hydra_context is not None
+        check_batch(self.hydra_context, self.config, batch)
+
+
+class Ledger:
+    """``optuna_trials.json``: this sweep dir's trials (number -> trial id, job dir, overrides,
+    status), written after every ask and every tell."""
+
+    def __init__(self, path: Path) -> None:
+        import json
+
+        self.path = path
+        try:
+            self.trials: dict[str, dict[str, Any]] = json.loads(path.read_text())["trials"]
+        except (OSError, ValueError, KeyError):
+            self.trials = {}
+
+    def add(self, trial: Any, overrides: list[str], job: int) -> None:
+        self.trials[str(trial.number)] = {"trial_id": trial._trial_id, "job": str(job), "overrides": overrides,
+                                          "status": "running"}  # fmt: skip
+        self._save()
+
+    def finish(self, trial: Any, status: str) -> None:
+        self.trials[str(trial.number)]["status"] = status
+        self._save()
+
+    def next_job(self, sweep_dir: Path) -> int:
+        """The first job number after every job dir and every job of this ledger."""
+        taken = [int(p.name) for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+        taken += [int(e["job"]) for e in self.trials.values()]
+        return max(taken, default=-1) + 1
+
+    def _save(self) -> None:
+        from expkit.checkpoint_io import write_json_atomic
+
+        write_json_atomic(self.path, {"trials": self.trials})

@@ -1,0 +1,210 @@
+"""expkit's Optuna sweeper (hparams_search=optuna): real studies in sqlite and journal files,
+real pruning, real joblib workers, a real optuna-dashboard server."""
+
+from __future__ import annotations
+
+import csv
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import run_cli
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState
+
+from hydra_plugins.expkit_sweeper.optuna_sweeper import distribution
+
+FAST = ["hparams_search=optuna", "trainer.max_epochs=1", "data.batch_size=64"]
+LR_WIDE = "hydra.sweeper.params={optim.lr: 'tag(log, interval(0.00001, 1.0))'}"
+MEDIAN = "+hydra.sweeper.pruner={_target_: optuna.pruners.MedianPruner, n_startup_trials: 2}"
+
+
+def _study(storage: str, name: str) -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def _rows(sweep: Path) -> list[dict]:
+    return list(csv.DictReader((sweep / "summary.csv").open()))
+
+
+def _validations(work: Path) -> int:
+    return sum("val/acc" in json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines())
+
+
+def test_hydra_sweep_syntax_maps_to_optuna_distributions():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    def parse(text: str):
+        return distribution(OverridesParser.create().parse_override(f"x={text}").value())
+
+    assert parse("tag(log, interval(0.001, 0.5))") == FloatDistribution(0.001, 0.5, log=True)
+    assert parse("interval(1, 4)") == FloatDistribution(1.0, 4.0)
+    assert parse("tag(int, interval(1, 4))") == IntDistribution(1, 4)
+    assert parse("range(1, 10, 2)") == IntDistribution(1, 9, step=2)  # Hydra's range: 10 excluded
+    assert parse("range(0.0, 1.0, 0.25)") == FloatDistribution(0.0, 0.75, step=0.25)
+    assert parse("choice(sgd, adam)") == CategoricalDistribution(["sgd", "adam"])
+    assert parse("choice([128,128], [256])") == CategoricalDistribution(["[128,128]", "[256]"])
+    with pytest.raises(ValueError, match="holds no value"):
+        parse("range(5, 1)")
+
+
+@pytest.mark.slow
+def test_a_stored_study_continues_and_the_trial_count_adds_up(tmp_path):
+    storage = f"sqlite:///{tmp_path}/study.db"
+    for n, sweep in ((6, "a"), (4, "b")):
+        proc = run_cli(*FAST, f"hydra.sweeper.n_trials={n}", f"hydra.sweeper.storage={storage}",
+                       "hydra.sweeper.study_name=s", f"hydra.sweep.dir={tmp_path / sweep}")  # fmt: skip
+        assert proc.returncode == 0, proc.output
+    study = _study(storage, "s")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 10
+    assert study.direction == optuna.study.StudyDirection.MAXIMIZE  # val/acc: greater, by the one rule
+    ledger = json.loads((tmp_path / "b" / "optuna_trials.json").read_text())["trials"]
+    assert sorted(map(int, ledger)) == [6, 7, 8, 9]  # the second command's trials, in its own dir
+    best = json.loads((tmp_path / "b" / "best.json").read_text())
+    b_best = max(t.value for t in study.trials if t.number >= 6)
+    assert best["value"] == pytest.approx(b_best)
+
+
+@pytest.mark.slow
+def test_pruning_stops_hopeless_trials_and_saves_epochs(tmp_path):
+    common = ["hparams_search=optuna", "trainer.max_epochs=6", "hydra.sweeper.n_trials=8", LR_WIDE]
+    storage = f"sqlite:///{tmp_path}/study.db"
+    pruned_run = run_cli(*common, MEDIAN, f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=p",
+                         f"hydra.sweep.dir={tmp_path / 'pruned'}")  # fmt: skip
+    assert pruned_run.returncode == 0, pruned_run.output
+    full_run = run_cli(*common, f"hydra.sweep.dir={tmp_path / 'full'}")
+    assert full_run.returncode == 0, full_run.output
+
+    rows = {r["job"]: r for r in _rows(tmp_path / "pruned")}
+    pruned = [job for job, r in rows.items() if r["status"] == "pruned"]
+    assert pruned, rows
+    study = _study(storage, "p")
+    states = {t.number: t.state for t in study.trials}
+    for job in pruned:
+        work = tmp_path / "pruned" / job
+        result = json.loads((work / "result.json").read_text())
+        assert states[result["optuna_trial"]] == TrialState.PRUNED  # told as pruned, not failed
+        assert _validations(work) < 6 and list((work / "checkpoints").glob("*.pth"))
+        assert "test/acc" not in result["final_metrics"]  # a pruned trial skips the test pass
+    assert all(_validations(tmp_path / "pruned" / j) == 6 for j, r in rows.items() if r["status"] == "completed")
+    epochs = {name: sum(_validations(p) for p in (tmp_path / name).iterdir() if (p / "metrics.jsonl").is_file())
+              for name in ("pruned", "full")}  # fmt: skip
+    assert epochs["full"] == 8 * 6 and epochs["pruned"] < epochs["full"]
+    best = json.loads((tmp_path / "pruned" / "best.json").read_text())
+    assert best["value"] == pytest.approx(study.best_value)
+    assert best["statuses"]["pruned"] == len(pruned)
+    assert "search progress" in (tmp_path / "pruned" / "sweep.svg").read_text()
+
+
+@pytest.mark.slow
+def test_two_joblib_workers_share_one_sqlite_study(tmp_path):
+    storage = f"sqlite:///{tmp_path}/study.db"
+    proc = run_cli(*FAST, "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2", "hydra/launcher=joblib",
+                   "hydra.launcher.n_jobs=2", f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=j", MEDIAN,
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    assert proc.returncode == 0, proc.output
+    study = _study(storage, "j")
+    assert sorted(t.number for t in study.trials) == [0, 1, 2, 3]
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)  # none failed or left running
+    trials = [json.loads((tmp_path / "sweep" / str(j) / "result.json").read_text())["optuna_trial"] for j in range(4)]
+    assert sorted(trials) == [0, 1, 2, 3]  # no trial lost, none run twice
+    assert all(len(t.intermediate_values) == 1 for t in study.trials)  # each job reported from its worker process
+
+
+EXIT_HOOK = """
+import os
+from pathlib import Path
+from expkit import Hook
+
+class ExitInTrial(Hook):
+    '''SIGKILL-like death of the whole sweep in trial 1, once.'''
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        marker = runner.work_dir.parent / "killed"
+        if os.environ["EXPKIT_OPTUNA_TRIAL"].split()[1] == "1" and runner.iter + 1 == 30 and not marker.exists():
+            marker.touch()
+            os._exit(9)
+"""
+
+
+@pytest.mark.slow
+def test_sweep_resume_finishes_the_trial_a_dead_sweep_left_running(tmp_path):
+    (tmp_path / "exithook.py").write_text(EXIT_HOOK)
+    storage = f"sqlite:///{tmp_path}/study.db"
+    args = ["hparams_search=optuna", "trainer.max_epochs=2", "hydra.sweeper.n_trials=3", f"hydra.sweeper.storage={storage}",
+            "hydra.sweeper.study_name=r", f"hydra.sweep.dir={tmp_path / 'sweep'}", "+hooks.exit._target_=exithook.ExitInTrial",
+            "default_hooks.checkpoint.interval=1", "default_hooks.checkpoint.by_epoch=false"]  # fmt: skip
+    env = {"PYTHONPATH": str(tmp_path)}
+    killed = run_cli(*args, env=env)
+    assert killed.returncode == 9, killed.output
+    assert [t.state for t in _study(storage, "r").trials] == [TrialState.COMPLETE, TrialState.RUNNING]
+    resumed = run_cli(*args, "resume=true", env=env)
+    assert resumed.returncode == 0, resumed.output
+    study = _study(storage, "r")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3  # the count is the sweep's: 3
+    result = json.loads((tmp_path / "sweep" / "1" / "result.json").read_text())
+    assert result["status"] == "completed" and result["resumed_in_sweep"] and result["optuna_trial"] == 1
+    assert result["best_metrics"]["val/acc"]["value"] == pytest.approx(study.trials[1].value)
+    steps = [json.loads(line)["step"] for line in (tmp_path / "sweep" / "1" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps)
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.name.isdigit()) == ["0", "1", "2"]
+
+
+@pytest.mark.slow
+def test_direction_follows_monitor_and_a_bad_setting_is_named(tmp_path):
+    storage = f"sqlite:///{tmp_path}/study.db"
+    proc = run_cli(*FAST, "hydra.sweeper.n_trials=1", "monitor=val/loss", f"hydra.sweeper.storage={storage}",
+                   "hydra.sweeper.study_name=loss", f"hydra.sweep.dir={tmp_path / 'a'}")  # fmt: skip
+    assert proc.returncode == 0, proc.output
+    assert _study(storage, "loss").direction == optuna.study.StudyDirection.MINIMIZE
+    bad = run_cli(*FAST, "hydra.sweeper.direction=up", f"hydra.sweep.dir={tmp_path / 'b'}")
+    assert bad.returncode == 2, bad.output
+    assert "hydra.sweeper.direction=up" in bad.stderr and "Traceback" not in bad.stderr
+    empty = run_cli(*FAST, "hydra.sweeper.params={optim.lr: 'range(5,1)'}", f"hydra.sweep.dir={tmp_path / 'b'}")
+    assert empty.returncode == 2 and "hydra.sweeper.params.optim.lr=range(5,1)" in empty.stderr, empty.output
+    assert "Traceback" not in empty.stderr
+    clash = run_cli(*FAST, "hydra.sweeper.n_trials=1", "hydra.sweeper.direction=maximize",
+                    f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=loss", f"hydra.sweep.dir={tmp_path / 'c'}")
+    assert clash.returncode == 2, clash.output
+    assert "study 'loss'" in clash.stderr and "minimizes" in clash.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_optuna_dashboard_serves_the_study(tmp_path):
+    storage = f"sqlite:///{tmp_path}/study.db"
+    proc = run_cli(*FAST, "hydra.sweeper.n_trials=2", f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=d",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    assert proc.returncode == 0, proc.output
+    port = _free_port()
+    dashboard = Path(sys.executable).parent / "optuna-dashboard"
+    server = subprocess.Popen([str(dashboard), storage, "--host", "127.0.0.1", "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline, studies = time.monotonic() + 30, None
+        while studies is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2) as response:
+                    studies = json.loads(response.read())["study_summaries"]
+            except OSError:
+                time.sleep(0.2)
+        assert studies is not None, "optuna-dashboard did not answer within 30 s"
+        (summary,) = [s for s in studies if s["study_name"] == "d"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{summary['study_id']}?after=0", timeout=5) as r:
+            trials = json.loads(r.read())["trials"]
+        assert [t["state"] for t in trials] == ["Complete", "Complete"]
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
