@@ -76,9 +76,16 @@ def job_row(work_dir: Path) -> dict[str, Any] | None:
     hydra_dir = work_dir / ".hydra"
     if not hydra_dir.is_dir() or "alias_of" in (read_job(work_dir) or {}):
         return None
-    config = _read_yaml(hydra_dir / "config.yaml")
+    result_path = work_dir / "result.json"
+    try:
+        result = json.loads(result_path.read_text()) if result_path.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        result = None
+    if result is not None and result.get("monitor") and result.get("monitor_rule") in ("greater", "less"):
+        monitor, rule = result["monitor"], result["monitor_rule"]  # what the run used (no YAML to parse)
+    else:
+        monitor, rule = monitor_of(_read_yaml(hydra_dir / "config.yaml"))
     overrides = _read_yaml(hydra_dir / "overrides.yaml") or []
-    monitor, rule = monitor_of(config)
     row: dict[str, Any] = {
         "job": work_dir.name,
         "monitor": monitor,
@@ -87,12 +94,8 @@ def job_row(work_dir: Path) -> dict[str, Any] | None:
         "override_values": dict(o.split("=", 1) for o in overrides if "=" in o),
         "work_dir": str(work_dir.resolve()),
     }
-    result_path = work_dir / "result.json"
-    result = json.loads(result_path.read_text()) if result_path.is_file() else None
-    if result is not None and result.get("monitor") == monitor and result.get("monitor_rule") in ("greater", "less"):
-        row["rule"] = rule = result["monitor_rule"]  # the direction the run itself used
     records = _records(work_dir)
-    curve = [(r["epoch"], r[monitor]) for r in records if monitor in r and "epoch" in r]
+    curve = [[r["epoch"], r[monitor]] for r in records if monitor in r and "epoch" in r]
     row["curve"] = curve
     if result is not None:
         best = (result.get("best_metrics") or {}).get(monitor) or {}
@@ -124,36 +127,51 @@ def _sort_key(row: dict[str, Any]) -> tuple:
     return (not usable, row.get("status") == "pruned", sign * value if usable else 0.0, row["job"])
 
 
-def summarize(sweep_dir: str | Path, plot: bool = True) -> dict[str, Any] | None:
-    """Write summary.csv, summary.md, best.json (and sweep.svg) for `sweep_dir`; returns best.json's content."""
-    sweep_dir = Path(sweep_dir)
-    jobs = sorted((p for p in sweep_dir.iterdir() if p.is_dir()), key=lambda p: (len(p.name), p.name))
-    rows = [row for row in (job_row(p) for p in jobs) if row is not None]
-    if not rows:
-        return None
-    rows.sort(key=_sort_key)
+# -- the sweep's records: summary.csv / .md and best.json --------------------------------------------
+# Each job's row is cached in <sweep>/.rows/<job>.json when the job ends, so that the end of a job
+# costs the same in a sweep of 3 jobs as in one of 5,000 (it appends its row to summary.csv/.md and
+# updates best.json), and the full summary (sorted, with sweep.svg) reads one small file per job
+# instead of parsing each job's files. ``python -m expkit.sweep DIR`` rebuilds from the job dirs.
+ROWS_DIR = ".rows"
+UNSORTED = "unsorted"  # in ROWS_DIR while summary.csv holds rows appended since it was last sorted
+LOCK_FILE = ".summary.lock"
+_job_order = lambda p: (len(p.name), p.name)  # noqa: E731 - 0, 1, ..., 10 (not 0, 1, 10, 2)
 
-    columns = COLUMNS[:1] + ["trial"] + COLUMNS[1:] if any(r.get("trial") is not None for r in rows) else COLUMNS
+
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    return COLUMNS[:1] + ["trial"] + COLUMNS[1:] if any(r.get("trial") is not None for r in rows) else COLUMNS
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return "" if value is None else str(value).replace("|", "\\|").replace("\n", " ")[:120]
+
+
+def _md_columns(columns: list[str]) -> list[str]:
+    return [c for c in columns if c not in ("work_dir", "error")] + ["error"]
+
+
+def _md_line(row: dict[str, Any], shown: list[str]) -> str:
+    return "| " + " | ".join(_cell(row.get(c)) for c in shown) + " |"
+
+
+def _csv_text(rows: list[dict[str, Any]], columns: list[str], header: bool = True) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
-    writer.writeheader()
+    if header:
+        writer.writeheader()
     writer.writerows(rows)
-    write_text_atomic(sweep_dir / "summary.csv", buffer.getvalue())
+    return buffer.getvalue()
 
-    def cell(value: Any) -> str:
-        if isinstance(value, float):
-            return f"{value:.4f}"
-        return "" if value is None else str(value).replace("|", "\\|").replace("\n", " ")[:120]
 
-    shown = [c for c in columns if c not in ("work_dir", "error")] + ["error"]
-    lines = [f"# Sweep {sweep_dir.name}: {len(rows)} jobs, best first by {rows[0]['monitor']} ({rows[0]['rule']})", "",
-             "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]  # fmt: skip
-    lines += ["| " + " | ".join(cell(r.get(c)) for c in shown) + " |" for r in rows]
-    write_text_atomic(sweep_dir / "summary.md", "\n".join(lines) + "\n")
+def _usable(row: dict[str, Any] | None) -> bool:
+    return row is not None and isinstance(row.get("best"), (int, float)) and math.isfinite(row["best"])
 
-    top = rows[0]
-    usable = isinstance(top.get("best"), (int, float)) and math.isfinite(top["best"])
-    best = {
+
+def _best_json(top: dict[str, Any], jobs: int, statuses: dict[str, int], resumed: list[str]) -> dict[str, Any]:
+    usable = _usable(top)
+    return {
         "job": top["job"] if usable else None,
         "metric": top["monitor"],
         "rule": top["rule"],
@@ -162,14 +180,118 @@ def summarize(sweep_dir: str | Path, plot: bool = True) -> dict[str, Any] | None
         "work_dir": top["work_dir"] if usable else None,
         "best_checkpoint": top.get("best_checkpoint") if usable else None,
         "overrides": top["overrides"].split() if usable and top["overrides"] else [],
-        "jobs": len(rows),
-        "statuses": {s: sum(r.get("status") == s for r in rows) for s in sorted({str(r.get("status")) for r in rows})},
-        "resumed_jobs": sorted((r["job"] for r in rows if r.get("resumed")), key=lambda j: (len(j), j)),
+        "jobs": jobs,
+        "statuses": dict(sorted(statuses.items())),
+        "resumed_jobs": sorted(resumed, key=lambda j: (len(j), j)),
     }
-    write_json_atomic(sweep_dir / "best.json", best)
+
+
+def _cached_row(sweep_dir: Path, job: str) -> dict[str, Any] | None:
+    try:
+        return json.loads((sweep_dir / ROWS_DIR / f"{job}.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+class _Locked:
+    """An exclusive lock on the sweep's records (jobs of joblib, submitit or Slurm end in other
+    processes, on other hosts of a shared filesystem: flock is honoured by NFS clients)."""
+
+    def __init__(self, sweep_dir: Path) -> None:
+        self.path = sweep_dir / LOCK_FILE
+
+    def __enter__(self) -> None:
+        import fcntl
+
+        self.file = open(self.path, "a")  # noqa: SIM115 - closed in __exit__
+        fcntl.flock(self.file, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.file.close()  # releases the lock
+
+
+def summarize(sweep_dir: str | Path, plot: bool = True, fresh: bool = False) -> dict[str, Any] | None:
+    """Write summary.csv, summary.md, best.json (and sweep.svg) for `sweep_dir`, best first;
+    returns best.json's content. A job's row comes from its cached row (written when it
+    ended), else from its files; `fresh` reads every job's files and renews the cache."""
+    sweep_dir = Path(sweep_dir)
+    (sweep_dir / ROWS_DIR / UNSORTED).unlink(missing_ok=True)  # before reading: a job ending now sets it again
+    rows = []
+    for path in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")), key=_job_order):
+        row = None if fresh else _cached_row(sweep_dir, path.name)
+        if row is None:
+            row = job_row(path)
+            if row is not None and row["status"] != "running":
+                write_json_atomic(sweep_dir / ROWS_DIR / f"{row['job']}.json", row)
+        if row is not None:
+            rows.append(row)
+    if not rows:
+        return None
+    rows.sort(key=_sort_key)
+    columns = _columns(rows)
+    shown = _md_columns(columns)
+    lines = [f"# Sweep {sweep_dir.name}: {len(rows)} jobs, best first by {rows[0]['monitor']} ({rows[0]['rule']})", "",
+             "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]  # fmt: skip
+    lines += [_md_line(r, shown) for r in rows]
+    statuses: dict[str, int] = {}
+    for r in rows:
+        statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1
+    best = _best_json(rows[0], len(rows), statuses, [r["job"] for r in rows if r.get("resumed")])
+    with _Locked(sweep_dir):
+        write_text_atomic(sweep_dir / "summary.csv", _csv_text(rows, columns))
+        write_text_atomic(sweep_dir / "summary.md", "\n".join(lines) + "\n")
+        write_json_atomic(sweep_dir / "best.json", best)
     if plot:
         plot_sweep(rows, sweep_dir / "sweep.svg")
     return best
+
+
+def record_job_end(sweep_dir: Path, work_dir: Path) -> None:
+    """The end of one job, in O(1): cache its row, append it to summary.csv and summary.md
+    (in the order jobs end; the sweep's end sorts them) and update best.json's best job and
+    counts. A job that a resumed sweep found finished (its row unchanged) changes nothing."""
+    target = Path((read_job(work_dir) or {}).get("alias_of") or work_dir)
+    row = job_row(target)
+    if row is None:
+        return
+    row = json.loads(json.dumps(row))  # as cached (tuples become lists)
+    with _Locked(sweep_dir):
+        old = _cached_row(sweep_dir, row["job"])
+        if old == row:
+            return
+        write_json_atomic(sweep_dir / ROWS_DIR / f"{row['job']}.json", row)
+        columns = _columns([row])
+        csv_path, md_path, best_path = (sweep_dir / n for n in ("summary.csv", "summary.md", "best.json"))
+        new_file = not csv_path.is_file() or csv_path.stat().st_size == 0
+        with csv_path.open("a", encoding="utf-8", newline="") as f:
+            f.write(_csv_text([row], columns, header=new_file))
+        shown = _md_columns(columns)
+        if not md_path.is_file() or md_path.stat().st_size == 0:
+            header = [f"# Sweep {sweep_dir.name}: jobs in the order they ended (sorted best first by "
+                      f"{row['monitor']} ({row['rule']}) when the sweep ends)", "",
+                      "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]  # fmt: skip
+            md_path.write_text("\n".join(header) + "\n", encoding="utf-8")
+        with md_path.open("a", encoding="utf-8") as f:
+            f.write(_md_line(row, shown) + "\n")
+        (sweep_dir / ROWS_DIR / UNSORTED).touch()
+        try:
+            best = json.loads(best_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            best = {"job": None, "jobs": 0, "statuses": {}, "resumed_jobs": []}
+        statuses = dict(best.get("statuses") or {})
+        if old is None:
+            jobs = int(best.get("jobs") or 0) + 1
+        else:
+            jobs = int(best.get("jobs") or 1)
+            old_status = str(old.get("status"))
+            statuses[old_status] = statuses.get(old_status, 1) - 1
+        statuses[str(row.get("status"))] = statuses.get(str(row.get("status")), 0) + 1
+        statuses = {k: v for k, v in statuses.items() if v > 0}
+        resumed = [j for j in best.get("resumed_jobs") or [] if j != row["job"]] + ([row["job"]] if row.get("resumed") else [])
+        top = _cached_row(sweep_dir, best["job"]) if best.get("job") not in (None, row["job"]) else None
+        if top is None or _sort_key(row) < _sort_key(top):
+            top = row
+        write_json_atomic(best_path, _best_json(top, jobs, statuses, resumed))
 
 
 def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
@@ -231,11 +353,23 @@ def read_job(work_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+INDEX_DIR = ".jobs"  # <sweep>/.jobs/<digest of an identity>: the name of the dir holding that job
+INDEX_COMPLETE = "complete"  # written once every job dir of the sweep is in the index
+
+
+def _index_key(identity: list[str]) -> str:
+    import hashlib
+
+    return hashlib.sha1(json.dumps(identity).encode()).hexdigest()[:20]
+
+
 def record_job(work_dir: Path, identity: list[str]) -> None:
     """job.json: the identity, and a copy of the job's .hydra files (Hydra rewrites .hydra/ of
-    <sweep>/<n> at every launch, so a resumed sweep with reordered values can put them back)."""
+    <sweep>/<n> at every launch, so a resumed sweep with reordered values can put them back);
+    and the sweep's index entry for the identity."""
     hydra_files = {p.name: p.read_text() for p in (work_dir / ".hydra").glob("*.yaml")}
     write_json_atomic(work_dir / JOB_FILE, {"overrides": identity, "hydra": hydra_files})
+    write_text_atomic(work_dir.parent / INDEX_DIR / _index_key(identity), work_dir.name)
 
 
 def restore_hydra_record(work_dir: Path, job: dict[str, Any]) -> None:
@@ -253,17 +387,36 @@ def job_result(work_dir: Path) -> dict[str, Any] | None:
 
 
 def find_job(sweep_dir: Path, identity: list[str]) -> Path | None:
-    """The dir in `sweep_dir` that holds the job with this identity, if any."""
-    for candidate in sorted(p for p in sweep_dir.iterdir() if p.is_dir()):
+    """The dir in `sweep_dir` that holds the job with this identity, if any: one lookup in the
+    sweep's index. A sweep dir whose index is not known complete (made by an older expkit, or
+    a write lost to a crash) is scanned once, indexing every job, and then marked complete."""
+    index = sweep_dir / INDEX_DIR
+    try:
+        candidate = sweep_dir / (index / _index_key(identity)).read_text().strip()
         job = read_job(candidate)
         if job is not None and job.get("overrides") == identity and "alias_of" not in job:
             return candidate
-    return None
+    except OSError:
+        pass
+    if (index / INDEX_COMPLETE).is_file():
+        return None
+    found = None
+    for candidate in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                            key=_job_order):  # fmt: skip
+        job = read_job(candidate)
+        if job is None or "alias_of" in job or not isinstance(job.get("overrides"), list):
+            continue
+        write_text_atomic(index / _index_key(job["overrides"]), candidate.name)
+        if found is None and job["overrides"] == identity:
+            found = candidate
+    write_text_atomic(index / INDEX_COMPLETE, "")
+    return found
 
 
 class SweepSummaryCallback(Callback):
-    """A Hydra callback (``hydra.callbacks``): rebuilds the summary after every job (so a
-    crash leaves an up-to-date summary) and at the end of the sweep."""
+    """A Hydra callback (``hydra.callbacks``): records every job as it ends, in constant time
+    (``record_job_end``: a crash leaves an up-to-date summary), and writes the whole summary,
+    best first, with sweep.svg at the end of the sweep."""
 
     def __init__(self, plot_each_job: bool = False) -> None:
         self.plot_each_job = plot_each_job
@@ -273,11 +426,23 @@ class SweepSummaryCallback(Callback):
         from hydra.types import RunMode
 
         hc = HydraConfig.get()
-        if hc.mode == RunMode.MULTIRUN:
-            self._summarize(Path(hc.sweep.dir), plot=self.plot_each_job)
+        if hc.mode != RunMode.MULTIRUN:
+            return
+        if self.plot_each_job:  # the whole summary and sweep.svg: reads every job (O(jobs) per job)
+            self._summarize(Path(hc.sweep.dir), plot=True)
+            return
+        try:
+            record_job_end(Path(hc.sweep.dir), Path(hc.runtime.output_dir))
+        except Exception as exc:  # a summary must never fail the sweep
+            log.warning("Could not record the job in %s: %s", hc.sweep.dir, exc)
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        best = self._summarize(Path(config.hydra.sweep.dir), plot=True)
+        sweep_dir = Path(config.hydra.sweep.dir)
+        current = all((sweep_dir / name).is_file() for name in ("summary.csv", "best.json", "sweep.svg"))
+        if current and not (sweep_dir / ROWS_DIR / UNSORTED).exists():  # no job changed its row: all is sorted
+            best = json.loads((sweep_dir / "best.json").read_text())
+        else:
+            best = self._summarize(sweep_dir, plot=True)
         if best and best["job"] is not None:
             log.info("Sweep best: job %s, %s = %.4f, %s", best["job"], best["metric"], best["value"], best["work_dir"])
 
@@ -293,15 +458,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m expkit.sweep", description="Rebuild a sweep's summary from disk.")
     parser.add_argument("sweep_dir", type=Path, help="the sweep dir (holds one work dir per job: 0/, 1/, ...)")
     parser.add_argument("--no-plot", action="store_true", help="skip sweep.svg")
+    parser.add_argument("--quiet", action="store_true", help="print best.json only, not the summary table")
     args = parser.parse_args(argv)
     if not args.sweep_dir.is_dir():
         print(f"Error: {args.sweep_dir} is not a directory", file=sys.stderr)
         return 2
-    best = summarize(args.sweep_dir, plot=not args.no_plot)
+    best = summarize(args.sweep_dir, plot=not args.no_plot, fresh=True)
     if best is None:
         print(f"Error: no job dirs (with .hydra/) in {args.sweep_dir}", file=sys.stderr)
         return 2
-    print((args.sweep_dir / "summary.md").read_text())
+    if not args.quiet:
+        print((args.sweep_dir / "summary.md").read_text())
     print(json.dumps(best, indent=2))
     return 0
 

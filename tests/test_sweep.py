@@ -149,3 +149,59 @@ def test_two_sweeps_started_together_get_their_own_dirs(tmp_path):
         assert p.wait(timeout=120) == 0
     dirs = list((tmp_path / "outputs" / "sweeps").iterdir())
     assert len(dirs) == 2, dirs  # the dir names carry microseconds
+
+
+@pytest.fixture(scope="module")
+def three_jobs(tmp_path_factory) -> Path:
+    sweep = tmp_path_factory.mktemp("three") / "sweep"
+    proc = run_cli("-m", "optim.lr=0.1,0.03,0.001", "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.output
+    return sweep
+
+
+def test_a_job_end_appends_its_row_and_updates_best_json_in_constant_time(three_jobs, tmp_path):
+    from expkit.sweep import record_job_end, summarize
+
+    sweep = tmp_path / "sweep"
+    import shutil
+
+    shutil.copytree(three_jobs, sweep, ignore=shutil.ignore_patterns(".rows", "summary.*", "best.json", "sweep.svg"))
+    final = {r["job"]: float(r["best"]) for r in csv.DictReader((three_jobs / "summary.csv").open())}
+    for job in ("2", "0", "1"):  # the order in which they end
+        record_job_end(sweep, sweep / job)
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))
+    assert [r["job"] for r in rows] == ["2", "0", "1"]  # appended as they ended
+    best = json.loads((sweep / "best.json").read_text())
+    top = max(final, key=final.get)
+    assert (best["job"], best["value"], best["jobs"], best["statuses"]) == (top, pytest.approx(final[top]), 3,
+                                                                          {"completed": 3})  # fmt: skip
+    before = {name: (sweep / name).read_bytes() for name in ("summary.csv", "summary.md", "best.json")}
+    record_job_end(sweep, sweep / "0")  # a job a resumed sweep found finished: nothing changes
+    assert before == {name: (sweep / name).read_bytes() for name in before}
+    assert summarize(sweep)["job"] == top
+    assert [r["job"] for r in csv.DictReader((sweep / "summary.csv").open())] == sorted(final, key=lambda j: -final[j])
+
+
+def test_resume_finds_jobs_through_the_index_and_scans_an_old_sweep_dir_once(three_jobs, tmp_path):
+    import shutil
+
+    from expkit.sweep import INDEX_DIR, find_job, job_identity, read_job
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(three_jobs, sweep)
+    identity = read_job(sweep / "1")["overrides"]
+    assert find_job(sweep, identity) == sweep / "1"  # its index entry
+    shutil.rmtree(sweep / INDEX_DIR)  # a sweep dir from before the index
+    assert find_job(sweep, identity) == sweep / "1"  # found by one scan, which indexes every job
+    assert len(list((sweep / INDEX_DIR).iterdir())) == 3 + 1  # three jobs and the "complete" mark
+    stray = sweep / "9"
+    shutil.copytree(sweep / "2", stray)  # a job dir the index never heard of
+    (stray / "job.json").write_text(json.dumps({"overrides": job_identity(["optim.lr=9"])}))
+    assert find_job(sweep, job_identity(["optim.lr=9"])) is None  # a complete index is not rescanned
+
+
+def test_the_bookkeeping_benchmark_runs(tmp_path):
+    proc = subprocess.run([sys.executable, "benchmarks/sweep_bookkeeping.py", "--jobs", "40", "--rounds", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "per-job bookkeeping in 40 job dirs vs 3" in proc.stdout and "full rebuild of 40 job dirs" in proc.stdout
