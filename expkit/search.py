@@ -4,8 +4,8 @@ monitored metric to that trial after every validation and stops the job when the
 The sweeper (``hydra_plugins.expkit_sweeper.optuna_sweeper``, ``hparams_search=optuna``) asks
 the study for a trial, then launches a job with ``hydra.job.env_set`` naming the trial; Hydra
 sets those variables around the job in whatever process runs it (this one, a joblib worker, a
-Slurm task), so the job finds its trial through the study's storage. A study kept in memory is
-reachable only from this process: the sweeper registers it in ``LIVE_STUDIES``.
+Slurm task), so the job finds its trial through the study's storage (by default the sweep
+dir's ``optuna.journal``).
 """
 
 from __future__ import annotations
@@ -25,19 +25,15 @@ log = logging.getLogger("expkit")
 
 TRIAL_ENV = "EXPKIT_OPTUNA_TRIAL"  # "<trial id> <trial number>"
 STUDY_ENV = "EXPKIT_OPTUNA_STUDY"
-STORAGE_ENV = "EXPKIT_OPTUNA_STORAGE"  # empty: the study lives in this process (LIVE_STUDIES)
-
-LIVE_STUDIES: dict[str, Any] = {}  # study name -> optuna.Study kept in memory by this process's sweeper
+STORAGE_ENV = "EXPKIT_OPTUNA_STORAGE"
 
 JOURNAL_SUFFIXES = (".journal", ".log", ".jsonl")
 
 
-def open_storage(spec: str | None) -> Any:
-    """An Optuna storage from the sweeper's ``storage`` setting: None (in memory), a database URL
+def open_storage(spec: str) -> Any:
+    """An Optuna storage from the sweeper's ``storage`` setting: a database URL
     (``sqlite:///study.db``, ``postgresql://...``: Optuna's RDB storage) or a file path ending
     in .journal / .log / .jsonl (Optuna's journal file: no database server, fine on NFS)."""
-    if not spec:
-        return None
     if "://" in spec:
         import optuna
 
@@ -52,9 +48,9 @@ def open_storage(spec: str | None) -> Any:
                      f"(a path ending in {', '.join(JOURNAL_SUFFIXES)})")  # fmt: skip
 
 
-def job_env(trial: Any, study_name: str, storage: str | None) -> list[str]:
+def job_env(trial: Any, study_name: str, storage: str) -> list[str]:
     """The overrides that tell a launched job its trial (Hydra sets them as environment variables)."""
-    values = {TRIAL_ENV: f"{trial._trial_id} {trial.number}", STUDY_ENV: study_name, STORAGE_ENV: storage or ""}
+    values = {TRIAL_ENV: f"{trial._trial_id} {trial.number}", STUDY_ENV: study_name, STORAGE_ENV: storage}
     return [f"+hydra.job.env_set.{k}='{v}'" for k, v in values.items()]
 
 
@@ -67,11 +63,7 @@ def current_trial() -> tuple[Any, int] | None:
 
     trial_id, number = (int(x) for x in spec.split())
     name, storage = os.environ.get(STUDY_ENV, ""), os.environ.get(STORAGE_ENV, "")
-    study = LIVE_STUDIES.get(name) if not storage else optuna.load_study(
-        study_name=name, storage=open_storage(storage), pruner=_sweeper_pruner())
-    if study is None:
-        raise RuntimeError(f"trial {number} of study {name!r}: the study is in another process's memory; "
-                           "give hydra.sweeper.storage (sqlite:///study.db or a .journal file)")  # fmt: skip
+    study = optuna.load_study(study_name=name, storage=open_storage(storage), pruner=_sweeper_pruner())
     return optuna.trial.Trial(study, trial_id), number
 
 

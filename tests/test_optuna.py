@@ -26,8 +26,10 @@ MEDIAN = "+hydra.sweeper.pruner={_target_: optuna.pruners.MedianPruner, n_startu
 
 
 def _study(storage: str, name: str) -> optuna.Study:
+    from expkit.search import open_storage
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna.load_study(study_name=name, storage=storage)
+    return optuna.load_study(study_name=name, storage=open_storage(storage))
 
 
 def _rows(sweep: Path) -> list[dict]:
@@ -137,8 +139,8 @@ class ExitInTrial(Hook):
 @pytest.mark.slow
 def test_sweep_resume_finishes_the_trial_a_dead_sweep_left_running(tmp_path):
     (tmp_path / "exithook.py").write_text(EXIT_HOOK)
-    storage = f"sqlite:///{tmp_path}/study.db"
-    args = ["hparams_search=optuna", "trainer.max_epochs=2", "hydra.sweeper.n_trials=3", f"hydra.sweeper.storage={storage}",
+    storage = str(tmp_path / "sweep" / "optuna.journal")  # by default, the sweep dir keeps its study
+    args = ["hparams_search=optuna", "trainer.max_epochs=2", "hydra.sweeper.n_trials=3",
             "hydra.sweeper.study_name=r", f"hydra.sweep.dir={tmp_path / 'sweep'}", "+hooks.exit._target_=exithook.ExitInTrial",
             "default_hooks.checkpoint.interval=1", "default_hooks.checkpoint.by_epoch=false"]  # fmt: skip
     env = {"PYTHONPATH": str(tmp_path)}
@@ -208,3 +210,15 @@ def test_optuna_dashboard_serves_the_study(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_submitit_jobs_report_to_the_study_from_their_own_processes(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = run_cli(*FAST, "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2", "hydra/launcher=submitit_local",
+                   MEDIAN, f"hydra.sweep.dir={sweep}")  # fmt: skip
+    assert proc.returncode == 0, proc.output
+    study = _study(str(sweep / "optuna.journal"), "expkit")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    assert all(len(t.intermediate_values) == 1 for t in study.trials)
+    assert sorted(json.loads((sweep / j / "result.json").read_text())["optuna_trial"] for j in "01") == [0, 1]

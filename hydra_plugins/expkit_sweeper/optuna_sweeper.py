@@ -48,7 +48,7 @@ class OptunaSweeperConf:
     _target_: str = "hydra_plugins.expkit_sweeper.optuna_sweeper.OptunaSweeper"
     direction: Optional[str] = None  # maximize | minimize; null: from `monitor`, by expkit's one "better" rule
     study_name: Optional[str] = "expkit"
-    storage: Optional[str] = None  # null: in memory; sqlite:///study.db; a .journal file; postgresql://...
+    storage: Optional[str] = None  # null: <sweep dir>/optuna.journal; sqlite:///study.db; a .journal file; postgresql://...
     n_trials: int = 20  # trials this command runs (resume=true: until the sweep dir holds this many)
     n_jobs: int = 1  # trials at once (with a parallel launcher: joblib, submitit)
     sampler: Any = field(default_factory=lambda: {"_target_": "optuna.samplers.TPESampler", "seed": None})
@@ -168,10 +168,7 @@ class OptunaSweeper(Sweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         fixed, space = self._space(arguments)
-        storage = self.storage
-        if storage is None and not self.in_process:  # jobs in other processes must reach the study
-            storage = str(sweep_dir / "optuna.journal")
-            log.info("Optuna: jobs run in other processes; the study is kept in %s", storage)
+        storage = self.storage or str(sweep_dir / "optuna.journal")  # the sweep dir keeps its own study
         def build(spec: Any) -> Any:  # Hydra builds nested _target_ nodes when it builds the sweeper
             return instantiate(spec) if isinstance(spec, (dict, DictConfig)) else spec
 
@@ -187,25 +184,20 @@ class OptunaSweeper(Sweeper):
         if study.direction.name.lower() != direction:
             raise SearchConfigError(f"study {self.study_name!r} in {storage} {study.direction.name.lower()}s; this search "
                              f"would {direction} (set hydra.sweeper.direction, or another study_name)")  # fmt: skip
-        if storage is None:
-            search.LIVE_STUDIES[self.study_name] = study
         ledger = Ledger(sweep_dir / LEDGER)
         resume = bool(self.config.get("resume"))
         log.info("Optuna study %s (%s, %s): %d trials, %d at once; sampler %s, pruner %s", self.study_name,
-                 storage or "in memory", direction, self.n_trials, self.n_jobs, type(sampler).__name__,
+                 storage, direction, self.n_trials, self.n_jobs, type(sampler).__name__,
                  type(pruner).__name__)  # fmt: skip
-        try:
-            if resume:
-                self._resume(study, ledger, storage)
-            todo = max(self.n_trials - len(ledger.trials), 0) if resume else self.n_trials
-            while todo > 0:
-                trials = [study.ask(fixed_distributions=space) for _ in range(min(self.n_jobs, todo))]
-                jobs = [fixed + self._overrides(trial, space) + search.job_env(trial, self.study_name, storage)
-                        for trial in trials]  # fmt: skip
-                self._run(study, ledger, trials, jobs, first=ledger.next_job(sweep_dir))
-                todo -= len(trials)
-        finally:
-            search.LIVE_STUDIES.pop(self.study_name, None)
+        if resume:
+            self._resume(study, ledger, storage)
+        todo = max(self.n_trials - len(ledger.trials), 0) if resume else self.n_trials
+        while todo > 0:
+            trials = [study.ask(fixed_distributions=space) for _ in range(min(self.n_jobs, todo))]
+            jobs = [fixed + self._overrides(trial, space) + search.job_env(trial, self.study_name, storage)
+                    for trial in trials]  # fmt: skip
+            self._run(study, ledger, trials, jobs, first=ledger.next_job(sweep_dir))
+            todo -= len(trials)
         self._write_results(study, sweep_dir)
 
     def _overrides(self, trial: Any, space: dict[str, Any]) -> list[str]:
@@ -241,7 +233,7 @@ class OptunaSweeper(Sweeper):
             status = status or "failed"
         ledger.finish(trial, status)
 
-    def _resume(self, study: Any, ledger: "Ledger", storage: str | None) -> None:
+    def _resume(self, study: Any, ledger: "Ledger", storage: str) -> None:
         """Trials this sweep dir started that the study still holds as running: their sweep died.
         Each runs again in its own job dir (resuming from its checkpoint, or returning its result
         when it had finished) and is told to the study."""
