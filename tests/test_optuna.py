@@ -222,3 +222,27 @@ def test_submitit_jobs_report_to_the_study_from_their_own_processes(tmp_path):
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
     assert all(len(t.intermediate_values) == 1 for t in study.trials)
     assert sorted(json.loads((sweep / j / "result.json").read_text())["optuna_trial"] for j in "01") == [0, 1]
+
+
+def conditional_space(cfg, trial):
+    """A custom_search_space: the momentum is searched only for SGD."""
+    if trial.params["optim"] == "sgd":
+        trial.suggest_float("optim.momentum", 0.5, 0.99)
+
+
+def test_custom_search_space_adds_conditional_parameters_to_the_overrides():
+    from hydra_plugins.expkit_sweeper.optuna_sweeper import OptunaSweeper
+
+    sweeper = OptunaSweeper(custom_search_space=f"{__name__}.conditional_space")
+    fixed, space = sweeper._space(["optim=choice(sgd,adam)", "optim.lr=tag(log, interval(0.001, 0.1))", "seed=3"])
+    assert fixed == ["seed=3"] and set(space) == {"optim", "optim.lr"}
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(8):
+        trial = study.ask(fixed_distributions=space)
+        overrides = sweeper._overrides(trial, space)
+        names = {o.split("=")[0] for o in overrides}
+        assert names == ({"optim", "optim.lr", "optim.momentum"} if trial.params["optim"] == "sgd" else {"optim", "optim.lr"})
+        seen.add(trial.params["optim"])
+        study.tell(trial, 0.0)
+    assert seen == {"sgd", "adam"}
