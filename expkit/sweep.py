@@ -135,7 +135,8 @@ def _sort_key(row: dict[str, Any]) -> tuple:
 ROWS_DIR = ".rows"
 UNSORTED = "unsorted"  # in ROWS_DIR while summary.csv holds rows appended since it was last sorted
 LOCK_FILE = ".summary.lock"
-_job_order = lambda p: (len(p.name), p.name)  # noqa: E731 - 0, 1, ..., 10 (not 0, 1, 10, 2)
+def _job_order(path: Path) -> tuple[int, str]:
+    return len(path.name), path.name  # 0, 1, ..., 10 (not 0, 1, 10, 2)
 
 
 def _columns(rows: list[dict[str, Any]]) -> list[str]:
@@ -203,10 +204,10 @@ class _Locked:
     def __enter__(self) -> None:
         import fcntl
 
-        self.file = open(self.path, "a")  # noqa: SIM115 - closed in __exit__
+        self.file = open(self.path, "a")  # closed in __exit__
         fcntl.flock(self.file, fcntl.LOCK_EX)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.file.close()  # releases the lock
 
 
@@ -253,6 +254,8 @@ def record_job_end(sweep_dir: Path, work_dir: Path) -> None:
     target = Path((read_job(work_dir) or {}).get("alias_of") or work_dir)
     row = job_row(target)
     if row is None:
+        return
+    if row["status"] == "running":  # a job this launch skipped (another launch runs it)
         return
     row = json.loads(json.dumps(row))  # as cached (tuples become lists)
     with _Locked(sweep_dir):
@@ -338,6 +341,15 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 JOB_FILE = "job.json"  # a job's identity in a sweep; Hydra never writes it
+SWEEP_LAUNCHED_ENV = "EXPKIT_SWEEP_LAUNCHED"  # when this launch of the sweep began (set by expkit's sweepers)
+
+
+def mark_launch() -> None:
+    """Tell this launch's jobs (in this process, or in the workers it starts) when it began."""
+    import os
+    import time
+
+    os.environ[SWEEP_LAUNCHED_ENV] = repr(time.time())
 
 
 def job_identity(overrides: list[str]) -> list[str]:

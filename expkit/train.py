@@ -8,6 +8,7 @@ number (143 / 130), result.json saying ``stopped``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -177,17 +178,63 @@ def _finished_job_value(cfg: DictConfig, work_dir: Path, rule: str, monitor: str
         return None
     result = json.loads(result_file.read_text())
     rule = result.get("monitor_rule") or rule  # the direction the run itself used
-    status, reason = result.get("status"), str(result.get("stop_reason") or "")
+    status = result.get("status")
     if status == "failed" and not cfg.retry_failed:
         log.info("Job in %s failed before (%s); kept as failed (retry_failed=true retries it)", work_dir,
                  result.get("error"))  # fmt: skip
         return worst_value(rule)
-    if status in ("completed", "pruned") or (status == "stopped" and not reason.startswith("signal")):
-        best = (result.get("best_metrics") or {}).get(monitor)
+    if _finished(result):
         log.info("Job in %s is already %s; not trained again", work_dir, status)
-        value = None if best is None else best.get("value")
-        return float(value) if value is not None and math.isfinite(value) else worst_value(rule)
+        return _best_value(result, monitor, rule)
     return None  # interrupted, skipped or never finished: run it (resume=true continues it)
+
+
+def _finished(result: dict[str, Any]) -> bool:
+    status, reason = result.get("status"), str(result.get("stop_reason") or "")
+    return status in ("completed", "pruned") or (status == "stopped" and not reason.startswith("signal"))
+
+
+def _best_value(result: dict[str, Any], monitor: str, rule: str) -> float:
+    best = (result.get("best_metrics") or {}).get(monitor)
+    value = None if best is None else best.get("value")
+    return float(value) if value is not None and math.isfinite(value) else worst_value(result.get("monitor_rule") or rule)
+
+
+def _done_since_launch(work_dir: Path, monitor: str, rule: str) -> float | None:
+    """A job that another launch of this sweep finished after this launch began (two launches
+    of one sweep, e.g. a Slurm requeue while the first still runs): not run a second time."""
+    from expkit.sweep import SWEEP_LAUNCHED_ENV
+
+    launched, result_file = os.environ.get(SWEEP_LAUNCHED_ENV), work_dir / "result.json"
+    try:
+        if launched is None or result_file.stat().st_mtime < float(launched):
+            return None
+        result = json.loads(result_file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not _finished(result):
+        return None
+    log.info("Job in %s was %s by another launch of this sweep; this launch does not run it again",
+             work_dir, result.get("status"))  # fmt: skip
+    return _best_value(result, monitor, rule)
+
+
+def _skip_busy_job(hydra_dir: Path, busy: Any) -> None:
+    """Another launch of this sweep runs this job right now: this launch skips it (the owner
+    records it; waiting would hold this launch's workers idle). Hydra rewrote the dir's .hydra/
+    for this launch: the owner's record goes back, and nothing is logged into its train.log."""
+    from expkit.ownership import describe
+
+    job = read_job(hydra_dir)
+    if job is not None and "hydra" in job:
+        restore_hydra_record(hydra_dir, job)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == hydra_dir.resolve():
+            root.removeHandler(handler)
+            handler.close()
+    log.warning("Job in %s is running in another launch of this sweep (%s); this launch skips it, so it runs once",
+                hydra_dir, describe(busy.owner))  # fmt: skip
 
 
 def _write_errors_in_one_line() -> None:
@@ -228,8 +275,7 @@ def run(cfg: DictConfig) -> float | None:
     a failed or diverged job in a sweep returns the worst value)."""
     from omegaconf import OmegaConf
 
-    from expkit import distributed, search
-    from expkit.build import build_runner
+    from expkit import distributed
 
     global _TASK_STARTED
     _TASK_STARTED = True
@@ -245,11 +291,31 @@ def run(cfg: DictConfig) -> float | None:
         "hooks": list(cfg.hooks.keys()),  # list selections are not in hydra.runtime.choices
         "command": " ".join(["python -m expkit.train", *sys.argv[1:]]),
     }
+    with contextlib.ExitStack() as owned:
+        return _run_owned(cfg, hc, work_dir, multirun, monitor, rule, run_info, owned)
+
+
+def _run_owned(cfg: DictConfig, hc: Any, work_dir: Path, multirun: bool, monitor: str, rule: str,
+               run_info: dict[str, Any], owned: contextlib.ExitStack) -> float | None:
+    """The task once the work dir is known: owned (its lock in `owned`), built, run, reported."""
+    from expkit import distributed, search
+    from expkit.build import build_runner
+    from expkit.ownership import WorkDirBusy, WorkDirLock
+
+    sweep_dir = Path(hc.sweep.dir)
     if multirun:
-        sweep_dir = Path(hc.sweep.dir)
         run_info["sweep_dir_name"] = sweep_dir.name  # wandb groups a sweep's jobs by it
-        work_dir = _place_sweep_job(cfg, list(hc.overrides.task), work_dir, sweep_dir)
+        try:  # one writer per job dir: another launch of this sweep may be running this job now
+            owned.enter_context(WorkDirLock(work_dir, run_info["command"]))
+            hydra_dir, work_dir = work_dir, _place_sweep_job(cfg, list(hc.overrides.task), work_dir, sweep_dir)
+            if work_dir != hydra_dir:  # resume=true found the job in another dir
+                owned.enter_context(WorkDirLock(work_dir, run_info["command"]))
+        except WorkDirBusy as exc:
+            _skip_busy_job(work_dir, exc)
+            return None
         done = _finished_job_value(cfg, work_dir, rule, monitor)
+        if done is None:
+            done = _done_since_launch(work_dir, monitor, rule)
         if done is not None:
             return done
         if _resuming_sweep(cfg) and list(work_dir.glob("checkpoints/*.pth")):
@@ -259,6 +325,12 @@ def run(cfg: DictConfig) -> float | None:
                 "status": "skipped", "error": f"an earlier job failed and fail_fast is set ({(sweep_dir / FAIL_FAST_MARKER).read_text()})",
                 "work_dir": str(work_dir)})  # fmt: skip
             return worst_value(rule)
+    elif distributed.is_main():  # torchrun's other ranks share rank 0's lock
+        try:
+            owned.enter_context(WorkDirLock(work_dir, run_info["command"]))
+        except WorkDirBusy as exc:  # nothing written: the dir is another process's
+            print(f"Error: {exc}", file=sys.stderr)
+            sys.exit(2)
     runner = None
     try:
         trial = search.current_trial() if multirun else None  # a job of an Optuna search
@@ -415,6 +487,18 @@ def _share_run_dir_across_ranks() -> None:
         sys.argv += ["hydra.output_subdir=null"]  # rank 0 writes .hydra/; run() gives this rank its own log
 
 
+def _check_owner(argv: list[str]) -> str | None:
+    """A run given a work dir that a live process owns is refused before Hydra writes .hydra/
+    and train.log into it (torchrun's other ranks share rank 0's dir and lock)."""
+    from expkit.ownership import busy_message, live_owner
+
+    if any(a in ("-m", "--multirun") for a in argv) or os.environ.get("RANK", "0") != "0":
+        return None
+    given = next((a.split("=", 1)[1] for a in reversed(argv) if a.startswith("hydra.run.dir=")), None)
+    owner = live_owner(Path(given)) if given else None
+    return busy_message(Path(given), owner) if given and owner is not None else None
+
+
 def main() -> None:
     sys.argv[1:] = flags_first(sys.argv[1:])
     argv = sys.argv[1:]
@@ -423,6 +507,10 @@ def main() -> None:
         print(f"Error: {message}", file=sys.stderr)
         sys.exit(2)
     _share_run_dir_across_ranks()
+    message = _check_owner(sys.argv[1:])
+    if message:
+        print(f"Error: {message}", file=sys.stderr)
+        sys.exit(2)
     try:
         run()
     except SystemExit as exc:

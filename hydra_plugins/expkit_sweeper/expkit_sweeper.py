@@ -77,6 +77,12 @@ class ExpkitSweeper(BasicSweeper):
         if type(self.launcher) is BasicLauncher:  # jobs composed and run in this process
             self.hydra_context = compose_once(self.launcher, hydra_context)
 
+    def sweep(self, arguments: list[str]) -> Any:
+        from expkit.sweep import mark_launch
+
+        mark_launch()
+        return super().sweep(arguments)
+
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         assert self.config is not None and self.hydra_context is not None
         check_batch(self.hydra_context, self.config, batch)

@@ -44,7 +44,7 @@ class SearchConfigError(CompactHydraException):
 
 
 @dataclass
-class OptunaSweeperConf:
+class OptunaSweeperConf:  # OmegaConf reads these annotations at run time (hence Optional)
     _target_: str = "hydra_plugins.expkit_sweeper.optuna_sweeper.OptunaSweeper"
     direction: Optional[str] = None  # maximize | minimize; null: from `monitor`, by expkit's one "better" rule
     study_name: Optional[str] = "expkit"
@@ -162,8 +162,10 @@ class OptunaSweeper(Sweeper):
         from hydra.utils import instantiate
 
         from expkit import search
+        from expkit.sweep import mark_launch
 
         assert self.config is not None and self.launcher is not None
+        mark_launch()
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")

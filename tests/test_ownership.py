@@ -1,0 +1,147 @@
+"""One writer per work dir: the lock file, a second writer refused, stale locks taken over,
+two launches of one sweep running each job once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_cli
+
+from expkit.ownership import LOCK_FILE, WorkDirBusy, WorkDirLock, live_owner
+
+SLOW_HOOK = """
+import time
+from pathlib import Path
+from expkit import Hook
+
+class Slow(Hook):
+    '''Sleeps each iteration (so runs overlap) and counts the times a work dir starts training.'''
+
+    def __init__(self, seconds: float = 0.02) -> None:
+        self.seconds = seconds
+
+    def before_train(self, runner):
+        with open(runner.work_dir / "starts.txt", "a") as f:
+            f.write(f"{runner.iter}\\n")
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        time.sleep(self.seconds)
+"""
+
+
+def _write_owner(work: Path, **fields) -> None:
+    work.mkdir(parents=True, exist_ok=True)
+    owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": "earlier", "command": "python x",
+             "heartbeat": time.time()} | fields  # fmt: skip
+    (work / LOCK_FILE).write_text(json.dumps(owner))
+
+
+def test_a_lock_file_without_a_live_owner_is_taken_over_and_a_live_one_refuses(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    cases = {
+        "dead pid here": ({"pid": dead.pid}, "is no longer running"),
+        "pid reused": ({"start": "1"}, "is no longer running"),  # this PID, but another process's start time
+        "old heartbeat there": ({"host": "elsewhere", "heartbeat": time.time() - 600}, "heartbeat is 600 s old"),
+        "released": ({"released": True}, None),
+    }
+    for name, (fields, reason) in cases.items():
+        work = tmp_path / name.replace(" ", "_")
+        _write_owner(work, **fields)
+        with WorkDirLock(work, heartbeat=0) as lock:
+            assert (lock.took_over is None) if reason is None else (reason in lock.took_over), name
+            assert json.loads((work / LOCK_FILE).read_text())["pid"] == os.getpid()
+        assert json.loads((work / LOCK_FILE).read_text())["released"] is True
+    work = tmp_path / "fresh_heartbeat_there"
+    _write_owner(work, host="elsewhere", pid=1)  # a live owner on another host (no flock shared)
+    with pytest.raises(WorkDirBusy, match="pid 1 on elsewhere"):
+        WorkDirLock(work, heartbeat=0).acquire()
+
+
+def test_the_lock_is_held_while_the_owner_lives_and_dropped_when_it_is_killed(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from expkit.ownership import WorkDirLock\n"
+        f"lock = WorkDirLock(Path({str(tmp_path)!r}), 'holder', heartbeat=0.1).acquire(); print('held', flush=True)\n"
+        "time.sleep(60)")], stdout=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        first = json.loads((tmp_path / LOCK_FILE).read_text())["heartbeat"]
+        time.sleep(0.3)
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["heartbeat"] > first  # the heartbeat runs
+        assert live_owner(tmp_path)["command"] == "holder"
+        with pytest.raises(WorkDirBusy, match=f"pid {holder.pid} on "):
+            WorkDirLock(tmp_path, heartbeat=0).acquire()
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        assert live_owner(tmp_path) is None
+        with WorkDirLock(tmp_path, heartbeat=0) as lock:
+            assert f"pid {holder.pid} is no longer running" in lock.took_over
+    finally:
+        holder.kill()
+
+
+def _start_slow_run(tmp_path: Path, work: Path, *extra: str) -> subprocess.Popen:
+    (tmp_path / "slowhook.py").write_text(SLOW_HOOK)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    return subprocess.Popen([sys.executable, "-m", "expkit.train", f"hydra.run.dir={work}", "trainer.max_epochs=3",
+                             "+hooks.slow._target_=slowhook.Slow", "+hooks.slow.seconds=0.1", *extra],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_second_writer_exits_2_naming_the_owner_and_a_killed_owner_is_taken_over(tmp_path):
+    work = tmp_path / "run"
+    owner = _start_slow_run(tmp_path, work)
+    try:
+        deadline = time.monotonic() + 60
+        while not (work / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        hydra_record = (work / ".hydra" / "overrides.yaml").read_text()
+        log_size = (work / "train.log").stat().st_size
+        for extra in ([], ["resume=true"], ["optim.lr=0.5"]):
+            second = run_cli(f"hydra.run.dir={work}", *extra)
+            assert second.returncode == 2, second.output
+            assert f"is in use by pid {owner.pid} on {socket.gethostname()}" in second.stderr
+            assert "Traceback" not in second.stderr
+        assert (work / ".hydra" / "overrides.yaml").read_text() == hydra_record  # the owner's record untouched
+        assert (work / "train.log").stat().st_size >= log_size and "is in use" not in (work / "train.log").read_text()
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+        resumed = run_cli(f"hydra.run.dir={work}", "trainer.max_epochs=3", "resume=true",
+                          env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+        assert resumed.returncode == 0, resumed.output
+        assert f"taking it over from pid {owner.pid}" in resumed.output and "is no longer running" in resumed.output
+        assert json.loads((work / "result.json").read_text())["status"] == "completed"
+    finally:
+        owner.kill()
+
+
+@pytest.mark.slow
+def test_two_launches_of_one_sweep_run_each_job_once(tmp_path):
+    (tmp_path / "slowhook.py").write_text(SLOW_HOOK)
+    sweep = tmp_path / "sweep"
+    command = [sys.executable, "-m", "expkit.train", "-m", "optim.lr=0.1,0.05,0.02,0.01", "trainer.max_epochs=2",
+               "+hooks.slow._target_=slowhook.Slow", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    launches = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                for _ in range(2)]  # fmt: skip
+    outputs = [p.communicate(timeout=300)[0] for p in launches]
+    assert [p.returncode for p in launches] == [0, 0], outputs
+    skipped = sum(o.count("this launch skips it") + o.count("this launch does not run it again") for o in outputs)
+    assert skipped >= 4, outputs  # every job ran in one launch and was skipped by the other
+    for job in range(4):
+        work = sweep / str(job)
+        assert (work / "starts.txt").read_text() == "0\n", job  # trained exactly once
+        steps = [json.loads(line)["step"] for line in (work / "metrics.jsonl").read_text().splitlines()]
+        assert steps == sorted(steps) and len(steps) == len(set(zip(steps, range(len(steps))))), job
+        assert json.loads((work / "result.json").read_text())["status"] == "completed"
+    best = json.loads((sweep / "best.json").read_text())
+    assert best["jobs"] == 4 and best["statuses"] == {"completed": 4}
