@@ -76,7 +76,81 @@ def init(timeout_s: int = 1800) -> bool:
         if cuda:
             torch.cuda.set_device(local_rank())
         dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        gather_peers()
     return True
+
+
+# -- who is who, to say which rank died ------------------------------------------------------------
+PEERS: list[tuple[str, int]] = []  # (host, pid) of every rank, by rank; gathered when the group forms
+
+
+def gather_peers() -> None:
+    import socket
+
+    global PEERS
+    if is_distributed():
+        peers: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(peers, (socket.gethostname(), os.getpid()))
+        PEERS = [tuple(p) for p in peers]
+
+
+def _pid_gone(pid: int) -> bool:
+    """A PID that no longer runs (a zombie waiting for torchrun to reap it counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except OSError:
+        return False
+
+
+def dead_ranks() -> list[tuple[int, int]]:
+    """(rank, pid) of the ranks on this host whose process is gone."""
+    import socket
+
+    host = socket.gethostname()
+    return [(r, pid) for r, (h, pid) in enumerate(PEERS) if h == host and pid != os.getpid() and _pid_gone(pid)]
+
+
+_CAUSES = ("connection reset by peer", "connection closed by peer", "broken pipe", "timed out", "timeout",
+           "connection refused", "socket closed")  # fmt: skip
+
+
+def peer_failure(exc: BaseException) -> str | None:
+    """One line for a collective that failed because another rank died or stopped answering
+    (gloo / NCCL errors are walls of text naming an address, not a rank); None for other errors."""
+    if not PEERS:
+        return None
+    text = str(exc).lower()
+    cause = next((c for c in _CAUSES if c in text), None)
+    if cause is None and not any(k in text for k in ("gloo", "nccl", "processgroup", "distbackend")):
+        return None
+    import time
+
+    dead: list[tuple[int, int]] = []
+    for _ in range(20):  # the dying peer may take a moment to be gone after its sockets closed
+        dead = dead_ranks()
+        if dead:
+            break
+        time.sleep(0.05)
+    cause = cause or "lost contact"
+    if dead:
+        return "; ".join(f"rank {r} (pid {pid}) died" for r, pid in dead) + f": {cause}"
+    return f"another rank stopped answering: {cause}"
+
+
+def writes_for_the_group() -> bool:
+    """Whether this rank writes the run's last records: rank 0, or after rank 0 died, the
+    lowest rank still alive on its host (so a crash of rank 0 still leaves a result.json)."""
+    if is_main():
+        return True
+    gone = {r for r, _ in dead_ranks()}
+    return 0 in gone and all(r in gone for r in range(rank()))
 
 
 def broadcast_object(value: Any) -> Any:

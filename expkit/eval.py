@@ -183,7 +183,10 @@ def evaluate(args: dict[str, str], overrides: list[str], config_dirs: Sequence[s
     )
     if split in ("test", "both") and test_loader is None:
         raise ConfigError("split=test but the data has no test set (data.test_fraction=0?); use split=val")
-    return runner.run()
+    from expkit.ownership import WorkDirLock
+
+    with WorkDirLock(work_dir, runner.run_info["command"]):  # one writer per work dir (exit 2 when taken)
+        return runner.run()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -240,6 +240,7 @@ class Runner:
         self.load_purpose = ""  # why the last checkpoint was loaded: resume, load_from or test
         self.test_checkpoint: str | None = None  # the weights the test used
         self.stop_reason: str | None = None
+        self.error: str | None = None  # why the run failed, in one line (result.json's "error")
         self.stop_status = "stopped"  # result.json's status after a stop: stopped or pruned
         self.status = "running"  # then completed, stopped or failed (set before after_run)
         self.stop_signal: int | None = None  # the signal number when a signal asked to stop
@@ -455,6 +456,11 @@ class Runner:
                 status, error = "failed", (str(exc) if isinstance(exc, ExpkitError) else f"{type(exc).__name__}: {exc}")
                 if isinstance(exc, KeyboardInterrupt):
                     error = "interrupted (KeyboardInterrupt)"
+                peer = distributed.peer_failure(exc)  # another rank died: say which, in one line
+                if peer is not None:
+                    resume = self.run_info.get("resume_command")
+                    error = peer + (f"; resume with: {resume}" if resume else "")
+                self.error = error
                 tb = traceback.format_exc()
                 with contextlib.suppress(Exception):
                     self.call_hook(Stage.ON_EXCEPTION, exception=exc)
@@ -468,11 +474,13 @@ class Runner:
                         status, error, tb = "failed", str(exc), traceback.format_exc()
                         raise
         finally:
-            for signum, handler in previous_handlers.items():
-                signal.signal(signum, handler)
             torch.use_deterministic_algorithms(previous_determinism[0])
             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous_determinism[1:]
-            result = self._write_result(status, error, tb, time.time() - started, reserve)
+            try:  # written before the signal handlers go: torchrun's SIGTERM to survivors must not cut it
+                result = self._write_result(status, error, tb, time.time() - started, reserve)
+            finally:
+                for signum, handler in previous_handlers.items():
+                    signal.signal(signum, handler)
         return result
 
     def _catch_signals(self) -> dict[int, Any]:
@@ -758,10 +766,12 @@ class Runner:
             **self.run_info,
             "traceback": tb,
         }
-        if self.is_main:
+        if self.is_main or (status == "failed" and distributed.writes_for_the_group()):
             write = reserve.write_json if reserve is not None else checkpoint_io.write_json_atomic
-            for path, content in ((self.work_dir / "result.json", result),
-                                  (self.work_dir / "provenance.json", provenance.finish(self.provenance, status))):  # fmt: skip
+            files = [(self.work_dir / "result.json", result)]
+            if self.is_main:  # (another rank writes only result.json, when rank 0 died)
+                files.append((self.work_dir / "provenance.json", provenance.finish(self.provenance, status)))
+            for path, content in files:
                 try:
                     write(path, content)
                 except OSError as exc:  # say so instead of hiding the run's own error under a traceback

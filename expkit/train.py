@@ -121,10 +121,12 @@ def _fail(exc: BaseException, work_dir: Path) -> None:
     sys.exit(2 if isinstance(exc, ConfigError) else 1)  # 2: fix the input; 1: the run failed
 
 
-def _sweep_job_failed(exc: BaseException, work_dir: Path, sweep_dir: Path, rule: str, fail_fast: bool) -> float:
+def _sweep_job_failed(exc: BaseException, work_dir: Path, sweep_dir: Path, rule: str, fail_fast: bool,
+                      message: str | None = None) -> float:
     """In a sweep: record the failure, then either stop the sweep (fail_fast) or let it go on."""
-    _record_failure(work_dir, f"{type(exc).__name__}: {exc}")
-    log.error("Job failed: %s (work dir %s)", exc, work_dir)
+    message = message or f"{type(exc).__name__}: {exc}"
+    _record_failure(work_dir, message)
+    log.error("Job failed: %s (work dir %s)", message, work_dir)
     if fail_fast:
         (sweep_dir / FAIL_FAST_MARKER).write_text(str(work_dir))
         raise exc
@@ -291,6 +293,8 @@ def run(cfg: DictConfig) -> float | None:
         "hooks": list(cfg.hooks.keys()),  # list selections are not in hydra.runtime.choices
         "command": " ".join(["python -m expkit.train", *sys.argv[1:]]),
     }
+    if distributed.is_distributed() and not multirun:  # a rank's death is told with the way back
+        run_info["resume_command"] = continue_command(sys.argv[1:], work_dir)
     with contextlib.ExitStack() as owned:
         return _run_owned(cfg, hc, work_dir, multirun, monitor, rule, run_info, owned)
 
@@ -305,10 +309,12 @@ def _run_owned(cfg: DictConfig, hc: Any, work_dir: Path, multirun: bool, monitor
     sweep_dir = Path(hc.sweep.dir)
     if multirun:
         run_info["sweep_dir_name"] = sweep_dir.name  # wandb groups a sweep's jobs by it
+        main = distributed.is_main()  # a job of several tasks (submitit): rank 0 holds the lock
         try:  # one writer per job dir: another launch of this sweep may be running this job now
-            owned.enter_context(WorkDirLock(work_dir, run_info["command"]))
+            if main:
+                owned.enter_context(WorkDirLock(work_dir, run_info["command"]))
             hydra_dir, work_dir = work_dir, _place_sweep_job(cfg, list(hc.overrides.task), work_dir, sweep_dir)
-            if work_dir != hydra_dir:  # resume=true found the job in another dir
+            if work_dir != hydra_dir and main:  # resume=true found the job in another dir
                 owned.enter_context(WorkDirLock(work_dir, run_info["command"]))
         except WorkDirBusy as exc:
             _skip_busy_job(work_dir, exc)
@@ -347,10 +353,12 @@ def _run_owned(cfg: DictConfig, hc: Any, work_dir: Path, multirun: bool, monitor
         if runner is not None:
             rule = runner.directions.rule(monitor) or rule  # the run's own direction, when it got that far
         if multirun:
-            return _sweep_job_failed(exc, work_dir, sweep_dir, rule, bool(cfg.fail_fast))
+            return _sweep_job_failed(exc, work_dir, sweep_dir, rule, bool(cfg.fail_fast),
+                                     runner.error if runner is not None else None)
         if isinstance(exc, ExpkitError):
             _fail(exc, work_dir)
-        print(f"\nError: {type(exc).__name__}: {exc}\n(traceback in {work_dir / 'result.json'})", file=sys.stderr)
+        message = (runner.error if runner is not None else None) or f"{type(exc).__name__}: {exc}"
+        print(f"\nError: {message}\n(traceback in {work_dir / 'result.json'})", file=sys.stderr)
         sys.exit(1)
     best = result["best_metrics"].get(monitor)
     rule = result.get("monitor_rule") or rule
@@ -367,9 +375,15 @@ def _run_owned(cfg: DictConfig, hc: Any, work_dir: Path, multirun: bool, monitor
 
 
 def continue_command(argv: list[str], work_dir: Path) -> str:
-    """The command that resumes this run, quoted for a POSIX shell (paths with spaces paste)."""
-    kept = [a for a in argv if not a.startswith(("hydra.run.dir=", "resume="))]
-    return shlex.join(["python", "-m", "expkit.train", *kept, f"hydra.run.dir={work_dir}", "resume=true"])
+    """The command that resumes this run, quoted for a POSIX shell (paths with spaces paste);
+    under torchrun, a torchrun command with the same number of processes."""
+    kept = [a for a in argv if not a.startswith(("hydra.run.dir=", "resume=", "hydra.output_subdir="))]
+    start = ["python", "-m", "expkit.train"]
+    if "TORCHELASTIC_RUN_ID" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        local, world = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), int(os.environ["WORLD_SIZE"])
+        nodes = [f"--nnodes={world // local}"] if world > local else []
+        start = ["torchrun", *nodes, f"--nproc_per_node={local}", "-m", "expkit.train"]
+    return shlex.join([*start, *kept, f"hydra.run.dir={work_dir}", "resume=true"])
 
 
 _VALUED_FLAGS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn", "--cfg", "-c",

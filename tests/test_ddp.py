@@ -157,3 +157,42 @@ def test_slurm_ddp_launcher_config_starts_one_task_per_gpu():
     assert proc.returncode == 0, proc.output
     assert "gpus_per_node: 8" in proc.stdout and "tasks_per_node: 8" in proc.stdout
     assert "SlurmLauncher" in proc.stdout
+
+
+KILL_HOOK = '''
+import os, signal
+import torch.distributed as dist
+from expkit import Hook
+
+class KillRank(Hook):
+    """SIGKILLs one rank once, after the checkpoint at iteration 10."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        marker = runner.work_dir / "killed"
+        if dist.get_rank() == self.rank and runner.iter == 15 and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+@pytest.mark.parametrize("killed", [0, 1])
+def test_a_killed_rank_leaves_a_one_line_record_and_the_run_resumes(tmp_path, killed):
+    (tmp_path / "killhook.py").write_text(KILL_HOOK)
+    work = tmp_path / "run"
+    args = (f"hydra.run.dir={work}", "trainer.max_epochs=2", "default_hooks.checkpoint.by_epoch=false",
+            "default_hooks.checkpoint.interval=10", "+hooks.kill._target_=killhook.KillRank", f"+hooks.kill.rank={killed}")
+    proc = _torchrun(tmp_path, *args, timeout=240)
+    assert proc.returncode != 0
+    result = json.loads((work / "result.json").read_text())  # written by whichever rank survived
+    assert result["status"] == "failed" and "\n" not in result["error"]
+    assert result["error"].startswith(f"rank {killed} (pid ") and " died: " in result["error"], result["error"]
+    assert "resume with: torchrun --nproc_per_node=2 -m expkit.train" in result["error"]
+    assert f"Error: rank {killed} (pid " in proc.stderr
+    resumed = _torchrun(tmp_path, *args, "resume=true", timeout=240)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    if killed == 0:  # the dead owner of the work dir is named when the next start takes it over
+        assert "taking it over from pid" in resumed.stdout + resumed.stderr
+    assert json.loads((work / "result.json").read_text())["status"] == "completed"
