@@ -75,7 +75,17 @@ def init(timeout_s: int = 1800) -> bool:
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(local_rank())
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        backend, timeout = "nccl" if cuda else "gloo", datetime.timedelta(seconds=timeout_s)
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if restart is not None and os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+            # torchrun --max-restarts keeps one store across attempts: the group's keys of an earlier
+            # attempt (peers' addresses) would be read by the next one (gloo "connectFullMesh" fails);
+            # each attempt gets keys of its own
+            store, rank_, world = next(dist.rendezvous("env://", timeout=timeout))
+            store = dist.PrefixStore(f"expkit/attempt_{restart}/", store)
+            dist.init_process_group(backend, store=store, rank=rank_, world_size=world, timeout=timeout)
+        else:
+            dist.init_process_group(backend, timeout=timeout)
         gather_peers()
     return True
 

@@ -295,6 +295,7 @@ def run(cfg: DictConfig) -> float | None:
     }
     if distributed.is_distributed() and not multirun:  # a rank's death is told with the way back
         run_info["resume_command"] = continue_command(sys.argv[1:], work_dir)
+        run_info["restarts"] = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # torchrun --max-restarts
     with contextlib.ExitStack() as owned:
         return _run_owned(cfg, hc, work_dir, multirun, monitor, rule, run_info, owned)
 
@@ -494,9 +495,19 @@ def _share_run_dir_across_ranks() -> None:
               "hydra/launcher=submitit_slurm with tasks_per_node", file=sys.stderr)  # fmt: skip
         sys.exit(2)
     given = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("hydra.run.dir=")), None)
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    record = Path("outputs/.torchrun") / os.environ["TORCHELASTIC_RUN_ID"] if "TORCHELASTIC_RUN_ID" in os.environ else None
+    if given is None and restarts > 0 and record is not None and record.is_file():
+        given = record.read_text().strip()  # the dir the first attempt picked
     default = time.strftime("outputs/runs/%Y-%m-%d_%H-%M-%S-") + f"{time.time_ns() // 1000 % 10**6:06d}"
     run_dir = str(Path(distributed.broadcast_object(given or default)).resolve())
+    if distributed.rank() == 0 and record is not None and restarts == 0:
+        checkpoint_io.write_text_atomic(record, run_dir)  # a restart of this torchrun finds the same dir
     sys.argv = [a for a in sys.argv if not a.startswith("hydra.run.dir=")] + [f"hydra.run.dir={run_dir}"]
+    if restarts > 0:  # torchrun --max-restarts: the group re-formed after a worker died; continue the run
+        sys.argv = [a for a in sys.argv if not a.startswith("resume=")] + ["resume=true"]
+        if distributed.rank() == 0:
+            print(f"torchrun restart {restarts}: resuming {run_dir} from its last complete checkpoint", file=sys.stderr)
     if distributed.rank() > 0:
         sys.argv += ["hydra.output_subdir=null"]  # rank 0 writes .hydra/; run() gives this rank its own log
 

@@ -196,3 +196,44 @@ def test_a_killed_rank_leaves_a_one_line_record_and_the_run_resumes(tmp_path, ki
     if killed == 0:  # the dead owner of the work dir is named when the next start takes it over
         assert "taking it over from pid" in resumed.stdout + resumed.stderr
     assert json.loads((work / "result.json").read_text())["status"] == "completed"
+
+
+DIE_ONCE = '''
+import os, signal
+import torch.distributed as dist
+from expkit import Hook
+
+class DieOnce(Hook):
+    """Rank 1 is SIGKILLed once, at iteration 25 (the last checkpoint: iteration 20)."""
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        marker = runner.work_dir / "died"
+        if dist.get_rank() == 1 and runner.iter == 25 and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+def _torchrun_elastic(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "--max-restarts=2", "-m", "expkit.train", *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def test_torchrun_restarts_resume_the_same_run_and_end_bit_identical(tmp_path):
+    (tmp_path / "diehook.py").write_text(DIE_ONCE)
+    common = ["trainer.max_epochs=3", "default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=10"]
+    reference = _torchrun_elastic(tmp_path, *common, f"hydra.run.dir={tmp_path / 'reference'}")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    proc = _torchrun_elastic(tmp_path, *common, "+hooks.die._target_=diehook.DieOnce")  # the default work dir
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "connectFullMesh" not in proc.stderr and "torchrun restart 1: resuming" in proc.stderr
+    (work,) = (tmp_path / "outputs" / "runs").iterdir()  # the restart found the first attempt's dir
+    assert (work / "died").is_file()
+    result = json.loads((work / "result.json").read_text())
+    assert result["status"] == "completed" and result["restarts"] == 1 and result["iter"] == 60
+    assert "Resumed from" in (work / "train.log").read_text()  # not re-initialised from scratch
+    final, expected = (torch.load(w / "checkpoints" / "iter_60.pth", weights_only=True)["state_dict"]
+                       for w in (work, tmp_path / "reference"))  # fmt: skip
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
