@@ -191,7 +191,9 @@ class WandbBackend(Backend):
 
     def _started(self) -> Any:
         if self.run is None and self._runner is not None:
-            self._start(self._runner)
+            runner, self._runner = self._runner, None  # a start that fails is not tried again by close()
+            self._start(runner)
+            self._runner = runner
         return self.run
 
     def _start(self, runner: Runner) -> None:
@@ -226,18 +228,29 @@ class WandbBackend(Backend):
     def log(self, record: dict[str, Any], step: int) -> None:
         self._started().log(scalars(record), step=step)
 
+    def _never_resumed(self) -> bool:
+        """A resume that failed before its checkpoint loaded: no run of its own, so that the id
+        the next attempt continues stays the original run's."""
+        runner = self._runner
+        return self.run is None and runner is not None and self._resume_step == 0 and bool(runner.resume_from) \
+            and (runner.work_dir / "wandb" / self.ID_FILE).is_file()  # fmt: skip
+
     def finish(self, runner: Runner, result: dict[str, Any]) -> None:
+        if self._never_resumed():
+            self._runner = None
+            return
         self._started()
         summary = {f"best/{k}": v["value"] for k, v in runner.best_metrics.items()}
         summary.update({f"final/{k}": v for k, v in result.get("final_metrics", {}).items()})
         summary["status"] = result.get("status")
         self.run.summary.update(summary)
-        self._finish_run(exit_code=0 if result.get("status") in ("completed", "stopped") else 1)
+        self._finish_run(exit_code=0 if result.get("status") in ("completed", "stopped", "pruned") else 1)
 
     def close(self) -> None:
-        if self._runner is not None:  # finish() did not run (a failure before it)
-            self._started()
-            self._finish_run(exit_code=1)
+        if self._runner is not None and not self._never_resumed():  # finish() did not run (a failure before it)
+            if self._started() is not None:
+                self._finish_run(exit_code=1)
+        self._runner = None
 
     def _finish_run(self, exit_code: int) -> None:
         """Finish the run and wait until its log is on disk: wandb's service writes it out
@@ -328,7 +341,7 @@ def wait_for_wandb_run(path: Path, timeout: float = 30.0) -> bool:
     return True
 
 
-def _started(path: Path) -> tuple[str, int]:
+def _attempt_order(path: Path) -> tuple[str, int]:
     """When an offline run log began: its dir is ``offline-run-<YYYYmmdd_HHMMSS>-<id>``, with
     ``-<n>`` appended for the n-th further attempt of that id in the same second."""
     run_id = path.stem.removeprefix("run-")
@@ -341,7 +354,7 @@ def wandb_history(work_dir: Path) -> list[dict[str, Any]]:
     """The history of a work dir's latest wandb run, as an uninterrupted run logged it: each
     resumed attempt's offline log replaces the earlier attempts' rows from its first step
     on (what wandb's rewind does online)."""
-    runs = [read_wandb_run(path) for path in sorted(offline_run_files(work_dir), key=_started)]
+    runs = [read_wandb_run(path) for path in sorted(offline_run_files(work_dir), key=_attempt_order)]
     latest = runs[-1]["run"].get("id") if runs else None
     rows: list[dict[str, Any]] = []
     for run in (r for r in runs if r["run"].get("id") == latest):

@@ -137,9 +137,9 @@ def peer_failure(exc: BaseException) -> str | None:
     if not PEERS:
         return None
     text = str(exc).lower()
+    if not isinstance(exc, getattr(dist, "DistError", ())) and not any(k in text for k in ("gloo", "nccl", "c10d")):
+        return None  # not the process group's error (a DataLoader timeout, a logger's connection...)
     cause = next((c for c in _CAUSES if c in text), None)
-    if cause is None and not any(k in text for k in ("gloo", "nccl", "processgroup", "distbackend")):
-        return None
     import time
 
     dead: list[tuple[int, int]] = []

@@ -33,6 +33,21 @@ HEARTBEAT_S = 30.0
 STALE_AFTER_S = 300.0  # an owner on another host with a heartbeat this old is gone
 
 
+_HELD: set[int] = set()  # the lock files this process holds open
+
+
+def _close_in_child() -> None:
+    """A forked child (a DataLoader worker) closes its copies of the lock files: the flock
+    belongs to the owner alone, and is gone the moment the owner dies."""
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
 class WorkDirBusy(ConfigError):
     """The work dir is owned by a live process (exit 2: pick another dir, or wait)."""
 
@@ -82,8 +97,12 @@ def describe(owner: dict[str, Any]) -> str:
 
 def busy_message(work_dir: Path, owner: dict[str, Any]) -> str:
     who = describe(owner) if owner and not owner.get("unreadable") else "another process"
+    elsewhere = ""
+    if owner.get("host") not in (None, socket.gethostname()) and owner.get("heartbeat"):
+        free_at = time.strftime("%H:%M:%S", time.localtime(float(owner["heartbeat"]) + STALE_AFTER_S))
+        elsewhere = f" If that host is gone, the dir is free once the heartbeat is {STALE_AFTER_S:.0f} s old ({free_at})."
     return (f"{work_dir} is in use by {who}. Wait for it to end, stop it, or give another dir "
-            "(hydra.run.dir=... / hydra.sweep.dir=...)")  # fmt: skip
+            f"(hydra.run.dir=... / hydra.sweep.dir=...).{elsewhere}")  # fmt: skip
 
 
 def why_stale(owner: dict[str, Any], now: float | None = None, stale_after: float = STALE_AFTER_S) -> str | None:
@@ -137,7 +156,13 @@ class WorkDirLock:
         self.fd = fd
         self._info = {"host": socket.gethostname(), "pid": os.getpid(), "start": _process_start(os.getpid()),
                       "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": self.command}  # fmt: skip
-        self._write(heartbeat=time.time())
+        try:
+            self._write(heartbeat=time.time())
+        except OSError:  # a full disk: the dir is not ours after all
+            self.fd = None
+            os.close(fd)
+            raise
+        _HELD.add(fd)
         if self.heartbeat > 0:
             self._thread = threading.Thread(target=self._beat, name="expkit-lock-heartbeat", daemon=True)
             self._thread.start()
@@ -166,6 +191,7 @@ class WorkDirLock:
             self._thread.join()
         with contextlib.suppress(OSError):
             self._write(heartbeat=time.time(), released=True)
+        _HELD.discard(self.fd)
         os.close(self.fd)  # drops the flock
         self.fd = None
 

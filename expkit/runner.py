@@ -766,7 +766,8 @@ class Runner:
             **self.run_info,
             "traceback": tb,
         }
-        if self.is_main or (status == "failed" and distributed.writes_for_the_group()):
+        if self.is_main or (status == "failed" and distributed.writes_for_the_group()
+                            and not _written_since(self.work_dir / "result.json", time.time() - wall_time)):  # rank 0's own word wins
             write = reserve.write_json if reserve is not None else checkpoint_io.write_json_atomic
             files = [(self.work_dir / "result.json", result)]
             if self.is_main:  # (another rank writes only result.json, when rank 0 died)
@@ -780,6 +781,13 @@ class Runner:
             if reserve is not None:
                 reserve.release()
         return result
+
+
+def _written_since(path: Path, since: float) -> bool:
+    try:
+        return path.stat().st_mtime >= since
+    except OSError:
+        return False
 
 
 def _disk_full(exc: BaseException) -> bool:

@@ -90,11 +90,14 @@ class TrialReportHook(Hook):
         self.trial, self.number = trial, number
 
     def after_val_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:
+        from expkit import distributed
+
         value = metrics.get(runner.monitor) if runner.monitor else None
-        if not isinstance(value, (int, float)) or not math.isfinite(value):
-            return  # a diverged value is not reported; the job's end tells the study
-        self.trial.report(float(value), step=runner.iter)
-        if self.trial.should_prune():
+        prune = False
+        if runner.is_main and isinstance(value, (int, float)) and math.isfinite(value):  # (diverged: not reported)
+            self.trial.report(float(value), step=runner.iter)
+            prune = self.trial.should_prune()
+        if distributed.broadcast_object(prune):  # rank 0 decides for every rank of a multi-task job
             pruner = type(self.trial.study.pruner).__name__
             runner.request_stop(f"pruned by {pruner} at step {runner.iter} ({runner.monitor}={value:.4f})",
                                 status="pruned")  # fmt: skip

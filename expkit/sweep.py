@@ -88,6 +88,7 @@ def job_row(work_dir: Path) -> dict[str, Any] | None:
     overrides = _read_yaml(hydra_dir / "overrides.yaml") or []
     row: dict[str, Any] = {
         "job": work_dir.name,
+        "result_mtime": _mtime(result_path),  # a cached row is stale once result.json changed
         "monitor": monitor,
         "rule": rule,
         "overrides": " ".join(o for o in overrides if not o.startswith("resume=")),
@@ -187,6 +188,13 @@ def _best_json(top: dict[str, Any], jobs: int, statuses: dict[str, int], resumed
     }
 
 
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
 def _cached_row(sweep_dir: Path, job: str) -> dict[str, Any] | None:
     try:
         return json.loads((sweep_dir / ROWS_DIR / f"{job}.json").read_text())
@@ -216,18 +224,34 @@ def summarize(sweep_dir: str | Path, plot: bool = True, fresh: bool = False) -> 
     returns best.json's content. A job's row comes from its cached row (written when it
     ended), else from its files; `fresh` reads every job's files and renews the cache."""
     sweep_dir = Path(sweep_dir)
-    (sweep_dir / ROWS_DIR / UNSORTED).unlink(missing_ok=True)  # before reading: a job ending now sets it again
+    with _Locked(sweep_dir):  # no job's end interleaves with this rebuild
+        rows = _all_rows(sweep_dir, fresh)
+        if not rows:
+            return None
+        best = _write_summary(sweep_dir, rows)
+    if plot:
+        plot_sweep(rows, sweep_dir / "sweep.svg")
+    return best
+
+
+def _all_rows(sweep_dir: Path, fresh: bool) -> list[dict[str, Any]]:
+    """Every job's row: the cached one while its result.json is the one it was made from (and
+    the job is not running), else read from the job's files (and cached)."""
+    (sweep_dir / ROWS_DIR / UNSORTED).unlink(missing_ok=True)
     rows = []
     for path in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")), key=_job_order):
         row = None if fresh else _cached_row(sweep_dir, path.name)
-        if row is None:
+        if row is None or row.get("status") == "running" or row.get("result_mtime") != _mtime(path / "result.json"):
             row = job_row(path)
-            if row is not None and row["status"] != "running":
+            if row is not None:
+                row = json.loads(json.dumps(row))  # as cached (tuples become lists)
                 write_json_atomic(sweep_dir / ROWS_DIR / f"{row['job']}.json", row)
         if row is not None:
             rows.append(row)
-    if not rows:
-        return None
+    return rows
+
+
+def _write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
     rows.sort(key=_sort_key)
     columns = _columns(rows)
     shown = _md_columns(columns)
@@ -238,12 +262,9 @@ def summarize(sweep_dir: str | Path, plot: bool = True, fresh: bool = False) -> 
     for r in rows:
         statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1
     best = _best_json(rows[0], len(rows), statuses, [r["job"] for r in rows if r.get("resumed")])
-    with _Locked(sweep_dir):
-        write_text_atomic(sweep_dir / "summary.csv", _csv_text(rows, columns))
-        write_text_atomic(sweep_dir / "summary.md", "\n".join(lines) + "\n")
-        write_json_atomic(sweep_dir / "best.json", best)
-    if plot:
-        plot_sweep(rows, sweep_dir / "sweep.svg")
+    write_text_atomic(sweep_dir / "summary.csv", _csv_text(rows, columns))
+    write_text_atomic(sweep_dir / "summary.md", "\n".join(lines) + "\n")
+    write_json_atomic(sweep_dir / "best.json", best)
     return best
 
 
@@ -263,9 +284,13 @@ def record_job_end(sweep_dir: Path, work_dir: Path) -> None:
         if old == row:
             return
         write_json_atomic(sweep_dir / ROWS_DIR / f"{row['job']}.json", row)
-        columns = _columns([row])
         csv_path, md_path, best_path = (sweep_dir / n for n in ("summary.csv", "summary.md", "best.json"))
         new_file = not csv_path.is_file() or csv_path.stat().st_size == 0
+        if new_file:
+            columns = _columns([row])
+        else:  # the columns the file has (a row without a trial number still lines up)
+            with csv_path.open(encoding="utf-8", newline="") as f:
+                columns = next(csv.reader(f), None) or _columns([row])
         with csv_path.open("a", encoding="utf-8", newline="") as f:
             f.write(_csv_text([row], columns, header=new_file))
         shown = _md_columns(columns)
@@ -291,10 +316,13 @@ def record_job_end(sweep_dir: Path, work_dir: Path) -> None:
         statuses[str(row.get("status"))] = statuses.get(str(row.get("status")), 0) + 1
         statuses = {k: v for k, v in statuses.items() if v > 0}
         resumed = [j for j in best.get("resumed_jobs") or [] if j != row["job"]] + ([row["job"]] if row.get("resumed") else [])
+        worse_best = best.get("job") == row["job"] and old is not None and _sort_key(row) > _sort_key(old)
         top = _cached_row(sweep_dir, best["job"]) if best.get("job") not in (None, row["job"]) else None
         if top is None or _sort_key(row) < _sort_key(top):
             top = row
         write_json_atomic(best_path, _best_json(top, jobs, statuses, resumed))
+    if worse_best:  # the best job got worse (pruned or rerun): another job may be best now
+        summarize(sweep_dir, plot=False)
 
 
 def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
@@ -451,7 +479,7 @@ class SweepSummaryCallback(Callback):
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         current = all((sweep_dir / name).is_file() for name in ("summary.csv", "best.json", "sweep.svg"))
-        if current and not (sweep_dir / ROWS_DIR / UNSORTED).exists():  # no job changed its row: all is sorted
+        if current and not self.plot_each_job and not (sweep_dir / ROWS_DIR / UNSORTED).exists():  # all sorted
             best = json.loads((sweep_dir / "best.json").read_text())
         else:
             best = self._summarize(sweep_dir, plot=True)

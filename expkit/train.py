@@ -170,6 +170,7 @@ def _place_sweep_job(cfg: DictConfig, overrides: list[str], hydra_dir: Path, swe
     handler = logging.FileHandler(target / "train.log")
     handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
     logging.getLogger().addHandler(handler)
+    _write_errors_in_one_line()
     return target
 
 
@@ -249,10 +250,12 @@ def _write_errors_in_one_line() -> None:
             handler._expkit_failed = True  # type: ignore[attr-defined]
             exc = sys.exc_info()[1]
             cause = "no space left on the device" if getattr(exc, "errno", None) == 28 else exc
-            print(f"expkit: could not write {handler.baseFilename}: {cause}; it stops here", file=sys.stderr)
+            print(f"expkit: could not write {handler.baseFilename}: {cause}; records are missing from it",
+                  file=sys.stderr)  # fmt: skip
 
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
+        if isinstance(handler, logging.FileHandler) and not hasattr(handler, "_expkit_one_line"):
+            handler._expkit_one_line = True  # type: ignore[attr-defined]
             handler.handleError = handle_error.__get__(handler)  # type: ignore[method-assign]
 
     def thread_error(args: threading.ExceptHookArgs) -> None:
@@ -287,6 +290,7 @@ def run(cfg: DictConfig) -> float | None:
     multirun = hc.mode == RunMode.MULTIRUN
     if distributed.init():  # a submitit job with several tasks (torchrun joined in main already)
         _log_to_rank_file(work_dir, distributed.rank())
+        _write_errors_in_one_line()
     monitor, rule = monitor_of(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
     run_info = {
         "overrides": list(hc.overrides.task),
@@ -310,16 +314,28 @@ def _run_owned(cfg: DictConfig, hc: Any, work_dir: Path, multirun: bool, monitor
     sweep_dir = Path(hc.sweep.dir)
     if multirun:
         run_info["sweep_dir_name"] = sweep_dir.name  # wandb groups a sweep's jobs by it
-        main = distributed.is_main()  # a job of several tasks (submitit): rank 0 holds the lock
+        main = distributed.is_main()  # a job of several tasks (submitit): rank 0 holds the lock, decides
+        busy: WorkDirBusy | None = None
         try:  # one writer per job dir: another launch of this sweep may be running this job now
             if main:
                 owned.enter_context(WorkDirLock(work_dir, run_info["command"]))
-            hydra_dir, work_dir = work_dir, _place_sweep_job(cfg, list(hc.overrides.task), work_dir, sweep_dir)
-            if work_dir != hydra_dir and main:  # resume=true found the job in another dir
-                owned.enter_context(WorkDirLock(work_dir, run_info["command"]))
         except WorkDirBusy as exc:
-            _skip_busy_job(work_dir, exc)
+            busy = exc
+        if distributed.broadcast_object(busy is not None):
+            if busy is not None:
+                _skip_busy_job(work_dir, busy)
             return None
+        hydra_dir, work_dir = work_dir, _place_sweep_job(cfg, list(hc.overrides.task), work_dir, sweep_dir)
+        if work_dir != hydra_dir:  # resume=true found the job in another dir
+            try:
+                if main:
+                    owned.enter_context(WorkDirLock(work_dir, run_info["command"]))
+            except WorkDirBusy as exc:
+                busy = exc
+            if distributed.broadcast_object(busy is not None):
+                if busy is not None:
+                    _skip_busy_job(hydra_dir, busy)
+                return None
         done = _finished_job_value(cfg, work_dir, rule, monitor)
         if done is None:
             done = _done_since_launch(work_dir, monitor, rule)
@@ -338,6 +354,9 @@ def _run_owned(cfg: DictConfig, hc: Any, work_dir: Path, multirun: bool, monitor
         except WorkDirBusy as exc:  # nothing written: the dir is another process's
             print(f"Error: {exc}", file=sys.stderr)
             sys.exit(2)
+        except OSError as exc:  # a full or read-only disk
+            print(f"Error: could not write {work_dir / '.lock'}: {exc.strerror or exc}", file=sys.stderr)
+            sys.exit(1)
     runner = None
     try:
         trial = search.current_trial() if multirun else None  # a job of an Optuna search

@@ -166,6 +166,15 @@ def test_direction_follows_monitor_and_a_bad_setting_is_named(tmp_path):
                    "hydra.sweeper.study_name=loss", f"hydra.sweep.dir={tmp_path / 'a'}")  # fmt: skip
     assert proc.returncode == 0, proc.output
     assert _study(storage, "loss").direction == optuna.study.StudyDirection.MINIMIZE
+    mse = run_cli(*FAST, "experiment=regression", "hydra.sweeper.n_trials=1", "hydra.sweeper.params={optim.lr: 0.01}",
+                  f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=mse", f"hydra.sweep.dir={tmp_path / 'r'}")
+    assert mse.returncode == 0, mse.output  # val/mse: torchmetrics' MeanSquaredError says lower is better
+    assert _study(storage, "mse").direction == optuna.study.StudyDirection.MINIMIZE
+    from expkit.ownership import WorkDirLock
+
+    with WorkDirLock(tmp_path / "busy", "another search", heartbeat=0):  # a live launch into the same sweep dir
+        second = run_cli(*FAST, "hydra.sweeper.n_trials=1", f"hydra.sweep.dir={tmp_path / 'busy'}")
+    assert second.returncode == 2 and "is in use by" in second.stderr and "another search" in second.stderr
     bad = run_cli(*FAST, "hydra.sweeper.direction=up", f"hydra.sweep.dir={tmp_path / 'b'}")
     assert bad.returncode == 2, bad.output
     assert "hydra.sweeper.direction=up" in bad.stderr and "Traceback" not in bad.stderr

@@ -148,29 +148,51 @@ class OptunaSweeper(Sweeper):
         return list(fixed.values()), space
 
     def _direction(self) -> str:
+        """`direction`, else the run's own rule for `monitor`: its metric's setting or the metric
+        object's ``higher_is_better`` (torchmetrics' MeanSquaredError: less), then the name."""
         if self.direction is not None:
             return self.direction
+        from expkit.build import build_metrics
+        from expkit.metrics import Directions
         from expkit.sweep import monitor_of
 
         assert self.config is not None
-        _, rule = monitor_of(OmegaConf.to_container(self.config, resolve=False))  # type: ignore[arg-type]
+        monitor, rule = monitor_of(OmegaConf.to_container(self.config, resolve=False))  # type: ignore[arg-type]
+        try:
+            rule = Directions(build_metrics(self.config.get("metrics"))).rule(monitor) or rule
+        except Exception as exc:  # noqa: BLE001 - a metric that cannot be built here fails in the job, named
+            log.warning("Optuna: could not build the metrics to read %s's direction (%s); using %s", monitor, exc, rule)
         return "maximize" if rule == "greater" else "minimize"
 
     # -- the sweep -------------------------------------------------------------------------------
     def sweep(self, arguments: list[str]) -> None:
+        from expkit.ownership import WorkDirBusy, WorkDirLock
+
+        assert self.config is not None and self.launcher is not None
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        try:  # one launch at a time: its trials are numbered, launched and told by this process
+            owned = WorkDirLock(sweep_dir, "python -m expkit.train (Optuna sweep)").acquire()
+        except WorkDirBusy as exc:
+            raise SearchConfigError(f"{exc}. Several searches can share a study through hydra.sweeper.storage, "
+                                    "each in a hydra.sweep.dir of its own") from None  # fmt: skip
+        try:
+            self._open_and_search(arguments, sweep_dir)
+        finally:
+            owned.release()
+
+    def _open_and_search(self, arguments: list[str], sweep_dir: Path) -> None:
         import optuna
         from hydra.utils import instantiate
 
         from expkit import search
         from expkit.sweep import mark_launch
 
-        assert self.config is not None and self.launcher is not None
+        assert self.config is not None
         mark_launch()
-        sweep_dir = Path(self.config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         fixed, space = self._space(arguments)
         storage = self.storage or str(sweep_dir / "optuna.journal")  # the sweep dir keeps its own study
+
         def build(spec: Any) -> Any:  # Hydra builds nested _target_ nodes when it builds the sweeper
             return instantiate(spec) if isinstance(spec, (dict, DictConfig)) else spec
 
@@ -186,6 +208,13 @@ class OptunaSweeper(Sweeper):
         if study.direction.name.lower() != direction:
             raise SearchConfigError(f"study {self.study_name!r} in {storage} {study.direction.name.lower()}s; this search "
                              f"would {direction} (set hydra.sweeper.direction, or another study_name)")  # fmt: skip
+        self._search(study, sweep_dir, storage, fixed, space, sampler, pruner, direction)
+
+    def _search(self, study: Any, sweep_dir: Path, storage: str, fixed: list[str], space: dict[str, Any],
+                sampler: Any, pruner: Any, direction: str) -> None:  # fmt: skip
+        from expkit import search
+
+        assert self.config is not None
         ledger = Ledger(sweep_dir / LEDGER)
         resume = bool(self.config.get("resume"))
         log.info("Optuna study %s (%s, %s): %d trials, %d at once; sampler %s, pruner %s", self.study_name,
@@ -225,14 +254,24 @@ class OptunaSweeper(Sweeper):
         output_dir = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir") if ret.hydra_cfg else None
         result = job_result(Path(output_dir)) if output_dir else None
         status = (result or {}).get("status")
+        monitor = (result or {}).get("monitor")
+        best = ((result or {}).get("best_metrics") or {}).get(monitor or "", {}).get("value")
         value = ret.return_value if ret.status == JobStatus.COMPLETED else None
+        if status == "stopped" and str(result.get("stop_reason") or "").startswith("signal"):  # type: ignore[union-attr]
+            ledger.finish(trial, "interrupted")  # preempted: left running in the study, for resume=true
+            return
+        rule = (result or {}).get("monitor_rule")
+        if rule in ("greater", "less") and rule != ("greater" if study.direction.name == "MAXIMIZE" else "less"):
+            raise SearchConfigError(f"the study {study.direction.name.lower()}s, but {monitor} is better when "
+                                    f"{rule} (the run's rule); set hydra.sweeper.direction")  # fmt: skip
         if status == "pruned":
-            study.tell(trial, state=TrialState.PRUNED)
-        elif status in ("completed", "stopped") and isinstance(value, (int, float)) and math.isfinite(value):
-            study.tell(trial, float(value))
-        else:
-            study.tell(trial, state=TrialState.FAIL)
-            status = status or "failed"
+            study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
+        elif status in ("completed", "stopped") and isinstance(best, (int, float)) and math.isfinite(best) \
+                and isinstance(value, (int, float)) and math.isfinite(value):  # fmt: skip
+            study.tell(trial, float(value), skip_if_finished=True)
+        else:  # failed, diverged (no finite best), or never ran
+            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            status = status if status not in (None, "completed", "stopped") else "failed"
         ledger.finish(trial, status)
 
     def _resume(self, study: Any, ledger: "Ledger", storage: str) -> None:
