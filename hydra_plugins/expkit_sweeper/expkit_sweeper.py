@@ -9,17 +9,28 @@ each to the launcher once, so a job is composed a single time and the early chec
 Other launchers (joblib, submitit) compose in their own processes and are left as they are.
 
 Hydra only instantiates plugins that live in the ``hydra_plugins`` package, hence this place.
+Like Hydra's own plugins, it registers its config (``hydra/sweeper=expkit``) with Hydra's
+ConfigStore, so it works in any Hydra app, not only in expkit's commands.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_store import ConfigStore
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
+
+@dataclass
+class ExpkitSweeperConf:  # OmegaConf reads these annotations at run time (hence Optional)
+    _target_: str = "hydra_plugins.expkit_sweeper.expkit_sweeper.ExpkitSweeper"
+    max_batch_size: Optional[int] = None  # jobs checked (composed) per batch before the batch launches; None: all
+    params: Optional[dict[str, str]] = None  # sweep values in the config: {optim.lr: "0.1,0.01"}, as hydra/sweeper=basic
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="expkit", node=ExpkitSweeperConf, provider="expkit")
 
 # The composed configs held between the check and the launch: a batch larger than this
 # composes its later jobs a second time, as BasicSweeper does, instead of holding them all.
