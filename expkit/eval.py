@@ -117,6 +117,7 @@ def _restore(source: str | Path, which: str, ema: bool, overrides: list[str],
     loaders = data.loaders()  # before describe(): a data module may learn its shape (a vocabulary) while loading
     model = build_model(cfg, data)
     model.load_state_dict(_weights(checkpoint, path, ema))
+    model.data_description = getattr(data, "describe", dict)()  # what it was built for: in_channels, num_classes...
     return path, cfg, loaders, model
 
 

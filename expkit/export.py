@@ -1,0 +1,141 @@
+"""``python -m expkit.export checkpoint=<run dir | .pth> format=safetensors|onnx|torch_export``.
+
+A Hydra app over ``conf/export.yaml`` (``--help``, ``--cfg job``, ``hydra.run.dir``, ``-m``).
+The model is built from the config stored in the checkpoint, through the same trust checks as
+``expkit.eval``, with the checkpoint's weights (``ema=true``: the EMA weights). Formats:
+
+  safetensors   the weights, loadable with ``safetensors.torch.load_file``; no pickle, no code
+  onnx          torch.onnx (the dynamo exporter), a dynamic batch dimension; runs in onnxruntime
+  torch_export  a ``torch.export`` program (.pt2) with a dynamic batch; ``torch.export.load``
+
+Beside the file, ``<file>.json`` says what it is: the format, the stored config, the input
+shape (batch first), the data's description (class count...), the checkpoint and its sha256.
+The example input is one batch of the run's own validation (or test) data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from expkit.errors import ConfigError, ExpkitError
+
+log = logging.getLogger("expkit")
+
+SUFFIX = {"safetensors": ".safetensors", "onnx": ".onnx", "torch_export": ".pt2"}
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def example_input(loaders: Any) -> Any:
+    """The inputs of one batch of the run's validation data (else test, else train)."""
+    for loader in (loaders[1], loaders[2], loaders[0]):
+        if isinstance(loader, dict):  # named sets: the first
+            loader = next(iter(loader.values()), None)
+        if loader is not None:
+            batch = next(iter(loader))
+            return batch[0] if isinstance(batch, (list, tuple)) else batch
+    raise ConfigError("the run's data has no loader to take an example input from")
+
+
+def export(cfg: DictConfig, work_dir: Path) -> dict[str, Any]:
+    """Export the checkpoint `cfg.checkpoint` as `cfg.format`; returns the JSON written beside it."""
+    import torch
+
+    from expkit.eval import _restore, _weights
+    from expkit.trust import TrustPolicy
+
+    if OmegaConf.is_missing(cfg, "checkpoint"):
+        raise ConfigError("give checkpoint=<run dir or .pth file>")
+    fmt = str(cfg.format)
+    if fmt not in SUFFIX:
+        raise ConfigError(f"format={fmt}: use format=safetensors, format=onnx or format=torch_export")
+    trust = TrustPolicy(list(cfg.trusted_targets or []))
+    path, stored, loaders, model = _restore(cfg.checkpoint, str(cfg.which), bool(cfg.ema), list(cfg.overrides or []),
+                                            trust)  # fmt: skip
+    model.eval()
+    out = Path(cfg.out) if cfg.out else work_dir / f"model{SUFFIX[fmt]}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    x = example_input(loaders)
+    if not isinstance(x, torch.Tensor):
+        raise ConfigError(f"{fmt}: the model's input is a {type(x).__name__}, not one tensor; export takes a model "
+                          "called as model(x)")  # fmt: skip
+    if fmt == "safetensors":
+        from safetensors.torch import save_file
+
+        from expkit import checkpoint_io
+
+        weights = _weights(checkpoint_io.load_checkpoint(path, "checkpoint"), path, bool(cfg.ema))
+        tensors = {k: v.detach().cpu().contiguous().clone() for k, v in weights.items()}  # no shared storage
+        save_file(tensors, str(out), metadata={"checkpoint": str(path.resolve()), "ema": str(bool(cfg.ema)).lower()})
+    else:
+        batch = torch.export.Dim("batch", min=1)
+        if fmt == "onnx":
+            kwargs = {"opset_version": int(cfg.opset)} if cfg.opset is not None else {}
+            program = torch.onnx.export(model, (x,), dynamo=True, dynamic_shapes=({0: batch},), **kwargs)
+            program.save(str(out))
+        else:
+            program = torch.export.export(model, (x,), dynamic_shapes=({0: batch},))
+            torch.export.save(program, str(out))
+    data = OmegaConf.to_container(stored.data, resolve=True)
+    info = {
+        "format": fmt,
+        "file": out.name,
+        "checkpoint": str(path.resolve()),
+        "checkpoint_sha256": sha256(path),
+        "ema": bool(cfg.ema),
+        "input_shape": ["batch", *x.shape[1:]],
+        "input_dtype": str(x.dtype).removeprefix("torch."),
+        "data": data,
+        "data_description": getattr(model, "data_description", {}),  # in_channels, image_size, num_classes, ...
+        "num_classes": getattr(model, "data_description", {}).get("num_classes"),
+        "config": OmegaConf.to_container(stored, resolve=True),
+    }
+    from expkit.checkpoint_io import write_json_atomic
+
+    write_json_atomic(out.with_name(out.name + ".json"), info)
+    log.info("Exported %s (%s) to %s", path, fmt, out)
+    return info
+
+
+_STARTED = False
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="export")
+def run(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    global _STARTED
+    _STARTED = True
+    work_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        export(cfg, work_dir)
+    except ExpkitError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        sys.exit(2 if isinstance(exc, ConfigError) else 1)
+
+
+def main() -> None:
+    try:
+        run()
+    except SystemExit as exc:
+        if exc.code == 1 and not _STARTED:  # Hydra's own errors (a missing checkpoint=, an unknown key): fix the input
+            sys.exit(2)
+        raise
+
+
+if __name__ == "__main__":
+    main()

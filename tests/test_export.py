@@ -1,0 +1,93 @@
+"""python -m expkit.export: safetensors read back, ONNX run in onnxruntime, torch.export loaded
+and run, each with a dynamic batch, against the model load_model builds from the checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, run_cli
+
+from expkit.eval import load_model
+
+pytestmark = pytest.mark.slow
+
+
+def _export(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "expkit.export", *args], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "HYDRA_FULL_ERROR": "0"}, timeout=300)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("trained") / "run"
+    proc = run_cli(f"hydra.run.dir={work}", "trainer.max_epochs=2", "hooks=[ema]")
+    assert proc.returncode == 0, proc.output
+    return work
+
+
+def test_safetensors_hold_the_checkpoint_weights_and_the_ema_ones(run_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from expkit.checkpoint_io import load_checkpoint
+
+    for ema in ("false", "true"):
+        out = tmp_path / f"ema_{ema}.safetensors"
+        proc = _export(f"checkpoint={run_dir}", "format=safetensors", f"ema={ema}", f"out={out}",
+                       f"hydra.run.dir={tmp_path / ema}")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        info = json.loads(out.with_name(out.name + ".json").read_text())
+        checkpoint = load_checkpoint(Path(info["checkpoint"]), "test")
+        expected = dict(checkpoint["state_dict"]) | (checkpoint["ema_state_dict"] if ema == "true" else {})
+        weights = load_file(str(out))
+        assert weights.keys() == expected.keys() and all(torch.equal(weights[k], expected[k]) for k in expected)
+        assert info["checkpoint_sha256"] == __import__("hashlib").sha256(Path(info["checkpoint"]).read_bytes()).hexdigest()
+    assert not torch.equal(load_file(str(tmp_path / "ema_true.safetensors"))["net.1.weight"],
+                           load_file(str(tmp_path / "ema_false.safetensors"))["net.1.weight"])  # fmt: skip
+
+
+def test_onnx_runs_in_onnxruntime_with_any_batch_and_matches_torch(run_dir, tmp_path):
+    import onnxruntime
+
+    proc = _export(f"checkpoint={run_dir}", "format=onnx", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads((tmp_path / "model.onnx.json").read_text())
+    assert info["input_shape"] == ["batch", 1, 8, 8] and info["num_classes"] == 10 and info["format"] == "onnx"
+    model = load_model(run_dir)
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    name = session.get_inputs()[0].name
+    for batch in (1, 3, 17):
+        x = torch.randn(batch, 1, 8, 8, generator=torch.Generator().manual_seed(batch))
+        (y,) = session.run(None, {name: x.numpy()})
+        assert y.shape == (batch, 10)
+        assert np.abs(y - model(x).detach().numpy()).max() < 1e-4
+
+
+def test_torch_export_program_loads_and_runs_with_any_batch(run_dir, tmp_path):
+    proc = _export(f"checkpoint={run_dir}", "format=torch_export", "which=last", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    program = torch.export.load(str(tmp_path / "model.pt2"))
+    model = load_model(run_dir, which="last")
+    for batch in (2, 9):
+        x = torch.randn(batch, 1, 8, 8)
+        assert torch.allclose(program.module()(x), model(x), atol=1e-6)
+    assert json.loads((tmp_path / "model.pt2.json").read_text())["checkpoint"].endswith("epoch_2.pth")
+
+
+def test_export_is_a_hydra_app_and_bad_input_exits_2(run_dir, tmp_path):
+    assert "format=safetensors|onnx|torch_export" in _export("--help").stdout
+    assert "format: safetensors" in _export(f"checkpoint={run_dir}", "--cfg", "job").stdout
+    for args, named in ((["format=tflite"], "format=tflite: use format=safetensors"),
+                        ([], "checkpoint"),
+                        (["checkpoint=/nonexistent"], "checkpoint=/nonexistent: no such file or run dir")):  # fmt: skip
+        if args and args[0].startswith("format"):
+            args = [f"checkpoint={run_dir}", *args]
+        proc = _export(*args, f"hydra.run.dir={tmp_path / 'bad'}")
+        assert proc.returncode == 2, proc.stderr
+        assert named in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
