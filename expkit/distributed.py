@@ -45,6 +45,11 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def restart_count() -> int:
+    """How many times torchrun (--max-restarts) has restarted this group; 0 outside torchrun."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
 def rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "0"))
 
@@ -76,13 +81,12 @@ def init(timeout_s: int = 1800) -> bool:
         if cuda:
             torch.cuda.set_device(local_rank())
         backend, timeout = "nccl" if cuda else "gloo", datetime.timedelta(seconds=timeout_s)
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-        if restart is not None and os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        if "TORCHELASTIC_RESTART_COUNT" in os.environ and os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
             # torchrun --max-restarts keeps one store across attempts: the group's keys of an earlier
             # attempt (peers' addresses) would be read by the next one (gloo "connectFullMesh" fails);
             # each attempt gets keys of its own
             store, rank_, world = next(dist.rendezvous("env://", timeout=timeout))
-            store = dist.PrefixStore(f"expkit/attempt_{restart}/", store)
+            store = dist.PrefixStore(f"expkit/attempt_{restart_count()}/", store)
             dist.init_process_group(backend, store=store, rank=rank_, world_size=world, timeout=timeout)
         else:
             dist.init_process_group(backend, timeout=timeout)

@@ -136,6 +136,8 @@ def _sort_key(row: dict[str, Any]) -> tuple:
 ROWS_DIR = ".rows"
 UNSORTED = "unsorted"  # in ROWS_DIR while summary.csv holds rows appended since it was last sorted
 LOCK_FILE = ".summary.lock"
+
+
 def _job_order(path: Path) -> tuple[int, str]:
     return len(path.name), path.name  # 0, 1, ..., 10 (not 0, 1, 10, 2)
 
@@ -152,6 +154,10 @@ def _cell(value: Any) -> str:
 
 def _md_columns(columns: list[str]) -> list[str]:
     return [c for c in columns if c not in ("work_dir", "error")] + ["error"]
+
+
+def _md_header(title: str, sweep_dir: Path, shown: list[str]) -> list[str]:
+    return [f"# Sweep {sweep_dir.name}: {title}", "", "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
 
 
 def _md_line(row: dict[str, Any], shown: list[str]) -> str:
@@ -255,8 +261,7 @@ def _write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any
     rows.sort(key=_sort_key)
     columns = _columns(rows)
     shown = _md_columns(columns)
-    lines = [f"# Sweep {sweep_dir.name}: {len(rows)} jobs, best first by {rows[0]['monitor']} ({rows[0]['rule']})", "",
-             "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]  # fmt: skip
+    lines = _md_header(f"{len(rows)} jobs, best first by {rows[0]['monitor']} ({rows[0]['rule']})", sweep_dir, shown)
     lines += [_md_line(r, shown) for r in rows]
     statuses: dict[str, int] = {}
     for r in rows:
@@ -272,8 +277,7 @@ def record_job_end(sweep_dir: Path, work_dir: Path) -> None:
     """The end of one job, in O(1): cache its row, append it to summary.csv and summary.md
     (in the order jobs end; the sweep's end sorts them) and update best.json's best job and
     counts. A job that a resumed sweep found finished (its row unchanged) changes nothing."""
-    target = Path((read_job(work_dir) or {}).get("alias_of") or work_dir)
-    row = job_row(target)
+    row = job_row(job_target(work_dir))
     if row is None:
         return
     if row["status"] == "running":  # a job this launch skipped (another launch runs it)
@@ -281,7 +285,7 @@ def record_job_end(sweep_dir: Path, work_dir: Path) -> None:
     row = json.loads(json.dumps(row))  # as cached (tuples become lists)
     with _Locked(sweep_dir):
         old = _cached_row(sweep_dir, row["job"])
-        if old == row:
+        if json.dumps(old, sort_keys=True) == json.dumps(row, sort_keys=True):  # (NaN == NaN here)
             return
         write_json_atomic(sweep_dir / ROWS_DIR / f"{row['job']}.json", row)
         csv_path, md_path, best_path = (sweep_dir / n for n in ("summary.csv", "summary.md", "best.json"))
@@ -295,9 +299,8 @@ def record_job_end(sweep_dir: Path, work_dir: Path) -> None:
             f.write(_csv_text([row], columns, header=new_file))
         shown = _md_columns(columns)
         if not md_path.is_file() or md_path.stat().st_size == 0:
-            header = [f"# Sweep {sweep_dir.name}: jobs in the order they ended (sorted best first by "
-                      f"{row['monitor']} ({row['rule']}) when the sweep ends)", "",
-                      "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]  # fmt: skip
+            header = _md_header(f"jobs in the order they ended (sorted best first by {row['monitor']} "
+                                f"({row['rule']}) when the sweep ends)", sweep_dir, shown)  # fmt: skip
             md_path.write_text("\n".join(header) + "\n", encoding="utf-8")
         with md_path.open("a", encoding="utf-8") as f:
             f.write(_md_line(row, shown) + "\n")
@@ -417,13 +420,24 @@ def restore_hydra_record(work_dir: Path, job: dict[str, Any]) -> None:
         write_text_atomic(work_dir / ".hydra" / name, text)
 
 
+def job_target(work_dir: Path) -> Path:
+    """Where the job of a sweep's job dir really ran (a resumed job's dir may point to another: alias_of)."""
+    return Path((read_job(work_dir) or {}).get("alias_of") or work_dir)
+
+
 def job_result(work_dir: Path) -> dict[str, Any] | None:
-    """A job's result.json, where the job really ran (a resumed job's dir may point to another: alias_of)."""
-    target = Path((read_job(work_dir) or {}).get("alias_of") or work_dir)
+    """A job's result.json, where the job really ran."""
     try:
-        return json.loads((target / "result.json").read_text())
+        return json.loads((job_target(work_dir) / "result.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def finished(result: dict[str, Any]) -> bool:
+    """Whether a job's result.json says it ran to its end: completed, pruned, or stopped by a
+    hook (early stopping); a job stopped by a signal was preempted and goes on when resumed."""
+    status, reason = result.get("status"), str(result.get("stop_reason") or "")
+    return status in ("completed", "pruned") or (status == "stopped" and not reason.startswith("signal"))
 
 
 def find_job(sweep_dir: Path, identity: list[str]) -> Path | None:

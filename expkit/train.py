@@ -34,6 +34,7 @@ from expkit.metrics import worst_value
 from expkit.sweep import (
     JOB_FILE,
     find_job,
+    finished,
     job_identity,
     monitor_of,
     read_job,
@@ -186,15 +187,10 @@ def _finished_job_value(cfg: DictConfig, work_dir: Path, rule: str, monitor: str
         log.info("Job in %s failed before (%s); kept as failed (retry_failed=true retries it)", work_dir,
                  result.get("error"))  # fmt: skip
         return worst_value(rule)
-    if _finished(result):
+    if finished(result):
         log.info("Job in %s is already %s; not trained again", work_dir, status)
         return _best_value(result, monitor, rule)
     return None  # interrupted, skipped or never finished: run it (resume=true continues it)
-
-
-def _finished(result: dict[str, Any]) -> bool:
-    status, reason = result.get("status"), str(result.get("stop_reason") or "")
-    return status in ("completed", "pruned") or (status == "stopped" and not reason.startswith("signal"))
 
 
 def _best_value(result: dict[str, Any], monitor: str, rule: str) -> float:
@@ -215,11 +211,30 @@ def _done_since_launch(work_dir: Path, monitor: str, rule: str) -> float | None:
         result = json.loads(result_file.read_text())
     except (OSError, ValueError):
         return None
-    if not _finished(result):
+    if not finished(result):
         return None
     log.info("Job in %s was %s by another launch of this sweep; this launch does not run it again",
              work_dir, result.get("status"))  # fmt: skip
     return _best_value(result, monitor, rule)
+
+
+def _own_job_dir(job_dir: Path, hydra_dir: Path, command: str, owned: contextlib.ExitStack) -> bool:
+    """Take `job_dir`'s lock into `owned`; False (the job skipped) when a live process of another
+    launch holds it. In a job of several tasks (submitit) rank 0 takes it and decides for all."""
+    from expkit import distributed
+    from expkit.ownership import WorkDirBusy, WorkDirLock
+
+    busy: WorkDirBusy | None = None
+    if distributed.is_main():
+        try:
+            owned.enter_context(WorkDirLock(job_dir, command))
+        except WorkDirBusy as exc:
+            busy = exc
+    if not distributed.broadcast_object(busy is not None):
+        return True
+    if busy is not None:
+        _skip_busy_job(hydra_dir, busy)
+    return False
 
 
 def _skip_busy_job(hydra_dir: Path, busy: Any) -> None:
@@ -299,7 +314,7 @@ def run(cfg: DictConfig) -> float | None:
     }
     if distributed.is_distributed() and not multirun:  # a rank's death is told with the way back
         run_info["resume_command"] = continue_command(sys.argv[1:], work_dir)
-        run_info["restarts"] = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # torchrun --max-restarts
+        run_info["restarts"] = distributed.restart_count()  # torchrun --max-restarts
     with contextlib.ExitStack() as owned:
         return _run_owned(cfg, hc, work_dir, multirun, monitor, rule, run_info, owned)
 
@@ -314,28 +329,12 @@ def _run_owned(cfg: DictConfig, hc: Any, work_dir: Path, multirun: bool, monitor
     sweep_dir = Path(hc.sweep.dir)
     if multirun:
         run_info["sweep_dir_name"] = sweep_dir.name  # wandb groups a sweep's jobs by it
-        main = distributed.is_main()  # a job of several tasks (submitit): rank 0 holds the lock, decides
-        busy: WorkDirBusy | None = None
-        try:  # one writer per job dir: another launch of this sweep may be running this job now
-            if main:
-                owned.enter_context(WorkDirLock(work_dir, run_info["command"]))
-        except WorkDirBusy as exc:
-            busy = exc
-        if distributed.broadcast_object(busy is not None):
-            if busy is not None:
-                _skip_busy_job(work_dir, busy)
+        # one writer per job dir: another launch of this sweep may be running this job now
+        if not _own_job_dir(work_dir, work_dir, run_info["command"], owned):
             return None
         hydra_dir, work_dir = work_dir, _place_sweep_job(cfg, list(hc.overrides.task), work_dir, sweep_dir)
-        if work_dir != hydra_dir:  # resume=true found the job in another dir
-            try:
-                if main:
-                    owned.enter_context(WorkDirLock(work_dir, run_info["command"]))
-            except WorkDirBusy as exc:
-                busy = exc
-            if distributed.broadcast_object(busy is not None):
-                if busy is not None:
-                    _skip_busy_job(hydra_dir, busy)
-                return None
+        if work_dir != hydra_dir and not _own_job_dir(work_dir, hydra_dir, run_info["command"], owned):
+            return None  # (resume=true found the job in another dir, which another launch runs)
         done = _finished_job_value(cfg, work_dir, rule, monitor)
         if done is None:
             done = _done_since_launch(work_dir, monitor, rule)
@@ -514,7 +513,7 @@ def _share_run_dir_across_ranks() -> None:
               "hydra/launcher=submitit_slurm with tasks_per_node", file=sys.stderr)  # fmt: skip
         sys.exit(2)
     given = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("hydra.run.dir=")), None)
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    restarts = distributed.restart_count()
     record = Path("outputs/.torchrun") / os.environ["TORCHELASTIC_RUN_ID"] if "TORCHELASTIC_RUN_ID" in os.environ else None
     if given is None and restarts > 0 and record is not None and record.is_file():
         given = record.read_text().strip()  # the dir the first attempt picked

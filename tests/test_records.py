@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -160,13 +161,21 @@ def test_killed_anywhere_then_resumed_records_equal_an_uninterrupted_run(tmp_pat
     assert not list(work.rglob("*.tmp*"))  # the killed writer's temporary file is gone
 
 
-@pytest.mark.slow
-def test_a_full_disk_fails_naming_the_file_and_resumes_bit_identical_with_space(tmp_path, reference_cli):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True).returncode:
+@contextlib.contextmanager
+def small_disk(path: Path, size: str):
+    """A real tmpfs of `size` at `path` (skips where mounting is not allowed), unmounted after."""
+    path.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode:
         pytest.skip("mounting a small tmpfs is not allowed here")
     try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], capture_output=True)
+
+
+@pytest.mark.slow
+def test_a_full_disk_fails_naming_the_file_and_resumes_bit_identical_with_space(tmp_path, reference_cli):
+    with small_disk(tmp_path / "disk", "2m") as disk:
         work = disk / "run"
         full = run_cli(f"hydra.run.dir={work}", *COMMON)  # ~0.7 MB a regular checkpoint: the disk fills in epoch 2
         assert full.returncode == 1, full.output
@@ -183,8 +192,6 @@ def test_a_full_disk_fails_naming_the_file_and_resumes_bit_identical_with_space(
         final, expected = (torch.load(w / "checkpoints" / "epoch_3.pth", weights_only=True)["state_dict"]
                            for w in (work, reference_cli))  # fmt: skip
         assert all(torch.equal(final[k], expected[k]) for k in expected)
-    finally:
-        subprocess.run(["umount", str(disk)], capture_output=True)
 
 
 FILL_HOOK = """
@@ -209,12 +216,8 @@ class Fill(Hook):
 
 @pytest.mark.slow
 def test_a_disk_filled_while_logging_fails_naming_metrics_jsonl_and_resumes(tmp_path, reference_cli):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("mounting a small tmpfs is not allowed here")
     (tmp_path / "fillhook.py").write_text(FILL_HOOK)
-    try:
+    with small_disk(tmp_path / "disk", "16m") as disk:
         work = disk / "run"
         args = [f"hydra.run.dir={work}", *COMMON, "default_hooks.logger.interval=1"]  # a record per step
         full = run_cli(*args, "+hooks.fill._target_=fillhook.Fill", "+hooks.fill.at=81",
@@ -236,8 +239,6 @@ def test_a_disk_filled_while_logging_fails_naming_metrics_jsonl_and_resumes(tmp_
                            for w in (work, reference_cli))  # fmt: skip
         assert all(torch.equal(final[k], expected[k]) for k in expected)
         assert not list(work.rglob("*.tmp*")) and not (work / ".result.reserve").exists()
-    finally:
-        subprocess.run(["umount", str(disk)], capture_output=True)
 
 
 @pytest.mark.slow

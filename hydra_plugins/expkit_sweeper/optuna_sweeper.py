@@ -249,24 +249,23 @@ class OptunaSweeper(Sweeper):
         from hydra.core.utils import JobStatus
         from optuna.trial import TrialState
 
-        from expkit.sweep import job_result
+        from expkit.sweep import finished, job_result
 
         output_dir = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir") if ret.hydra_cfg else None
-        result = job_result(Path(output_dir)) if output_dir else None
-        status = (result or {}).get("status")
-        monitor = (result or {}).get("monitor")
-        best = ((result or {}).get("best_metrics") or {}).get(monitor or "", {}).get("value")
+        result = (job_result(Path(output_dir)) if output_dir else None) or {}
+        status, monitor = result.get("status"), result.get("monitor")
+        best = (result.get("best_metrics") or {}).get(monitor or "", {}).get("value")
         value = ret.return_value if ret.status == JobStatus.COMPLETED else None
-        if status == "stopped" and str(result.get("stop_reason") or "").startswith("signal"):  # type: ignore[union-attr]
-            ledger.finish(trial, "interrupted")  # preempted: left running in the study, for resume=true
+        if status == "stopped" and not finished(result):  # preempted: left running in the study, for resume=true
+            ledger.finish(trial, "interrupted")
             return
-        rule = (result or {}).get("monitor_rule")
+        rule = result.get("monitor_rule")
         if rule in ("greater", "less") and rule != ("greater" if study.direction.name == "MAXIMIZE" else "less"):
             raise SearchConfigError(f"the study {study.direction.name.lower()}s, but {monitor} is better when "
                                     f"{rule} (the run's rule); set hydra.sweeper.direction")  # fmt: skip
         if status == "pruned":
             study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
-        elif status in ("completed", "stopped") and isinstance(best, (int, float)) and math.isfinite(best) \
+        elif finished(result) and isinstance(best, (int, float)) and math.isfinite(best) \
                 and isinstance(value, (int, float)) and math.isfinite(value):  # fmt: skip
             study.tell(trial, float(value), skip_if_finished=True)
         else:  # failed, diverged (no finite best), or never ran
