@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from expkit import distributed
 from expkit.backends import Backend
 from expkit.data import DataModule
 from expkit.errors import ConfigError, ExpkitError
@@ -27,7 +28,7 @@ from expkit.metrics import MetricSlot
 from expkit.models import submodule
 from expkit.param_groups import build_param_groups
 from expkit.rng import seed_everything
-from expkit.runner import Runner
+from expkit.runner import Runner, run_device
 from expkit.settings import TrainerSettings
 from expkit.stages import get_priority
 
@@ -265,6 +266,13 @@ def _build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, 
     data = instantiate_node(cfg.data, "data")
     train_loader, val_loader, test_loader = data.loaders()
     model = build_model(cfg, data)
+    default_hooks, hooks = _build_hooks(cfg.default_hooks, "default_hooks"), _build_hooks(cfg.hooks, "hooks")
+    if settings.strategy == "fsdp":
+        from expkit import sharding
+
+        sharding.check_hooks({**hooks, **default_hooks})  # before sharding: a refused hook is the clearer error
+        if distributed.is_distributed():  # before the optimizer: it holds the shards
+            model = sharding.shard(model, settings.fsdp_blocks, run_device(settings))
 
     optimizers = build_optimizers(cfg.optim, model)
     schedulers = {}
@@ -297,8 +305,8 @@ def _build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, 
         metrics=metrics,
         monitor=cfg.get("monitor"),
         settings=settings,
-        default_hooks=_build_hooks(cfg.default_hooks, "default_hooks"),
-        hooks=_build_hooks(cfg.hooks, "hooks"),
+        default_hooks=default_hooks,
+        hooks=hooks,
         loggers=_build_loggers(cfg.get("logger"), "logger"),
         work_dir=work_dir,
         resume=cfg.resume,

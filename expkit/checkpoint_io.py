@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import pickle
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -131,17 +132,37 @@ def find_last_checkpoint(work_dir: Path) -> Path | None:
     if not recorded:
         return None
     path = own_file(pointer.parent, recorded)
-    return path if path.is_file() else None
+    return path if is_checkpoint(path) else None
+
+
+def is_checkpoint(path: Path) -> bool:
+    """A checkpoint file, or a complete sharded checkpoint directory."""
+    from expkit import sharding
+
+    return path.is_file() or sharding.is_checkpoint_dir(path)
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint, a file or a sharded directory."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def remove_stale_temporaries(directory: Path) -> list[str]:
-    """Delete the temporary files (`.<name>.tmp<pid>`) a killed writer left in `directory`."""
+    """Delete the temporary files (`.<name>.tmp<pid>`) and sharded checkpoint directories
+    (`.<name>.dcp.tmp<pid>`, `...tmp<pid>old`) a killed writer left in `directory`."""
     removed = []
     for tmp in directory.glob(".*.tmp*"):
-        if tmp.is_file() and tmp.name.rpartition(".tmp")[2].isdigit():
+        tail = tmp.name.rpartition(".tmp")[2]
+        if tmp.is_file() and tail.isdigit():
             with contextlib.suppress(OSError):
                 tmp.unlink()
                 removed.append(tmp.name)
+        elif tmp.is_dir() and tail.removesuffix("old").isdigit():
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp.name)
     return removed
 
 
@@ -153,12 +174,13 @@ def load_resumable(work_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     pointed = find_last_checkpoint(work_dir)
     if pointed is not None:
         candidates.append(pointed)
-    regular = [p for p in (work_dir / "checkpoints").glob("*.pth") if not p.name.startswith("best_")]
+    regular = [p for p in (work_dir / "checkpoints").glob("*") if p.suffix in (".pth", ".dcp")
+               and not p.name.startswith(("best_", ".")) and is_checkpoint(p)]  # fmt: skip
     candidates += sorted(regular, key=lambda p: p.stat().st_mtime, reverse=True)
     problems = []
     for path in dict.fromkeys(candidates):
         try:
-            return path, load_checkpoint(path, "resume")
+            return path, load_checkpoint(path, "resume", consolidate=False)
         except ConfigError as exc:  # truncated or foreign: fall back to an older one, and say so
             log.warning("Cannot resume from this checkpoint, falling back to an older one: %s", exc)
             problems.append(path.name)
@@ -171,15 +193,29 @@ def load_resumable(work_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     return None
 
 
-def load_checkpoint(path: str | Path, key: str = "load_from") -> dict[str, Any]:
-    """Read a checkpoint written by expkit; `key` names the config key in errors.
+def load_checkpoint(path: str | Path, key: str = "load_from", consolidate: bool = True) -> dict[str, Any]:
+    """Read a checkpoint written by expkit, a file or a sharded directory; `key` names the
+    config key in errors.
 
     Loads with ``weights_only=True``: tensors and plain containers only. A file that needs
-    arbitrary unpickling is refused, never executed.
+    arbitrary unpickling is refused, never executed. A sharded checkpoint comes back with the
+    whole model's weights as ``state_dict`` (no optimizer state); with ``consolidate=False``
+    without them (``checkpoint["sharded"]["path"]`` says where they are, for
+    ``expkit.sharding.load_into``).
     """
+    from expkit import sharding
+
     path = Path(path)
+    if path.is_dir() and path.suffix == sharding.SUFFIX:
+        return sharding.read_consolidated(path, key) if consolidate else sharding.read_state(path, key)
+    return load_checkpoint_file(path, key)
+
+
+def load_checkpoint_file(path: Path, key: str, need_weights: bool = True) -> dict[str, Any]:
+    """A checkpoint file, loaded with ``weights_only=True``; `need_weights`: it must hold a ``state_dict``."""
     if not path.is_file():
-        raise ConfigError(f"{key}={path}: no such checkpoint file. Give the path of a .pth file in a run's checkpoints/ dir.")
+        raise ConfigError(f"{key}={path}: no such checkpoint file. Give the path of a .pth file (or a sharded "
+                          ".dcp directory) in a run's checkpoints/ dir.")  # fmt: skip
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -190,6 +226,6 @@ def load_checkpoint(path: str | Path, key: str = "load_from") -> dict[str, Any]:
         ) from None
     except Exception as exc:  # truncated zip, garbage bytes, ...
         raise ConfigError(f"{key}={path}: unreadable or truncated checkpoint ({type(exc).__name__}: {exc})") from None
-    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+    if not isinstance(checkpoint, dict) or (need_weights and "state_dict" not in checkpoint):
         raise ConfigError(f"{key}={path}: not an expkit checkpoint (no 'state_dict' key).")
     return checkpoint

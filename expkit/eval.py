@@ -41,9 +41,9 @@ OPTIONS = ("checkpoint", "which", "split", "ema", "logger", "work_dir", "trusted
 
 
 def resolve_checkpoint(source: str | Path, which: str = "best") -> Path:
-    """A .pth path as given, or a run dir's best (or last) checkpoint."""
+    """A checkpoint (a .pth file or a sharded .dcp dir) as given, or a run dir's best (or last) one."""
     path = Path(source)
-    if path.is_file():
+    if checkpoint_io.is_checkpoint(path):
         return path
     if not path.is_dir():
         raise ConfigError(f"checkpoint={source}: no such file or run dir")
@@ -53,10 +53,10 @@ def resolve_checkpoint(source: str | Path, which: str = "best") -> Path:
     result = json.loads(result_file.read_text()) if result_file.is_file() else {}
     if which == "best" and result.get("best_checkpoint"):
         best = checkpoint_io.own_file(path / "checkpoints", result["best_checkpoint"])  # never another run's file
-        if best.is_file():
+        if checkpoint_io.is_checkpoint(best):
             return best
     if which == "best":
-        best = sorted((path / "checkpoints").glob("best_*.pth"))
+        best = sorted(p for p in (path / "checkpoints").glob("best_*") if p.suffix in (".pth", ".dcp"))
         if best:
             return best[0]
         log.warning("%s has no best checkpoint; using its last one", path)

@@ -7,6 +7,9 @@ The model is built from the config stored in the checkpoint, through the same tr
   safetensors   the weights, loadable with ``safetensors.torch.load_file``; no pickle, no code
   onnx          torch.onnx (the dynamo exporter), a dynamic batch dimension; runs in onnxruntime
   torch_export  a ``torch.export`` program (.pt2) with a dynamic batch; ``torch.export.load``
+  pth           one ordinary checkpoint file: a sharded (``trainer.strategy=fsdp``) checkpoint
+                consolidated (the whole ``state_dict``, config, counters; no optimizer state),
+                for ``load_from=``, ``expkit.eval`` and ``torch.load(weights_only=True)``
 
 Beside the file, ``<file>.json`` says what it is: the format, the stored config, the input
 shape (batch first), the data's description (class count...), the checkpoint and its sha256.
@@ -29,14 +32,18 @@ from expkit.errors import ConfigError, ExpkitError
 
 log = logging.getLogger("expkit")
 
-SUFFIX = {"safetensors": ".safetensors", "onnx": ".onnx", "torch_export": ".pt2"}
+SUFFIX = {"safetensors": ".safetensors", "onnx": ".onnx", "torch_export": ".pt2", "pth": ".pth"}
 
 
 def sha256(path: Path) -> str:
+    """Of a file; of a sharded checkpoint directory, over its files' names and bytes in name order."""
     digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    for file in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
+        if path.is_dir():
+            digest.update(file.relative_to(path).as_posix().encode() + b"\0")
+        with file.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
     return digest.hexdigest()
 
 
@@ -62,7 +69,7 @@ def export(cfg: DictConfig, work_dir: Path) -> dict[str, Any]:
         raise ConfigError("give checkpoint=<run dir or .pth file>")
     fmt = str(cfg.format)
     if fmt not in SUFFIX:
-        raise ConfigError(f"format={fmt}: use format=safetensors, format=onnx or format=torch_export")
+        raise ConfigError(f"format={fmt}: use format=safetensors, format=onnx, format=torch_export or format=pth")
     trust = TrustPolicy(list(cfg.trusted_targets or []))
     path, stored, loaders, model = _restore(cfg.checkpoint, str(cfg.which), bool(cfg.ema), list(cfg.overrides or []),
                                             trust)  # fmt: skip
@@ -73,10 +80,15 @@ def export(cfg: DictConfig, work_dir: Path) -> dict[str, Any]:
     if not isinstance(x, torch.Tensor):
         raise ConfigError(f"{fmt}: the model's input is a {type(x).__name__}, not one tensor; export takes a model "
                           "called as model(x)")  # fmt: skip
-    if fmt == "safetensors":
-        from safetensors.torch import save_file
+    from expkit import checkpoint_io
 
-        from expkit import checkpoint_io
+    if fmt == "pth":
+        checkpoint = checkpoint_io.load_checkpoint(path, "checkpoint")
+        checkpoint.pop("sharded", None)
+        checkpoint["state_dict"] = {k: v.detach().cpu().contiguous() for k, v in checkpoint["state_dict"].items()}
+        checkpoint_io.save_atomic(checkpoint, out)
+    elif fmt == "safetensors":
+        from safetensors.torch import save_file
 
         weights = _weights(checkpoint_io.load_checkpoint(path, "checkpoint"), path, bool(cfg.ema))
         tensors = {k: v.detach().cpu().contiguous().clone() for k, v in weights.items()}  # no shared storage
@@ -104,9 +116,7 @@ def export(cfg: DictConfig, work_dir: Path) -> dict[str, Any]:
         "num_classes": getattr(model, "data_description", {}).get("num_classes"),
         "config": OmegaConf.to_container(stored, resolve=True),
     }
-    from expkit.checkpoint_io import write_json_atomic
-
-    write_json_atomic(out.with_name(out.name + ".json"), info)
+    checkpoint_io.write_json_atomic(out.with_name(out.name + ".json"), info)
     log.info("Exported %s (%s) to %s", path, fmt, out)
     return info
 

@@ -190,15 +190,18 @@ class TrainLoop:
     def _accumulate(self, batch_idx: int, window: list[Any]) -> dict[str, Any]:
         """Gradient accumulation, exact: each micro-batch's (mean) loss is weighted by its share
         of the window's samples, so the summed gradient is that of one batch of all of them,
-        the shorter last window of an epoch included. Under DDP, gradients are all-reduced
-        once, in the backward of the last micro-batch. Returns the last micro-batch's outputs
-        with ``loss`` the window's loss."""
+        the shorter last window of an epoch included. Under DDP (FSDP), gradients are all-reduced
+        (reduce-scattered) once, in the backward of the last micro-batch. Returns the last
+        micro-batch's outputs with ``loss`` the window's loss."""
         sizes = [_samples(b) for b in window]
         total = sum(sizes)
         ddp = self.runner.ddp_model
+        fsdp = self.runner.model if hasattr(self.runner.model, "set_requires_gradient_sync") else None
         window_loss = None
         for i, (micro, size) in enumerate(zip(window, sizes)):
             last = i == len(window) - 1
+            if fsdp is not None:  # FSDP2: gradients reduce-scattered once, in the last backward
+                fsdp.set_requires_gradient_sync(last)
             with contextlib.nullcontext() if ddp is None or last else ddp.no_sync():
                 outputs, share = self._forward_backward(batch_idx, micro, size / total)
             share = share.detach()
@@ -255,8 +258,15 @@ class EvalLoop:
         self.loss_sum = torch.zeros((), device=r.device)  # summed on the device: one sync at the end
         self.count = 0
         with torch.no_grad():
+            missing = self._missing_forwards(loader) if r.sharded and is_distributed() else 0
+            data_batch = None
             for batch_idx, data_batch in enumerate(loader):
                 self.run_iter(batch_idx, data_batch)
+            if missing:  # outputs unused
+                batch = r.to_device(data_batch)
+                for _ in range(missing):
+                    with r.autocast():
+                        r.eval_step(batch)
         if is_distributed():  # every rank evaluated its own share: add them up
             totals = torch.tensor([float(self.loss_sum), float(self.count)], dtype=torch.float64, device=reduce_device())
             all_reduce_sum(totals)
@@ -267,6 +277,24 @@ class EvalLoop:
         for name, metric in r.metrics.items():  # Python floats; a dict result becomes <name>/<key>
             metrics.update({f"{prefix}/{name}{suffix}": value for suffix, value in metric.compute().items()})
         return metrics
+
+    def _missing_forwards(self, loader: Iterable) -> int:
+        """FSDP2: every forward gathers parameters from all ranks, so every rank must run as many
+        as the others. A rank with fewer batches (uneven shares of a set) runs its last batch
+        again that many times; told before the pass, as a collective between forwards would
+        deadlock with another rank's gather."""
+        from expkit.errors import ConfigError
+
+        if not hasattr(loader, "__len__"):
+            raise ConfigError(f"{self.mode}: with trainer.strategy=fsdp the evaluation loaders need a length "
+                              "(every rank must run as many forward passes)")  # fmt: skip
+        batches = len(loader)  # type: ignore[arg-type]
+        most = torch.tensor([batches], dtype=torch.int64, device=reduce_device())
+        torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
+        if int(most) > batches == 0:
+            raise ConfigError(f"{self.mode}: this rank's share of the data is empty while others have batches; "
+                              "use fewer processes or a larger set")  # fmt: skip
+        return int(most) - batches
 
     def run_iter(self, batch_idx: int, data_batch: Any) -> None:
         r = self.runner

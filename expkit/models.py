@@ -42,6 +42,8 @@ def mlp_layers(width: int, hidden: Sequence[int], outputs: int, dropout: float =
 class MLP(nn.Module):
     """Flatten, then Linear-ReLU layers of the given widths, then the classifier."""
 
+    fsdp_blocks = ("Linear",)  # trainer.strategy=fsdp shards each layer on its own
+
     def __init__(
         self, in_channels: int, image_size: int, num_classes: int, hidden: Sequence[int] = (256, 256), dropout: float = 0.0
     ) -> None:
@@ -87,4 +89,5 @@ def torchvision_resnet(
         model.maxpool = nn.Identity()
     elif in_channels != 3:
         model.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
+    model.fsdp_blocks = ("BasicBlock", "Bottleneck")  # trainer.strategy=fsdp shards each residual block
     return model

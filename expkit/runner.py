@@ -120,10 +120,14 @@ class _Phase:
             self.marker.__exit__(*exc)
 
 
-def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+def run_device(settings: TrainerSettings) -> torch.device:
+    """The device of this process: ``trainer.device`` (auto: cuda when available), and under
+    torchrun on GPUs, this rank's own GPU."""
+    name = settings.device
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+    if distributed.is_distributed() and device.type == "cuda":
+        device = torch.device("cuda", distributed.local_rank())
+    return device
 
 
 def _move(batch: Any, device: torch.device, channels_last: bool = False) -> Any:
@@ -179,9 +183,10 @@ class Runner:
     ) -> None:
         self.settings = settings or TrainerSettings()
         self.is_main = distributed.is_main()  # rank 0 writes checkpoints, metrics, backends, result.json
-        self.device = _resolve_device(self.settings.device)
-        if distributed.is_distributed() and self.device.type == "cuda":
-            self.device = torch.device("cuda", distributed.local_rank())
+        self.device = run_device(self.settings)
+        self.sharded = self.settings.strategy == "fsdp"  # sharded checkpoints (and FSDP2 under torchrun)
+        if self.sharded:
+            _check_fsdp(model, hooks, default_hooks)
         self.model = model.to(self.device)
         if self.settings.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
@@ -204,7 +209,10 @@ class Runner:
         if self.manual_optimization and self.settings.accumulate_grad_batches > 1:
             raise ConfigError("trainer.accumulate_grad_batches > 1 with a model that owns its update (train_step(batch, "
                               "optimizers)): accumulate inside train_step instead")  # fmt: skip
-        if distributed.is_distributed() and self.optimizer is not None:
+        if distributed.is_distributed() and self.sharded and self.manual_optimization:
+            raise ConfigError("a model that owns its update (train_step(batch, optimizers)) is not supported with "
+                              "trainer.strategy=fsdp yet; train it with trainer.strategy=ddp")  # fmt: skip
+        if distributed.is_distributed() and self.optimizer is not None and not self.sharded:
             if self.manual_optimization:
                 raise ConfigError("a model that owns its update (train_step(batch, optimizers)) cannot run under DDP "
                                   "yet: DDP needs the backward outside the forward; train it in one process")  # fmt: skip
@@ -530,9 +538,9 @@ class Runner:
         selection on validation, report on test); otherwise, or without one, the final weights."""
         path = next(iter(self.best_checkpoints.values()), None)
         distributed.barrier()  # rank 0 may still be writing the best checkpoint
-        if self.settings.test_with == "best" and path and Path(path).is_file():
-            self._apply_checkpoint(checkpoint_io.load_checkpoint(path, "best checkpoint"), resume=False,
-                                   source=Path(path), purpose="test")  # fmt: skip
+        if self.settings.test_with == "best" and path and checkpoint_io.is_checkpoint(Path(path)):
+            self._apply_checkpoint(checkpoint_io.load_checkpoint(path, "best checkpoint", consolidate=False),
+                                   resume=False, source=Path(path), purpose="test")  # fmt: skip
             self.test_checkpoint: str | None = str(path)
         else:
             self.test_checkpoint = str(self.last_checkpoint) if self.last_checkpoint else None
@@ -629,16 +637,17 @@ class Runner:
                 "val_metrics": self.val_metrics,  # the last validation's: result.json reports them after a resume
                 "best_checkpoints": {k: Path(v).name for k, v in self.best_checkpoints.items()},  # beside this file
             },
-            "state_dict": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "config": self.config,
             "rng": rng_states(),
             "hooks": {name: state for name, _, hook in self._hooks if (state := hook.state_dict())},
         }
-        if save_optimizer and self.optimizers:
-            if self._named_optimizers:
-                checkpoint["optimizers"] = {name: opt.state_dict() for name, opt in self.optimizers.items()}
-            else:
-                checkpoint["optimizer"] = self.optimizer.state_dict()  # type: ignore[union-attr]
+        if not self.sharded:  # (sharded: weights and optimizer state go to the shards, see save_checkpoint)
+            checkpoint["state_dict"] = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+            if save_optimizer and self.optimizers:
+                if self._named_optimizers:
+                    checkpoint["optimizers"] = {name: opt.state_dict() for name, opt in self.optimizers.items()}
+                else:
+                    checkpoint["optimizer"] = self.optimizer.state_dict()  # type: ignore[union-attr]
         if save_scheduler and self.schedulers:
             if self._named_optimizers:
                 checkpoint["schedulers"] = {name: sched.state_dict() for name, sched in self.schedulers.items()}
@@ -658,25 +667,47 @@ class Runner:
         metric: str | None = None,
         durable: bool = False,
     ) -> Path:
-        """Write a checkpoint atomically (`durable`: fsync too); regular ones move `last_checkpoint`."""
-        if not self.is_main:  # one writer: rank 0 (every rank holds the same weights)
+        """Write a checkpoint atomically (`durable`: fsync too); regular ones move `last_checkpoint`.
+        With trainer.strategy=fsdp it is a sharded directory (``<name>.dcp``, every rank writes
+        its shard). Returns the path written."""
+        if self.sharded:
+            path = path.with_name(self.checkpoint_name(path.name))
+        elif not self.is_main:  # one writer: rank 0 (every rank holds the same weights)
             if not is_best:
                 self.last_checkpoint = path
             return path
-        checkpoint = self.state_checkpoint(save_optimizer, save_scheduler)
-        self.call_hook(Stage.BEFORE_SAVE_CHECKPOINT, checkpoint=checkpoint)
+        checkpoint = self.state_checkpoint(save_optimizer, save_scheduler) if self.is_main else {}
+        if self.is_main:
+            self.call_hook(Stage.BEFORE_SAVE_CHECKPOINT, checkpoint=checkpoint)
         try:
-            checkpoint_io.save_atomic(checkpoint, path, durable=durable)
+            if self.sharded:
+                from expkit import sharding
+
+                optimizers = self.optimizers if save_optimizer else {}
+                sharding.save(path, checkpoint, self.model, optimizers, durable=durable)
+            else:
+                checkpoint_io.save_atomic(checkpoint, path, durable=durable)
         except (OSError, RuntimeError) as exc:  # disk full (torch's zip writer raises RuntimeError), permissions, ...
             cause = "no space left on the device" if _disk_full(exc) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
             kept = (f"the previous complete checkpoint {self.last_checkpoint} (and last_checkpoint) is intact"
                     if self.last_checkpoint else "no earlier checkpoint of this run exists")  # fmt: skip
             raise CheckpointWriteError(f"could not write {path}: {cause}; {kept}") from exc
         if not is_best:
-            checkpoint_io.point_last_checkpoint(path.parent, path)
+            if self.is_main:
+                checkpoint_io.point_last_checkpoint(path.parent, path)
             self.last_checkpoint = path
-        self.call_hook(Stage.AFTER_SAVE_CHECKPOINT, path=path, is_best=is_best, metric=metric)
+        if self.is_main:
+            self.call_hook(Stage.AFTER_SAVE_CHECKPOINT, path=path, is_best=is_best, metric=metric)
         return path
+
+    def checkpoint_name(self, name: str) -> str:
+        """The name a checkpoint file name gets on disk: ``epoch_3.pth``, or with
+        trainer.strategy=fsdp the sharded directory ``epoch_3.dcp``."""
+        if not self.sharded:
+            return name
+        from expkit import sharding
+
+        return sharding.checkpoint_name(name)
 
     def _load_or_resume(self) -> None:
         if self.resume_from is True or self.resume_from == "true":
@@ -691,10 +722,12 @@ class Runner:
             self._apply_checkpoint(found[1], resume=True, source=found[0])
         elif self.resume_from:
             path = Path(self.resume_from)
-            self._apply_checkpoint(checkpoint_io.load_checkpoint(path, "resume"), resume=True, source=path)
+            self._apply_checkpoint(checkpoint_io.load_checkpoint(path, "resume", consolidate=False), resume=True,
+                                   source=path)  # fmt: skip
         elif self.load_from:
             path = Path(self.load_from)
-            self._apply_checkpoint(checkpoint_io.load_checkpoint(path, "load_from"), resume=False, source=path)
+            self._apply_checkpoint(checkpoint_io.load_checkpoint(path, "load_from", consolidate=False), resume=False,
+                                   source=path)  # fmt: skip
 
     @property
     def epoch_complete(self) -> bool:
@@ -707,11 +740,7 @@ class Runner:
         self.resuming = self.resuming or resume
         self.load_purpose = purpose or ("resume" if resume else "load_from")
         self.call_hook(Stage.AFTER_LOAD_CHECKPOINT, checkpoint=checkpoint)
-        state = {k.removeprefix("module."): v for k, v in checkpoint["state_dict"].items()}
-        try:
-            self.model.load_state_dict(state)
-        except RuntimeError as exc:
-            raise ConfigError(f"checkpoint {source} does not fit this model: {exc}") from None
+        self._load_weights(checkpoint, source, resume)
         if not resume:
             log.info("Loaded weights from %s%s", source, " for the test" if purpose == "test" else "")
             return
@@ -742,6 +771,29 @@ class Runner:
                 hook.load_state_dict(checkpoint["hooks"][name])
         self.last_checkpoint = source
         log.info("Resumed from %s at epoch %d, iteration %d", source, self.epoch, self.iter)
+
+    def _load_weights(self, checkpoint: dict[str, Any], source: Path, resume: bool) -> None:
+        """The checkpoint's weights into the model (sharded or not); a sharded checkpoint's
+        optimizer state too, to resume."""
+        from expkit import sharding
+
+        if "state_dict" not in checkpoint:  # a sharded checkpoint, read collectively
+            sharding.load_into(Path(checkpoint["sharded"]["path"]), checkpoint, self.model, self.optimizers if resume else None)
+            return
+        state = {k.removeprefix("module."): v for k, v in checkpoint["state_dict"].items()}
+        try:
+            if sharding.is_sharded(self.model):
+                if resume and ("optimizer" in checkpoint or "optimizers" in checkpoint):
+                    raise ConfigError(f"resume={source}: a checkpoint file of an unsharded run cannot resume with "
+                                      "trainer.strategy=fsdp (its optimizer state is not keyed by parameter name); "
+                                      "resume it with trainer.strategy=ddp, or start from its weights with load_from=")  # fmt: skip
+                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+                set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
+            else:
+                self.model.load_state_dict(state)
+        except RuntimeError as exc:
+            raise ConfigError(f"checkpoint {source} does not fit this model: {exc}") from None
 
     # -- result.json ------------------------------------------------------------------------------
     def _write_result(self, status: str, error: str | None, tb: str | None, wall_time: float,
@@ -781,6 +833,18 @@ class Runner:
             if reserve is not None:
                 reserve.release()
         return result
+
+
+def _check_fsdp(model: nn.Module, hooks: Mapping[str, Hook] | Sequence[Hook],
+                default_hooks: Mapping[str, Hook] | None) -> None:  # fmt: skip
+    """trainer.strategy=fsdp: the model is sharded under torchrun, and every hook works with it."""
+    from expkit import sharding
+
+    if distributed.is_distributed() and not sharding.is_sharded(model):
+        raise ConfigError("trainer.strategy=fsdp under torchrun needs the model sharded before its optimizer is built: "
+                          "expkit.build does it; from Python, call expkit.sharding.shard(model, blocks, device) first")  # fmt: skip
+    named = list(hooks.items()) if isinstance(hooks, Mapping) else [(type(h).__name__, h) for h in hooks]
+    sharding.check_hooks(dict(named, **(default_hooks or {})))
 
 
 def _written_since(path: Path, since: float) -> bool:

@@ -28,6 +28,8 @@ class TrainerSettings:
     compile: bool = False  # torch.compile the model's forward (in place: state_dict keys unchanged)
     channels_last: bool = False  # model and 4-D inputs in channels-last memory format (faster convolutions)
     cudnn_benchmark: bool = True  # on CUDA, let cuDNN pick the fastest kernels (off when deterministic)
+    strategy: str = "ddp"  # under torchrun: ddp (every rank holds the whole model) | fsdp (FSDP2, sharded)
+    fsdp_blocks: list[str] | None = None  # fsdp: module class names sharded one by one; None: the model's default
 
     def __post_init__(self) -> None:
         def positive(key: str, value: Any, allow_none: bool) -> None:
@@ -60,6 +62,17 @@ class TrainerSettings:
         for key in ("deterministic", "compile", "channels_last", "cudnn_benchmark"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"trainer.{key} must be true or false, got {getattr(self, key)!r}")
+        if self.strategy not in ("ddp", "fsdp"):
+            raise ConfigError(f"trainer.strategy must be ddp or fsdp, got {self.strategy!r}")
+        if self.fsdp_blocks is not None:
+            blocks = [self.fsdp_blocks] if isinstance(self.fsdp_blocks, str) else self.fsdp_blocks
+            if not isinstance(blocks, (list, tuple)) or not blocks or not all(isinstance(b, str) for b in blocks):
+                raise ConfigError("trainer.fsdp_blocks must be a list of module class names, e.g. "
+                                  f"trainer.fsdp_blocks=[TransformerEncoderLayer], got {self.fsdp_blocks!r}")  # fmt: skip
+            self.fsdp_blocks = list(blocks)
+        if self.strategy == "fsdp" and self.precision == "16":
+            raise ConfigError("trainer.precision=16 with trainer.strategy=fsdp: fp16's gradient scaler does not "
+                              "work on sharded gradients here; use trainer.precision=bf16")  # fmt: skip
         if self.test_with not in ("best", "last"):
             raise ConfigError(f"trainer.test_with must be best or last, got {self.test_with!r}")
 

@@ -377,6 +377,12 @@ def _run_owned(cfg: DictConfig, hc: Any, work_dir: Path, multirun: bool, monitor
         if isinstance(exc, ExpkitError):
             _fail(exc, work_dir)
         message = (runner.error if runner is not None else None) or f"{type(exc).__name__}: {exc}"
+        if runner is None and distributed.is_main():  # failed while building: the Runner wrote no result.json
+            import traceback
+
+            checkpoint_io.write_json_atomic(work_dir / "result.json", {
+                "status": "failed", "error": message, "work_dir": str(work_dir.resolve()), **run_info,
+                "traceback": traceback.format_exc()})  # fmt: skip
         print(f"\nError: {message}\n(traceback in {work_dir / 'result.json'})", file=sys.stderr)
         sys.exit(1)
     best = result["best_metrics"].get(monitor)

@@ -59,6 +59,9 @@ class Hook:
     """Base class of every hook. Subclasses set ``priority`` and override stage methods."""
 
     priority: ClassVar[int | str | Priority] = Priority.NORMAL
+    # False: the hook does not work with sharded (FSDP2, DTensor) parameters; a run with
+    # trainer.strategy=fsdp refuses it at start-up instead of failing (or hanging) later
+    supports_sharding: ClassVar[bool] = True
 
     # -- state: saved in every checkpoint under checkpoint["hooks"][name] --------------
     def state_dict(self) -> dict[str, Any]:

@@ -163,7 +163,7 @@ class CheckpointHook(Hook):
         """Retention deletes the oldest kept checkpoints only after the new one is complete and
         `last_checkpoint` names it: at every instant a complete regular checkpoint exists. The
         checkpoint records the names it retires, so a resume after a kill in between deletes them."""
-        name = (tmpl or self.filename_tmpl).format(count)
+        name = runner.checkpoint_name((tmpl or self.filename_tmpl).format(count))
         if self.max_keep_ckpts > 0:
             if name in self.kept:  # saved again at the same count (e.g. save_last after a resume)
                 self.kept.remove(name)
@@ -181,7 +181,7 @@ class CheckpointHook(Hook):
         if runner.is_main:
             for name in self._dropping:
                 if name not in self.kept:
-                    (self.dir / name).unlink(missing_ok=True)
+                    checkpoint_io.remove_checkpoint(self.dir / name)
         self._dropping = []
 
     def _save_or_defer(self, runner: Runner, count: int) -> None:
@@ -226,11 +226,12 @@ class CheckpointHook(Hook):
             return
         self._delete_retired(runner)
         for key in self.save_best:
-            files = sorted(self.dir.glob(f"best_{key.replace('/', '_')}_*.pth"))
+            files = sorted(p for p in self.dir.glob(f"best_{key.replace('/', '_')}_*") if p.suffix in (".pth", ".dcp"))
             scored = []
             for path in files:
                 try:
-                    state = checkpoint_io.load_checkpoint(path, "best checkpoint")["hooks"][self._name(runner)]
+                    checkpoint = checkpoint_io.load_checkpoint(path, "best checkpoint", consolidate=False)
+                    state = checkpoint["hooks"][self._name(runner)]
                     scored.append((state["best_scores"][key], path))
                 except (ExpkitError, KeyError) as exc:
                     log.warning("Ignoring best checkpoint %s: %s", path, exc)
@@ -242,7 +243,7 @@ class CheckpointHook(Hook):
             runner.best_checkpoints[key] = str(path)
             for _, other in scored:
                 if other != path and runner.is_main:
-                    other.unlink(missing_ok=True)
+                    checkpoint_io.remove_checkpoint(other)
                     log.info("Removed stale best checkpoint %s", other.name)
 
     def _name(self, runner: Runner) -> str:
@@ -268,7 +269,7 @@ class CheckpointHook(Hook):
             if not better(score, self.best_scores.get(key), self.rules[key]):  # NaN never wins
                 continue
             count = runner.epoch if self.by_epoch else runner.iter
-            name = f"best_{key.replace('/', '_')}_{self.filename_tmpl.format(count)}"
+            name = runner.checkpoint_name(f"best_{key.replace('/', '_')}_{self.filename_tmpl.format(count)}")
             old = self.best_paths.get(key)
             self.best_scores[key] = score
             self.best_paths[key] = name
@@ -282,7 +283,7 @@ class CheckpointHook(Hook):
                 durable=self.fsync,
             )
             if old and old != name and runner.is_main:
-                (self.dir / old).unlink(missing_ok=True)  # after the new best is complete
+                checkpoint_io.remove_checkpoint(self.dir / old)  # after the new best is complete
             log.info("New best %s = %.4f: %s", key, score, name)
 
     def after_run(self, runner: Runner) -> None:
@@ -294,7 +295,7 @@ class CheckpointHook(Hook):
             sources.insert(0, str(runner.last_checkpoint))
         for source in dict.fromkeys(sources):
             path = Path(source)
-            if not path.is_file():
+            if not checkpoint_io.is_checkpoint(path):
                 continue
             full = checkpoint_io.load_checkpoint(path, "published checkpoint")
             dropped = sorted(set(full) - set(self.published_keys))

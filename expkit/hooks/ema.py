@@ -33,6 +33,7 @@ class EMAHook(Hook):
     (BatchNorm statistics); otherwise validation uses the model's own buffers.
     """
 
+    supports_sharding = False  # its copies of the parameters are not sharded; not checked with FSDP2 yet
     priority = Priority.NORMAL
 
     def __init__(

@@ -31,6 +31,7 @@ class MomentumEncoderHook(Hook):
     last iteration). At the start of a run that does not resume, the target is set to the online
     weights; the target never gets gradients."""
 
+    supports_sharding = False  # its copies of the parameters are not sharded; not checked with FSDP2 yet
     priority = Priority.NORMAL
 
     def __init__(self, online: str = "online", target: str = "target", momentum: float = 0.99,

@@ -221,7 +221,7 @@ class TextSampleHook(Hook):
         self.prompt, self.length, self.temperature, self.samples, self.seed = prompt, length, temperature, samples, seed
 
     def after_train(self, runner: Runner) -> None:
-        if not runner.is_main:
+        if not runner.is_main and not runner.sharded:  # (sharded: every rank takes part in the forward passes)
             return
         generate = getattr(runner.model, "generate", None)
         if not callable(generate):
@@ -231,6 +231,8 @@ class TextSampleHook(Hook):
         texts = [
             generate(self.prompt, self.length, temperature=self.temperature, generator=g) for _ in range(self.samples)
         ]
+        if not runner.is_main:
+            return
         path = runner.work_dir / "samples.txt"
         header = f"prompt={self.prompt!r} length={self.length} temperature={self.temperature} seed={self.seed}"
         body = "\n\n".join(f"--- sample {i + 1} ---\n{t}" for i, t in enumerate(texts))

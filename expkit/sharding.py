@@ -1,0 +1,307 @@
+"""``trainer.strategy=fsdp``: FSDP2 sharding and sharded checkpoints.
+
+Under torchrun, ``shard()`` applies PyTorch's FSDP2 (``fully_shard``) to the chosen blocks of
+the model, then to the root, before the optimizer is built: every rank then holds 1/N of the
+parameters, gradients and optimizer state. In one process nothing is sharded, but checkpoints
+keep the sharded form, so a run can move between 1 and N processes.
+
+A sharded checkpoint is a directory (``checkpoints/epoch_3.dcp/``) written with
+``torch.distributed.checkpoint``: every rank writes its own shard of the weights and optimizer
+state (``__<rank>_0.distcp``), rank 0 writes the index (``.metadata``) and ``state.pth``
+(everything else: counters, config, random state, schedulers, hooks, the optimizers' settings).
+It is written under a temporary name and renamed when complete. It loads on any number of
+processes (DCP reshards), and in one process without a process group (``read_consolidated``).
+
+Reading one never runs code from the files: tensors only go through DCP (the optimizers'
+plain values go to ``state.pth``, read with ``weights_only=True``), and DCP's ``.metadata``, a
+pickle, is read by an unpickler that builds only DCP's own metadata classes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import shutil
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from expkit import distributed
+from expkit.errors import ConfigError
+
+STATE_FILE = "state.pth"  # beside DCP's shards: everything but the tensors of weights and optimizers
+SUFFIX = ".dcp"
+FORWARD_METHODS = ("train_step", "eval_step", "generate")  # model methods that run like forward under FSDP2
+
+
+# -- sharding -------------------------------------------------------------------------------------
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def block_names(model: nn.Module, given: Iterable[str] | None) -> list[str]:
+    """The module class names to shard one by one: `given` (``trainer.fsdp_blocks``), else the
+    model's ``fsdp_blocks`` (or Hugging Face's ``_no_split_modules``), else the classes of the
+    root's children that hold parameters."""
+    if given is not None:
+        names = [str(n) for n in given]
+        present = {type(m).__name__ for m in model.modules()}
+        missing = [n for n in names if n not in present]
+        if missing:
+            raise ConfigError(f"trainer.fsdp_blocks names {missing}, which the model does not contain; its module "
+                              f"classes are {sorted(present)}")  # fmt: skip
+        return names
+    declared = getattr(model, "fsdp_blocks", None) or getattr(model, "_no_split_modules", None)
+    if declared:
+        return [str(n) for n in declared]
+    return list(dict.fromkeys(type(c).__name__ for c in model.children() if any(True for _ in c.parameters())))
+
+
+def check_hooks(hooks: Mapping[str, Any]) -> None:
+    """Refuse, at start-up, the hooks that say they do not work with sharded parameters
+    (``supports_sharding = False``): better than a failure, or a hang, later."""
+    refused = [f"{name} ({type(hook).__name__})" for name, hook in hooks.items()
+               if not getattr(hook, "supports_sharding", True)]  # fmt: skip
+    if refused:
+        raise ConfigError(f"trainer.strategy=fsdp: the hook(s) {', '.join(refused)} do not work with sharded parameters "
+                          "yet; remove them (hooks=[...] without them) or use trainer.strategy=ddp")  # fmt: skip
+
+
+def shard(model: nn.Module, blocks: Iterable[str] | None, device: torch.device) -> nn.Module:
+    """FSDP2 over `model` in place (on `device`): each module whose class is in the blocks
+    (innermost first), then the root. The model's ``train_step`` / ``eval_step`` / ``generate``
+    methods are registered as forward methods: calling them gathers the parameters as
+    ``forward`` does (on every rank: a hook that calls the model must do so on all of them)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    from expkit.optimizers import owns_its_update
+
+    if owns_its_update(model):
+        raise ConfigError("a model that owns its update (train_step(batch, optimizers)) is not supported with "
+                          "trainer.strategy=fsdp yet; train it with trainer.strategy=ddp")  # fmt: skip
+    model = model.to(device)
+    names = set(block_names(model, blocks))
+    mesh = init_device_mesh(device.type, (distributed.rank_and_world()[1],))
+    chosen = [(path, m) for path, m in model.named_modules()
+              if type(m).__name__ in names and m is not model and any(True for _ in m.parameters())]  # fmt: skip
+    for path, module in [*reversed(chosen), ("(the root)", model)]:  # pre-order reversed: inner blocks first
+        try:
+            fully_shard(module, mesh=mesh)
+        except Exception as exc:
+            raise ConfigError(f"trainer.strategy=fsdp: could not shard {path} ({type(module).__name__}): "
+                              f"{type(exc).__name__}: {exc}. Choose other blocks with trainer.fsdp_blocks=[ClassName,...] "
+                              "(a module used in two places cannot be its own block), or use trainer.strategy=ddp") from None  # fmt: skip
+    for method in FORWARD_METHODS:
+        if callable(getattr(model, method, None)):
+            register_fsdp_forward_method(model, method)
+    return model
+
+
+# -- what goes through DCP (tensors) and what goes to state.pth (the rest) ---------------------------
+def _split(tree: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the tensor leaves, everything else) of a nested dict, each keeping the nesting."""
+    tensors: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, torch.Tensor):
+            tensors[key] = value
+        elif isinstance(value, Mapping):
+            t, r = _split(value)
+            if t:
+                tensors[key] = t
+            if r or not t:
+                rest[key] = r
+        else:
+            rest[key] = value
+    return tensors, rest
+
+
+def _merge(tensors: Mapping[str, Any], rest: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(rest)
+    for key, value in tensors.items():
+        merged[key] = _merge(value, merged.get(key, {})) if isinstance(value, Mapping) else value
+    return merged
+
+
+def _model_state(model: nn.Module) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model)
+
+
+def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state keyed by parameter names (not positions): portable between any
+    number of processes, sharded or not."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer)
+
+
+# -- saving ---------------------------------------------------------------------------------------
+def checkpoint_name(name: str) -> str:
+    """The directory name of a sharded checkpoint for a file name (``epoch_3.pth`` -> ``epoch_3.dcp``)."""
+    return name.removesuffix(".pth").removesuffix(SUFFIX) + SUFFIX
+
+
+def save(path: Path, state: dict[str, Any], model: nn.Module, optimizers: Mapping[str, torch.optim.Optimizer],
+         durable: bool = False) -> Path:  # fmt: skip
+    """Write a sharded checkpoint at `path` (a directory), collectively: every rank calls this.
+    `state` is rank 0's checkpoint without weights and optimizers. Written under a temporary
+    name and renamed by rank 0 once every shard and the index are complete."""
+    import torch.distributed.checkpoint as dcp
+
+    from expkit import checkpoint_io
+
+    tensors: dict[str, Any] = {"model": _model_state(model)}
+    plain: dict[str, Any] = {}
+    for name, optimizer in optimizers.items():
+        tensors[f"optimizer.{name}"], plain[name] = _split(_optimizer_state(model, optimizer))
+    tmp = path.with_name(f".{path.name}.tmp{distributed.broadcast_object(os.getpid())}")
+    if distributed.is_main():
+        shutil.rmtree(tmp, ignore_errors=True)
+    distributed.barrier()
+    with warnings.catch_warnings():  # one process: "assuming the intent is to save in a single process", it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp, sync_files=durable))
+    if distributed.is_main():
+        checkpoint_io.save_atomic({**state, "sharded": {"optimizers": plain, "world_size": distributed.rank_and_world()[1]}},
+                                  tmp / STATE_FILE, durable=durable)  # fmt: skip
+        _replace_dir(tmp, path)
+    distributed.barrier()  # no rank goes on (and may read it) before it has its name
+    return path
+
+
+def _replace_dir(new: Path, path: Path) -> None:
+    """Give `new` the name `path`; an existing checkpoint of that name (saved again at the same
+    count) is moved aside first and deleted after: a kill in between leaves a temporary name."""
+    old = None
+    if path.exists():
+        old = path.with_name(f".{path.name}.tmp{os.getpid()}old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(new, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# -- reading --------------------------------------------------------------------------------------
+def is_checkpoint_dir(path: Path) -> bool:
+    return path.is_dir() and (path / ".metadata").is_file() and (path / STATE_FILE).is_file()
+
+
+_METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds only DCP's metadata classes, torch dtypes, sizes and layouts, and paths."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module in _METADATA_MODULES and not name.startswith("__"):
+            return super().find_class(module, name)
+        if module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)):
+            return getattr(torch, name)
+        if (module, name) in (("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                              ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"), ("collections", "OrderedDict")):  # fmt: skip
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint index")
+
+
+def _reader(path: Path) -> Any:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            with open(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
+                data = f.read()
+            try:
+                metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+            except Exception as exc:
+                raise ConfigError(f"{path}: refused, its index (.metadata) is not a plain checkpoint index ({exc})") from None
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(path)
+
+
+def _tensor_planner(**kwargs: Any) -> Any:
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    class TensorsOnly(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:  # our checkpoints hold no pickled values
+            raise ConfigError(f"refused: the sharded checkpoint holds a pickled value ({read_item.dest_index.fqn})")
+
+    return TensorsOnly(**kwargs)
+
+
+def read_state(path: Path, key: str) -> dict[str, Any]:
+    """``state.pth`` of a sharded checkpoint (no weights), read as a checkpoint is."""
+    from expkit import checkpoint_io
+
+    if not is_checkpoint_dir(path):
+        raise ConfigError(f"{key}={path}: not a complete sharded checkpoint (a directory with .metadata and {STATE_FILE})")
+    state = checkpoint_io.load_checkpoint_file(path / STATE_FILE, key, need_weights=False)
+    state["sharded"] = dict(state.get("sharded") or {}, path=str(path))
+    return state
+
+
+def load_into(path: Path, state: Mapping[str, Any], model: nn.Module,
+              optimizers: Mapping[str, torch.optim.Optimizer] | None = None) -> None:  # fmt: skip
+    """Load a sharded checkpoint's weights (and the state of those of `optimizers` it holds) into
+    `model`, sharded or not, on any number of processes: every rank calls this."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    template: dict[str, Any] = {"model": _model_state(model)}
+    plain: dict[str, Any] = {}
+    saved_plain = state.get("sharded", {}).get("optimizers", {})
+    optimizers = {name: opt for name, opt in (optimizers or {}).items() if name in saved_plain}
+    for name, optimizer in optimizers.items():
+        template[f"optimizer.{name}"], _ = _split(_optimizer_state(model, optimizer))
+        plain[name] = saved_plain[name]
+    try:
+        dcp.load(template, storage_reader=_reader(path), planner=_tensor_planner())
+    except ConfigError:
+        raise
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{path}: does not fit this model or optimizer ({first})") from None
+    set_model_state_dict(model, template["model"])
+    for name, optimizer in optimizers.items():
+        set_optimizer_state_dict(model, optimizer, _merge(template[f"optimizer.{name}"], plain[name]))
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The whole model's weights of a sharded checkpoint, in this process (no process group)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = _reader(path)
+    metadata = reader.read_metadata()
+    weights: dict[str, torch.Tensor] = {}
+    for key, entry in metadata.state_dict_metadata.items():  # an empty tensor of each size, to read into
+        where = (metadata.planner_data or {}).get(key, ())
+        if len(where) == 2 and where[0] == "model" and isinstance(entry, TensorStorageMetadata):
+            weights[where[1]] = torch.empty(entry.size, dtype=entry.properties.dtype)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({"model": weights}, storage_reader=_reader(path), planner=_tensor_planner(), no_dist=True)
+    return weights
+
+
+def read_consolidated(path: Path, key: str) -> dict[str, Any]:
+    """A sharded checkpoint as an ordinary one (``state_dict`` = the whole model's weights, no
+    optimizer state), read in this process: for evaluation, export, ``load_from`` and the test."""
+    state = read_state(path, key)
+    state["state_dict"] = read_weights(path)
+    return state

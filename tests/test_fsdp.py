@@ -1,0 +1,173 @@
+"""trainer.strategy=fsdp: FSDP2 on 2 CPU processes (gloo), sharded checkpoints on disk, resumed on
+another number of processes, evaluated, exported; refusals at start-up; a checkpoint index that
+would run code is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_cli
+from expkit import checkpoint_io
+from expkit.errors import ConfigError
+
+# a small batch makes uneven evaluation shares (269 val samples: 135 and 134 per rank, 2 and 1
+# batches): FSDP's forwards must still pair up across ranks
+COMMON = ("data.batch_size=67", "trainer.clip_grad_norm=0.5", "trainer.accumulate_grad_batches=2",
+          "default_hooks.logger.plot=false")  # fmt: skip
+
+
+def _torchrun(cwd: Path, *args: str, nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                           "-m", "expkit.train", *COMMON, *args],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return checkpoint_io.load_checkpoint(path, "test")["state_dict"]
+
+
+@pytest.mark.slow
+def test_fsdp_trains_as_ddp_does_and_its_sharded_checkpoint_resumes_in_one_process_evaluates_and_exports(tmp_path):
+    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
+    for work, strategy in ((ddp, "ddp"), (fsdp, "fsdp")):
+        proc = _torchrun(tmp_path, f"hydra.run.dir={work}", f"trainer.strategy={strategy}", "trainer.max_epochs=2")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    # on disk: one directory per checkpoint, one shard per rank, the index, the rest of the state
+    ckpt = fsdp / "checkpoints" / "epoch_2.dcp"
+    assert sorted(p.name for p in ckpt.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "state.pth"]
+    assert (fsdp / "checkpoints" / "last_checkpoint").read_text() == "epoch_2.dcp"
+    assert not [p for p in (fsdp / "checkpoints").iterdir() if p.name.startswith(".")]  # no temporary left
+    result = json.loads((fsdp / "result.json").read_text())
+    assert result["status"] == "completed" and result["best_checkpoint"].endswith(".dcp")
+
+    # the same training: sharded gradients, clipping and accumulation give DDP's weights
+    reference, sharded = _weights(ddp / "checkpoints" / "epoch_2.pth"), _weights(ckpt)
+    assert sorted(reference) == sorted(sharded)
+    for key in reference:
+        assert torch.allclose(reference[key], sharded[key], atol=1e-5, rtol=0), key
+    assert result["final_metrics"]["val/acc"] == pytest.approx(
+        json.loads((ddp / "result.json").read_text())["final_metrics"]["val/acc"], abs=1e-6)
+
+    # 2 -> 1 process: resumes from the sharded checkpoint (weights and optimizer state) and finishes
+    proc = run_cli(*COMMON, f"hydra.run.dir={fsdp}", "trainer.strategy=fsdp", "trainer.max_epochs=3", "resume=true",
+                   cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.output[-3000:]
+    assert "Resumed from" in proc.output and "epoch_2.dcp at epoch 2" in proc.output
+    resumed = json.loads((fsdp / "result.json").read_text())
+    assert resumed["status"] == "completed" and resumed["epoch"] == 3
+    assert (fsdp / "checkpoints" / "epoch_3.dcp" / "__0_0.distcp").is_file()
+    assert not (fsdp / "checkpoints" / "epoch_3.dcp" / "__1_0.distcp").exists()  # one process, one shard
+
+    # expkit.eval scores the best (sharded) checkpoint as the run's own test did
+    evaluated = subprocess.run([sys.executable, "-m", "expkit.eval", f"checkpoint={fsdp}",
+                                f"work_dir={tmp_path / 'eval'}"], cwd=tmp_path, capture_output=True, text=True,
+                               timeout=300)  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    scored = json.loads((tmp_path / "eval" / "result.json").read_text())
+    assert scored["checkpoint"].endswith(".dcp")
+    assert scored["final_metrics"]["test/acc"] == pytest.approx(resumed["final_metrics"]["test/acc"], abs=1e-9)
+
+    # ... and it exports to one ordinary .pth (consolidated state_dict), loadable with weights_only=True
+    out = tmp_path / "one.pth"
+    exported = subprocess.run([sys.executable, "-m", "expkit.export", f"checkpoint={fsdp}", "which=last",
+                               "format=pth", f"out={out}", f"hydra.run.dir={tmp_path / 'export'}"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    plain = torch.load(out, weights_only=True)
+    last = _weights(fsdp / "checkpoints" / "epoch_3.dcp")
+    assert "sharded" not in plain and all(torch.equal(plain["state_dict"][k], last[k]) for k in last)
+    assert json.loads(out.with_name("one.pth.json").read_text())["format"] == "pth"
+
+
+@pytest.mark.slow
+def test_a_sharded_run_resumed_on_two_processes_ends_bit_identical_and_one_to_two_processes_resumes(tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    proc = _torchrun(tmp_path, f"hydra.run.dir={straight}", "trainer.strategy=fsdp", "trainer.max_epochs=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _torchrun(tmp_path, f"hydra.run.dir={split}", "trainer.strategy=fsdp", "trainer.max_epochs=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _torchrun(tmp_path, f"hydra.run.dir={split}", "trainer.strategy=fsdp", "trainer.max_epochs=2", "resume=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected, final = (_weights(w / "checkpoints" / "epoch_2.dcp") for w in (straight, split))
+    assert all(torch.equal(expected[k], final[k]) for k in expected)  # the optimizer state came back whole
+
+    # 1 -> 2 processes: a one-process sharded checkpoint (one shard) resharded over two
+    one = tmp_path / "one"
+    proc = run_cli(*COMMON, f"hydra.run.dir={one}", "trainer.strategy=fsdp", "trainer.max_epochs=1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.output[-3000:]
+    proc = _torchrun(tmp_path, f"hydra.run.dir={one}", "trainer.strategy=fsdp", "trainer.max_epochs=2", "resume=true")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "epoch_1.dcp at epoch 1" in proc.stdout + proc.stderr
+    assert json.loads((one / "result.json").read_text())["status"] == "completed"
+    assert (one / "checkpoints" / "epoch_2.dcp" / "__1_0.distcp").is_file()
+
+
+def test_one_process_sharded_checkpoints_keep_retention_and_resume(tmp_path):
+    args = (f"hydra.run.dir={tmp_path}", "trainer.strategy=fsdp", "default_hooks.checkpoint.max_keep_ckpts=1",
+            "default_hooks.logger.plot=false", "data.batch_size=128")  # fmt: skip
+    proc = run_cli(*args, "trainer.max_epochs=2")
+    assert proc.returncode == 0, proc.output[-3000:]
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["best_val_acc_epoch_2.dcp", "epoch_2.dcp", "last_checkpoint"]  # epoch_1.dcp retired
+    proc = run_cli(*args, "trainer.max_epochs=3", "resume=true")
+    assert proc.returncode == 0, proc.output[-3000:]
+    assert "epoch_2.dcp at epoch 2" in proc.output
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir())[-2:] == ["epoch_3.dcp", "last_checkpoint"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (("hooks=[ema]",), "the hook(s) ema (EMAHook) do not work with sharded parameters"),
+        (("trainer.precision=16",), "trainer.precision=16 with trainer.strategy=fsdp"),
+        (("trainer.fsdp_blocks=7",), "trainer.fsdp_blocks must be a list of module class names"),
+    ],
+)
+def test_fsdp_refuses_what_it_cannot_do_at_start_up(tmp_path, overrides, message):
+    proc = run_cli(f"hydra.run.dir={tmp_path}", "trainer.strategy=fsdp", *overrides)
+    assert proc.returncode == 2, proc.output[-2000:]
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_fsdp_blocks_default_per_model_and_unknown_names_are_refused():
+    from expkit import models, sharding
+
+    mlp = models.MLP(1, 8, 10)
+    assert sharding.block_names(mlp, None) == ["Linear"]
+    resnet = models.torchvision_resnet(3, 32, 10)
+    assert sharding.block_names(resnet, None) == ["BasicBlock", "Bottleneck"]
+    with pytest.raises(ConfigError, match=r"trainer.fsdp_blocks names \['Block'\]"):
+        sharding.block_names(mlp, ["Block"])
+
+
+def test_a_sharded_checkpoint_whose_index_would_run_code_is_refused(tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from expkit import sharding
+
+    ckpt = tmp_path / "epoch_1.dcp"
+    dcp.save({"model": {"w": torch.ones(2)}}, storage_writer=dcp.FileSystemWriter(ckpt))
+    checkpoint_io.save_atomic({"meta": {}, "config": None}, ckpt / sharding.STATE_FILE)
+    assert torch.equal(checkpoint_io.load_checkpoint(ckpt)["state_dict"]["w"], torch.ones(2))  # a plain one loads
+
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (ckpt / ".metadata").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(ConfigError, match="refused, its index"):
+        checkpoint_io.load_checkpoint(ckpt)
+    assert not marker.exists()
