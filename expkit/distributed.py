@@ -50,6 +50,12 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
+def requeue_count() -> int:
+    """How many times Slurm has requeued this job (preemption, or submitit's requeue at a
+    timeout): ``SLURM_RESTART_COUNT``; 0 outside Slurm and on a job's first start."""
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+
+
 def rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "0"))
 

@@ -19,7 +19,6 @@ The example input is one batch of the run's own validation (or test) data.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import sys
 from pathlib import Path

@@ -312,6 +312,14 @@ def run(cfg: DictConfig) -> float | None:
         "hooks": list(cfg.hooks.keys()),  # list selections are not in hydra.runtime.choices
         "command": " ".join(["python -m expkit.train", *sys.argv[1:]]),
     }
+    requeues = distributed.requeue_count()
+    if multirun and requeues > 0 and not _resuming_sweep(cfg):  # Slurm requeued this job (preemption, timeout)
+        from omegaconf import open_dict
+
+        with open_dict(cfg):
+            cfg.resume = True  # the job finds its dir by its overrides and continues from its last checkpoint
+        run_info["requeues"] = requeues
+        log.info("Slurm requeue %d: resuming this job from its last complete checkpoint", requeues)
     if distributed.is_distributed() and not multirun:  # a rank's death is told with the way back
         run_info["resume_command"] = continue_command(sys.argv[1:], work_dir)
         run_info["restarts"] = distributed.restart_count()  # torchrun --max-restarts

@@ -171,3 +171,44 @@ def test_a_sharded_checkpoint_whose_index_would_run_code_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="refused, its index"):
         checkpoint_io.load_checkpoint(ckpt)
     assert not marker.exists()
+
+
+DIE_ONCE = '''
+import os, signal
+import torch.distributed as dist
+from expkit import Hook
+
+class DieOnce(Hook):
+    """Rank 1 is SIGKILLed once, at iteration 25 (the last checkpoint: iteration 20)."""
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        marker = runner.work_dir / "died"
+        if dist.get_rank() == 1 and runner.iter == 25 and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+@pytest.mark.slow
+def test_a_sharded_run_survives_a_dead_worker_with_torchrun_restarts_bit_identical(tmp_path):
+    (tmp_path / "diehook.py").write_text(DIE_ONCE)
+    common = ["--max-restarts=2", "-m", "expkit.train", "trainer.strategy=fsdp", "trainer.max_epochs=2",
+              "default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=10"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
+
+    def torchrun(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                               *common, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    reference, work = tmp_path / "reference", tmp_path / "work"
+    assert torchrun(f"hydra.run.dir={reference}").returncode == 0
+    proc = torchrun(f"hydra.run.dir={work}", "+hooks.die._target_=diehook.DieOnce")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (work / "died").is_file() and "torchrun restart 1: resuming" in proc.stderr
+    result = json.loads((work / "result.json").read_text())
+    assert result["status"] == "completed" and result["restarts"] == 1
+    assert "Resumed from" in (work / "train.log").read_text() and "iter_20.dcp" in (work / "train.log").read_text()
+    last = result["last_checkpoint"]
+    assert last.endswith(".dcp")
+    final, expected = (_weights(w / "checkpoints" / Path(last).name) for w in (work, reference))
+    assert all(torch.equal(final[k], expected[k]) for k in expected)

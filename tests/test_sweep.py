@@ -205,3 +205,46 @@ def test_the_bookkeeping_benchmark_runs(tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "per-job bookkeeping in 40 job dirs vs 3" in proc.stdout and "full rebuild of 40 job dirs" in proc.stdout
+
+
+KILL_ONCE = '''
+import os, signal
+from expkit import Hook
+
+class KillOnce(Hook):
+    """The job's process is SIGKILLed once, at iteration 25 (its last checkpoint: iteration 20),
+    as a preempted Slurm job is."""
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        marker = runner.work_dir / "killed"
+        if runner.iter == 25 and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+def test_a_requeued_slurm_job_resumes_its_own_dir_and_ends_as_an_uninterrupted_one(tmp_path):
+    """Slurm reruns a requeued job's command with SLURM_RESTART_COUNT set (submitit's launcher
+    requeues on preemption or timeout); the job must continue from its checkpoint, not start over."""
+    (tmp_path / "killonce.py").write_text(KILL_ONCE)
+    common = ("trainer.max_epochs=2", "default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=10",
+              "+hooks.kill._target_=killonce.KillOnce", "optim.lr=0.05")  # fmt: skip
+    env = {"PYTHONPATH": str(tmp_path)}
+    reference = tmp_path / "reference"
+    (reference / "0").mkdir(parents=True)
+    (reference / "0" / "killed").touch()  # the reference is never killed
+    proc = run_cli("-m", f"hydra.sweep.dir={reference}", *common, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.output[-3000:]
+    sweep = tmp_path / "sweep"
+    proc = run_cli("-m", f"hydra.sweep.dir={sweep}", *common, cwd=tmp_path, env=env)
+    assert proc.returncode != 0 and (sweep / "0" / "killed").is_file()
+    proc = run_cli("-m", f"hydra.sweep.dir={sweep}", *common, cwd=tmp_path, env={**env, "SLURM_RESTART_COUNT": "1"})
+    assert proc.returncode == 0, proc.output[-3000:]
+    result = json.loads((sweep / "0" / "result.json").read_text())
+    assert result["status"] == "completed" and result["requeues"] == 1
+    assert "Resumed from" in (sweep / "0" / "train.log").read_text() and "iter_20.pth" in proc.output
+    import torch
+
+    final, expected = (torch.load(d / "0" / "checkpoints" / "iter_80.pth", weights_only=True)["state_dict"]
+                       for d in (sweep, reference))  # fmt: skip
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
