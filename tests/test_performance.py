@@ -252,3 +252,10 @@ def test_other_benchmarks_run(script, label):
     out = _bench(script)
     values = _ratios(out, label)
     assert values and all(math.isfinite(v) and v >= 0 for v in values), out
+
+
+@pytest.mark.slow
+def test_the_sharded_run_holds_less_training_state_per_rank():
+    out = _bench("benchmarks/fsdp_memory.py")
+    state_ratio = _ratios(out, r"fsdp / ddp \(medians\):")[0]  # exact tensor bytes: not noisy
+    assert state_ratio < 0.75, out
