@@ -124,6 +124,18 @@ def test_one_process_sharded_checkpoints_keep_retention_and_resume(tmp_path):
     assert "epoch_2.dcp at epoch 2" in proc.output
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir())[-2:] == ["epoch_3.dcp", "last_checkpoint"]
 
+    # its weights start an unsharded run (load_from) and come back in Python (load_model)
+    from expkit.eval import load_model
+
+    other = tmp_path / "other"
+    proc = run_cli(f"hydra.run.dir={other}", f"load_from={tmp_path / 'checkpoints' / 'epoch_3.dcp'}",
+                   "trainer.max_epochs=1", "default_hooks.logger.plot=false", "data.batch_size=128")  # fmt: skip
+    assert proc.returncode == 0, proc.output[-3000:]
+    assert "Loaded weights from" in proc.output and (other / "checkpoints" / "epoch_1.pth").is_file()
+    model = load_model(tmp_path, which="last")
+    weights = _weights(tmp_path / "checkpoints" / "epoch_3.dcp")
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
