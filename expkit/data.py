@@ -110,6 +110,31 @@ class DataModule:
         so values found while loading (a vocabulary) can be given."""
         return {key: getattr(self, key) for key in self.IMAGE_KEYS if hasattr(self, key)}
 
+    # -- prediction on new data (python -m expkit.predict): the transforms training used ----------
+    def predict_input(self, raw: torch.Tensor) -> torch.Tensor:
+        """A batch of new inputs as users hold them (rows of a .npy/.pt file or a CSV, in the
+        dataset's own units) -> what the model takes. Default: as floats, unchanged."""
+        return raw.float()
+
+    def predict_image(self, image: Any) -> torch.Tensor:
+        """A PIL image -> one input, as this data's images reach the model: ``in_channels``
+        (grey or RGB), resized to ``image_size``, scaled to [0, 1]."""
+        if not hasattr(self, "image_size"):
+            raise ConfigError(f"{type(self).__name__} is not image data: give a .npy, .pt or .csv input")
+        from torchvision.transforms import functional
+
+        image = image.convert("L" if getattr(self, "in_channels", 3) == 1 else "RGB")
+        size = self.image_size  # type: ignore[attr-defined]
+        return functional.to_tensor(functional.resize(image, [size, size]))
+
+    def class_names(self) -> list[str] | None:
+        """The name of each class index, when the data has names (predictions report them)."""
+        return None
+
+    def predict_output(self, values: torch.Tensor) -> torch.Tensor:
+        """A regressor's outputs -> values in the dataset's own units. Default: unchanged."""
+        return values
+
     def loaders(self) -> tuple[DataLoader, DataLoader | None, DataLoader | None]:
         train, val, test = self.datasets()
         extra = {}
@@ -170,6 +195,13 @@ class DigitsData(DataModule):
         self.test_fraction = test_fraction
         self.split_seed = split_seed
         self.noisy_val = noisy_val
+
+    def predict_input(self, raw: torch.Tensor) -> torch.Tensor:
+        """Digits as scikit-learn holds them: 64 pixel counts 0-16 per image (N x 64 or N x 8 x 8)."""
+        return raw.float().reshape(len(raw), 1, 8, 8) / 16.0 if raw[0].numel() == 64 else raw.float()
+
+    def class_names(self) -> list[str]:
+        return [str(digit) for digit in range(10)]
 
     def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
         x, y = load_digits()
@@ -291,6 +323,10 @@ class ImageFolderData(DataModule):
         if num_classes is not None and num_classes != len(classes):
             raise ConfigError(f"data.num_classes={num_classes} but {self.root}/train has {len(classes)} class folders")
         self.num_classes = len(classes)
+        self.classes = classes
+
+    def class_names(self) -> list[str]:
+        return list(self.classes)
 
     def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
         from torchvision import datasets, transforms

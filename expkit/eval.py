@@ -108,6 +108,13 @@ def _weights(checkpoint: dict[str, Any], source: Path, ema: bool) -> dict[str, t
 def _restore(source: str | Path, which: str, ema: bool, overrides: list[str],
              trust: TrustPolicy) -> tuple[Path, DictConfig, Any, Any]:  # fmt: skip
     """(checkpoint path, stored config, the data's loaders, model with the checkpoint's weights)."""
+    return restore(source, which, ema, overrides, trust)[:4]  # type: ignore[return-value]
+
+
+def restore(source: str | Path, which: str, ema: bool, overrides: list[str],
+            trust: TrustPolicy) -> tuple[Path, DictConfig, Any, Any, Any]:  # fmt: skip
+    """(checkpoint path, stored config, the data's loaders, model with the checkpoint's weights,
+    the data module): what a trained run is rebuilt from."""
     from expkit.build import build_model, instantiate_node
 
     path = resolve_checkpoint(source, which)
@@ -118,7 +125,7 @@ def _restore(source: str | Path, which: str, ema: bool, overrides: list[str],
     model = build_model(cfg, data)
     model.load_state_dict(_weights(checkpoint, path, ema))
     model.data_description = getattr(data, "describe", dict)()  # what it was built for: in_channels, num_classes...
-    return path, cfg, loaders, model
+    return path, cfg, loaders, model, data
 
 
 def load_model(source: str | Path, *, ema: bool = False, which: str = "best", device: str = "cpu",

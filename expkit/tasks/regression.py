@@ -56,8 +56,20 @@ class DiabetesData(DataModule):
         y = (y - y_mean) / y_std
         self.num_features = x.shape[1]
         self.target_mean, self.target_std = float(y_mean), float(y_std)
+        self.feature_mean, self.feature_std = x_mean, x_std
         test = TensorDataset(x[test_idx], y[test_idx]) if n_test > 0 else None
         return TensorDataset(x[train_idx], y[train_idx]), TensorDataset(x[val_idx], y[val_idx]), test
+
+    def predict_input(self, raw: torch.Tensor) -> torch.Tensor:
+        """Rows of the 10 raw features (age, sex, bmi, bp, s1-s6, as scikit-learn's
+        ``scaled=False``), standardised with the training split's statistics."""
+        if not hasattr(self, "feature_mean"):
+            self.datasets()
+        return (raw.float() - self.feature_mean) / self.feature_std
+
+    def predict_output(self, values: torch.Tensor) -> torch.Tensor:
+        """Disease progression in its own units (the target was standardised for training)."""
+        return values * self.target_std + self.target_mean
 
     def describe(self) -> dict[str, Any]:
         """What a model needs to know of the data, by constructor-argument name."""
