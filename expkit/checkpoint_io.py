@@ -143,9 +143,13 @@ def is_checkpoint(path: Path) -> bool:
 
 
 def remove_checkpoint(path: Path) -> None:
-    """Delete a checkpoint, a file or a sharded directory."""
+    """Delete a checkpoint, a file or a sharded directory (renamed first: a kill during the
+    deletion leaves a temporary name, never a directory that looks complete without its shards)."""
     if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
+        doomed = path.with_name(f".{path.name}.del{os.getpid()}")
+        with contextlib.suppress(OSError):
+            os.replace(path, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
 
@@ -153,16 +157,29 @@ def remove_checkpoint(path: Path) -> None:
 def remove_stale_temporaries(directory: Path) -> list[str]:
     """Delete the temporary files (`.<name>.tmp<pid>`) and sharded checkpoint directories
     (`.<name>.dcp.tmp<pid>`, `...tmp<pid>old`) a killed writer left in `directory`."""
+    from expkit import sharding
+
     removed = []
-    for tmp in directory.glob(".*.tmp*"):
-        tail = tmp.name.rpartition(".tmp")[2]
+    # a complete sharded checkpoint caught between its two renames (saved again under the same
+    # name): it takes its name back, the newer one first, instead of being deleted
+    for tmp in sorted(directory.glob(".*.tmp*"), key=lambda p: p.name.endswith("old")):
+        head, _, tail = tmp.name.rpartition(".tmp")
         if tmp.is_file() and tail.isdigit():
             with contextlib.suppress(OSError):
                 tmp.unlink()
                 removed.append(tmp.name)
         elif tmp.is_dir() and tail.removesuffix("old").isdigit():
+            final = directory / head.removeprefix(".")
+            if not final.exists() and sharding.is_checkpoint_dir(tmp):
+                os.replace(tmp, final)
+                log.info("Restored %s from %s (a save under the same name was interrupted)", final.name, tmp.name)
+                continue
             shutil.rmtree(tmp, ignore_errors=True)
             removed.append(tmp.name)
+    for doomed in directory.glob(".*.del*"):  # a deletion a kill interrupted
+        if doomed.is_dir() and doomed.name.rpartition(".del")[2].isdigit():
+            shutil.rmtree(doomed, ignore_errors=True)
+            removed.append(doomed.name)
     return removed
 
 

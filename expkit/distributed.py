@@ -97,7 +97,25 @@ def init(timeout_s: int = 1800) -> bool:
         else:
             dist.init_process_group(backend, timeout=timeout)
         gather_peers()
+        global _CONTROL
+        # small decisions (stop or not) go over gloo on the CPU: no device sync in the loop
+        _CONTROL = dist.new_group(backend="gloo") if backend == "nccl" else None
     return True
+
+
+_CONTROL: Any = None  # the CPU process group for control messages (None: the default group is gloo)
+STOP_NONE, STOP_REQUESTED, STOP_SIGNAL = 0, 1, 2
+
+
+def agree_on_stop(code: int) -> int:
+    """The strongest stop any rank has (STOP_SIGNAL > STOP_REQUESTED > STOP_NONE), on every
+    rank: ranks stop after the same iteration (a stop taken alone would leave the others in
+    a collective: FSDP's gather, DDP's all-reduce, the checkpoint's save)."""
+    if not is_distributed():
+        return code
+    flag = torch.tensor([code], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_CONTROL)
+    return int(flag)
 
 
 # -- who is who, to say which rank died ------------------------------------------------------------

@@ -9,7 +9,7 @@ The model, data and metrics come from the config stored in the checkpoint; any o
     ema=true            evaluate the EMA weights (ema_state_dict) instead of the raw ones
     trusted_targets=[my_project]  packages (or objects) whose _target_ the stored config may name
     --config-dir DIR    your config dir: the targets its YAML files name are trusted too
-    logger=[tensorboard,wandb]  the same backends as training
+    logger=[tensorboard,wandb,mlflow]  the same backends as training
     work_dir=DIR        default outputs/evals/<date>_<time>/
 
 The stored config is data from whoever wrote the checkpoint: every ``_target_`` in it must be
@@ -169,7 +169,8 @@ def evaluate(args: dict[str, str], overrides: list[str], config_dirs: Sequence[s
         for name in names:
             file = CONF_DIR / "logger" / f"{name}.yaml"
             if not file.is_file():
-                raise ConfigError(f"logger={name}: no such backend; available: tensorboard, wandb")
+                available = ", ".join(sorted(p.stem for p in (CONF_DIR / "logger").glob("*.yaml")))
+                raise ConfigError(f"logger={name}: no such backend; available: {available}")
             nodes.update(OmegaConf.load(file))
         loggers = _build_loggers(OmegaConf.create(nodes), "logger")
     work_dir = Path(args.get("work_dir") or f"outputs/evals/{time.strftime('%Y-%m-%d_%H-%M-%S')}_{time.time_ns() % 10**6:06d}")

@@ -9,12 +9,21 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import signal
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from expkit.distributed import all_reduce_sum, is_distributed, reduce_device
+from expkit.distributed import (
+    STOP_NONE,
+    STOP_REQUESTED,
+    STOP_SIGNAL,
+    agree_on_stop,
+    all_reduce_sum,
+    is_distributed,
+    reduce_device,
+)
 from expkit.optimizers import Optimizers
 from expkit.stages import Stage
 
@@ -91,6 +100,13 @@ class TrainLoop:
 
     def done(self) -> bool:
         r = self.runner
+        if is_distributed():  # every rank stops after the same iteration (one 4-byte all-reduce on the CPU)
+            mine = STOP_NONE if r.stop_reason is None else STOP_SIGNAL if r.stop_signal is not None else STOP_REQUESTED
+            agreed = agree_on_stop(mine)
+            if agreed > mine:  # another rank stops: so does this one, the same way (a signal skips the test)
+                if agreed == STOP_SIGNAL:
+                    r.stop_signal = r.stop_signal or signal.SIGTERM
+                r.request_stop("a stop on another rank")
         if r.stop_reason is not None:
             return True
         if self.settings.max_iters is not None:

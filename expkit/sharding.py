@@ -171,11 +171,21 @@ def save(path: Path, state: dict[str, Any], model: nn.Module, optimizers: Mappin
     with warnings.catch_warnings():  # one process: "assuming the intent is to save in a single process", it is
         warnings.simplefilter("ignore", UserWarning)
         dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp, sync_files=durable))
+    error = None
     if distributed.is_main():
-        checkpoint_io.save_atomic({**state, "sharded": {"optimizers": plain, "world_size": distributed.rank_and_world()[1]}},
-                                  tmp / STATE_FILE, durable=durable)  # fmt: skip
-        _replace_dir(tmp, path)
-    distributed.barrier()  # no rank goes on (and may read it) before it has its name
+        try:
+            checkpoint_io.save_atomic({**state, "sharded": {"optimizers": plain,
+                                                            "world_size": distributed.rank_and_world()[1]}},
+                                      tmp / STATE_FILE, durable=durable)  # fmt: skip
+            _replace_dir(tmp, path)
+        except OSError as exc:
+            error = exc
+    # no rank goes on (and may read it) before it has its name; a failure on rank 0 fails all
+    failed = distributed.broadcast_object(None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    if failed is not None:
+        raise OSError(f"rank 0 could not complete {path}: {failed}")
     return path
 
 
@@ -197,21 +207,38 @@ def is_checkpoint_dir(path: Path) -> bool:
     return path.is_dir() and (path / ".metadata").is_file() and (path / STATE_FILE).is_file()
 
 
-_METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+# the classes a DCP index is made of, by module: nothing else is built while reading one
+_METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {"Metadata", "MetadataIndex", "TensorStorageMetadata",
+                                              "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
+                                              "StorageMeta", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}  # fmt: skip
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """Builds only DCP's metadata classes, torch dtypes, sizes and layouts, and paths."""
+    """Builds only DCP's metadata classes, torch dtypes, sizes and layouts, and paths: names
+    are looked up exactly (no dotted names, which pickle would follow through the module)."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if module in _METADATA_MODULES and not name.startswith("__"):
-            return super().find_class(module, name)
-        if module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)):
+        if "." not in name and name in _METADATA_CLASSES.get(module, ()):
+            found = super().find_class(module, name)
+            if getattr(found, "__module__", None) == module or module == "pathlib":
+                return found
+        if module == "torch" and "." not in name and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)):
             return getattr(torch, name)
-        if (module, name) in (("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
-                              ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"), ("collections", "OrderedDict")):  # fmt: skip
-            return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint index")
+
+
+def _check_index(metadata: Any, path: Path) -> None:
+    """Every shard file the index names lies in the checkpoint's own directory."""
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        relative = str(getattr(info, "relative_path", ""))
+        if not relative or relative.startswith(("/", "\\")) or ".." in Path(relative).parts or Path(relative).is_absolute():
+            raise ConfigError(f"{path}: refused, its index names a shard outside the checkpoint ({relative!r})")
 
 
 def _reader(path: Path) -> Any:
@@ -224,8 +251,9 @@ def _reader(path: Path) -> Any:
                 data = f.read()
             try:
                 metadata = _MetadataUnpickler(io.BytesIO(data)).load()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever the bytes are: refuse, naming the file
                 raise ConfigError(f"{path}: refused, its index (.metadata) is not a plain checkpoint index ({exc})") from None
+            _check_index(metadata, path)
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
@@ -260,25 +288,36 @@ def load_into(path: Path, state: Mapping[str, Any], model: nn.Module,
     """Load a sharded checkpoint's weights (and the state of those of `optimizers` it holds) into
     `model`, sharded or not, on any number of processes: every rank calls this."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     template: dict[str, Any] = {"model": _model_state(model)}
     plain: dict[str, Any] = {}
     saved_plain = state.get("sharded", {}).get("optimizers", {})
     optimizers = {name: opt for name, opt in (optimizers or {}).items() if name in saved_plain}
+    saved = set(_reader(path).read_metadata().state_dict_metadata)
     for name, optimizer in optimizers.items():
-        template[f"optimizer.{name}"], _ = _split(_optimizer_state(model, optimizer))
+        tensors, _ = _split(_optimizer_state(model, optimizer))
+        # a parameter the saved optimizer never stepped (unused in the loss) has no state there;
+        # the template (from a zero step on every parameter) would ask for it
+        state = tensors.get("state", {})
+        for fqn in [f for f, entries in state.items()
+                    if not all(f"optimizer.{name}.state.{f}.{k}" in saved for k in entries)]:  # fmt: skip
+            del state[fqn]
+        template[f"optimizer.{name}"] = tensors
         plain[name] = saved_plain[name]
     try:
         dcp.load(template, storage_reader=_reader(path), planner=_tensor_planner())
     except ConfigError:
         raise
-    except Exception as exc:
+    except (Exception, CheckpointException) as exc:  # (DCP's CheckpointException is a BaseException)
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"{path}: does not fit this model or optimizer ({first})") from None
     set_model_state_dict(model, template["model"])
     for name, optimizer in optimizers.items():
-        set_optimizer_state_dict(model, optimizer, _merge(template[f"optimizer.{name}"], plain[name]))
+        # strict=False: parameters without saved state (never stepped) stay without state, as they were
+        set_optimizer_state_dict(model, optimizer, _merge(template[f"optimizer.{name}"], plain[name]),
+                                 options=StateDictOptions(strict=False))  # fmt: skip
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:

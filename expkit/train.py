@@ -348,7 +348,8 @@ def _run_owned(cfg: DictConfig, hc: Any, work_dir: Path, multirun: bool, monitor
             done = _done_since_launch(work_dir, monitor, rule)
         if done is not None:
             return done
-        if _resuming_sweep(cfg) and list(work_dir.glob("checkpoints/*.pth")):
+        if _resuming_sweep(cfg) and any(checkpoint_io.is_checkpoint(p) for p in work_dir.glob("checkpoints/[!.]*")
+                                         if p.suffix in (".pth", ".dcp")):  # fmt: skip
             run_info["resumed_in_sweep"] = True
         if (sweep_dir / FAIL_FAST_MARKER).exists():
             checkpoint_io.write_json_atomic(work_dir / "result.json", {

@@ -179,10 +179,17 @@ def test_a_sharded_checkpoint_whose_index_would_run_code_is_refused(tmp_path):
         def __reduce__(self):
             return (os.system, (f"touch {marker}",))
 
-    (ckpt / ".metadata").write_bytes(pickle.dumps(Payload()))
-    with pytest.raises(ConfigError, match="refused, its index"):
-        checkpoint_io.load_checkpoint(ckpt)
-    assert not marker.exists()
+    def text(value: str) -> bytes:  # pickle's SHORT_BINUNICODE
+        return b"\x8c" + bytes([len(value)]) + value.encode()
+
+    # a plain global, and a dotted name looked up through an allowed module (pickle protocol 4)
+    dotted = (b"\x80\x04" + text("torch.distributed.checkpoint.metadata") + text("os.system") + b"\x93"
+              + text(f"touch {marker}") + b"\x85R.")  # fmt: skip
+    for payload in (pickle.dumps(Payload()), dotted):
+        (ckpt / ".metadata").write_bytes(payload)
+        with pytest.raises(ConfigError, match="refused, its index"):
+            checkpoint_io.load_checkpoint(ckpt)
+        assert not marker.exists()
 
 
 DIE_ONCE = '''
@@ -224,3 +231,80 @@ def test_a_sharded_run_survives_a_dead_worker_with_torchrun_restarts_bit_identic
     assert last.endswith(".dcp")
     final, expected = (_weights(w / "checkpoints" / Path(last).name) for w in (work, reference))
     assert all(torch.equal(final[k], expected[k]) for k in expected)
+
+
+def test_a_sharded_checkpoint_restores_an_optimizer_whose_unused_parameters_have_no_state(tmp_path):
+    from torch import nn
+
+    from expkit import sharding
+
+    def make():
+        torch.manual_seed(0)
+        model = nn.ModuleDict({"used": nn.Linear(4, 4), "unused": nn.Linear(4, 4)})
+        groups = [{"params": model["used"].parameters(), "lr": 0.1}, {"params": model["unused"].parameters(), "lr": 0.01}]
+        return model, torch.optim.Adam(groups)
+
+    model, optimizer = make()
+    model["used"](torch.randn(2, 4)).sum().backward()  # "unused" gets no gradient, so no Adam state
+    optimizer.step()
+    sharding.save(tmp_path / "a.dcp", {"meta": {}}, model, {"optimizer": optimizer})
+    fresh_model, fresh = make()
+    sharding.load_into(tmp_path / "a.dcp", sharding.read_state(tmp_path / "a.dcp", "resume"), fresh_model,
+                       {"optimizer": fresh})  # fmt: skip
+    saved, loaded = optimizer.state_dict(), fresh.state_dict()
+    assert [g["lr"] for g in loaded["param_groups"]] == [0.1, 0.01]
+    assert sorted(loaded["state"]) == sorted(saved["state"]) == [0, 1]  # only the used parameters' state
+    for index, state in saved["state"].items():
+        assert all(torch.equal(state[k], loaded["state"][index][k]) for k in state)
+
+
+STOP_ON_ONE_RANK = '''
+import os, signal
+import torch.distributed as dist
+from expkit import Hook
+
+class StopOnOneRank(Hook):
+    """Rank 1 alone gets SIGTERM at iteration 7, as when a signal reaches the ranks at different moments."""
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        if dist.get_rank() == 1 and runner.iter == 7 and not (runner.work_dir / "signalled").exists():
+            (runner.work_dir / "signalled").touch()
+            os.kill(os.getpid(), signal.SIGTERM)
+'''
+
+
+@pytest.mark.slow
+def test_a_signal_on_one_rank_stops_every_rank_after_the_same_iteration_and_the_run_resumes(tmp_path):
+    (tmp_path / "stophook.py").write_text(STOP_ON_ONE_RANK)
+    work = tmp_path / "work"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "expkit.train",
+            f"hydra.run.dir={work}", "trainer.strategy=fsdp", "trainer.max_epochs=2", "+hooks.stop._target_=stophook.StopOnOneRank"]  # fmt: skip
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = json.loads((work / "result.json").read_text())
+    assert result["status"] == "stopped" and result["iter"] == 8, proc.stderr[-3000:]  # rank 0 stopped with rank 1
+    assert result["last_checkpoint"].endswith("iter_8.dcp") and "test/acc" not in result["final_metrics"]
+    proc = subprocess.run([*args, "resume=true"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((work / "result.json").read_text())["status"] == "completed"
+
+
+def test_a_sharded_save_interrupted_between_its_renames_keeps_the_checkpoint(tmp_path):
+    from torch import nn
+
+    from expkit import sharding
+
+    model = nn.Linear(2, 2)
+    sharding.save(tmp_path / "epoch_2.dcp", {"meta": {}}, model, {})
+    # killed while saving epoch_2.dcp again: the old one moved aside, the new one not yet renamed
+    os.replace(tmp_path / "epoch_2.dcp", tmp_path / ".epoch_2.dcp.tmp41old")
+    sharding.save(tmp_path / "new.dcp", {"meta": {}}, model, {})
+    os.replace(tmp_path / "new.dcp", tmp_path / ".epoch_2.dcp.tmp41")
+    (tmp_path / ".epoch_1.dcp.tmp7").mkdir()  # a save killed before its index: incomplete
+    (tmp_path / ".epoch_0.dcp.del9").mkdir()  # a deletion killed half-way
+    removed = checkpoint_io.remove_stale_temporaries(tmp_path)
+    assert sorted(removed) == [".epoch_0.dcp.del9", ".epoch_1.dcp.tmp7", ".epoch_2.dcp.tmp41old"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_2.dcp"]
+    assert torch.equal(checkpoint_io.load_checkpoint(tmp_path / "epoch_2.dcp")["state_dict"]["weight"], model.weight)
+    checkpoint_io.remove_checkpoint(tmp_path / "epoch_2.dcp")
+    assert list(tmp_path.iterdir()) == []

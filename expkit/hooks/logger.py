@@ -168,16 +168,16 @@ class LoggerHook(Hook):
         for h in self._tty:
             h.removeFilter(self._filter)
         self._tty = []
+        if self._file is not None:  # curves.svg first: a backend may store it (MLflow's artifacts)
+            self._file.close()
+            self._file = None
+            if self.plot:
+                plot_curves(runner.work_dir / self.filename, runner.work_dir / "curves.svg")
         result = {"status": runner.status, "final_metrics": {**runner.val_metrics, **runner.test_metrics}}
         for backend in list(self._backends):
             self._safely(backend, "finish", runner, result)
             self._safely(backend, "close")
         self._backends = []
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-            if self.plot:
-                plot_curves(runner.work_dir / self.filename, runner.work_dir / "curves.svg")
 
     # -- train -----------------------------------------------------------------------------
     def before_train(self, runner: Runner) -> None:
