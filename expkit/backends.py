@@ -67,6 +67,12 @@ class Backend:
     def flush(self) -> None:
         """Put everything logged so far on disk (called before each checkpoint is written)."""
 
+    def log_image(self, tag: str, image: Any, step: int) -> None:
+        """An RGB uint8 array (H, W, 3) at `step` (hooks=[log_predictions]); default: not shown."""
+
+    def log_table(self, tag: str, rows: list[list[Any]], step: int) -> None:
+        """Rows of (sample, target, prediction) at `step` (hooks=[log_predictions]); default: not shown."""
+
     def finish(self, runner: Runner, result: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
@@ -97,6 +103,14 @@ class TensorBoardBackend(Backend):
     def log(self, record: dict[str, Any], step: int) -> None:
         for key, value in scalars(record).items():
             self.writer.add_scalar(key, value, step)
+
+    def log_image(self, tag: str, image: Any, step: int) -> None:
+        self.writer.add_image(tag, image, step, dataformats="HWC")
+
+    def log_table(self, tag: str, rows: list[list[Any]], step: int) -> None:
+        from expkit.hooks.log_predictions import _markdown
+
+        self.writer.add_text(tag, _markdown(rows), step)
 
     def resume(self, step: int) -> None:
         """What SummaryWriter(purge_step=step) writes: readers drop the events of earlier files
@@ -227,6 +241,18 @@ class WandbBackend(Backend):
 
     def log(self, record: dict[str, Any], step: int) -> None:
         self._started().log(scalars(record), step=step)
+
+    def log_image(self, tag: str, image: Any, step: int) -> None:
+        import wandb
+
+        self._started().log({tag: wandb.Image(image)}, step=step)
+
+    def log_table(self, tag: str, rows: list[list[Any]], step: int) -> None:
+        import wandb
+
+        from expkit.hooks.log_predictions import TABLE_COLUMNS
+
+        self._started().log({tag: wandb.Table(columns=TABLE_COLUMNS, data=rows)}, step=step)
 
     def _never_resumed(self) -> bool:
         """A resume that failed before its checkpoint loaded: no run of its own, so that the id

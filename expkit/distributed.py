@@ -103,6 +103,18 @@ def init(timeout_s: int = 1800) -> bool:
     return True
 
 
+def shutdown() -> None:
+    """Leave the process group before the interpreter exits (left to the exit, gloo's threads
+    can abort the process: "terminate called without an active exception")."""
+    global _CONTROL
+    if dist.is_available() and dist.is_initialized():
+        import contextlib
+
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    _CONTROL = None
+
+
 _CONTROL: Any = None  # the CPU process group for control messages (None: the default group is gloo)
 STOP_NONE, STOP_REQUESTED, STOP_SIGNAL = 0, 1, 2
 

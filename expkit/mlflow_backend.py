@@ -115,6 +115,15 @@ class MLflowBackend(Backend):
         if metrics:
             self.client.log_batch(self.run_id, metrics=metrics)
 
+    def log_image(self, tag: str, image: Any, step: int) -> None:
+        self.client.log_image(self.run_id, image, key=tag.replace("/", "_"), step=step)
+
+    def log_table(self, tag: str, rows: list[list[Any]], step: int) -> None:
+        from expkit.hooks.log_predictions import TABLE_COLUMNS
+
+        columns = {name: [row[i] for row in rows] for i, name in enumerate(TABLE_COLUMNS)}
+        self.client.log_table(self.run_id, data=columns, artifact_file=f"{tag}/step_{step}.json")
+
     def finish(self, runner: Runner, result: dict[str, Any]) -> None:
         import math
 

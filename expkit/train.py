@@ -575,6 +575,10 @@ def main() -> None:
         if exc.code == 1 and not _TASK_STARTED:  # Hydra's own errors (an unknown key, an unparsable override)
             sys.exit(2)  # are the user's to fix, like expkit's: one exit code for "fix your input"
         raise
+    finally:
+        from expkit import distributed
+
+        distributed.shutdown()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from expkit.hooks.empty_cache import EmptyCacheHook
 from expkit.hooks.grad_norm import GradNormHook
 from expkit.hooks.invalid_loss import InvalidLossError, InvalidLossHook
 from expkit.hooks.iter_timer import IterTimerHook
+from expkit.hooks.log_predictions import LogPredictionsHook
 from expkit.hooks.logger import LoggerHook
 from expkit.hooks.memory_summary import MemorySummaryHook
 from expkit.hooks.model_complexity import ModelComplexityHook
@@ -37,6 +38,7 @@ __all__ = [
     "InvalidLossError",
     "InvalidLossHook",
     "IterTimerHook",
+    "LogPredictionsHook",
     "LoggerHook",
     "MemorySummaryHook",
     "ModelComplexityHook",
