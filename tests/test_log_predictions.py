@@ -27,7 +27,8 @@ def test_an_image_grid_of_validation_predictions_is_in_tensorboard_and_mlflow(tm
 
     work = tmp_path / "run"
     proc = run_cli(f"hydra.run.dir={work}", "hooks=[log_predictions]", "hooks.log_predictions.num_samples=12",
-                   "logger=[tensorboard,mlflow]", "trainer.max_epochs=2", cwd=tmp_path)  # fmt: skip
+                   "logger=[tensorboard,mlflow,wandb]", "logger.wandb.mode=offline", "trainer.max_epochs=2",
+                   cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.output[-3000:]
     assert "LogPredictionsHook:" not in proc.output and "Logging backend" not in proc.output  # no warning
     steps = [r["step"] for r in map(json.loads, (work / "metrics.jsonl").read_text().splitlines()) if "val/acc" in r]
@@ -46,6 +47,8 @@ def test_an_image_grid_of_validation_predictions_is_in_tensorboard_and_mlflow(tm
     (run,) = client.search_runs([client.get_experiment_by_name("expkit").experiment_id])
     logged = [a.path for a in client.list_artifacts(run.info.run_id, "images")]
     assert len(logged) >= len(steps)  # MLflow's log_image: one image (and its thumbnail files) per step
+    media = list((work / "wandb").glob("offline-run-*/files/media/images/val/predictions_*.png"))
+    assert len(media) == len(steps)  # wandb's Image, one per validation
 
 
 def test_a_regressor_gets_a_table_of_targets_and_predictions(tmp_path):
