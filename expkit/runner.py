@@ -687,7 +687,7 @@ class Runner:
                 sharding.save(path, checkpoint, self.model, optimizers, durable=durable)
             else:
                 checkpoint_io.save_atomic(checkpoint, path, durable=durable)
-        except (OSError, RuntimeError, _CheckpointException) as exc:  # disk full (torch's zip writer: RuntimeError; DCP: its own)
+        except (OSError, RuntimeError) as exc:  # disk full (torch's zip writer raises RuntimeError), permissions, ...
             cause = "no space left on the device" if _disk_full(exc) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
             kept = (f"the previous complete checkpoint {self.last_checkpoint} (and last_checkpoint) is intact"
                     if self.last_checkpoint else "no earlier checkpoint of this run exists")  # fmt: skip
@@ -845,18 +845,6 @@ def _check_fsdp(model: nn.Module, hooks: Mapping[str, Hook] | Sequence[Hook],
                           "expkit.build does it; from Python, call expkit.sharding.shard(model, blocks, device) first")  # fmt: skip
     named = list(hooks.items()) if isinstance(hooks, Mapping) else [(type(h).__name__, h) for h in hooks]
     sharding.check_hooks(dict(named, **(default_hooks or {})))
-
-
-def _checkpoint_exception() -> type[BaseException]:
-    """DCP's CheckpointException (a BaseException, so `except Exception` misses it)."""
-    try:
-        from torch.distributed.checkpoint.api import CheckpointException
-    except ImportError:  # a torch without torch.distributed
-        return OSError
-    return CheckpointException
-
-
-_CheckpointException = _checkpoint_exception()
 
 
 def _written_since(path: Path, since: float) -> bool:

@@ -168,9 +168,14 @@ def save(path: Path, state: dict[str, Any], model: nn.Module, optimizers: Mappin
     if distributed.is_main():
         shutil.rmtree(tmp, ignore_errors=True)
     distributed.barrier()
-    with warnings.catch_warnings():  # one process: "assuming the intent is to save in a single process", it is
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp, sync_files=durable))
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        with warnings.catch_warnings():  # one process: "assuming the intent is to save in a single process", it is
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp, sync_files=durable))
+    except CheckpointException as exc:  # a BaseException: as the error a failed write is elsewhere
+        raise RuntimeError(f"torch.distributed.checkpoint could not write {tmp}: {exc}") from exc
     error = None
     if distributed.is_main():
         try:
