@@ -97,10 +97,11 @@ class TrainLoop:
             self.step = runner.model.train_step if hasattr(runner.model, "train_step") else runner.train_step
         self.optimizers = Optimizers(runner.optimizers, runner.scaler, runner.settings.clip_grad_norm)
         self.only_optimizer = next(iter(runner.optimizers), "")  # the one the loop steps (not an owned update)
+        self.distributed = is_distributed()
 
     def done(self) -> bool:
         r = self.runner
-        if is_distributed():  # every rank stops after the same iteration (one 4-byte all-reduce on the CPU)
+        if self.distributed:  # every rank stops after the same iteration (one 4-byte all-reduce on the CPU)
             mine = STOP_NONE if r.stop_reason is None else STOP_SIGNAL if r.stop_signal is not None else STOP_REQUESTED
             agreed = agree_on_stop(mine)
             if agreed > mine:  # another rank stops: so does this one, the same way (a signal skips the test)

@@ -221,8 +221,8 @@ class LoggerHook(Hook):
             record.update(runner.extra_scalars)
             runner.extra_scalars.clear()
         self.write(record)
-        line = self._line(runner, record, batch_idx)
-        log.info(line, extra={"train_line": True})
+        if log.isEnabledFor(logging.INFO):  # (not formatted for nobody: a run from Python with logging off)
+            log.info(self._line(runner, record, batch_idx), extra={"train_line": True})
         if self._tty:
             self._draw_progress(runner, record, batch_idx)
 
