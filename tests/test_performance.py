@@ -247,7 +247,8 @@ def test_overhead_benchmark_runs(workload):
 @pytest.mark.slow
 @pytest.mark.parametrize(("script", "label"), [("benchmarks/startup.py", r"expkit\.train +min"),
                                                ("benchmarks/sweep_overhead.py", r"overhead per job"),
-                                               ("benchmarks/memory.py", r"ratio")])  # fmt: skip
+                                               ("benchmarks/memory.py", r"ratio"),
+                                               ("benchmarks/peers.py", r"\| expkit +\|")])  # fmt: skip
 def test_other_benchmarks_run(script, label):
     out = _bench(script)
     values = _ratios(out, label)

@@ -1,0 +1,223 @@
+"""Whole runs side by side: a raw PyTorch loop, expkit, Lightning and MMEngine on one workload.
+
+The peer workload: MLP 64-256-256-10 on scikit-learn's digits (1,257 training and 270
+validation images, the same split for everyone), batch 32, SGD (lr 0.1, momentum 0.9), 20
+epochs with a validation (loss and accuracy) after each, one torch thread, on the CPU. Each
+variant runs in its own fresh process; the time is the wall time of the run itself, after
+imports and set-up: the raw loop's loops, ``Runner.run()`` (expkit), ``trainer.fit()``
+(Lightning), ``runner.train()`` (MMEngine). Rounds are interleaved (every variant once per
+round, the order rotating) and the table gives every round, the minimum and the median, and
+each one's ratio to the raw loop (min/min and median/median).
+
+Each framework runs with its defaults, as a user gets them: a checkpoint every epoch and
+the training loss logged (expkit: metrics.jsonl every 10 iterations and the last/best
+checkpoints; Lightning: its checkpoint callback and default logger, progress bar and model
+summary off; MMEngine: its default hooks, checkpoint every epoch). The raw loop does the same
+work by hand: the mean loss every 10 iterations to a JSON-lines file and a checkpoint (model
+and optimizer) after every validation.
+
+    python benchmarks/peers.py [--rounds 7] [--epochs 20] [--quick]
+
+Lightning and MMEngine come from the optional ``bench`` extra
+(``.venv/bin/pip install -e '.[bench]' -c constraints.txt``); a missing one is skipped with
+that command printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _handwritten import MLP, READ_DIGITS
+
+COMMON = READ_DIGITS + f"""
+import json, sys, time
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+torch.set_num_threads(1)
+torch.manual_seed(0)
+EPOCHS, WORK = int(sys.argv[1]), sys.argv[2]
+order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+n_train, n_val = int(0.7 * len(y)), int(0.15 * len(y))
+train_set = TensorDataset(x[order[:n_train]], y[order[:n_train]])
+val_set = TensorDataset(x[order[n_train:n_train + n_val]], y[order[n_train:n_train + n_val]])
+train = DataLoader(train_set, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0))
+val = DataLoader(val_set, batch_size=32)
+def make_net():
+    return {MLP}
+def report(seconds, accuracy):
+    print(f"RESULT {{seconds}} {{accuracy}}", flush=True)
+"""
+
+RAW = COMMON + """
+model = make_net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+log = open(f"{WORK}/metrics.jsonl", "w")
+start, step, losses = time.perf_counter(), 0, []
+for epoch in range(EPOCHS):
+    model.train()
+    for xb, yb in train:
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach()); step += 1
+        if step % 10 == 0:
+            log.write(json.dumps({"step": step, "train/loss": torch.stack(losses).mean().item()}) + "\\n"); losses = []
+    model.eval()
+    correct, total, loss_sum = 0, 0, 0.0
+    with torch.no_grad():
+        for xb, yb in val:
+            logits = model(xb)
+            loss_sum += F.cross_entropy(logits, yb, reduction="sum").item()
+            correct += (logits.argmax(-1) == yb).sum().item(); total += len(yb)
+    log.write(json.dumps({"step": step, "val/loss": loss_sum / total, "val/acc": correct / total}) + "\\n"); log.flush()
+    torch.save({"state_dict": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch + 1}, f"{WORK}/epoch_{epoch + 1}.pth")
+report(time.perf_counter() - start, correct / total)
+"""
+
+EXPKIT = COMMON + """
+import logging
+logging.basicConfig(level=logging.WARNING)
+from expkit import Runner, TrainerSettings
+model = make_net()
+runner = Runner(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                train_loader=train, val_loader=val, work_dir=WORK,
+                settings=TrainerSettings(max_epochs=EPOCHS, device="cpu", seed=None))
+start = time.perf_counter()
+result = runner.run()
+report(time.perf_counter() - start, result["final_metrics"]["val/acc"])
+"""
+
+LIGHTNING = COMMON + """
+import logging, warnings
+warnings.filterwarnings("ignore")
+logging.getLogger("lightning").setLevel(logging.ERROR)
+logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+import lightning as L
+
+class Net(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = make_net()
+    def training_step(self, batch, batch_idx):
+        xb, yb = batch
+        loss = F.cross_entropy(self.net(xb), yb)
+        self.log("train/loss", loss)
+        return loss
+    def validation_step(self, batch, batch_idx):
+        xb, yb = batch
+        logits = self.net(xb)
+        self.log("val/loss", F.cross_entropy(logits, yb))
+        self.log("val/acc", (logits.argmax(-1) == yb).float().mean())
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+trainer = L.Trainer(max_epochs=EPOCHS, accelerator="cpu", devices=1, default_root_dir=WORK,
+                    enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=10)
+module = Net()
+start = time.perf_counter()
+trainer.fit(module, train, val)
+report(time.perf_counter() - start, float(trainer.callback_metrics["val/acc"]))
+"""
+
+MMENGINE = COMMON + """
+import logging, warnings
+warnings.filterwarnings("ignore")
+from mmengine.evaluator import BaseMetric
+from mmengine.model import BaseModel
+from mmengine.runner import Runner
+
+class Net(BaseModel):
+    def __init__(self):
+        super().__init__()
+        self.net = make_net()
+    def forward(self, inputs, labels, mode="tensor"):
+        logits = self.net(inputs)
+        if mode == "loss":
+            return {"loss": F.cross_entropy(logits, labels)}
+        if mode == "predict":
+            return [(logits, labels)]
+        return logits
+
+class Accuracy(BaseMetric):
+    def process(self, data_batch, data_samples):
+        for logits, labels in data_samples:
+            self.results.append(((logits.argmax(-1) == labels).sum().item(), len(labels)))
+    def compute_metrics(self, results):
+        return {"acc": sum(r[0] for r in results) / sum(r[1] for r in results)}
+
+runner = Runner(model=Net(), work_dir=WORK, train_dataloader=train, val_dataloader=val, val_evaluator=[Accuracy()],
+                train_cfg=dict(by_epoch=True, max_epochs=EPOCHS, val_interval=1), val_cfg=dict(),
+                optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9)),
+                default_hooks=dict(checkpoint=dict(type="CheckpointHook", interval=1)),
+                log_level="WARNING")
+start = time.perf_counter()
+runner.train()
+report(time.perf_counter() - start, runner.message_hub.get_scalar("val/acc").current()
+       if "val/acc" in runner.message_hub.log_scalars else float("nan"))
+"""
+
+VARIANTS = {"raw loop": (RAW, None), "expkit": (EXPKIT, None), "Lightning": (LIGHTNING, "lightning"),
+            "MMEngine": (MMENGINE, "mmengine")}  # fmt: skip
+INSTALL = ".venv/bin/pip install -e '.[bench]' -c constraints.txt"
+
+
+def run_once(code: str, epochs: int, tmp: Path) -> tuple[float, float]:
+    work = Path(tempfile.mkdtemp(dir=tmp))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
+    out = subprocess.run([sys.executable, "-c", code, str(epochs), str(work)], capture_output=True, text=True,
+                         env=env, cwd=work, timeout=900)  # fmt: skip
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if out.returncode != 0 or line is None:
+        raise RuntimeError(f"exit {out.returncode}: {out.stderr[-2000:]}")
+    _, seconds, accuracy = line.split()
+    return float(seconds), float(accuracy)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="1 round of 2 epochs: checks the script runs (CI)")
+    args = parser.parse_args()
+    rounds, epochs = (1, 2) if args.quick else (args.rounds, args.epochs)
+    variants = {}
+    for name, (code, module) in VARIANTS.items():
+        if module is not None and importlib.util.find_spec(module) is None:
+            print(f"{name}: not installed, skipped; install it with: {INSTALL}")
+            continue
+        variants[name] = code
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    accuracy: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        names = list(variants)
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[: r % len(names)]:  # the order rotates: no order bias
+                seconds, accuracy[name] = run_once(variants[name], epochs, tmp)
+                times[name].append(seconds)
+    print(f"peer workload: MLP 64-256-256-10, digits, batch 32, SGD, {epochs} epochs with validation, 1 thread, CPU; "
+          f"{rounds} interleaved rounds, each variant its own process")  # fmt: skip
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
+          f"{platform.python_version()}; {time.strftime('%Y-%m-%d')}")  # fmt: skip
+    raw_min, raw_median = min(times["raw loop"]), statistics.median(times["raw loop"])
+    print(f"| {'variant':<10} | {'min s':>6} | {'median s':>8} | {'x raw (min/min)':>15} | {'x raw (median)':>14} "
+          f"| val/acc | every round (s) |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for name, values in times.items():
+        low, median = min(values), statistics.median(values)
+        print(f"| {name:<10} | {low:6.2f} | {median:8.2f} | {low / raw_min:15.2f} | {median / raw_median:14.2f} "
+              f"| {accuracy[name]:.3f} | {' '.join(f'{v:.2f}' for v in values)} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
