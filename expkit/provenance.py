@@ -30,14 +30,16 @@ def _git(args: list[str], cwd: Path) -> str | None:
 
 def git_state(cwd: Path) -> dict[str, Any]:
     """Commit, branch and dirtiness of the repository that holds `cwd` (the user's project)."""
-    commit = _git(["rev-parse", "HEAD"], cwd)
-    if commit is None:
+    heads = _git(["rev-parse", "HEAD", "--show-toplevel", "--abbrev-ref", "HEAD"], cwd)  # one process, not three
+    lines = (heads or "").splitlines()
+    if len(lines) != 3:
         return {"repository": None}
+    commit, repository, branch = (line.strip() for line in lines)
     status = _git(["status", "--porcelain"], cwd) or ""
     return {
-        "repository": (_git(["rev-parse", "--show-toplevel"], cwd) or "").strip(),
-        "commit": commit.strip(),
-        "branch": (_git(["rev-parse", "--abbrev-ref", "HEAD"], cwd) or "").strip(),
+        "repository": repository,
+        "commit": commit,
+        "branch": branch,
         "dirty": bool(status.strip()),
         "changed_files": [line[3:] for line in status.splitlines()],
     }
