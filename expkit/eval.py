@@ -23,12 +23,13 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import hydra
 import torch
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -37,7 +38,7 @@ from expkit.errors import ConfigError, ExpkitError
 from expkit.trust import TrustPolicy
 
 log = logging.getLogger("expkit")
-OPTIONS = ("checkpoint", "which", "split", "ema", "logger", "work_dir", "trusted_targets")
+OPTIONS = ("checkpoint", "which", "split", "ema", "logger", "trusted_targets", "overrides")  # eval.yaml's keys
 
 
 def resolve_checkpoint(source: str | Path, which: str = "best") -> Path:
@@ -82,7 +83,8 @@ def stored_config(checkpoint: dict[str, Any], source: Path, overrides: Sequence[
         plain = OmegaConf.to_container(merged, resolve=True)  # no ${...} left to smuggle a target in later
     except OmegaConfBaseException as exc:
         first = str(exc.msg).strip().splitlines()[0]
-        if exc.full_key and any(o.split("=", 1)[0].lstrip("+~") == exc.full_key for o in overrides):
+        named = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+        if exc.full_key and any(k == exc.full_key or k.startswith(exc.full_key + ".") for k in named):
             raise ConfigError(f"{exc.full_key}: not a key of the stored config ({first}); the stored config is in "
                               "the run's .hydra/config.yaml") from None  # fmt: skip
         raise ConfigError(f"{source}: its stored config does not load ({exc.full_key}: {first})") from None
@@ -141,93 +143,124 @@ def load_model(source: str | Path, *, ema: bool = False, which: str = "best", de
     return _restore(source, which, ema, list(overrides), trust)[3].to(device).eval()
 
 
-def _list_value(value: str) -> list[str]:
-    """`[a,b]`, `a,b` or `a` -> the names."""
-    return [n.strip().strip("'\"") for n in value.strip().strip("[]").split(",") if n.strip()]
-
-
-def evaluate(args: dict[str, str], overrides: list[str], config_dirs: Sequence[str | Path] = ()) -> dict[str, Any]:
+def evaluate(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = ()) -> dict[str, Any]:
+    """Evaluate ``cfg.checkpoint`` (eval.yaml's settings) into `work_dir`; returns result.json's content."""
     from expkit import Runner, default_hooks
     from expkit.build import _build_loggers, build_metrics, build_trainer_settings, instantiate_node
 
-    if "checkpoint" not in args:
-        raise ConfigError("give checkpoint=<.pth file or run dir>")
-    split = args.get("split", "test")
+    if OmegaConf.is_missing(cfg, "checkpoint"):
+        raise ConfigError("give checkpoint=<.pth file, .dcp dir or run dir>")
+    split = str(cfg.split)
     if split not in ("test", "val", "both"):
         raise ConfigError(f"split={split}: use split=test, split=val or split=both")
-    ema = args.get("ema", "false").lower() == "true"
-    trust = TrustPolicy(_list_value(args.get("trusted_targets", "")), config_dirs)
-    path, cfg, (_, val_loader, test_loader), model = _restore(args["checkpoint"], args.get("which", "best"), ema,
-                                                            overrides, trust)  # fmt: skip
-    settings = build_trainer_settings(cfg)
-    loggers = {}
-    if args.get("logger"):
-        from expkit.train import CONF_DIR
-
-        names = _list_value(args["logger"])
-        nodes = {}
-        for name in names:
-            file = CONF_DIR / "logger" / f"{name}.yaml"
-            if not file.is_file():
-                available = ", ".join(sorted(p.stem for p in (CONF_DIR / "logger").glob("*.yaml")))
-                raise ConfigError(f"logger={name}: no such backend; available: {available}")
-            nodes.update(OmegaConf.load(file))
-        loggers = _build_loggers(OmegaConf.create(nodes), "logger")
-    work_dir = Path(args.get("work_dir") or f"outputs/evals/{time.strftime('%Y-%m-%d_%H-%M-%S')}_{time.time_ns() % 10**6:06d}")
+    overrides = [str(o) for o in cfg.overrides or []]
+    trust = TrustPolicy([str(t) for t in cfg.trusted_targets or []], config_dirs)
+    path, stored, (_, val_loader, test_loader), model = _restore(cfg.checkpoint, str(cfg.which), bool(cfg.ema),
+                                                               overrides, trust)  # fmt: skip
+    settings = build_trainer_settings(stored)
+    if split in ("test", "both") and test_loader is None:
+        raise ConfigError("split=test but the data has no test set (data.test_fraction=0?); use split=val")
+    monitor = str(stored.get("monitor") or "val/acc")  # ranks a sweep of evaluations, on the split evaluated
+    if split == "test":
+        monitor = "test/" + monitor.partition("/")[2]
+    command = " ".join(["python -m expkit.eval", *sys.argv[1:]])
     runner = Runner(
         model=model,
         optimizer=None,
         train_loader=None,
         val_loader=val_loader if split in ("val", "both") else None,
         test_loader=test_loader if split in ("test", "both") else None,
-        criterion=instantiate_node(cfg.criterion, "criterion"),
-        metrics=build_metrics(cfg.metrics),
+        criterion=instantiate_node(stored.criterion, "criterion"),
+        metrics=build_metrics(stored.metrics),
+        monitor=monitor,
         settings=settings,
         default_hooks=default_hooks(timer=None, sampler_seed=None, param_scheduler=None, checkpoint=None),
-        loggers=loggers,
+        loggers=_build_loggers(cfg.get("logger"), "logger"),
         work_dir=work_dir,
-        config=OmegaConf.to_container(cfg, resolve=True),  # type: ignore[arg-type]
-        run_info={"checkpoint": str(path.resolve()), "ema": args.get("ema", "false"), "overrides": overrides,
-                  "command": " ".join(["python -m expkit.eval", *sys.argv[1:]])},  # fmt: skip
+        config=OmegaConf.to_container(stored, resolve=True),  # type: ignore[arg-type]
+        run_info={"checkpoint": str(path.resolve()), "ema": bool(cfg.ema), "split": split, "overrides": overrides,
+                  "evaluation": True, "command": command},  # fmt: skip
     )
-    if split in ("test", "both") and test_loader is None:
-        raise ConfigError("split=test but the data has no test set (data.test_fraction=0?); use split=val")
     from expkit.ownership import WorkDirLock
 
-    with WorkDirLock(work_dir, runner.run_info["command"]):  # one writer per work dir (exit 2 when taken)
+    with WorkDirLock(work_dir, command):  # one writer per work dir (exit 2 when taken)
         return runner.run()
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
-        return 0
+_STARTED = False
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="eval")
+def run(cfg: DictConfig) -> float | None:
+    """Hydra's task function: evaluates one checkpoint; returns the monitored value (sweeps)."""
+    from hydra.core.hydra_config import HydraConfig
+
     from expkit.train import config_dirs_of
 
-    config_dirs = config_dirs_of(argv)[1:]
-    args, overrides = {}, []
-    flags = [i for i, a in enumerate(argv) if a.split("=", 1)[0] in ("--config-dir", "-cd")]
-    skip = {i + 1 for i in flags if "=" not in argv[i]} | set(flags)
-    for item in (a for i, a in enumerate(argv) if i not in skip):
-        key, sep, value = item.partition("=")
-        if not sep:
-            print(f"Error: {item!r} is not key=value; see python -m expkit.eval --help", file=sys.stderr)
-            return 2
-        if key in OPTIONS:
-            args[key] = value
-        else:
-            overrides.append(item)
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    global _STARTED
+    _STARTED = True
+    work_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        result = evaluate(args, overrides, config_dirs)
+        result = evaluate(cfg, work_dir, config_dirs_of(sys.argv[1:])[1:])
     except ExpkitError as exc:
         print(f"Error: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
+        if HydraConfig.get().mode == RunMode.MULTIRUN:  # one bad checkpoint of several: recorded, the others go on
+            if not (work_dir / "result.json").is_file():
+                checkpoint_io.write_json_atomic(work_dir / "result.json", {
+                    "status": "failed", "error": str(exc), "work_dir": str(work_dir.resolve()), "evaluation": True})  # fmt: skip
+            return None
+        sys.exit(2 if isinstance(exc, ConfigError) else 1)
     log.info("Evaluated %s: %s", result["checkpoint"], json.dumps(result["final_metrics"]))
     log.info("Work dir: %s", result["work_dir"])
-    return 0
+    value = result["final_metrics"].get(result.get("monitor") or "")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def hydra_argv(argv: list[str]) -> list[str]:
+    """The command line as Hydra takes it. ``work_dir=DIR`` is ``hydra.run.dir=DIR``, and any
+    ``key=value`` that is not one of eval.yaml's settings overrides the checkpoint's stored
+    config: it goes into ``overrides=[...]``, so ``data.batch_size=256`` works as before."""
+    out, stored, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        key, sep, value = arg.partition("=")
+        root = key.lstrip("+~").split(".", 1)[0]
+        if arg.startswith("-") or not sep:  # a flag (--config-dir DIR takes the next word along)
+            out.append(arg)
+            if arg in ("--config-dir", "-cd", "--config-name", "-cn", "--config-path", "-cp", "--cfg", "-c",
+                       "--package", "-p", "--info", "-i") and i + 1 < len(argv):  # fmt: skip
+                out.append(argv[i + 1])
+                i += 1
+        elif key == "work_dir":
+            out.append(f"hydra.run.dir={value}")
+        elif root in OPTIONS or root.startswith("hydra"):
+            out.append(arg)
+        else:
+            stored.append(arg)
+        i += 1
+    if stored:
+        quoted = ",".join("'" + a.replace("\\", "\\\\").replace("'", "\\'") + "'" for a in stored)
+        explicit = next((j for j, a in enumerate(out) if a.startswith("overrides=")), None)
+        if explicit is None:
+            out.append(f"overrides=[{quoted}]")
+        else:  # an explicit overrides=[...] too: one list
+            inner = out[explicit].split("=", 1)[1].strip()
+            inner = inner[1:-1] if inner.startswith("[") and inner.endswith("]") else inner
+            out[explicit] = f"overrides=[{inner + ',' if inner else ''}{quoted}]"
+    return out
+
+
+def main() -> None:
+    from expkit.train import flags_first
+
+    sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:]))  # (Hydra's parser takes flags before overrides)
+    try:
+        run()
+    except SystemExit as exc:
+        if exc.code == 1 and not _STARTED:  # Hydra's own errors (a missing key, an unknown one): fix the input
+            sys.exit(2)
+        raise
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -100,6 +100,8 @@ def job_row(work_dir: Path) -> dict[str, Any] | None:
     row["curve"] = curve
     if result is not None:
         best = (result.get("best_metrics") or {}).get(monitor) or {}
+        if not best and result.get("evaluation"):  # an evaluation (expkit.eval -m): its value is its result
+            best = {"value": (result.get("final_metrics") or {}).get(monitor)}
         row.update(
             status=result.get("status"),
             best=best.get("value"),

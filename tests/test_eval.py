@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,3 +96,33 @@ def test_two_seeded_deterministic_runs_are_identical(tmp_path):
     build_runner(_compose(*overrides[:1], "trainer.seed=8", *overrides[2:]), tmp_path / "c").run()
     assert values(tmp_path / "c") != values(tmp_path / "a")  # the seed matters
     assert not torch.are_deterministic_algorithms_enabled()  # restored after each run
+
+
+def test_eval_is_a_hydra_app_with_hydras_habits(tmp_path):
+    """hydra.run.dir, --help, --cfg job, and -m over several checkpoints with a summary."""
+    for name, epochs in (("a", 1), ("b", 2)):
+        proc = run_cli(f"hydra.run.dir={tmp_path / name}", f"trainer.max_epochs={epochs}", "default_hooks.logger.plot=false")
+        assert proc.returncode == 0, proc.output[-2000:]
+    proc = _eval(f"checkpoint={tmp_path / 'a'}", f"hydra.run.dir={tmp_path / 'eval'}", "data.batch_size=64")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "eval" / "result.json").read_text())
+    assert result["status"] == "completed" and result["overrides"] == ["data.batch_size=64"]
+    assert (tmp_path / "eval" / ".hydra" / "config.yaml").is_file()
+
+    helped = _eval("--help")
+    assert helped.returncode == 0 and "python -m expkit.eval checkpoint=" in helped.stdout and "split: test" in helped.stdout
+    shown = _eval(f"checkpoint={tmp_path / 'a'}", "split=val", "--cfg", "job")
+    assert shown.returncode == 0 and "split: val" in shown.stdout and "checkpoint:" in shown.stdout
+
+    sweep = tmp_path / "evals"
+    proc = _eval("-m", f"checkpoint={tmp_path / 'a'},{tmp_path / 'b'}", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))
+    scores = {Path(json.loads((sweep / r["job"] / "result.json").read_text())["checkpoint"]).parts[-3]:
+              float(r["best"]) for r in rows}  # fmt: skip
+    assert sorted(scores) == ["a", "b"] and all(r["monitor"] == "test/acc" for r in rows)
+    assert float(rows[0]["best"]) >= float(rows[1]["best"])  # best first
+    assert json.loads((sweep / "best.json").read_text())["value"] == max(scores.values())
+
+    proc = _eval(f"checkpoint={tmp_path / 'a'}", "nosuchkey.x=1")
+    assert proc.returncode == 2 and "nosuchkey: not a key of the stored config" in proc.stderr
