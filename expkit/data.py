@@ -113,8 +113,11 @@ class DataModule:
     # -- prediction on new data (python -m expkit.predict): the transforms training used ----------
     def predict_input(self, raw: torch.Tensor) -> torch.Tensor:
         """A batch of new inputs as users hold them (rows of a .npy/.pt file or a CSV, in the
-        dataset's own units) -> what the model takes. Default: as floats, unchanged."""
-        return raw.float()
+        dataset's own units) -> what the model takes. Default: 8-bit images scaled to [0, 1]
+        (as ToTensor does), other floats unchanged, integers (token ids) kept as they are."""
+        if raw.dtype == torch.uint8:
+            return raw.float() / 255
+        return raw.float() if raw.is_floating_point() else raw
 
     def predict_image(self, image: Any) -> torch.Tensor:
         """A PIL image -> one input, as this data's images reach the model: ``in_channels``

@@ -123,8 +123,11 @@ def agree_on_stop(code: int) -> int:
     """The strongest stop any rank has (STOP_SIGNAL > STOP_REQUESTED > STOP_NONE), on every
     rank: ranks stop after the same iteration (a stop taken alone would leave the others in
     a collective: FSDP's gather, DDP's all-reduce, the checkpoint's save)."""
+    global _CONTROL
     if not is_distributed():
         return code
+    if _CONTROL is None and dist.get_backend() == "nccl":  # a group the user's code joined: its gloo side group now
+        _CONTROL = dist.new_group(backend="gloo")  # (every rank gets here at the same first check)
     flag = torch.tensor([code], dtype=torch.int32)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_CONTROL)
     return int(flag)

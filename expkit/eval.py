@@ -153,7 +153,7 @@ def evaluate(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] 
     split = str(cfg.split)
     if split not in ("test", "val", "both"):
         raise ConfigError(f"split={split}: use split=test, split=val or split=both")
-    overrides = [str(o) for o in cfg.overrides or []]
+    overrides = stored_overrides(cfg)
     trust = TrustPolicy([str(t) for t in cfg.trusted_targets or []], config_dirs)
     path, stored, (_, val_loader, test_loader), model = _restore(cfg.checkpoint, str(cfg.which), bool(cfg.ema),
                                                                overrides, trust)  # fmt: skip
@@ -216,7 +216,21 @@ def run(cfg: DictConfig) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def hydra_argv(argv: list[str]) -> list[str]:
+def stored_overrides(cfg: DictConfig) -> list[str]:
+    """``overrides=[...]`` as written: ``${...}`` in them is for the stored config, not this one."""
+    return [str(o) for o in OmegaConf.to_container(cfg.overrides, resolve=False) or []]  # type: ignore[union-attr]
+
+
+def _quoted(arg: str) -> str:
+    """`arg` as an element of a Hydra list: single-quoted; a quote, and the backslashes before
+    a quote or at the end, escaped (Hydra unescapes only those)."""
+    import re
+
+    escaped = re.sub(r"\\+(?='|$)", lambda m: m.group(0) * 2, arg).replace("'", "\\'")
+    return f"'{escaped}'"
+
+
+def hydra_argv(argv: list[str], options: Sequence[str] = OPTIONS) -> list[str]:
     """The command line as Hydra takes it. ``work_dir=DIR`` is ``hydra.run.dir=DIR``, and any
     ``key=value`` that is not one of eval.yaml's settings overrides the checkpoint's stored
     config: it goes into ``overrides=[...]``, so ``data.batch_size=256`` works as before."""
@@ -233,13 +247,13 @@ def hydra_argv(argv: list[str]) -> list[str]:
                 i += 1
         elif key == "work_dir":
             out.append(f"hydra.run.dir={value}")
-        elif root in OPTIONS or root.startswith("hydra"):
+        elif root in options or root.startswith("hydra"):
             out.append(arg)
         else:
             stored.append(arg)
         i += 1
     if stored:
-        quoted = ",".join("'" + a.replace("\\", "\\\\").replace("'", "\\'") + "'" for a in stored)
+        quoted = ",".join(_quoted(a) for a in stored)
         explicit = next((j for j, a in enumerate(out) if a.startswith("overrides=")), None)
         if explicit is None:
             out.append(f"overrides=[{quoted}]")

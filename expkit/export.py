@@ -61,7 +61,7 @@ def export(cfg: DictConfig, work_dir: Path) -> dict[str, Any]:
     """Export the checkpoint `cfg.checkpoint` as `cfg.format`; returns the JSON written beside it."""
     import torch
 
-    from expkit.eval import _restore, _weights
+    from expkit.eval import _restore, _weights, stored_overrides
     from expkit.trust import TrustPolicy
 
     if OmegaConf.is_missing(cfg, "checkpoint"):
@@ -70,7 +70,7 @@ def export(cfg: DictConfig, work_dir: Path) -> dict[str, Any]:
     if fmt not in SUFFIX:
         raise ConfigError(f"format={fmt}: use format=safetensors, format=onnx, format=torch_export or format=pth")
     trust = TrustPolicy(list(cfg.trusted_targets or []))
-    path, stored, loaders, model = _restore(cfg.checkpoint, str(cfg.which), bool(cfg.ema), list(cfg.overrides or []),
+    path, stored, loaders, model = _restore(cfg.checkpoint, str(cfg.which), bool(cfg.ema), stored_overrides(cfg),
                                             trust)  # fmt: skip
     model.eval()
     out = Path(cfg.out) if cfg.out else work_dir / f"model{SUFFIX[fmt]}"
@@ -137,7 +137,14 @@ def run(cfg: DictConfig) -> None:
         sys.exit(2 if isinstance(exc, ConfigError) else 1)
 
 
+OPTIONS = ("checkpoint", "format", "which", "ema", "out", "trusted_targets", "overrides", "opset")  # the yaml's keys; any other key=value overrides the stored config
+
+
 def main() -> None:
+    from expkit.eval import hydra_argv
+    from expkit.train import flags_first
+
+    sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:], OPTIONS))  # data.batch_size=8 means overrides=[...]
     try:
         run()
     except SystemExit as exc:

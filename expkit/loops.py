@@ -104,11 +104,13 @@ class TrainLoop:
         if self.distributed:  # every rank stops after the same iteration (one 4-byte all-reduce on the CPU)
             mine = STOP_NONE if r.stop_reason is None else STOP_SIGNAL if r.stop_signal is not None else STOP_REQUESTED
             agreed = agree_on_stop(mine)
-            if agreed > mine:  # another rank stops: so does this one, the same way (a signal skips the test)
-                if agreed == STOP_SIGNAL:
-                    r.stop_signal = r.stop_signal or signal.SIGTERM
-                r.request_stop("a stop on another rank")
-        if r.stop_reason is not None:
+            if agreed == STOP_SIGNAL and r.stop_signal is None:  # a signal on another rank: skip the test too
+                r.stop_signal = signal.SIGTERM
+            if agreed != STOP_NONE:
+                r.request_stop("a stop on another rank")  # (a no-op when this rank asked first)
+                return True
+            # decided by the agreed value only: a signal that lands after the all-reduce waits for the next one
+        elif r.stop_reason is not None:
             return True
         if self.settings.max_iters is not None:
             return r.iter >= self.settings.max_iters

@@ -67,14 +67,17 @@ class MLflowBackend(Backend):
 
         from mlflow.tracking import MlflowClient
 
-        uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+        id_file = runner.work_dir / "mlflow" / self.ID_FILE
+        uri_file = id_file.with_name("tracking_uri")  # the store the run lives in, read again by a resume
+        resuming = bool(runner.resume_from) and id_file.is_file()
+        saved = uri_file.read_text().strip() if resuming and uri_file.is_file() else None
+        uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or saved or default_tracking_uri()
         if uri.startswith("sqlite:///"):
             Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=uri)
         sweep = runner.run_info.get("sweep_dir_name")
         experiment_id = self._experiment(f"{self.experiment}/{sweep}" if sweep else self.experiment, uri)
-        id_file = runner.work_dir / "mlflow" / self.ID_FILE
-        if runner.resume_from and id_file.is_file():  # continue this run's own MLflow run
+        if resuming:  # continue this run's own MLflow run
             self.run_id = id_file.read_text().strip()
             self.client.update_run(self.run_id, status="RUNNING")
             return
@@ -86,6 +89,7 @@ class MLflowBackend(Backend):
                                      tags=tags)  # fmt: skip
         self.run_id = run.info.run_id
         write_text_atomic(id_file, self.run_id + "\n")
+        write_text_atomic(uri_file, uri + "\n")
         from mlflow.entities import Param
 
         params = [Param(k, v) for k, v in flatten(runner.config or {}).items()]

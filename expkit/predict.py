@@ -112,7 +112,7 @@ def _batches(x: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
 
 def predict(cfg: DictConfig, work_dir: Path) -> dict[str, Any]:
     """Predict `cfg.input` with `cfg.checkpoint`'s model; write `cfg.output`; returns a summary."""
-    from expkit.eval import restore
+    from expkit.eval import restore, stored_overrides
     from expkit.export import example_input
     from expkit.trust import TrustPolicy
 
@@ -127,7 +127,7 @@ def predict(cfg: DictConfig, work_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"top_k must be a positive integer, got {cfg.top_k!r}")
     trust = TrustPolicy(list(cfg.trusted_targets or []))
     path, stored, loaders, model, data = restore(cfg.checkpoint, str(cfg.which), bool(cfg.ema),
-                                                 list(cfg.overrides or []), trust)  # fmt: skip
+                                                 stored_overrides(cfg), trust)  # fmt: skip
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device)
     model = model.to(device).eval()
     names, x = read_inputs(Path(cfg.input), data)
@@ -136,19 +136,27 @@ def predict(cfg: DictConfig, work_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"input={cfg.input}: inputs of shape {tuple(x.shape[1:])}, but the model takes "
                           f"{expected} (as its data, {stored.data._target_.rsplit('.', 1)[-1]}, gives them)")  # fmt: skip
     outputs = []
-    with torch.no_grad():
-        for batch in _batches(x, int(cfg.batch_size)):
-            outputs.append(model(batch.to(device)).float().cpu())
+    try:
+        with torch.no_grad():
+            for batch in _batches(x, int(cfg.batch_size)):
+                outputs.append(model(batch.to(device)).float().cpu())
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # inputs the model cannot take
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"input={cfg.input}: the model cannot take these inputs ({x.dtype}, shape "
+                          f"{tuple(x.shape[1:])}): {first}") from None  # fmt: skip
     y = torch.cat(outputs)
     classes = data.class_names()
-    rows = _rows(names, y, data, classes, int(cfg.top_k))
+    num_classes = getattr(model, "data_description", {}).get("num_classes")
+    classifier = y.dim() == 2 and y.shape[1] > 1 and (bool(classes) or num_classes == y.shape[1])
+    rows = _rows(names, y, data, classes if classifier else None, int(cfg.top_k), classifier)
     _write(output, rows)
     log.info("Predicted %d inputs of %s with %s: %s", len(rows), cfg.input, path, output)
     return {"checkpoint": str(path), "output": str(output), "rows": len(rows)}
 
 
-def _rows(names: list[str], y: torch.Tensor, data: Any, classes: list[str] | None, top_k: int) -> list[dict[str, Any]]:
-    if y.dim() == 2 and y.shape[1] > 1:  # a classifier: logits over classes
+def _rows(names: list[str], y: torch.Tensor, data: Any, classes: list[str] | None, top_k: int,
+          classifier: bool) -> list[dict[str, Any]]:  # fmt: skip
+    if classifier:  # logits over the data's classes
         probabilities = y.softmax(dim=1)
         k = min(top_k, y.shape[1])
         top = probabilities.topk(k, dim=1)
@@ -164,8 +172,11 @@ def _rows(names: list[str], y: torch.Tensor, data: Any, classes: list[str] | Non
     if y.dim() == 1 or (y.dim() == 2 and y.shape[1] == 1):  # a regressor: one value each
         values = data.predict_output(y.reshape(-1))
         return [{"input": name, "value": float(v)} for name, v in zip(names, values)]
+    if y.dim() == 2:  # several values each (a multi-output regressor, an embedding)
+        values = data.predict_output(y)
+        return [{"input": name, "value": [round(float(v), 7) for v in row]} for name, row in zip(names, values)]
     raise ConfigError(f"the model outputs shape {tuple(y.shape[1:])} per input; predict writes classifiers' classes "
-                      "(N x classes) and regressors' values (N or N x 1)")  # fmt: skip
+                      "(N x classes) and values (N, or N x k)")  # fmt: skip
 
 
 def _write(output: Path, rows: list[dict[str, Any]]) -> None:
@@ -207,7 +218,14 @@ def run(cfg: DictConfig) -> None:
         sys.exit(2 if isinstance(exc, ConfigError) else 1)
 
 
+OPTIONS = ("checkpoint", "input", "output", "which", "ema", "top_k", "batch_size", "device", "trusted_targets", "overrides")  # the yaml's keys; any other key=value overrides the stored config
+
+
 def main() -> None:
+    from expkit.eval import hydra_argv
+    from expkit.train import flags_first
+
+    sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:], OPTIONS))  # data.batch_size=8 means overrides=[...]
     try:
         run()
     except SystemExit as exc:

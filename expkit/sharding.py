@@ -183,7 +183,7 @@ def save(path: Path, state: dict[str, Any], model: nn.Module, optimizers: Mappin
                                                             "world_size": distributed.rank_and_world()[1]}},
                                       tmp / STATE_FILE, durable=durable)  # fmt: skip
             _replace_dir(tmp, path)
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever stops rank 0 (disk, an unpicklable hook state) stops all
             error = exc
     # no rank goes on (and may read it) before it has its name; a failure on rank 0 fails all
     failed = distributed.broadcast_object(None if error is None else f"{type(error).__name__}: {error}")

@@ -638,9 +638,12 @@ def main() -> None:
             sys.exit(2)  # are the user's to fix, like expkit's: one exit code for "fix your input"
         raise
     finally:
+        import gc
+
         from expkit import distributed
 
         distributed.shutdown()
+        gc.unfreeze()  # a process that calls main() again (a test, a driver script) collects this run's objects
 
 
 if __name__ == "__main__":

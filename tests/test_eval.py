@@ -126,3 +126,17 @@ def test_eval_is_a_hydra_app_with_hydras_habits(tmp_path):
 
     proc = _eval(f"checkpoint={tmp_path / 'a'}", "nosuchkey.x=1")
     assert proc.returncode == 2 and "nosuchkey: not a key of the stored config" in proc.stderr
+
+
+def test_hydra_argv_moves_stored_config_overrides_into_one_quoted_list_hydra_parses():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from expkit.eval import hydra_argv
+
+    argv = ["checkpoint=run", "--config-dir", "conf", "work_dir=out", "data.batch_size=256", "logger=[tensorboard]",
+            "model.hidden=${data.size}", "data.root=C:\\x\\", "data.name=it's"]  # fmt: skip
+    out = hydra_argv(argv)
+    assert out[:5] == ["checkpoint=run", "--config-dir", "conf", "hydra.run.dir=out", "logger=[tensorboard]"]
+    (parsed,) = OverridesParser.create().parse_overrides([out[-1]])
+    assert parsed.key_or_group == "overrides"
+    assert parsed.value() == ["data.batch_size=256", "model.hidden=${data.size}", "data.root=C:\\x\\", "data.name=it's"]

@@ -131,3 +131,15 @@ def test_bad_input_is_a_clear_error_naming_it(digits_run, tmp_path, make, messag
     proc = _predict(tmp_path, f"checkpoint={digits_run}", f"input={source}")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    (torch.tensor([[0, 255]], dtype=torch.uint8), torch.tensor([[0.0, 1.0]])),  # 8-bit images: as ToTensor scales them
+    (torch.tensor([[3, 7]]), torch.tensor([[3, 7]])),  # token ids stay integers
+    (torch.tensor([[0.5, 2.0]], dtype=torch.float64), torch.tensor([[0.5, 2.0]])),
+])  # fmt: skip
+def test_the_default_input_transform_scales_bytes_and_keeps_integers(raw, expected):
+    from expkit.data import DataModule
+
+    out = DataModule().predict_input(raw)
+    assert out.dtype == expected.dtype and torch.equal(out, expected)

@@ -86,11 +86,18 @@ class LogPredictionsHook(Hook):
         if not runner.is_main:
             return
         inputs, targets = batch
-        predictions = _predictions(outputs)
-        if inputs.dim() == 4 and inputs.shape[1] in (1, 3) and predictions.dim() == 1 and not predictions.is_floating_point():
-            self._send(runner, "image", _grid(inputs, predictions, targets, self.tile))
-        else:
-            self._send(runner, "table", _table(predictions, targets))
+        try:  # (rank 0 alone from here: a failure must not end the run, nor leave the other ranks waiting)
+            predictions = _predictions(outputs)
+            if inputs.dim() == 4 and inputs.shape[1] in (1, 3) and predictions.dim() == 1 \
+                    and not predictions.is_floating_point():  # fmt: skip
+                self._send(runner, "image", _grid(inputs, predictions, targets, self.tile))
+            else:
+                self._send(runner, "table", _table(predictions, targets))
+        except Exception as exc:  # noqa: BLE001 - e.g. a model whose eval_step returns neither preds nor logits
+            if "predictions" not in self._warned:
+                self._warned.add("predictions")
+                log.warning("LogPredictionsHook: cannot show this model's predictions (%s: %s); nothing logged",
+                            type(exc).__name__, exc)  # fmt: skip
 
     def _send(self, runner: Runner, kind: str, content: Any) -> None:
         tag, step = "val/predictions", runner.iter
