@@ -55,8 +55,8 @@ def test_sorting_priorities_ties_and_defaults_first(tmp_path):
     names = runner.hook_names()
     # defaults register first: NORMAL customs run after timer and sampler_seed (both NORMAL)
     assert names == [
-        "runtime_info", "Recorder_3", "timer", "sampler_seed", "Recorder_2", "Recorder_4",
-        "Recorder_5", "logger", "param_scheduler", "Recorder", "checkpoint",
+        "runtime_info", "RecordingHook_3", "timer", "sampler_seed", "RecordingHook_2", "RecordingHook_4",
+        "RecordingHook_5", "logger", "param_scheduler", "RecordingHook", "checkpoint",
     ]  # fmt: skip
     runner.call_hook(Stage.BEFORE_RUN)
     assert log == [f"{n}.before_run" for n in ("high", "n1", "n2", "p55", "low")]
