@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -264,16 +264,23 @@ def hydra_argv(argv: list[str], options: Sequence[str] = OPTIONS) -> list[str]:
     return out
 
 
-def main() -> None:
+def command_main(run: Callable[[], Any], options: Sequence[str], started: Callable[[], bool]) -> None:
+    """The entry point of a command over a checkpoint (eval, predict, export): the command line
+    made Hydra's (``hydra_argv``, flags first), then the Hydra app `run`. Hydra's own errors
+    before the task `started` (a missing key, an unknown one) are the user's to fix: exit 2."""
     from expkit.train import flags_first
 
-    sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:]))  # (Hydra's parser takes flags before overrides)
+    sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:], options))  # (Hydra's parser takes flags before overrides)
     try:
         run()
     except SystemExit as exc:
-        if exc.code == 1 and not _STARTED:  # Hydra's own errors (a missing key, an unknown one): fix the input
+        if exc.code == 1 and not started():
             sys.exit(2)
         raise
+
+
+def main() -> None:
+    command_main(run, OPTIONS, lambda: _STARTED)
 
 
 if __name__ == "__main__":

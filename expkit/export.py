@@ -141,16 +141,9 @@ OPTIONS = ("checkpoint", "format", "which", "ema", "out", "trusted_targets", "ov
 
 
 def main() -> None:
-    from expkit.eval import hydra_argv
-    from expkit.train import flags_first
+    from expkit.eval import command_main
 
-    sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:], OPTIONS))  # data.batch_size=8 means overrides=[...]
-    try:
-        run()
-    except SystemExit as exc:
-        if exc.code == 1 and not _STARTED:  # Hydra's own errors (a missing checkpoint=, an unknown key): fix the input
-            sys.exit(2)
-        raise
+    command_main(run, OPTIONS, lambda: _STARTED)  # data.batch_size=8 means overrides=[...]
 
 
 if __name__ == "__main__":

@@ -222,16 +222,9 @@ OPTIONS = ("checkpoint", "input", "output", "which", "ema", "top_k", "batch_size
 
 
 def main() -> None:
-    from expkit.eval import hydra_argv
-    from expkit.train import flags_first
+    from expkit.eval import command_main
 
-    sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:], OPTIONS))  # data.batch_size=8 means overrides=[...]
-    try:
-        run()
-    except SystemExit as exc:
-        if exc.code == 1 and not _STARTED:  # Hydra's own errors (a missing key, an unknown one): fix the input
-            sys.exit(2)
-        raise
+    command_main(run, OPTIONS, lambda: _STARTED)  # data.batch_size=8 means overrides=[...]
 
 
 if __name__ == "__main__":

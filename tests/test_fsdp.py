@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import run_cli
+from test_ddp import DIE_ONCE  # rank 1 SIGKILLed once, at iteration 25
 from expkit import checkpoint_io
 from expkit.errors import ConfigError
 
@@ -190,22 +191,6 @@ def test_a_sharded_checkpoint_whose_index_would_run_code_is_refused(tmp_path):
         with pytest.raises(ConfigError, match="refused, its index"):
             checkpoint_io.load_checkpoint(ckpt)
         assert not marker.exists()
-
-
-DIE_ONCE = '''
-import os, signal
-import torch.distributed as dist
-from expkit import Hook
-
-class DieOnce(Hook):
-    """Rank 1 is SIGKILLed once, at iteration 25 (the last checkpoint: iteration 20)."""
-
-    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
-        marker = runner.work_dir / "died"
-        if dist.get_rank() == 1 and runner.iter == 25 and not marker.exists():
-            marker.touch()
-            os.kill(os.getpid(), signal.SIGKILL)
-'''
 
 
 @pytest.mark.slow
