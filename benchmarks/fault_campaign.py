@@ -86,7 +86,7 @@ def _result(work: Path) -> dict:
 
 
 def compare(work: Path, reference: Path) -> dict[str, bool]:
-    final = sorted((work / "checkpoints").glob("iter_*.pth"), key=lambda p: int(p.stem.split("_")[1]))[-1]
+    final = max((work / "checkpoints").glob("iter_*.pth"), key=lambda p: int(p.stem.split("_")[1]))
     expected = reference / "checkpoints" / final.name
     a, b = (torch.load(p, weights_only=True)["state_dict"] for p in (final, expected))
     return {
@@ -124,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         for trial in range(trials):
             work = root / f"trial{trial}"
             kills = int(_kill_after(_train(work, conf), rng.uniform(0.3, 1.0) * duration))
-            while rng.random() < args.rekill and _kill_after(_train(work, conf, "resume=true"), rng.uniform(0.2, 0.8) * duration):
+            while rng.random() < args.rekill and _kill_after(
+                _train(work, conf, "resume=true"), rng.uniform(0.2, 0.8) * duration
+            ):
                 kills += 1
             code = _train(work, conf, "resume=true").wait()
             checks = compare(work, reference) if code == 0 else {"resume exit 0": False}

@@ -94,8 +94,8 @@ def main() -> None:
         tmp = Path(tmp_name)
         (tmp / "memprobe.py").write_text(PROBE)
         for index in range(rounds):
-            for strategy in results:
-                results[strategy].append(run_once(strategy, width, args.nproc, iters, tmp, index))
+            for strategy, rounds_of in results.items():
+                rounds_of.append(run_once(strategy, width, args.nproc, iters, tmp, index))
     for key, label in (("state_mb", "state held"), ("peak_above_start_mb", "peak RSS above start")):
         print(f"\n{label} per rank (MB): every round; min / median over rounds and ranks")
         summary = {}

@@ -14,7 +14,9 @@ import tempfile
 
 from _handwritten import MLP, READ_DIGITS
 
-HAND = READ_DIGITS + f"""
+HAND = (
+    READ_DIGITS
+    + f"""
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 torch.manual_seed(0)
@@ -33,6 +35,7 @@ for epoch in range(EPOCHS):
     with torch.no_grad():
         acc = sum((model(xb).argmax(-1) == yb).sum().item() for xb, yb in val)
 """
+)
 
 
 WRAP = """

@@ -118,7 +118,7 @@ def hand_written(work_dir: Path, w: Workload, ema: bool, checkpoints: bool = Tru
     params = list(model.parameters())
     ema_params = [p.detach().clone() for p in params] if ema else None
     (work_dir / "checkpoints").mkdir(parents=True)
-    log = open(work_dir / "metrics.jsonl", "a")
+    log = open(work_dir / "metrics.jsonl", "a")  # noqa: SIM115 - closed after the loop, as a hand-written script does
     best_acc, step = -1.0, 0
     _sync(device)
     start, cpu = time.perf_counter(), time.process_time()
@@ -187,7 +187,9 @@ def with_runner(work_dir: Path, w: Workload, ema: bool, checkpoints: bool = True
         settings=settings,
         work_dir=work_dir,
         hooks={"ema": EMAHook(momentum=0.01)} if ema else {},
-        default_hooks=default_hooks(checkpoint=CheckpointHook(interval=1, save_best="val/acc") if checkpoints else None),
+        default_hooks=default_hooks(
+            checkpoint=CheckpointHook(interval=1, save_best="val/acc") if checkpoints else None
+        ),
     )
     _sync(runner.device)
     start, cpu = time.perf_counter(), time.process_time()
@@ -200,7 +202,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=("mlp", "resnet18", "resnet50"), default="mlp")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved repetitions of each side")
-    parser.add_argument("--ema", action=argparse.BooleanOptionalAction, default=True, help="EMAHook and the same by hand")
+    parser.add_argument(
+        "--ema", action=argparse.BooleanOptionalAction, default=True, help="EMAHook and the same by hand"
+    )
     parser.add_argument("--no-ckpt-variant", action="store_true", help="also time both sides without checkpoints")
     parser.add_argument("--quick", action="store_true", help="seconds, for CI: checks the script runs")
     args = parser.parse_args()

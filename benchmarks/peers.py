@@ -38,7 +38,9 @@ from pathlib import Path
 
 from _handwritten import MLP, READ_DIGITS
 
-COMMON = READ_DIGITS + f"""
+COMMON = (
+    READ_DIGITS
+    + f"""
 import json, sys, time
 import torch
 from torch import nn
@@ -58,8 +60,11 @@ def make_net():
 def report(seconds, accuracy):
     print(f"RESULT {{seconds}} {{accuracy}}", flush=True)
 """
+)
 
-RAW = COMMON + """
+RAW = (
+    COMMON
+    + """
 model = make_net()
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 log = open(f"{WORK}/metrics.jsonl", "w")
@@ -83,8 +88,11 @@ for epoch in range(EPOCHS):
     torch.save({"state_dict": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch + 1}, f"{WORK}/epoch_{epoch + 1}.pth")
 report(time.perf_counter() - start, correct / total)
 """
+)
 
-EXPKIT = COMMON + """
+EXPKIT = (
+    COMMON
+    + """
 import logging
 logging.basicConfig(level=logging.WARNING)
 from expkit import Runner, TrainerSettings
@@ -96,8 +104,11 @@ start = time.perf_counter()
 result = runner.run()
 report(time.perf_counter() - start, result["final_metrics"]["val/acc"])
 """
+)
 
-LIGHTNING = COMMON + """
+LIGHTNING = (
+    COMMON
+    + """
 import logging, warnings
 warnings.filterwarnings("ignore")
 logging.getLogger("lightning").setLevel(logging.ERROR)
@@ -128,8 +139,11 @@ start = time.perf_counter()
 trainer.fit(module, train, val)
 report(time.perf_counter() - start, float(trainer.callback_metrics["val/acc"]))
 """
+)
 
-MMENGINE = COMMON + """
+MMENGINE = (
+    COMMON
+    + """
 import logging, warnings
 warnings.filterwarnings("ignore")
 from mmengine.evaluator import BaseMetric
@@ -165,6 +179,7 @@ runner.train()
 report(time.perf_counter() - start, runner.message_hub.get_scalar("val/acc").current()
        if "val/acc" in runner.message_hub.log_scalars else float("nan"))
 """
+)
 
 VARIANTS = {"raw loop": (RAW, None), "expkit": (EXPKIT, None), "Lightning": (LIGHTNING, "lightning"),
             "MMEngine": (MMENGINE, "mmengine")}  # fmt: skip
@@ -202,7 +217,7 @@ def main() -> None:
         tmp = Path(tmp_name)
         names = list(variants)
         for r in range(rounds):
-            for name in names[r % len(names):] + names[: r % len(names)]:  # the order rotates: no order bias
+            for name in names[r % len(names) :] + names[: r % len(names)]:  # the order rotates: no order bias
                 seconds, accuracy[name] = run_once(variants[name], epochs, tmp)
                 times[name].append(seconds)
     print(f"peer workload: MLP 64-256-256-10, digits, batch 32, SGD, {epochs} epochs with validation, 1 thread, CPU; "

@@ -36,7 +36,9 @@ class FirstIter(Hook):
         os._exit(0)
 """
 
-HAND = READ_DIGITS + f"""
+HAND = (
+    READ_DIGITS
+    + f"""
 import time
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -46,6 +48,8 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 x, y = next(iter(train))
 print(f"FIRST_ITER {{time.time()}}", flush=True)
 """
+)
+
 
 def _until_first_iter(command: list[str], env: dict | None = None) -> float:
     start = time.time()
@@ -77,8 +81,18 @@ def main() -> None:
             "import torch": lambda r: _until_first_iter([sys.executable, "-c", "import torch"], base_env),
             "hand-written": lambda r: _until_first_iter([sys.executable, "-c", HAND], base_env),
             "expkit.train": lambda r: _until_first_iter(
-                [sys.executable, "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), "hooks=[first_iter]",
-                 "trainer.max_epochs=1", f"hydra.run.dir={tmp_path / f'run{r}'}"], env),  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "expkit.train",
+                    "--config-dir",
+                    str(tmp_path / "conf"),
+                    "hooks=[first_iter]",
+                    "trainer.max_epochs=1",
+                    f"hydra.run.dir={tmp_path / f'run{r}'}",
+                ],
+                env,
+            ),
         }
         times: dict[str, list[float]] = {k: [] for k in sides}
         for name, fn in sides.items():
@@ -92,9 +106,11 @@ def main() -> None:
         print(f"{name:<14} min {min(values):.2f} s  median {median:.2f} s  ({median / base:.2f}x import torch)   runs: "
               + " ".join(f"{v:.2f}" for v in values))  # fmt: skip
     hand, ours = times["hand-written"], times["expkit.train"]
-    print(f"expkit.train / hand-written: min/min {min(ours) / min(hand):.2f}x, median/median "
-          f"{statistics.median(ours) / statistics.median(hand):.2f}x "
-          f"(the framework's own share: {statistics.median(ours) - statistics.median(hand):.2f} s)")
+    print(
+        f"expkit.train / hand-written: min/min {min(ours) / min(hand):.2f}x, median/median "
+        f"{statistics.median(ours) / statistics.median(hand):.2f}x "
+        f"(the framework's own share: {statistics.median(ours) - statistics.median(hand):.2f} s)"
+    )
     print("target: expkit.train <= 1.10x hand-written, share < 0.4 s (to the first training iteration)")
 
 

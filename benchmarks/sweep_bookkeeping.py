@@ -83,10 +83,14 @@ def main() -> None:
         print(f"{name:8s} " + " ".join(f"{v:6.2f}" for v in values)
               + f"   min {min(values):6.2f} s  median {statistics.median(values):6.2f} s")  # fmt: skip
     per_job = [(b - s) / 3 for b, s in zip(times["big"], times["small"])]
-    print(f"per-job bookkeeping in {args.jobs} job dirs vs 3: min {min(per_job):+.3f} s, "
-          f"median {statistics.median(per_job):+.3f} s  (target < 0.1 s)")
-    print(f"full rebuild of {args.jobs} job dirs, process start included: min {min(times['rebuild']):.2f} s, "
-          f"median {statistics.median(times['rebuild']):.2f} s  (target < 10 s)")
+    print(
+        f"per-job bookkeeping in {args.jobs} job dirs vs 3: min {min(per_job):+.3f} s, "
+        f"median {statistics.median(per_job):+.3f} s  (target < 0.1 s)"
+    )
+    print(
+        f"full rebuild of {args.jobs} job dirs, process start included: min {min(times['rebuild']):.2f} s, "
+        f"median {statistics.median(times['rebuild']):.2f} s  (target < 10 s)"
+    )
 
 
 def csv_rows(path: Path):

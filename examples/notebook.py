@@ -1,6 +1,6 @@
 """expkit from Python, without Hydra: build the objects yourself and hand them to a Runner.
 
-    python examples/notebook.py [work dir]
+python examples/notebook.py [work dir]
 """
 
 from __future__ import annotations
@@ -43,8 +43,11 @@ def main(work_dir: str = "outputs/notebook") -> dict:
         test_loader=test,
         settings=TrainerSettings(max_epochs=6, device="cpu"),
         default_hooks=default_hooks(logger=LoggerHook(interval=20, plot=False)),
-        hooks={"ema": EMAHook(momentum=0.05), "early_stopping": EarlyStoppingHook("val/acc", patience=3),
-               "count": counter},  # fmt: skip
+        hooks={
+            "ema": EMAHook(momentum=0.05),
+            "early_stopping": EarlyStoppingHook("val/acc", patience=3),
+            "count": counter,
+        },
         work_dir=work_dir,
     )
     print(runner.hook_order_table())

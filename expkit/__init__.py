@@ -1,6 +1,6 @@
 """expkit: a Hydra-native experiment framework for PyTorch.
 
-    from expkit import Runner, Hook, Priority, Stage, TrainerSettings
+from expkit import Runner, Hook, Priority, Stage, TrainerSettings
 """
 
 from expkit.errors import ConfigError, ExpkitError, HookError

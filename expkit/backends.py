@@ -273,9 +273,9 @@ class WandbBackend(Backend):
         self._finish_run(exit_code=0 if result.get("status") in ("completed", "stopped", "pruned") else 1)
 
     def close(self) -> None:
-        if self._runner is not None and not self._never_resumed():  # finish() did not run (a failure before it)
-            if self._started() is not None:
-                self._finish_run(exit_code=1)
+        # finish() did not run (a failure before it)
+        if self._runner is not None and not self._never_resumed() and self._started() is not None:
+            self._finish_run(exit_code=1)
         self._runner = None
 
     def _finish_run(self, exit_code: int) -> None:
@@ -289,7 +289,9 @@ class WandbBackend(Backend):
         if path is not None and path.is_file() and not wait_for_wandb_run(path, self.flush_timeout):
             log.warning(
                 "wandb: %s still lacks the run's exit record %.0f s after finish(); it may be "
-                "incomplete (logger.wandb.flush_timeout sets the wait)", path, self.flush_timeout,
+                "incomplete (logger.wandb.flush_timeout sets the wait)",
+                path,
+                self.flush_timeout,
             )
 
 

@@ -120,7 +120,9 @@ def _build_hooks(nodes: Any, key: str) -> dict[str, Hook]:
         if node is None:
             continue
         if not isinstance(node, DictConfig) or "_target_" not in node:
-            warnings.warn(f"{key}.{name} has no _target_ and is ignored: {OmegaConf.to_yaml(node).strip()}", stacklevel=2)
+            warnings.warn(
+                f"{key}.{name} has no _target_ and is ignored: {OmegaConf.to_yaml(node).strip()}", stacklevel=2
+            )
             continue
         try:
             hooks[str(name)] = build_hook(node, f"{key}.{name}")

@@ -100,7 +100,9 @@ class DataModule:
         self.pin_memory = torch.cuda.is_available() if pin_memory == "auto" else bool(pin_memory)
         self.seed = seed
 
-    def datasets(self) -> tuple[Dataset, Dataset | Mapping[str, Dataset] | None, Dataset | Mapping[str, Dataset] | None]:
+    def datasets(
+        self,
+    ) -> tuple[Dataset, Dataset | Mapping[str, Dataset] | None, Dataset | Mapping[str, Dataset] | None]:
         """(train, val, test); val and test may each be None, one dataset, or named datasets
         (``{"clean": ..., "noisy": ...}``: reported as ``val/clean/acc``, ``val/noisy/acc``)."""
         raise NotImplementedError
@@ -256,7 +258,7 @@ def stratified_split(labels: torch.Tensor, fraction: float, seed: int) -> tuple[
     for c in torch.unique(labels):
         idx = torch.nonzero(labels == c).flatten()
         idx = idx[torch.randperm(len(idx), generator=g)]
-        n_held = int(round(fraction * len(idx)))
+        n_held = round(fraction * len(idx))
         held.append(idx[:n_held])
         kept.append(idx[n_held:])
     return torch.sort(torch.cat(kept)).values, torch.sort(torch.cat(held)).values
@@ -339,5 +341,9 @@ class ImageFolderData(DataModule):
             steps.append(transforms.Grayscale(1))
         transform = transforms.Compose([*steps, transforms.ToTensor()])
         split = {s: datasets.ImageFolder(str(self.root / s), transform=transform) for s in ("train", "val")}
-        test = datasets.ImageFolder(str(self.root / "test"), transform=transform) if (self.root / "test").is_dir() else None
+        test = (
+            datasets.ImageFolder(str(self.root / "test"), transform=transform)
+            if (self.root / "test").is_dir()
+            else None
+        )
         return split["train"], split["val"], test

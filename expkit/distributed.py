@@ -87,7 +87,11 @@ def init(timeout_s: int = 1800) -> bool:
         if cuda:
             torch.cuda.set_device(local_rank())
         backend, timeout = "nccl" if cuda else "gloo", datetime.timedelta(seconds=timeout_s)
-        if "TORCHELASTIC_RESTART_COUNT" in os.environ and os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+        if (
+            "TORCHELASTIC_RESTART_COUNT" in os.environ
+            and os.environ.get("MASTER_ADDR")
+            and os.environ.get("MASTER_PORT")
+        ):
             # torchrun --max-restarts keeps one store across attempts: the group's keys of an earlier
             # attempt (peers' addresses) would be read by the next one (gloo "connectFullMesh" fails);
             # each attempt gets keys of its own

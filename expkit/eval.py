@@ -178,8 +178,14 @@ def evaluate(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] 
         loggers=_build_loggers(cfg.get("logger"), "logger"),
         work_dir=work_dir,
         config=OmegaConf.to_container(stored, resolve=True),  # type: ignore[arg-type]
-        run_info={"checkpoint": str(path.resolve()), "ema": bool(cfg.ema), "split": split, "overrides": overrides,
-                  "evaluation": True, "command": command},  # fmt: skip
+        run_info={
+            "checkpoint": str(path.resolve()),
+            "ema": bool(cfg.ema),
+            "split": split,
+            "overrides": overrides,
+            "evaluation": True,
+            "command": command,
+        },
     )
     from expkit.ownership import WorkDirLock
 

@@ -137,7 +137,16 @@ def run(cfg: DictConfig) -> None:
         sys.exit(2 if isinstance(exc, ConfigError) else 1)
 
 
-OPTIONS = ("checkpoint", "format", "which", "ema", "out", "trusted_targets", "overrides", "opset")  # the yaml's keys; any other key=value overrides the stored config
+OPTIONS = (
+    "checkpoint",
+    "format",
+    "which",
+    "ema",
+    "out",
+    "trusted_targets",
+    "overrides",
+    "opset",
+)  # the yaml's keys; any other key=value overrides the stored config
 
 
 def main() -> None:

@@ -287,7 +287,9 @@ class EvalLoop:
                     with r.autocast():
                         r.eval_step(batch)
         if is_distributed():  # every rank evaluated its own share: add them up
-            totals = torch.tensor([float(self.loss_sum), float(self.count)], dtype=torch.float64, device=reduce_device())
+            totals = torch.tensor(
+                [float(self.loss_sum), float(self.count)], dtype=torch.float64, device=reduce_device()
+            )
             all_reduce_sum(totals)
             self.loss_sum, self.count = totals[0], int(totals[1])
             for metric in r.metrics.values():

@@ -30,7 +30,9 @@ LESS_KEYS = ("loss", "error", "err", "perplexity")
 RULES = ("greater", "less")
 
 
-def infer_rule(key: str, greater_keys: Iterable[str] = GREATER_KEYS, less_keys: Iterable[str] = LESS_KEYS) -> str | None:
+def infer_rule(
+    key: str, greater_keys: Iterable[str] = GREATER_KEYS, less_keys: Iterable[str] = LESS_KEYS
+) -> str | None:
     """'greater' or 'less' for a metric name such as 'val/acc' by name alone; None when it cannot tell."""
     name = key.rsplit("/", 1)[-1].lower()
     for keys, rule in ((greater_keys, "greater"), (less_keys, "less")):
@@ -261,7 +263,7 @@ class Directions:
             name = rest
         for metric_name, slot in self.slots.items():
             if name == metric_name or name.startswith(metric_name + "/"):
-                return slot, name[len(metric_name):]
+                return slot, name[len(metric_name) :]
         return None, ""
 
     def explicit(self, key: str) -> tuple[str, str] | None:

@@ -105,7 +105,7 @@ class MLflowBackend(Backend):
             location = (Path.cwd() / "outputs" / "mlartifacts").resolve().as_uri()
         try:
             return self.client.create_experiment(name, artifact_location=location)
-        except Exception:  # noqa: BLE001 - another job of the sweep created it first
+        except Exception:
             found = self.client.get_experiment_by_name(name)
             if found is None:
                 raise
@@ -149,7 +149,9 @@ class MLflowBackend(Backend):
             for path in (runner.work_dir / "curves.svg", runner.work_dir / ".hydra" / "config.yaml"):
                 if path.is_file():
                     self.client.log_artifact(self.run_id, str(path))
-        status = {"completed": "FINISHED", "stopped": "KILLED", "pruned": "KILLED"}.get(str(result.get("status")), "FAILED")
+        status = {"completed": "FINISHED", "stopped": "KILLED", "pruned": "KILLED"}.get(
+            str(result.get("status")), "FAILED"
+        )
         self.client.set_terminated(self.run_id, status=status)
         self.run_id = None
 

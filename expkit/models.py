@@ -45,7 +45,12 @@ class MLP(nn.Module):
     fsdp_blocks = ("Linear",)  # trainer.strategy=fsdp shards each layer on its own
 
     def __init__(
-        self, in_channels: int, image_size: int, num_classes: int, hidden: Sequence[int] = (256, 256), dropout: float = 0.0
+        self,
+        in_channels: int,
+        image_size: int,
+        num_classes: int,
+        hidden: Sequence[int] = (256, 256),
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         width = in_channels * image_size * image_size
@@ -58,9 +63,7 @@ class MLP(nn.Module):
 class CNN(nn.Module):
     """Conv-BN-ReLU blocks (each halves the resolution), global average pooling, classifier."""
 
-    def __init__(
-        self, in_channels: int, image_size: int, num_classes: int, channels: Sequence[int] = (32, 64)
-    ) -> None:
+    def __init__(self, in_channels: int, image_size: int, num_classes: int, channels: Sequence[int] = (32, 64)) -> None:
         super().__init__()
         blocks: list[nn.Module] = []
         c = in_channels

@@ -52,7 +52,9 @@ class Optimizers:
         try:
             return self._optimizers[name]
         except KeyError:
-            raise ConfigError(f"the model asked for optimizer {name!r}; optim defines {sorted(self._optimizers)}") from None
+            raise ConfigError(
+                f"the model asked for optimizer {name!r}; optim defines {sorted(self._optimizers)}"
+            ) from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._optimizers)

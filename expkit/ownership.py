@@ -100,7 +100,9 @@ def busy_message(work_dir: Path, owner: dict[str, Any]) -> str:
     elsewhere = ""
     if owner.get("host") not in (None, socket.gethostname()) and owner.get("heartbeat"):
         free_at = time.strftime("%H:%M:%S", time.localtime(float(owner["heartbeat"]) + STALE_AFTER_S))
-        elsewhere = f" If that host is gone, the dir is free once the heartbeat is {STALE_AFTER_S:.0f} s old ({free_at})."
+        elsewhere = (
+            f" If that host is gone, the dir is free once the heartbeat is {STALE_AFTER_S:.0f} s old ({free_at})."
+        )
     return (f"{work_dir} is in use by {who}. Wait for it to end, stop it, or give another dir "
             f"(hydra.run.dir=... / hydra.sweep.dir=...).{elsewhere}")  # fmt: skip
 
@@ -195,7 +197,7 @@ class WorkDirLock:
         os.close(self.fd)  # drops the flock
         self.fd = None
 
-    def __enter__(self) -> WorkDirLock:
+    def __enter__(self) -> WorkDirLock:  # noqa: PYI034 - Self needs Python 3.11
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:

@@ -31,8 +31,11 @@ from expkit.errors import ConfigError
 log = logging.getLogger("expkit")
 
 KINDS: dict[str, tuple[type[nn.Module], ...]] = {
-    "norm": tuple(t for t in (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, getattr(nn, "RMSNorm", None))
-                  if t is not None),  # fmt: skip
+    "norm": tuple(
+        t
+        for t in (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, getattr(nn, "RMSNorm", None))
+        if t is not None
+    ),
     "embedding": (nn.Embedding, nn.EmbeddingBag),
 }
 _RULE_KEYS = ("match", "name", "lr_mult", "decay_mult")
@@ -83,7 +86,9 @@ def build_param_groups(model: nn.Module, rules: Sequence[Mapping[str, Any]], fac
                 if name not in settings or not isinstance(settings[name], (int, float)):
                     raise ConfigError(f"{where}.{mult}: the optimizer has no numeric {name} to multiply")
                 group[name] = settings[name] * float(rule[mult])
-        group["name"] = str(rule.get("name") or pattern.replace("*", "").strip(".") or f"group{i}")  # logged: train/lr/<name>
+        group["name"] = str(
+            rule.get("name") or pattern.replace("*", "").strip(".") or f"group{i}"
+        )  # logged: train/lr/<name>
         if not matched:
             log.warning("%s (match: %s) matches no parameter that an earlier rule left over; it is ignored. "
                         "Parameter names look like: %s", where, pattern, ", ".join(n for n, _ in named[:4]))  # fmt: skip

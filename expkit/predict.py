@@ -69,10 +69,12 @@ def read_inputs(source: Path, data: Any) -> tuple[list[str], torch.Tensor]:
         elif suffix == ".csv":
             raw = _read_csv(source)
         else:
-            raise ConfigError(f"input={source}: use a folder of images, a .npy, .pt or .csv file (not {suffix or 'no suffix'})")
+            raise ConfigError(
+                f"input={source}: use a folder of images, a .npy, .pt or .csv file (not {suffix or 'no suffix'})"
+            )
     except ExpkitError:
         raise
-    except Exception as exc:  # noqa: BLE001 - a corrupt file of any kind: name it
+    except Exception as exc:
         raise ConfigError(f"input={source}: cannot be read ({type(exc).__name__}: {exc})") from None
     if raw.dim() == 0 or len(raw) == 0:
         raise ConfigError(f"input={source}: holds no inputs (shape {tuple(raw.shape)})")
@@ -80,7 +82,7 @@ def read_inputs(source: Path, data: Any) -> tuple[list[str], torch.Tensor]:
         return [str(i) for i in range(len(raw))], data.predict_input(raw)
     except ExpkitError:
         raise
-    except Exception as exc:  # noqa: BLE001 - inputs the data's transform cannot take: name the file
+    except Exception as exc:
         raise ConfigError(f"input={source}: inputs of shape {tuple(raw.shape[1:])} do not fit {type(data).__name__}'s "
                           f"transform ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None  # fmt: skip
 
@@ -218,7 +220,18 @@ def run(cfg: DictConfig) -> None:
         sys.exit(2 if isinstance(exc, ConfigError) else 1)
 
 
-OPTIONS = ("checkpoint", "input", "output", "which", "ema", "top_k", "batch_size", "device", "trusted_targets", "overrides")  # the yaml's keys; any other key=value overrides the stored config
+OPTIONS = (
+    "checkpoint",
+    "input",
+    "output",
+    "which",
+    "ema",
+    "top_k",
+    "batch_size",
+    "device",
+    "trusted_targets",
+    "overrides",
+)  # the yaml's keys; any other key=value overrides the stored config
 
 
 def main() -> None:

@@ -100,19 +100,19 @@ def _add_time(table: dict[Any, list[float]], key: Any, seconds: float) -> None:
 class _Phase:
     """Times a loop phase into runner.phase_times and marks it for the profiler."""
 
-    __slots__ = ("runner", "name", "start", "marker", "discard")
+    __slots__ = ("discard", "marker", "name", "runner", "start")
 
     def __init__(self, runner: Runner, name: str) -> None:
         self.runner, self.name, self.discard = runner, name, False
 
-    def __enter__(self) -> _Phase:
+    def __enter__(self) -> _Phase:  # noqa: PYI034 - Self needs Python 3.11
         self.marker = torch.profiler.record_function(f"phase/{self.name}") if self.runner._markers else None
         if self.marker is not None:
             self.marker.__enter__()
         self.start = time.perf_counter()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         elapsed = time.perf_counter() - self.start
         if self.runner._timing and not self.discard:
             _add_time(self.runner.phase_times, self.name, elapsed)
@@ -224,7 +224,8 @@ class Runner:
         self.test_loader = test_loader
         self.criterion = criterion or nn.CrossEntropyLoss()
         self.metrics: dict[str, MetricSlot] = {
-            name: slot.to(self.device) for name, slot in as_slots(metrics if metrics is not None else {"acc": Accuracy()}).items()
+            name: slot.to(self.device)
+            for name, slot in as_slots(metrics if metrics is not None else {"acc": Accuracy()}).items()
         }
         sets = {mode: list(loader) for mode, loader in (("val", val_loader), ("test", test_loader))
                 if isinstance(loader, Mapping)}  # fmt: skip
@@ -261,7 +262,9 @@ class Runner:
 
         self._autocast_dtype = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}[self.settings.precision]
         self.scaler = (
-            torch.amp.GradScaler("cuda") if self._autocast_dtype is torch.float16 and self.device.type == "cuda" else None
+            torch.amp.GradScaler("cuda")
+            if self._autocast_dtype is torch.float16 and self.device.type == "cuda"
+            else None
         )
 
         self._hooks: list[tuple[str, int, Hook]] = []
@@ -688,7 +691,11 @@ class Runner:
             else:
                 checkpoint_io.save_atomic(checkpoint, path, durable=durable)
         except (OSError, RuntimeError) as exc:  # disk full (torch's zip writer raises RuntimeError), permissions, ...
-            cause = "no space left on the device" if _disk_full(exc) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            cause = (
+                "no space left on the device"
+                if _disk_full(exc)
+                else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            )
             kept = (f"the previous complete checkpoint {self.last_checkpoint} (and last_checkpoint) is intact"
                     if self.last_checkpoint else "no earlier checkpoint of this run exists")  # fmt: skip
             raise CheckpointWriteError(f"could not write {path}: {cause}; {kept}") from exc
@@ -778,7 +785,9 @@ class Runner:
         from expkit import sharding
 
         if "state_dict" not in checkpoint:  # a sharded checkpoint, read collectively
-            sharding.load_into(Path(checkpoint["sharded"]["path"]), checkpoint, self.model, self.optimizers if resume else None)
+            sharding.load_into(
+                Path(checkpoint["sharded"]["path"]), checkpoint, self.model, self.optimizers if resume else None
+            )
             return
         state = {k.removeprefix("module."): v for k, v in checkpoint["state_dict"].items()}
         try:
@@ -796,8 +805,14 @@ class Runner:
             raise ConfigError(f"checkpoint {source} does not fit this model: {exc}") from None
 
     # -- result.json ------------------------------------------------------------------------------
-    def _write_result(self, status: str, error: str | None, tb: str | None, wall_time: float,
-                      reserve: checkpoint_io.SpaceReserve | None = None) -> dict[str, Any]:
+    def _write_result(
+        self,
+        status: str,
+        error: str | None,
+        tb: str | None,
+        wall_time: float,
+        reserve: checkpoint_io.SpaceReserve | None = None,
+    ) -> dict[str, Any]:
         result = {
             "status": status,
             "error": error,
@@ -818,8 +833,11 @@ class Runner:
             **self.run_info,
             "traceback": tb,
         }
-        if self.is_main or (status == "failed" and distributed.writes_for_the_group()
-                            and not _written_since(self.work_dir / "result.json", time.time() - wall_time)):  # rank 0's own word wins
+        if self.is_main or (
+            status == "failed"
+            and distributed.writes_for_the_group()
+            and not _written_since(self.work_dir / "result.json", time.time() - wall_time)
+        ):  # rank 0's own word wins
             write = reserve.write_json if reserve is not None else checkpoint_io.write_json_atomic
             files = [(self.work_dir / "result.json", result)]
             if self.is_main:  # (another rank writes only result.json, when rank 0 died)

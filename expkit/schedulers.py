@@ -8,7 +8,11 @@ import torch
 
 
 def warmup_cosine(
-    optimizer: torch.optim.Optimizer, *, total_steps: int, warmup_steps: int = 0, warmup_fraction: float = 0.0,
+    optimizer: torch.optim.Optimizer,
+    *,
+    total_steps: int,
+    warmup_steps: int = 0,
+    warmup_fraction: float = 0.0,
     min_lr_ratio: float = 0.0,
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up from 0, then cosine decay to ``min_lr_ratio * lr`` at ``total_steps``.

@@ -51,7 +51,9 @@ class TrainerSettings:
         if not (self.device in ("auto", "cpu", "cuda") or str(self.device).startswith("cuda:")):
             raise ConfigError(f"trainer.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError(f"trainer.device={self.device} but CUDA is not available here; use trainer.device=auto or cpu")
+            raise ConfigError(
+                f"trainer.device={self.device} but CUDA is not available here; use trainer.device=auto or cpu"
+            )
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ConfigError(f"trainer.seed must be an integer or null, got {self.seed!r}")
         if self.clip_grad_norm is not None and not (

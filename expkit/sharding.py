@@ -183,7 +183,7 @@ def save(path: Path, state: dict[str, Any], model: nn.Module, optimizers: Mappin
                                                             "world_size": distributed.rank_and_world()[1]}},
                                       tmp / STATE_FILE, durable=durable)  # fmt: skip
             _replace_dir(tmp, path)
-        except Exception as exc:  # noqa: BLE001 - whatever stops rank 0 (disk, an unpicklable hook state) stops all
+        except Exception as exc:
             error = exc
     # no rank goes on (and may read it) before it has its name; a failure on rank 0 fails all
     failed = distributed.broadcast_object(None if error is None else f"{type(error).__name__}: {error}")
@@ -233,7 +233,11 @@ class _MetadataUnpickler(pickle.Unpickler):
             found = super().find_class(module, name)
             if getattr(found, "__module__", None) == module or module == "pathlib":
                 return found
-        if module == "torch" and "." not in name and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)):
+        if (
+            module == "torch"
+            and "." not in name
+            and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype))
+        ):
             return getattr(torch, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint index")
 
@@ -242,7 +246,12 @@ def _check_index(metadata: Any, path: Path) -> None:
     """Every shard file the index names lies in the checkpoint's own directory."""
     for info in (getattr(metadata, "storage_data", None) or {}).values():
         relative = str(getattr(info, "relative_path", ""))
-        if not relative or relative.startswith(("/", "\\")) or ".." in Path(relative).parts or Path(relative).is_absolute():
+        if (
+            not relative
+            or relative.startswith(("/", "\\"))
+            or ".." in Path(relative).parts
+            or Path(relative).is_absolute()
+        ):
             raise ConfigError(f"{path}: refused, its index names a shard outside the checkpoint ({relative!r})")
 
 
@@ -256,8 +265,10 @@ def _reader(path: Path) -> Any:
                 data = f.read()
             try:
                 metadata = _MetadataUnpickler(io.BytesIO(data)).load()
-            except Exception as exc:  # noqa: BLE001 - whatever the bytes are: refuse, naming the file
-                raise ConfigError(f"{path}: refused, its index (.metadata) is not a plain checkpoint index ({exc})") from None
+            except Exception as exc:
+                raise ConfigError(
+                    f"{path}: refused, its index (.metadata) is not a plain checkpoint index ({exc})"
+                ) from None
             _check_index(metadata, path)
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
@@ -282,7 +293,9 @@ def read_state(path: Path, key: str) -> dict[str, Any]:
     from expkit import checkpoint_io
 
     if not is_checkpoint_dir(path):
-        raise ConfigError(f"{key}={path}: not a complete sharded checkpoint (a directory with .metadata and {STATE_FILE})")
+        raise ConfigError(
+            f"{key}={path}: not a complete sharded checkpoint (a directory with .metadata and {STATE_FILE})"
+        )
     state = checkpoint_io.load_checkpoint_file(path / STATE_FILE, key, need_weights=False)
     state["sharded"] = dict(state.get("sharded") or {}, path=str(path))
     return state

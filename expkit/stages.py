@@ -119,9 +119,7 @@ def get_priority(priority: int | str | Priority) -> int:
         raise TypeError(f"priority must be a level name or an integer 0-100, got {priority!r}")
     if isinstance(priority, int):
         if not 0 <= priority <= 100:
-            raise ValueError(
-                f"priority {priority} is out of range: use an integer 0-100 or one of {PRIORITY_CHOICES}"
-            )
+            raise ValueError(f"priority {priority} is out of range: use an integer 0-100 or one of {PRIORITY_CHOICES}")
         return priority
     if isinstance(priority, str):
         name = priority.strip().upper()

@@ -115,7 +115,9 @@ def _panel(panel: Panel, x0: int, single_color: str) -> list[str]:
         return top + plot_h - (y - yt[0]) / (yt[-1] - yt[0]) * plot_h
 
     for t, label in zip(xt, xlabels):
-        out.append(f'<line x1="{px(t):.1f}" y1="{top + plot_h}" x2="{px(t):.1f}" y2="{top + plot_h + 4}" stroke="#888"/>')
+        out.append(
+            f'<line x1="{px(t):.1f}" y1="{top + plot_h}" x2="{px(t):.1f}" y2="{top + plot_h + 4}" stroke="#888"/>'
+        )
         out.append(f'<text x="{px(t):.1f}" y="{top + plot_h + 15}" text-anchor="middle" font-size="10">'
                    f"{escape(label)}</text>")  # fmt: skip
     for t in yt:
@@ -145,7 +147,9 @@ def _panel(panel: Panel, x0: int, single_color: str) -> list[str]:
             out.append(f'<text x="{left + 14}" y="{y + 5}" font-size="10">{escape(s.label[:60])}</text>')
         if len(labelled) > LEGEND_MAX:
             y = PANEL_H + 4 + LEGEND_MAX * LEGEND_LINE
-            out.append(f'<text x="{left + 14}" y="{y + 5}" font-size="10">... and {len(labelled) - LEGEND_MAX} more</text>')
+            out.append(
+                f'<text x="{left + 14}" y="{y + 5}" font-size="10">... and {len(labelled) - LEGEND_MAX} more</text>'
+            )
     return out
 
 

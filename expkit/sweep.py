@@ -320,7 +320,9 @@ def record_job_end(sweep_dir: Path, work_dir: Path) -> None:
             statuses[old_status] = statuses.get(old_status, 1) - 1
         statuses[str(row.get("status"))] = statuses.get(str(row.get("status")), 0) + 1
         statuses = {k: v for k, v in statuses.items() if v > 0}
-        resumed = [j for j in best.get("resumed_jobs") or [] if j != row["job"]] + ([row["job"]] if row.get("resumed") else [])
+        resumed = [j for j in best.get("resumed_jobs") or [] if j != row["job"]] + (
+            [row["job"]] if row.get("resumed") else []
+        )
         worse_best = best.get("job") == row["job"] and old is not None and _sort_key(row) > _sort_key(old)
         top = _cached_row(sweep_dir, best["job"]) if best.get("job") not in (None, row["job"]) else None
         if top is None or _sort_key(row) < _sort_key(top):

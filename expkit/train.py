@@ -95,7 +95,9 @@ def check_group_choices(argv: list[str]) -> str | None:
         for name in _names(override.value()):
             if name != "null" and name not in known:
                 label = "hook" if group == "hooks" else f"{group} option"
-                example = f"{group}=[{known[0]}]" if group == "hooks" and known else f"{group}={known[0] if known else ''}"
+                example = (
+                    f"{group}=[{known[0]}]" if group == "hooks" and known else f"{group}={known[0] if known else ''}"
+                )
                 return (
                     f"Unknown {label} {name!r} in '{override.input_line}'. "
                     f"Available {group}: {', '.join(known) or '(none)'}. For example: {example}. "
@@ -122,8 +124,9 @@ def _fail(exc: BaseException, work_dir: Path) -> None:
     sys.exit(2 if isinstance(exc, ConfigError) else 1)  # 2: fix the input; 1: the run failed
 
 
-def _sweep_job_failed(exc: BaseException, work_dir: Path, sweep_dir: Path, rule: str, fail_fast: bool,
-                      message: str | None = None) -> float:
+def _sweep_job_failed(
+    exc: BaseException, work_dir: Path, sweep_dir: Path, rule: str, fail_fast: bool, message: str | None = None
+) -> float:
     """In a sweep: record the failure, then either stop the sweep (fail_fast) or let it go on."""
     message = message or f"{type(exc).__name__}: {exc}"
     _record_failure(work_dir, message)
@@ -196,7 +199,9 @@ def _finished_job_value(cfg: DictConfig, work_dir: Path, rule: str, monitor: str
 def _best_value(result: dict[str, Any], monitor: str, rule: str) -> float:
     best = (result.get("best_metrics") or {}).get(monitor)
     value = None if best is None else best.get("value")
-    return float(value) if value is not None and math.isfinite(value) else worst_value(result.get("monitor_rule") or rule)
+    return (
+        float(value) if value is not None and math.isfinite(value) else worst_value(result.get("monitor_rule") or rule)
+    )
 
 
 def _done_since_launch(work_dir: Path, monitor: str, rule: str) -> float | None:
@@ -327,8 +332,16 @@ def run(cfg: DictConfig) -> float | None:
         return _run_owned(cfg, hc, work_dir, multirun, monitor, rule, run_info, owned)
 
 
-def _run_owned(cfg: DictConfig, hc: Any, work_dir: Path, multirun: bool, monitor: str, rule: str,
-               run_info: dict[str, Any], owned: contextlib.ExitStack) -> float | None:
+def _run_owned(
+    cfg: DictConfig,
+    hc: Any,
+    work_dir: Path,
+    multirun: bool,
+    monitor: str,
+    rule: str,
+    run_info: dict[str, Any],
+    owned: contextlib.ExitStack,
+) -> float | None:
     """The task once the work dir is known: owned (its lock in `owned`), built, run, reported."""
     from expkit import distributed, search
     from expkit.build import build_runner
@@ -383,8 +396,9 @@ def _run_owned(cfg: DictConfig, hc: Any, work_dir: Path, multirun: bool, monitor
         if runner is not None:
             rule = runner.directions.rule(monitor) or rule  # the run's own direction, when it got that far
         if multirun:
-            return _sweep_job_failed(exc, work_dir, sweep_dir, rule, bool(cfg.fail_fast),
-                                     runner.error if runner is not None else None)
+            return _sweep_job_failed(
+                exc, work_dir, sweep_dir, rule, bool(cfg.fail_fast), runner.error if runner is not None else None
+            )
         if isinstance(exc, ExpkitError):
             _fail(exc, work_dir)
         message = (runner.error if runner is not None else None) or f"{type(exc).__name__}: {exc}"
@@ -433,9 +447,11 @@ def flags_first(argv: list[str]) -> list[str]:
     flags, overrides, i = [], [], 0
     while i < len(argv):
         arg = argv[i]
-        takes_value = arg in _VALUED_FLAGS or (arg in ("--info", "-i") and i + 1 < len(argv) and argv[i + 1] in _INFO_TOPICS)
+        takes_value = arg in _VALUED_FLAGS or (
+            arg in ("--info", "-i") and i + 1 < len(argv) and argv[i + 1] in _INFO_TOPICS
+        )
         if takes_value:
-            flags += argv[i:i + 2]
+            flags += argv[i : i + 2]
             i += 2
             continue
         (flags if arg.startswith("-") else overrides).append(arg)
@@ -531,7 +547,9 @@ def _share_run_dir_across_ranks() -> None:
         sys.exit(2)
     given = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("hydra.run.dir=")), None)
     restarts = distributed.restart_count()
-    record = Path("outputs/.torchrun") / os.environ["TORCHELASTIC_RUN_ID"] if "TORCHELASTIC_RUN_ID" in os.environ else None
+    record = (
+        Path("outputs/.torchrun") / os.environ["TORCHELASTIC_RUN_ID"] if "TORCHELASTIC_RUN_ID" in os.environ else None
+    )
     if given is None and restarts > 0 and record is not None and record.is_file():
         given = record.read_text().strip()  # the dir the first attempt picked
     default = time.strftime("outputs/runs/%Y-%m-%d_%H-%M-%S-") + f"{time.time_ns() // 1000 % 10**6:06d}"
@@ -580,7 +598,7 @@ def compose_once() -> None:
             return original_get_mode(self, config_name, overrides)
         try:
             cfg = original_compose(self, config_name=config_name, overrides=overrides, run_mode=RunMode.RUN)
-        except Exception:  # noqa: BLE001 - sweep syntax, a mandatory default left out...: Hydra's own way
+        except Exception:
             return original_get_mode(self, config_name, overrides)
         if cfg.hydra.mode is None:  # a run: Hydra adds hydra.mode=RUN to the overrides and composes again;
             cfg.hydra.mode = RunMode.RUN  # this is what that override does to the config

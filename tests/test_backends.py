@@ -3,6 +3,7 @@ the terminal (plain lines, or a progress line on a real pseudo-terminal)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pty
@@ -12,8 +13,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, run_cli, toy_runner
+
 from expkit import default_hooks
 from expkit.backends import (
     Backend,
@@ -74,7 +75,6 @@ def test_wandb_offline_run_holds_config_history_name_and_summary(tmp_path, monke
     assert run["summary"]["best/val/acc"] == pytest.approx(runner.best_metrics["val/acc"]["value"])
 
 
-
 def test_a_wandb_log_counts_as_written_out_only_with_its_exit_record(tmp_path, monkeypatch):
     """wandb's service writes a run's log through a buffer and closes it after finish() has
     returned; the backend waits for the exit record, so a run's log is whole when run() ends.
@@ -98,6 +98,7 @@ def test_a_wandb_log_counts_as_written_out_only_with_its_exit_record(tmp_path, m
     assert wait_for_wandb_run(cut, timeout=0.05) is False
     with pytest.raises(ValueError, match="logger.wandb.flush_timeout"):
         WandbBackend(flush_timeout="soon")
+
 
 class Broken(Backend):
     name = "broken"
@@ -149,7 +150,7 @@ def test_svg_ticks_cover_the_data_and_skip_non_finite_values(tmp_path):
     for lo, hi in [(0.0123, 0.9876), (3, 3), (-5.5, 120.0), (1e-6, 3e-6), (800, 16000)]:
         ticks = nice_ticks(lo, hi)
         assert ticks[0] <= lo and ticks[-1] >= hi and 2 <= len(ticks) <= 8
-        steps = {round(b - a, 9) for a, b in zip(ticks, ticks[1:])}
+        steps = {round(b - a, 9) for a, b in itertools.pairwise(ticks)}
         assert len(steps) == 1
     line_charts(tmp_path / "c.svg", {"train/loss": [(1, 2.0), (2, float("nan")), (3, 1.0)], "empty": []})
     root = ET.parse(tmp_path / "c.svg").getroot()
@@ -222,6 +223,10 @@ def test_two_jobs_of_a_sweep_are_two_wandb_runs_in_one_group(tmp_path):
     assert runs[0]["run"]["group"] == runs[1]["run"]["group"] == "sweep"
     assert [r["config"]["optim"]["lr"] for r in runs] == [0.1, 0.01]
     for job, run in enumerate(runs):
-        jsonl = [json.loads(line) for line in (tmp_path / "sweep" / str(job) / "metrics.jsonl").read_text().splitlines()]
-        assert [row["val/acc"] for row in run["history"] if "val/acc" in row] == [r["val/acc"] for r in jsonl if "val/acc" in r]
+        jsonl = [
+            json.loads(line) for line in (tmp_path / "sweep" / str(job) / "metrics.jsonl").read_text().splitlines()
+        ]
+        assert [row["val/acc"] for row in run["history"] if "val/acc" in row] == [
+            r["val/acc"] for r in jsonl if "val/acc" in r
+        ]
         assert (tmp_path / "sweep" / str(job) / "tb").is_dir()

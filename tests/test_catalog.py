@@ -139,7 +139,10 @@ def test_early_stopping_missing_monitor(tmp_path, caplog):
         toy_runner(tmp_path / "s", metrics=metrics, hooks=[EarlyStoppingHook("val/parts/b", strict=True)]).run()
     result = toy_runner(tmp_path / "b", metrics=metrics, hooks=[EarlyStoppingHook("val/parts/b")]).run()
     assert result["status"] == "completed"
-    assert "early stopping monitors 'val/parts/b', not among ['val/acc', 'val/loss', 'val/parts/a']; skipped" in caplog.text
+    assert (
+        "early stopping monitors 'val/parts/b', not among ['val/acc', 'val/loss', 'val/parts/a']; skipped"
+        in caplog.text
+    )
 
 
 # -- invalid loss ----------------------------------------------------------------------------------------
@@ -229,7 +232,12 @@ def test_perf_stats_counts_every_phase_and_hook(tmp_path):
     runner = toy_runner(tmp_path, hooks=[PerfStatsHook()], max_epochs=2)
     result = runner.run()
     stats = result["perf_stats"]
-    assert {k: v["calls"] for k, v in stats["phases"].items()} == {"data": 4, "forward": 4, "backward": 4, "optimizer": 4}
+    assert {k: v["calls"] for k, v in stats["phases"].items()} == {
+        "data": 4,
+        "forward": 4,
+        "backward": 4,
+        "optimizer": 4,
+    }
     by_key = {(h["hook"], h["stage"]): h for h in stats["hooks"]}
     assert by_key[("logger", "after_train_iter")]["calls"] == 4
     assert by_key[("checkpoint", "after_train_epoch")]["calls"] == 2

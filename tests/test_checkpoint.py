@@ -119,7 +119,7 @@ def test_best_checkpoints_may_carry_the_optimizer(tmp_path):
 
 
 def test_published_keys_write_slim_hashed_copies(tmp_path):
-    _, result = _run(tmp_path, epochs=2, save_best="val/acc", published_keys=["meta", "state_dict"])
+    _run(tmp_path, epochs=2, save_best="val/acc", published_keys=["meta", "state_dict"])
     published = _names(tmp_path, "*-*.pth")
     assert len(published) == 2  # the last and the best
     for name in published:
@@ -211,7 +211,9 @@ def test_a_failed_write_names_the_file_and_keeps_the_previous_checkpoint(tmp_pat
                 (tmp_path / "checkpoints" / f".epoch_2.pth.tmp{os.getpid()}" / "x").mkdir(parents=True)
 
     runner = toy_runner(tmp_path, hooks=[BlockSecondSave()], max_epochs=3)
-    with pytest.raises(HookError, match=r"could not write .*epoch_2.pth: .*epoch_1.pth \(and last_checkpoint\) is intact"):
+    with pytest.raises(
+        HookError, match=r"could not write .*epoch_2.pth: .*epoch_1.pth \(and last_checkpoint\) is intact"
+    ):
         runner.run()
     assert (tmp_path / "checkpoints" / "last_checkpoint").read_text().endswith("epoch_1.pth")
     assert load_checkpoint(tmp_path / "checkpoints" / "epoch_1.pth")["meta"]["epoch"] == 1

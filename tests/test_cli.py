@@ -103,7 +103,13 @@ def test_show_hooks_prints_the_order_without_training(tmp_path):
     "args, expected",
     [
         (["hooks=[nonexistent]"], ["Unknown hook 'nonexistent'", "Available hooks: activation_stats, csv", "profiler"]),
-        (["model=nonexistent"], ["Unknown model option 'nonexistent'", "byol_mlp, char_gru, cnn, digits_gan, mlp, regression_mlp, resnet18, segnet"]),
+        (
+            ["model=nonexistent"],
+            [
+                "Unknown model option 'nonexistent'",
+                "byol_mlp, char_gru, cnn, digits_gan, mlp, regression_mlp, resnet18, segnet",
+            ],
+        ),
         (["hooks=[ema]", "+hooks.ema.priority=SUPER"], ["hooks.ema.priority", "'SUPER'", "VERY_HIGH (10)"]),
         (["hooks=[ema]", "+hooks.ema.priority=101"], ["hooks.ema.priority", "101", "0-100"]),
         (["model._target_=nowhere.Net"], ["model._target_='nowhere.Net' cannot be imported", "No module named"]),

@@ -26,7 +26,14 @@ def test_default_config_has_the_documented_keys():
     assert cfg.hooks == {}
     assert cfg.trainer.max_epochs == 20 and cfg.trainer.max_iters is None
     assert cfg.data._target_ == "expkit.data.DigitsData" and cfg.model._target_ == "expkit.models.MLP"
-    assert list(cfg.default_hooks) == ["runtime_info", "timer", "sampler_seed", "logger", "param_scheduler", "checkpoint"]
+    assert list(cfg.default_hooks) == [
+        "runtime_info",
+        "timer",
+        "sampler_seed",
+        "logger",
+        "param_scheduler",
+        "checkpoint",
+    ]
     for key in ("interval", "by_epoch", "save_optimizer", "save_param_scheduler", "out_dir", "max_keep_ckpts",
                 "save_last", "save_best", "rule", "greater_keys", "less_keys", "save_begin", "filename_tmpl"):  # fmt: skip
         assert key in cfg.default_hooks.checkpoint, key
@@ -106,7 +113,9 @@ def test_group_choices_are_checked_with_the_options_listed(argv, fragment):
     assert fragment in check_group_choices(argv)
 
 
-@pytest.mark.parametrize("argv", [["hooks=[ema]"], ["model=cnn", "optim.lr=0.1"], ["~default_hooks.logger"], ["hooks=[]"]])
+@pytest.mark.parametrize(
+    "argv", [["hooks=[ema]"], ["model=cnn", "optim.lr=0.1"], ["~default_hooks.logger"], ["hooks=[]"]]
+)
 def test_valid_choices_pass(argv):
     assert check_group_choices(argv) is None
 

@@ -32,7 +32,7 @@ def test_digits_split_is_disjoint_stratified_and_fixed():
     train, val, test = DigitsData().datasets()
     assert len(train) + len(val) + len(test) == 1797
     assert abs(len(val) - 0.15 * 1797) < 10 and abs(len(test) - 0.15 * 1797) < 10
-    rows = lambda ds: {tuple(r.flatten().tolist()) for r in ds.tensors[0]}  # noqa: E731
+    rows = lambda ds: {tuple(r.flatten().tolist()) for r in ds.tensors[0]}
     assert not (rows(val) & rows(test))
     for ds in (val, test):
         counts = torch.bincount(ds.tensors[1], minlength=10)
@@ -79,7 +79,7 @@ def test_image_folder_reads_local_files(tmp_path):
     data = ImageFolderData(root=str(tmp_path), image_size=8, batch_size=2)
     assert data.num_classes == 2
     train, val, test = data.loaders()
-    x, y = next(iter(train))
+    x, _ = next(iter(train))
     assert tuple(x.shape) == (2, 3, 8, 8) and test is None
     assert len(val.dataset) == 6
 

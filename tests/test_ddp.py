@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -75,7 +74,11 @@ def test_two_processes_one_run(tmp_path):
     runs = list((tmp_path / "outputs" / "runs").iterdir())
     assert len(runs) == 1, runs  # no second work dir for rank 1
     (work,) = runs
-    assert sorted(p.name for p in (work / "checkpoints").glob("epoch_*.pth")) == ["epoch_1.pth", "epoch_2.pth", "epoch_3.pth"]
+    assert sorted(p.name for p in (work / "checkpoints").glob("epoch_*.pth")) == [
+        "epoch_1.pth",
+        "epoch_2.pth",
+        "epoch_3.pth",
+    ]
     assert (work / "rank1.log").is_file() and not (work / ".hydra" / "rank1").exists()
     result = json.loads((work / "result.json").read_text())
     assert result["status"] == "completed" and result["iter"] == 60  # 1258 samples / 2 ranks / 32 = 20 per epoch
@@ -182,8 +185,14 @@ class KillRank(Hook):
 def test_a_killed_rank_leaves_a_one_line_record_and_the_run_resumes(tmp_path, killed):
     (tmp_path / "killhook.py").write_text(KILL_HOOK)
     work = tmp_path / "run"
-    args = (f"hydra.run.dir={work}", "trainer.max_epochs=2", "default_hooks.checkpoint.by_epoch=false",
-            "default_hooks.checkpoint.interval=10", "+hooks.kill._target_=killhook.KillRank", f"+hooks.kill.rank={killed}")
+    args = (
+        f"hydra.run.dir={work}",
+        "trainer.max_epochs=2",
+        "default_hooks.checkpoint.by_epoch=false",
+        "default_hooks.checkpoint.interval=10",
+        "+hooks.kill._target_=killhook.KillRank",
+        f"+hooks.kill.rank={killed}",
+    )
     proc = _torchrun(tmp_path, *args, timeout=240)
     assert proc.returncode != 0
     result = json.loads((work / "result.json").read_text())  # written by whichever rank survived

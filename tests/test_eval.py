@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO, run_cli
 from hydra import compose, initialize_config_dir
 
-from conftest import REPO, run_cli
 from expkit.build import build_runner
 from expkit.eval import load_model
 from expkit.train import CONF_DIR
@@ -101,7 +101,9 @@ def test_two_seeded_deterministic_runs_are_identical(tmp_path):
 def test_eval_is_a_hydra_app_with_hydras_habits(tmp_path):
     """hydra.run.dir, --help, --cfg job, and -m over several checkpoints with a summary."""
     for name, epochs in (("a", 1), ("b", 2)):
-        proc = run_cli(f"hydra.run.dir={tmp_path / name}", f"trainer.max_epochs={epochs}", "default_hooks.logger.plot=false")
+        proc = run_cli(
+            f"hydra.run.dir={tmp_path / name}", f"trainer.max_epochs={epochs}", "default_hooks.logger.plot=false"
+        )
         assert proc.returncode == 0, proc.output[-2000:]
     proc = _eval(f"checkpoint={tmp_path / 'a'}", f"hydra.run.dir={tmp_path / 'eval'}", "data.batch_size=64")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -110,7 +112,11 @@ def test_eval_is_a_hydra_app_with_hydras_habits(tmp_path):
     assert (tmp_path / "eval" / ".hydra" / "config.yaml").is_file()
 
     helped = _eval("--help")
-    assert helped.returncode == 0 and "python -m expkit.eval checkpoint=" in helped.stdout and "split: test" in helped.stdout
+    assert (
+        helped.returncode == 0
+        and "python -m expkit.eval checkpoint=" in helped.stdout
+        and "split: test" in helped.stdout
+    )
     shown = _eval(f"checkpoint={tmp_path / 'a'}", "split=val", "--cfg", "job")
     assert shown.returncode == 0 and "split: val" in shown.stdout and "checkpoint:" in shown.stdout
 

@@ -47,7 +47,9 @@ def test_safetensors_hold_the_checkpoint_weights_and_the_ema_ones(run_dir, tmp_p
         expected = dict(checkpoint["state_dict"]) | (checkpoint["ema_state_dict"] if ema == "true" else {})
         weights = load_file(str(out))
         assert weights.keys() == expected.keys() and all(torch.equal(weights[k], expected[k]) for k in expected)
-        assert info["checkpoint_sha256"] == __import__("hashlib").sha256(Path(info["checkpoint"]).read_bytes()).hexdigest()
+        assert (
+            info["checkpoint_sha256"] == __import__("hashlib").sha256(Path(info["checkpoint"]).read_bytes()).hexdigest()
+        )
     assert not torch.equal(load_file(str(tmp_path / "ema_true.safetensors"))["net.1.weight"],
                            load_file(str(tmp_path / "ema_false.safetensors"))["net.1.weight"])  # fmt: skip
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_cli
 from test_ddp import DIE_ONCE  # rank 1 SIGKILLed once, at iteration 25
+
 from expkit import checkpoint_io
 from expkit.errors import ConfigError
 
@@ -57,7 +57,8 @@ def test_fsdp_trains_as_ddp_does_and_its_sharded_checkpoint_resumes_in_one_proce
     for key in reference:
         assert torch.allclose(reference[key], sharded[key], atol=1e-5, rtol=0), key
     assert result["final_metrics"]["val/acc"] == pytest.approx(
-        json.loads((ddp / "result.json").read_text())["final_metrics"]["val/acc"], abs=1e-6)
+        json.loads((ddp / "result.json").read_text())["final_metrics"]["val/acc"], abs=1e-6
+    )
 
     # 2 -> 1 process: resumes from the sharded checkpoint (weights and optimizer state) and finishes
     proc = run_cli(*COMMON, f"hydra.run.dir={fsdp}", "trainer.strategy=fsdp", "trainer.max_epochs=3", "resume=true",
@@ -226,7 +227,10 @@ def test_a_sharded_checkpoint_restores_an_optimizer_whose_unused_parameters_have
     def make():
         torch.manual_seed(0)
         model = nn.ModuleDict({"used": nn.Linear(4, 4), "unused": nn.Linear(4, 4)})
-        groups = [{"params": model["used"].parameters(), "lr": 0.1}, {"params": model["unused"].parameters(), "lr": 0.01}]
+        groups = [
+            {"params": model["used"].parameters(), "lr": 0.1},
+            {"params": model["unused"].parameters(), "lr": 0.01},
+        ]
         return model, torch.optim.Adam(groups)
 
     model, optimizer = make()

@@ -142,7 +142,9 @@ def test_ema_survives_resume(tmp_path):
         torch.testing.assert_close(a["ema_state_dict"][k], b["ema_state_dict"][k], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("kwargs", [{"momentum": 0}, {"momentum": 1.5}, {"ema_type": "Nope"}, {"begin_iter": 1, "begin_epoch": 1}])
+@pytest.mark.parametrize(
+    "kwargs", [{"momentum": 0}, {"momentum": 1.5}, {"ema_type": "Nope"}, {"begin_iter": 1, "begin_epoch": 1}]
+)
 def test_ema_rejects_bad_settings(kwargs):
     with pytest.raises(ValueError):
         EMAHook(**kwargs)

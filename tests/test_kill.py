@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow
@@ -71,8 +70,8 @@ def _resume_and_compare(work: Path, reference: dict[str, torch.Tensor]) -> None:
     assert (result["status"], result["iter"]) == ("completed", 120)
     final = torch.load(work / "checkpoints" / "iter_120.pth", weights_only=True)["state_dict"]
     assert final.keys() == reference.keys()
-    for key in reference:
-        assert torch.equal(final[key], reference[key]), key
+    for key, expected in reference.items():
+        assert torch.equal(final[key], expected), key
 
 
 def test_sigkill_mid_epoch_then_resume_is_bit_identical(tmp_path, reference):

@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
 
 pytestmark = pytest.mark.slow

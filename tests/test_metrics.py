@@ -70,7 +70,9 @@ def test_a_metric_reads_the_step_outputs_it_names():
     assert default.calls[0][0][0] is outputs["logits"] and default.calls[0][0][1] is outputs["targets"]
     assert seen_list.calls[0][0][0] is outputs["masks"]
     assert seen_map.calls[0][1] == {"preds": outputs["logits"], "target": outputs["masks"]}
-    with pytest.raises(ConfigError, match=r"metrics.x reads 'boxes' .* \['logits', 'masks', 'targets'\]; set metrics.x.inputs"):
+    with pytest.raises(
+        ConfigError, match=r"metrics.x reads 'boxes' .* \['logits', 'masks', 'targets'\]; set metrics.x.inputs"
+    ):
         MetricSlot(_Seen(), "x", inputs=["boxes"]).update(outputs)
 
 

@@ -13,7 +13,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
 
 pytestmark = pytest.mark.slow
@@ -75,7 +74,9 @@ def test_a_sweep_is_one_experiment_and_mlflow_server_answers_for_it(tmp_path):
                         break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"mlflow server did not start: {server.stderr.read().decode()[-2000:] if server.stderr else ''}")
+                    pytest.fail(
+                        f"mlflow server did not start: {server.stderr.read().decode()[-2000:] if server.stderr else ''}"
+                    )
                 time.sleep(0.5)
         query = json.dumps({"experiment_ids": [experiment.experiment_id], "max_results": 10}).encode()
         request = urllib.request.Request(f"{url}/api/2.0/mlflow/runs/search", data=query,

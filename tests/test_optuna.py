@@ -166,8 +166,15 @@ def test_direction_follows_monitor_and_a_bad_setting_is_named(tmp_path):
                    "hydra.sweeper.study_name=loss", f"hydra.sweep.dir={tmp_path / 'a'}")  # fmt: skip
     assert proc.returncode == 0, proc.output
     assert _study(storage, "loss").direction == optuna.study.StudyDirection.MINIMIZE
-    mse = run_cli(*FAST, "experiment=regression", "hydra.sweeper.n_trials=1", "hydra.sweeper.params={optim.lr: 0.01}",
-                  f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=mse", f"hydra.sweep.dir={tmp_path / 'r'}")
+    mse = run_cli(
+        *FAST,
+        "experiment=regression",
+        "hydra.sweeper.n_trials=1",
+        "hydra.sweeper.params={optim.lr: 0.01}",
+        f"hydra.sweeper.storage={storage}",
+        "hydra.sweeper.study_name=mse",
+        f"hydra.sweep.dir={tmp_path / 'r'}",
+    )
     assert mse.returncode == 0, mse.output  # val/mse: torchmetrics' MeanSquaredError says lower is better
     assert _study(storage, "mse").direction == optuna.study.StudyDirection.MINIMIZE
     from expkit.ownership import WorkDirLock
@@ -181,8 +188,14 @@ def test_direction_follows_monitor_and_a_bad_setting_is_named(tmp_path):
     empty = run_cli(*FAST, "hydra.sweeper.params={optim.lr: 'range(5,1)'}", f"hydra.sweep.dir={tmp_path / 'b'}")
     assert empty.returncode == 2 and "hydra.sweeper.params.optim.lr=range(5,1)" in empty.stderr, empty.output
     assert "Traceback" not in empty.stderr
-    clash = run_cli(*FAST, "hydra.sweeper.n_trials=1", "hydra.sweeper.direction=maximize",
-                    f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=loss", f"hydra.sweep.dir={tmp_path / 'c'}")
+    clash = run_cli(
+        *FAST,
+        "hydra.sweeper.n_trials=1",
+        "hydra.sweeper.direction=maximize",
+        f"hydra.sweeper.storage={storage}",
+        "hydra.sweeper.study_name=loss",
+        f"hydra.sweep.dir={tmp_path / 'c'}",
+    )
     assert clash.returncode == 2, clash.output
     assert "study 'loss'" in clash.stderr and "minimizes" in clash.stderr
 
@@ -213,7 +226,9 @@ def test_optuna_dashboard_serves_the_study(tmp_path):
                 time.sleep(0.2)
         assert studies is not None, "optuna-dashboard did not answer within 30 s"
         (summary,) = [s for s in studies if s["study_name"] == "d"]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{summary['study_id']}?after=0", timeout=5) as r:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/api/studies/{summary['study_id']}?after=0", timeout=5
+        ) as r:
             trials = json.loads(r.read())["trials"]
         assert [t["state"] for t in trials] == ["Complete", "Complete"]
     finally:
@@ -251,7 +266,9 @@ def test_custom_search_space_adds_conditional_parameters_to_the_overrides():
         trial = study.ask(fixed_distributions=space)
         overrides = sweeper._overrides(trial, space)
         names = {o.split("=")[0] for o in overrides}
-        assert names == ({"optim", "optim.lr", "optim.momentum"} if trial.params["optim"] == "sgd" else {"optim", "optim.lr"})
+        assert names == (
+            {"optim", "optim.lr", "optim.momentum"} if trial.params["optim"] == "sgd" else {"optim", "optim.lr"}
+        )
         seen.add(trial.params["optim"])
         study.tell(trial, 0.0)
     assert seen == {"sgd", "adam"}

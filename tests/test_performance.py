@@ -66,7 +66,9 @@ def _image_loaders(n: int = 16, batch: int = 4):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n, 3, 8, 8, generator=g)
     train = TensorDataset(x, (x.mean((1, 2, 3)) > 0).long())
-    return DataLoader(train, batch_size=batch, sampler=SeededRandomSampler(train, 0)), DataLoader(train, batch_size=batch)
+    return DataLoader(train, batch_size=batch, sampler=SeededRandomSampler(train, 0)), DataLoader(
+        train, batch_size=batch
+    )
 
 
 def _image_runner(work_dir: Path, hooks=(), **settings) -> Runner:
@@ -223,8 +225,9 @@ def test_gpu_fp16_uses_a_grad_scaler_and_learns(tmp_path):
 
 # -- the benchmark scripts, quick mode ------------------------------------------------------
 def _bench(*args: str) -> str:
-    out = subprocess.run([sys.executable, *args, "--quick"], cwd=REPO, capture_output=True, text=True, timeout=600,
-                         check=False)
+    out = subprocess.run(
+        [sys.executable, *args, "--quick"], cwd=REPO, capture_output=True, text=True, timeout=600, check=False
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 

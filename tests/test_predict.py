@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import run_cli
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ from conftest import REPO
 
 
 def _python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+    return re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), flags=re.DOTALL)
 
 
 def test_readme_python_examples_run(tmp_path, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -41,7 +42,9 @@ def test_accumulation_equals_one_batch_of_the_windows_samples(tmp_path, batch, k
     each micro-batch weighs by its share of the window's samples, so even that window is exact."""
     extra = [f"trainer.clip_grad_norm={clip}"] if clip else []
     big, big_result = _train(tmp_path / "big", f"data.batch_size={batch * k}", *extra)
-    acc, acc_result = _train(tmp_path / "acc", f"data.batch_size={batch}", f"trainer.accumulate_grad_batches={k}", *extra)
+    acc, acc_result = _train(
+        tmp_path / "acc", f"data.batch_size={batch}", f"trainer.accumulate_grad_batches={k}", *extra
+    )
     assert acc_result["iter"] == big_result["iter"] == 2 * -(-1258 // (batch * k))  # iterations are optimizer steps
     assert _max_difference(big.model, acc.model) < 1e-5
     plain, _ = _train(tmp_path / "plain", f"data.batch_size={batch}")  # without accumulation: different weights
@@ -49,10 +52,16 @@ def test_accumulation_equals_one_batch_of_the_windows_samples(tmp_path, batch, k
 
 
 def test_steps_drive_logs_schedulers_and_checkpoints(tmp_path):
-    _, result = _train(tmp_path, "data.batch_size=16", "trainer.accumulate_grad_batches=4", "sched=cosine",
-                       "default_hooks.logger.interval=5", "default_hooks.checkpoint.by_epoch=false",
-                       "default_hooks.checkpoint.interval=7")  # fmt: skip
-    steps_per_epoch = -(-(-(-1258 // 16)) // 4)  # 79 batches -> 20 steps
+    _, result = _train(
+        tmp_path,
+        "data.batch_size=16",
+        "trainer.accumulate_grad_batches=4",
+        "sched=cosine",
+        "default_hooks.logger.interval=5",
+        "default_hooks.checkpoint.by_epoch=false",
+        "default_hooks.checkpoint.interval=7",
+    )
+    steps_per_epoch = math.ceil(math.ceil(1258 / 16) / 4)  # 79 batches -> 20 steps
     assert result["iter"] == 2 * steps_per_epoch
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "train/loss" in r]
@@ -154,10 +163,12 @@ def test_the_first_matching_rule_wins_and_multipliers_scale_the_optimizers_value
 
 
 def test_bad_param_group_rules_are_named(tmp_path, caplog):
-    with pytest.raises(ConfigError, match=r"optim.param_groups\[0\]: 'wieght_decay' is not an argument of the optimizer"):
+    with pytest.raises(
+        ConfigError, match=r"optim.param_groups\[0\]: 'wieght_decay' is not an argument of the optimizer"
+    ):
         build_runner(_compose("optim=adamw", 'optim.param_groups=[{match:"*.bias",wieght_decay:0}]'), tmp_path)
     with pytest.raises(ConfigError, match=r"optim.param_groups\[0\]: a rule needs match"):
-        build_runner(_compose('optim.param_groups=[{weight_decay:0}]'), tmp_path)
+        build_runner(_compose("optim.param_groups=[{weight_decay:0}]"), tmp_path)
     build_runner(_compose('optim.param_groups=[{match:"encoder.*",weight_decay:0}]'), tmp_path)
     assert "optim.param_groups[0] (match: encoder.*) matches no parameter" in caplog.text
 
@@ -175,7 +186,9 @@ def test_named_validation_sets_are_reported_monitored_and_checked(tmp_path):
     best = result["best_metrics"]
     assert (best["val/clean/acc"]["rule"], best["val/noisy/loss"]["rule"]) == ("greater", "less")
     assert result["best_checkpoint"].endswith(f"best_val_clean_acc_epoch_{best['val/clean/acc']['epoch']}.pth")
-    with pytest.raises(ConfigError, match=r"'val/acc' is not a metric .* val/clean/loss, val/clean/acc, val/noisy/loss"):
+    with pytest.raises(
+        ConfigError, match=r"'val/acc' is not a metric .* val/clean/loss, val/clean/acc, val/noisy/loss"
+    ):
         _train(tmp_path / "b", "data.noisy_val=0.5")  # monitor=val/acc: validation reports per set
 
 
@@ -205,8 +218,9 @@ def test_a_gan_with_two_optimizers_checkpoints_both_and_resumes_bit_identical(tm
     logged = next(r for r in records if "train/d_loss" in r)  # the model's own scalars (outputs["log"])
     assert {"train/g_loss", "train/lr/generator", "train/lr/discriminator"} <= set(logged)
 
-    _, first = _train(tmp_path / "resumed", "experiment=gan", "sched=cosine", "hooks=[stop_after]",
-                      "hooks.stop_after.epochs=1")  # the same run (its cosine spans 2 epochs), stopped after one
+    _, first = _train(
+        tmp_path / "resumed", "experiment=gan", "sched=cosine", "hooks=[stop_after]", "hooks.stop_after.epochs=1"
+    )  # the same run (its cosine spans 2 epochs), stopped after one
     assert (first["status"], first["epoch"]) == ("stopped", 1)
     resumed, _ = _train(tmp_path / "resumed", "experiment=gan", "sched=cosine", "resume=true")
     for key, value in straight.model.state_dict().items():
@@ -216,7 +230,9 @@ def test_a_gan_with_two_optimizers_checkpoints_both_and_resumes_bit_identical(tm
 
 
 def test_several_optimizers_need_a_model_that_owns_its_update(tmp_path):
-    with pytest.raises(ConfigError, match=r"optim defines 2 optimizers \(generator, discriminator\): the model must own"):
+    with pytest.raises(
+        ConfigError, match=r"optim defines 2 optimizers \(generator, discriminator\): the model must own"
+    ):
         build_runner(_compose("optim=gan", "model=mlp", "optim.generator.module=null",
                               "optim.discriminator.module=null"), tmp_path)  # fmt: skip
     with pytest.raises(ConfigError, match=r"optim.generator.module=gen: the model has no submodule 'gen'"):
@@ -230,7 +246,9 @@ def test_the_momentum_encoder_follows_the_online_network_on_its_schedule(tmp_pat
     from expkit.hooks import MomentumEncoderHook
 
     cosine = MomentumEncoderHook(momentum=0.9, schedule="cosine", end_momentum=1.0)
-    assert (cosine.momentum_at(0, 10), cosine.momentum_at(5, 10), cosine.momentum_at(10, 10)) == pytest.approx((0.9, 0.95, 1.0))
+    assert (cosine.momentum_at(0, 10), cosine.momentum_at(5, 10), cosine.momentum_at(10, 10)) == pytest.approx(
+        (0.9, 0.95, 1.0)
+    )
     assert MomentumEncoderHook(momentum=0.9, schedule="constant").momentum_at(7, 10) == 0.9
 
     follow = Twin()

@@ -165,7 +165,9 @@ def test_killed_anywhere_then_resumed_records_equal_an_uninterrupted_run(tmp_pat
 def small_disk(path: Path, size: str):
     """A real tmpfs of `size` at `path` (skips where mounting is not allowed), unmounted after."""
     path.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    ).returncode:
         pytest.skip("mounting a small tmpfs is not allowed here")
     try:
         yield path

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from conftest import Recorder, toy_runner
+
 from expkit import ConfigError, Hook, HookError, Priority, Stage
 from expkit.hooks import CheckpointHook
 
@@ -39,7 +39,9 @@ def test_golden_firing_order_with_two_equal_priority_hooks(tmp_path):
         GOLDEN.write_text(transcript)
     assert GOLDEN.is_file(), (f"{GOLDEN} is missing: regenerate it with EXPKIT_REGENERATE_GOLDEN=1 .venv/bin/python "
                               "-m pytest tests/test_runner.py -k golden, review it and commit it")  # fmt: skip
-    assert transcript == GOLDEN.read_text(), "the firing order changed; if intended: EXPKIT_REGENERATE_GOLDEN=1 (see above)"
+    assert transcript == GOLDEN.read_text(), (
+        "the firing order changed; if intended: EXPKIT_REGENERATE_GOLDEN=1 (see above)"
+    )
 
 
 def test_sorting_priorities_ties_and_defaults_first(tmp_path):

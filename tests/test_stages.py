@@ -57,7 +57,16 @@ def test_nine_levels_with_mmengine_values():
 
 @pytest.mark.parametrize(
     "given, expected",
-    [("HIGHEST", 0), ("very_low", 90), ("Below_Normal", 60), (Priority.LOW, 70), (0, 0), (55, 55), (100, 100), ("42", 42)],
+    [
+        ("HIGHEST", 0),
+        ("very_low", 90),
+        ("Below_Normal", 60),
+        (Priority.LOW, 70),
+        (0, 0),
+        (55, 55),
+        (100, 100),
+        ("42", 42),
+    ],
 )
 def test_get_priority_accepts_names_members_and_ints(given, expected):
     assert get_priority(given) == expected

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow
@@ -53,17 +52,20 @@ def _check_plot(sweep: Path, rows: list[dict]) -> None:
     hyperparameter one point per job, placed by its best value (higher value, smaller y)."""
     ns = "{http://www.w3.org/2000/svg}"
     root = ET.parse(sweep / "sweep.svg").getroot()
+
     def title(element) -> str:
         return element.find(f"{ns}title").text
 
-    lines = [line for line in root.findall(f"{ns}polyline") if title(line) != "best so far"]  # an Optuna search's progress
+    lines = [
+        line for line in root.findall(f"{ns}polyline") if title(line) != "best so far"
+    ]  # an Optuna search's progress
     assert sorted(title(line).split(":")[0] for line in lines) == sorted(r["job"] for r in rows)
     points = [c for c in root.findall(f"{ns}circle") if c.get("class") == "point" and not title(c).startswith("trial ")]
     best = {r["job"]: float(r["best"]) for r in rows}
     swept = len(points) // len(rows)
     assert swept >= 1 and len(points) == swept * len(rows)
     for panel in range(swept):
-        mine = points[panel * len(rows):(panel + 1) * len(rows)]
+        mine = points[panel * len(rows) : (panel + 1) * len(rows)]
         jobs = [c.find(f"{ns}title").text.split(":")[0].removeprefix("job ") for c in mine]
         assert sorted(jobs) == sorted(best)
         by_height = [best[j] for j, _ in sorted(zip(jobs, mine), key=lambda jc: float(jc[1].get("cy")))]

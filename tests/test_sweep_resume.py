@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import REPO, run_cli
 
 pytestmark = pytest.mark.slow

@@ -33,7 +33,12 @@ def _validations(work, key: str) -> list[float]:
     [
         ("regression", "val/mse", "less", ["trainer.max_epochs=8"]),
         ("segmentation", "val/iou", "greater", ["trainer.max_epochs=3", "data.num_train=500"]),
-        ("char_lm", "val/perplexity", "less", ["trainer.max_epochs=2", "data.max_chars=120000", "model.hidden_size=128"]),
+        (
+            "char_lm",
+            "val/perplexity",
+            "less",
+            ["trainer.max_epochs=2", "data.max_chars=120000", "model.hidden_size=128"],
+        ),
     ],
 )
 def test_a_shipped_task_trains_and_its_monitored_metric_improves(tmp_path, experiment, monitor, rule, shrink):

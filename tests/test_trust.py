@@ -84,7 +84,9 @@ def attacks(trained, tmp_path) -> tuple[Path, dict[str, Path]]:
 def test_load_model_refuses_every_untrusted_target_before_it_runs(attacks):
     marker, files = attacks
     for name, path in files.items():
-        with pytest.raises(UntrustedTargetError, match=r"refused to build \w+(\.hidden|\._args_\[0\])?\._target_=") as info:
+        with pytest.raises(
+            UntrustedTargetError, match=r"refused to build \w+(\.hidden|\._args_\[0\])?\._target_="
+        ) as info:
             load_model(path)
         assert "trusted_targets=" in str(info.value), name
         assert not marker.exists(), f"{name} ran: {marker} was created"
@@ -141,7 +143,9 @@ def test_eval_command_trusts_a_package_or_a_config_dir(tmp_path):
                            cwd=PROJECT, env=env, capture_output=True, text=True)  # fmt: skip
     assert train.returncode == 0, train.stderr
     base = [sys.executable, "-m", "expkit.eval", f"checkpoint={tmp_path / 'run'}"]
-    refused = subprocess.run([*base, f"work_dir={tmp_path / 'e0'}"], cwd=PROJECT, env=env, capture_output=True, text=True)
+    refused = subprocess.run(
+        [*base, f"work_dir={tmp_path / 'e0'}"], cwd=PROJECT, env=env, capture_output=True, text=True
+    )
     assert refused.returncode == 2 and "trusted_targets=[my_project]" in refused.stderr
     for i, extra in enumerate([["trusted_targets=[my_project]"], ["--config-dir", "conf"]]):
         proc = subprocess.run([*base, *extra, f"work_dir={tmp_path / f'e{i + 1}'}"], cwd=PROJECT, env=env,

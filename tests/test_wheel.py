@@ -9,7 +9,6 @@ import sys
 import zipfile
 
 import pytest
-
 from conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -21,8 +20,13 @@ def test_wheel_contains_the_configs_and_runs_outside_the_repo(tmp_path):
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(REPO)], check=True)
     (wheel,) = dist.glob("expkit-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for config in ("expkit/conf/train.yaml", "expkit/conf/hooks/ema.yaml", "expkit/conf/model/cnn.yaml",
-                   "hydra_plugins/expkit_sweeper/expkit_sweeper.py", "hydra_plugins/expkit_sweeper/optuna_sweeper.py"):
+    for config in (
+        "expkit/conf/train.yaml",
+        "expkit/conf/hooks/ema.yaml",
+        "expkit/conf/model/cnn.yaml",
+        "hydra_plugins/expkit_sweeper/expkit_sweeper.py",
+        "hydra_plugins/expkit_sweeper/optuna_sweeper.py",
+    ):
         assert config in names
     assert "hydra_plugins/__init__.py" not in names  # a namespace package, shared with Hydra's other plugins
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True)

@@ -88,9 +88,7 @@ class EMAHook(Hook):
         return self._ema
 
     # -- averaging ----------------------------------------------------------------------------
-    def after_optimizer_step(
-        self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]
-    ) -> None:
+    def after_optimizer_step(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
         ema = self._ensure_ema()
         live = [t.detach() for t in self._live]
         started = runner.epoch + 1 >= self.begin_epoch if self.begin_epoch else runner.iter + 1 >= self.begin_iter

@@ -93,7 +93,7 @@ class LogPredictionsHook(Hook):
                 self._send(runner, "image", _grid(inputs, predictions, targets, self.tile))
             else:
                 self._send(runner, "table", _table(predictions, targets))
-        except Exception as exc:  # noqa: BLE001 - e.g. a model whose eval_step returns neither preds nor logits
+        except Exception as exc:
             if "predictions" not in self._warned:
                 self._warned.add("predictions")
                 log.warning("LogPredictionsHook: cannot show this model's predictions (%s: %s); nothing logged",
@@ -115,7 +115,7 @@ class LogPredictionsHook(Hook):
                 continue
             try:
                 getattr(backend, f"log_{kind}")(tag, content, step)
-            except Exception as exc:  # noqa: BLE001 - a dashboard failing must not end the run
+            except Exception as exc:
                 self._warned.add(name)
                 log.warning("LogPredictionsHook: %s could not take the %s (%s: %s); not tried again", name, kind,
                             type(exc).__name__, exc)  # fmt: skip
@@ -170,4 +170,3 @@ def _markdown(rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|---|---|---|"]
     lines += [f"| {i} | {t} | {p} |" for i, t, p in rows]
     return "\n".join(lines) + "\n"
-

@@ -201,7 +201,9 @@ class LoggerHook(Hook):
         step = runner.iter + 1
         record: dict[str, Any] = {"step": step, "epoch": runner.epoch + 1, "iter": step, "train/loss": loss}
         for key, values in self._logged.items():
-            record[f"train/{key}"] = float(torch.stack([torch.as_tensor(v, dtype=torch.float32) for v in values]).mean())
+            record[f"train/{key}"] = float(
+                torch.stack([torch.as_tensor(v, dtype=torch.float32) for v in values]).mean()
+            )
         self._logged.clear()
         if runner.optimizer is not None:
             record["train/lr"] = runner.optimizer.param_groups[0]["lr"]
@@ -283,7 +285,8 @@ def plot_curves(metrics_file: Any, path: Any) -> None:
     """curves.svg: training loss and every val/test metric against the step."""
     from expkit.svgplot import line_charts
 
-    records = [json.loads(line) for line in open(metrics_file, encoding="utf-8") if line.strip()]
+    with open(metrics_file, encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
     keys = sorted({k for r in records for k in r if k.startswith(("train/loss", "val/", "test/"))})
     if keys:
         line_charts(path, {key: [(r["step"], r[key]) for r in records if key in r] for key in keys})

@@ -50,7 +50,9 @@ class ParamSchedulerHook(Hook):
         for scheduler in plateaus:
             if scheduler.mode != mode:
                 scheduler.mode = mode
-                scheduler._init_is_better(mode=mode, threshold=scheduler.threshold, threshold_mode=scheduler.threshold_mode)
+                scheduler._init_is_better(
+                    mode=mode, threshold=scheduler.threshold, threshold_mode=scheduler.threshold_mode
+                )
                 scheduler._reset()
 
     def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:

@@ -40,7 +40,13 @@ class PerfStatsHook(Hook):
             "total_s": round(total, 6),
             "phases": phases,
             "hooks": [
-                {"hook": name, "stage": stage, "seconds": round(s, 6), "calls": int(n), "mean_us": round(1e6 * s / n, 2)}
+                {
+                    "hook": name,
+                    "stage": stage,
+                    "seconds": round(s, 6),
+                    "calls": int(n),
+                    "mean_us": round(1e6 * s / n, 2),
+                }
                 for (stage, name), (s, n) in hooks
             ],
         }

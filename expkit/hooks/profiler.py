@@ -156,4 +156,3 @@ class ProfilerHook(Hook):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._val_done = bool(state.get("val_done", False))
-

@@ -126,7 +126,9 @@ class LinearProbeHook(Hook):
     ``result.json`` as ``linear_probe: {acc, random_init_acc}``. A model without that
     submodule is skipped with a warning."""
 
-    supports_sharding = False  # trains a probe on a submodule called outside the model's forward; not checked with FSDP2
+    supports_sharding = (
+        False  # trains a probe on a submodule called outside the model's forward; not checked with FSDP2
+    )
     priority = Priority.NORMAL
 
     def __init__(self, encoder: str = "encoder", steps: int = 300, seed: int = 0) -> None:

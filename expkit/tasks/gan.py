@@ -64,7 +64,9 @@ class DigitsGAN(nn.Module):
         """The generator's loss against the current discriminator, and generated vs real images."""
         real = batch[0]
         fake = self.sample(len(real), real.device)
-        g_loss = F.binary_cross_entropy_with_logits(self.discriminator(fake), torch.ones(len(real), 1, device=real.device))
+        g_loss = F.binary_cross_entropy_with_logits(
+            self.discriminator(fake), torch.ones(len(real), 1, device=real.device)
+        )
         return {"loss": g_loss, "preds": fake.flatten(1), "targets": real.flatten(1)}
 
 

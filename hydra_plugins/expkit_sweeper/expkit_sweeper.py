@@ -15,7 +15,7 @@ ConfigStore, so it works in any Hydra app, not only in expkit's commands.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -23,11 +23,12 @@ from hydra.core.config_store import ConfigStore
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
+
 @dataclass
 class ExpkitSweeperConf:  # OmegaConf reads these annotations at run time (hence Optional)
     _target_: str = "hydra_plugins.expkit_sweeper.expkit_sweeper.ExpkitSweeper"
-    max_batch_size: Optional[int] = None  # jobs checked (composed) per batch before the batch launches; None: all
-    params: Optional[dict[str, str]] = None  # sweep values in the config: {optim.lr: "0.1,0.01"}, as hydra/sweeper=basic
+    max_batch_size: int | None = None  # jobs checked (composed) per batch before the batch launches; None: all
+    params: dict[str, str] | None = None  # sweep values in the config: {optim.lr: "0.1,0.01"}, as hydra/sweeper=basic
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="expkit", node=ExpkitSweeperConf, provider="expkit")

@@ -16,14 +16,13 @@ Optuna is imported when the sweep starts, not when Hydra scans plugins (every co
 for a scan).
 """
 
-
 import importlib
 import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
@@ -46,15 +45,17 @@ class SearchConfigError(CompactHydraException):
 @dataclass
 class OptunaSweeperConf:  # OmegaConf reads these annotations at run time (hence Optional)
     _target_: str = "hydra_plugins.expkit_sweeper.optuna_sweeper.OptunaSweeper"
-    direction: Optional[str] = None  # maximize | minimize; null: from `monitor`, by expkit's one "better" rule
-    study_name: Optional[str] = "expkit"
-    storage: Optional[str] = None  # null: <sweep dir>/optuna.journal; sqlite:///study.db; a .journal file; postgresql://...
+    direction: str | None = None  # maximize | minimize; null: from `monitor`, by expkit's one "better" rule
+    study_name: str | None = "expkit"
+    storage: str | None = (
+        None  # null: <sweep dir>/optuna.journal; sqlite:///study.db; a .journal file; postgresql://...
+    )
     n_trials: int = 20  # trials this command runs (resume=true: until the sweep dir holds this many)
     n_jobs: int = 1  # trials at once (with a parallel launcher: joblib, submitit)
     sampler: Any = field(default_factory=lambda: {"_target_": "optuna.samplers.TPESampler", "seed": None})
     pruner: Any = None  # {_target_: optuna.pruners.MedianPruner, ...}; null: no pruning
-    params: Optional[dict[str, Any]] = None  # name -> interval(..), tag(log, interval(..)), choice(..), range(..)
-    custom_search_space: Optional[str] = None  # "module.function": function(cfg, trial) suggests more
+    params: dict[str, Any] | None = None  # name -> interval(..), tag(log, interval(..)), choice(..), range(..)
+    custom_search_space: str | None = None  # "module.function": function(cfg, trial) suggests more
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="expkit")
@@ -160,7 +161,7 @@ class OptunaSweeper(Sweeper):
         monitor, rule = monitor_of(OmegaConf.to_container(self.config, resolve=False))  # type: ignore[arg-type]
         try:
             rule = Directions(build_metrics(self.config.get("metrics"))).rule(monitor) or rule
-        except Exception as exc:  # noqa: BLE001 - a metric that cannot be built here fails in the job, named
+        except Exception as exc:
             log.warning("Optuna: could not build the metrics to read %s's direction (%s); using %s", monitor, exc, rule)
         return "maximize" if rule == "greater" else "minimize"
 
@@ -200,8 +201,14 @@ class OptunaSweeper(Sweeper):
         pruner = build(self.pruner_cfg) or optuna.pruners.NopPruner()
         direction = self._direction()
         try:
-            study = optuna.create_study(study_name=self.study_name, storage=search.open_storage(storage),
-                                        sampler=sampler, pruner=pruner, direction=direction, load_if_exists=True)
+            study = optuna.create_study(
+                study_name=self.study_name,
+                storage=search.open_storage(storage),
+                sampler=sampler,
+                pruner=pruner,
+                direction=direction,
+                load_if_exists=True,
+            )
         except Exception as exc:  # a bad URL, an unreachable database, a dir that does not exist
             cause = (str(exc).splitlines() or [""])[0]  # SQLAlchemy appends SQL and a link
             raise SearchConfigError(f"hydra.sweeper.storage={storage}: {type(exc).__name__}: {cause}") from None
