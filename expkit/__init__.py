@@ -4,9 +4,10 @@ from expkit import Runner, Hook, Priority, Stage, TrainerSettings
 """
 
 from expkit.errors import ConfigError, ExpkitError, HookError
+from expkit.hook_table import default_hooks
 from expkit.hooks import Hook
 from expkit.rng import seed_everything
-from expkit.runner import Runner, default_hooks
+from expkit.runner import Runner
 from expkit.settings import TrainerSettings
 from expkit.stages import Priority, Stage, get_priority
 

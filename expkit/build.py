@@ -22,13 +22,14 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from expkit import distributed
 from expkit.backends import Backend
 from expkit.data import DataModule
+from expkit.devices import run_device
 from expkit.errors import ConfigError, ExpkitError
 from expkit.hooks.base import Hook
 from expkit.metrics import MetricSlot
 from expkit.models import submodule
 from expkit.param_groups import build_param_groups
 from expkit.rng import seed_everything
-from expkit.runner import Runner, run_device
+from expkit.runner import Runner
 from expkit.settings import TrainerSettings
 from expkit.stages import get_priority
 

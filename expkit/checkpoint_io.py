@@ -1,100 +1,27 @@
-"""Atomic checkpoint and text writes, and the `last_checkpoint` pointer.
+"""Checkpoint files on disk: the `last_checkpoint` pointer, finding, reading and removing.
 
-A file is written under a temporary name in the same directory, then renamed: a reader
-(or a resume after a kill at any moment) sees the old file or the new one, never half of
-one. With ``durable`` the data is also fsynced before the rename (power-loss safety, about
-2.5 ms a save on this machine's disk). The pointer moves only after the checkpoint it
-names is complete.
+Writes go through ``expkit.atomic`` (temporary file, then rename), so the pointer moves
+only after the checkpoint it names is complete, and a resume never reads half a file.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import json
 import logging
 import os
 import pickle
 import shutil
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 
+from expkit.atomic import write_text_atomic
 from expkit.errors import ConfigError
 
 log = logging.getLogger("expkit")
 
 LAST_CHECKPOINT = "last_checkpoint"
-
-
-def _write_atomic(path: Path, write: Callable[[IO[bytes]], None], durable: bool) -> Path:
-    """Write through `.<name>.tmp<pid>` then rename. `durable` also fsyncs the data before the
-    rename (about a millisecond), so that after a power cut the name holds the whole file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic: readers see the old file or the new one, never half
-    except BaseException:
-        with contextlib.suppress(OSError):  # never mask the write error with a cleanup error
-            tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
-def save_atomic(obj: Any, path: Path, durable: bool = False) -> Path:
-    """torch.save to `path` through a temporary file; returns `path`."""
-    return _write_atomic(path, lambda f: torch.save(obj, f), durable=durable)
-
-
-def write_bytes_atomic(path: Path, data: bytes, durable: bool = False) -> Path:
-    return _write_atomic(path, lambda f: f.write(data), durable=durable)
-
-
-def write_text_atomic(path: Path, text: str, durable: bool = False) -> Path:
-    return write_bytes_atomic(path, text.encode("utf-8"), durable=durable)
-
-
-class SpaceReserve:
-    """A few KiB held on the work dir's disk from the start of a run, given back when the disk
-    is full so that the run's last words (result.json, provenance.json) still fit."""
-
-    SIZE = 64 * 1024
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        try:
-            write_bytes_atomic(path, b"\0" * self.SIZE)
-        except OSError:  # already full at the start: nothing to hold
-            self.path = None
-
-    def write_json(self, path: Path, obj: Any) -> Path:
-        """write_json_atomic, retried with the reserve given back when the disk is full."""
-        try:
-            return write_json_atomic(path, obj)
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC or not self.release():
-                raise
-            return write_json_atomic(path, obj)
-
-    def release(self) -> bool:
-        """Give the space back; whether there was any."""
-        if self.path is None:
-            return False
-        with contextlib.suppress(OSError):
-            self.path.unlink(missing_ok=True)
-        self.path = None
-        return True
-
-
-def write_json_atomic(path: Path, obj: Any) -> Path:
-    return write_text_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
 def own_file(directory: Path, recorded: str | Path) -> Path:

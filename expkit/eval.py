@@ -35,6 +35,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from expkit import checkpoint_io
 from expkit.errors import ConfigError, ExpkitError
+from expkit.results import write_failure
 from expkit.trust import TrustPolicy
 
 log = logging.getLogger("expkit")
@@ -211,9 +212,7 @@ def run(cfg: DictConfig) -> float | None:
     except ExpkitError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # one bad checkpoint of several: recorded, the others go on
-            if not (work_dir / "result.json").is_file():
-                checkpoint_io.write_json_atomic(work_dir / "result.json", {
-                    "status": "failed", "error": str(exc), "work_dir": str(work_dir.resolve()), "evaluation": True})  # fmt: skip
+            write_failure(work_dir, str(exc), evaluation=True)
             return None
         sys.exit(2 if isinstance(exc, ConfigError) else 1)
     log.info("Evaluated %s: %s", result["checkpoint"], json.dumps(result["final_metrics"]))

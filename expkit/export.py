@@ -79,13 +79,13 @@ def export(cfg: DictConfig, work_dir: Path) -> dict[str, Any]:
     if not isinstance(x, torch.Tensor):
         raise ConfigError(f"{fmt}: the model's input is a {type(x).__name__}, not one tensor; export takes a model "
                           "called as model(x)")  # fmt: skip
-    from expkit import checkpoint_io
+    from expkit import atomic, checkpoint_io
 
     if fmt == "pth":
         checkpoint = checkpoint_io.load_checkpoint(path, "checkpoint")
         checkpoint.pop("sharded", None)
         checkpoint["state_dict"] = {k: v.detach().cpu().contiguous() for k, v in checkpoint["state_dict"].items()}
-        checkpoint_io.save_atomic(checkpoint, out)
+        atomic.save_atomic(checkpoint, out)
     elif fmt == "safetensors":
         from safetensors.torch import save_file
 
@@ -115,7 +115,7 @@ def export(cfg: DictConfig, work_dir: Path) -> dict[str, Any]:
         "num_classes": getattr(model, "data_description", {}).get("num_classes"),
         "config": OmegaConf.to_container(stored, resolve=True),
     }
-    checkpoint_io.write_json_atomic(out.with_name(out.name + ".json"), info)
+    atomic.write_json_atomic(out.with_name(out.name + ".json"), info)
     log.info("Exported %s (%s) to %s", path, fmt, out)
     return info
 

@@ -317,6 +317,14 @@ class Directions:
                     open_prefixes.append(f"{prefix}/{name}/")
         return keys, open_prefixes
 
+    def track_best(self, best: dict[str, dict[str, Any]], metrics: Mapping[str, float], epoch: int, it: int) -> None:
+        """Update `best` (key -> value, epoch, iter, rule) with the keys of `metrics` that beat
+        it; a key nothing gives a direction is not tracked (monitored keys are checked at start-up)."""
+        for key, value in metrics.items():
+            rule = self.rule(key)
+            if rule is not None and better(value, best[key]["value"] if key in best else None, rule):
+                best[key] = {"value": value, "epoch": epoch, "iter": it, "rule": rule}
+
     def check_reported(self, key: str, by: str, mode: str = "val") -> None:
         """A ConfigError at start-up when `key` is not a metric validation will report."""
         keys, open_prefixes = self.expected(mode)
@@ -330,3 +338,42 @@ class Directions:
 def as_slots(metrics: Mapping[str, Any]) -> dict[str, MetricSlot]:
     """Every metric in a MetricSlot (default inputs, its own direction), slots kept as they are."""
     return {str(name): m if isinstance(m, MetricSlot) else MetricSlot(m, str(name)) for name, m in metrics.items()}
+
+
+def probe_metrics(runner: Any) -> None:
+    """Every metric of `runner` updated and computed once, on copies, with the first
+    validation batch: a metric that does not fit the data (top_k=20 on 10 classes, a wrong
+    num_classes) fails at start-up, naming it, instead of after the first epoch. Leaves the
+    run's random state and the metrics as they were."""
+    import copy
+
+    from expkit.rng import rng_states, set_rng_states
+
+    r = runner
+    loader = next(iter(r.val_loader.values())) if isinstance(r.val_loader, Mapping) else r.val_loader
+    batch = next(iter(loader), None)
+    if batch is None or not r.metrics:
+        return
+    states, was_training = rng_states(), r.model.training
+    try:
+        r.model.eval()
+        with torch.no_grad(), r.autocast():
+            outputs = r.eval_step(r.to_device(batch))
+        for name, slot in r.metrics.items():
+            probe = copy.deepcopy(slot)
+            probe.reset()
+            try:
+                probe.update(outputs)
+                probe.compute()
+            except ConfigError:
+                raise
+            except Exception as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                raise ConfigError(
+                    f"metrics.{name} ({type(slot.metric).__name__}) fails on the first validation batch: "
+                    f"{type(exc).__name__}: {first[:200]}. Check its settings against the data "
+                    f"(e.g. top_k, num_classes) and metrics.{name}.inputs"
+                ) from None
+    finally:
+        r.model.train(was_training)
+        set_rng_states(states)

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from expkit.atomic import write_text_atomic
 from expkit.backends import Backend, scalars
-from expkit.checkpoint_io import write_text_atomic
 
 if TYPE_CHECKING:
     from expkit.runner import Runner

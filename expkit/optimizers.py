@@ -83,3 +83,32 @@ class Optimizers:
         else:
             self.scaler.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
+
+
+def check_owned_update(runner: Any) -> None:
+    """Several optimizers need a model that owns its update (``train_step(batch, optimizers)``),
+    and such a model neither accumulates nor runs under DDP or FSDP yet."""
+    r = runner
+    from expkit import distributed
+
+    owned, is_distributed = r.manual_optimization, distributed.is_distributed()
+    if len(r.optimizers) > 1 and not owned:
+        raise ConfigError(
+            f"optim defines {len(r.optimizers)} optimizers ({', '.join(r.optimizers)}): the model "
+            "must own its update, with a train_step(batch, optimizers) that uses them"
+        )
+    if owned and r.settings.accumulate_grad_batches > 1:
+        raise ConfigError(
+            "trainer.accumulate_grad_batches > 1 with a model that owns its update (train_step(batch, "
+            "optimizers)): accumulate inside train_step instead"
+        )
+    if owned and is_distributed and r.sharded:
+        raise ConfigError(
+            "a model that owns its update (train_step(batch, optimizers)) is not supported with "
+            "trainer.strategy=fsdp yet; train it with trainer.strategy=ddp"
+        )
+    if owned and is_distributed and r.optimizer is not None:
+        raise ConfigError(
+            "a model that owns its update (train_step(batch, optimizers)) cannot run under DDP "
+            "yet: DDP needs the backward outside the forward; train it in one process"
+        )

@@ -182,7 +182,7 @@ def _rows(names: list[str], y: torch.Tensor, data: Any, classes: list[str] | Non
 
 
 def _write(output: Path, rows: list[dict[str, Any]]) -> None:
-    from expkit.checkpoint_io import write_text_atomic
+    from expkit.atomic import write_text_atomic
 
     output.parent.mkdir(parents=True, exist_ok=True)
     if output.suffix.lower() in (".jsonl", ".json"):

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from expkit.checkpoint_io import write_json_atomic, write_text_atomic
+from expkit.atomic import write_json_atomic, write_text_atomic
 
 
 def _git(args: list[str], cwd: Path) -> str | None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -26,6 +27,26 @@ def set_deterministic() -> None:
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
+
+
+@contextlib.contextmanager
+def algorithm_settings(deterministic: bool, cudnn_benchmark: bool) -> Iterator[None]:
+    """A run's ``trainer.deterministic`` / ``trainer.cudnn_benchmark`` (fixed input shapes:
+    cuDNN times its kernels once, then reuses the fastest), put back as they were afterwards."""
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
+    if deterministic:
+        set_deterministic()
+    elif cudnn_benchmark:
+        torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1:]
 
 
 def rng_states() -> dict[str, Any]:

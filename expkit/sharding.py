@@ -24,7 +24,7 @@ import os
 import pickle
 import shutil
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +158,7 @@ def save(path: Path, state: dict[str, Any], model: nn.Module, optimizers: Mappin
     name and renamed by rank 0 once every shard and the index are complete."""
     import torch.distributed.checkpoint as dcp
 
-    from expkit import checkpoint_io
+    from expkit import atomic
 
     tensors: dict[str, Any] = {"model": _model_state(model)}
     plain: dict[str, Any] = {}
@@ -179,7 +179,7 @@ def save(path: Path, state: dict[str, Any], model: nn.Module, optimizers: Mappin
     error = None
     if distributed.is_main():
         try:
-            checkpoint_io.save_atomic({**state, "sharded": {"optimizers": plain,
+            atomic.save_atomic({**state, "sharded": {"optimizers": plain,
                                                             "world_size": distributed.rank_and_world()[1]}},
                                       tmp / STATE_FILE, durable=durable)  # fmt: skip
             _replace_dir(tmp, path)
@@ -362,3 +362,14 @@ def read_consolidated(path: Path, key: str) -> dict[str, Any]:
     state = read_state(path, key)
     state["state_dict"] = read_weights(path)
     return state
+
+
+def check_runner_inputs(
+    model: nn.Module, hooks: Mapping[str, Any] | Sequence[Any], default_hooks: Mapping[str, Any] | None
+) -> None:
+    """trainer.strategy=fsdp: the model is sharded under torchrun, and every hook works with it."""
+    if distributed.is_distributed() and not is_sharded(model):
+        raise ConfigError("trainer.strategy=fsdp under torchrun needs the model sharded before its optimizer is built: "
+                          "expkit.build does it; from Python, call expkit.shard(model, blocks, device) first")  # fmt: skip
+    named = list(hooks.items()) if isinstance(hooks, Mapping) else [(type(h).__name__, h) for h in hooks]
+    check_hooks(dict(named, **(default_hooks or {})))

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from expkit.checkpoint_io import write_text_atomic
+from expkit.atomic import write_text_atomic
 
 PANEL_W, PANEL_H = 320, 220
 LEFT, RIGHT, TOP, BOTTOM = 52, 12, 26, 34  # margins inside a panel: tick labels, title, axis label

@@ -26,8 +26,9 @@ from typing import Any
 import yaml
 from hydra.experimental.callback import Callback
 
-from expkit.checkpoint_io import write_json_atomic, write_text_atomic
+from expkit.atomic import write_json_atomic, write_text_atomic
 from expkit.metrics import infer_rule, rule_of_flag
+from expkit.sweep_jobs import job_order, job_target, read_job
 
 log = logging.getLogger("expkit")
 
@@ -140,10 +141,6 @@ UNSORTED = "unsorted"  # in ROWS_DIR while summary.csv holds rows appended since
 LOCK_FILE = ".summary.lock"
 
 
-def _job_order(path: Path) -> tuple[int, str]:
-    return len(path.name), path.name  # 0, 1, ..., 10 (not 0, 1, 10, 2)
-
-
 def _columns(rows: list[dict[str, Any]]) -> list[str]:
     return COLUMNS[:1] + ["trial"] + COLUMNS[1:] if any(r.get("trial") is not None for r in rows) else COLUMNS
 
@@ -247,7 +244,7 @@ def _all_rows(sweep_dir: Path, fresh: bool) -> list[dict[str, Any]]:
     the job is not running), else read from the job's files (and cached)."""
     (sweep_dir / ROWS_DIR / UNSORTED).unlink(missing_ok=True)
     rows = []
-    for path in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")), key=_job_order):
+    for path in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")), key=job_order):
         row = None if fresh else _cached_row(sweep_dir, path.name)
         if row is None or row.get("status") == "running" or row.get("result_mtime") != _mtime(path / "result.json"):
             row = job_row(path)
@@ -373,102 +370,6 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
         series = [Series(so_far, label="best so far")] if so_far else []
         panels.append(Panel(f"search progress: best {monitor}", series + done, xlabel="trial", ylabel=monitor))
     charts(path, panels)
-
-
-JOB_FILE = "job.json"  # a job's identity in a sweep; Hydra never writes it
-SWEEP_LAUNCHED_ENV = "EXPKIT_SWEEP_LAUNCHED"  # when this launch of the sweep began (set by expkit's sweepers)
-
-
-def mark_launch() -> None:
-    """Tell this launch's jobs (in this process, or in the workers it starts) when it began."""
-    import os
-    import time
-
-    os.environ[SWEEP_LAUNCHED_ENV] = repr(time.time())
-
-
-def job_identity(overrides: list[str]) -> list[str]:
-    """What makes a job the same job across launches: its overrides, sorted, without
-    resume= and hydra.* (so reordering values on the command line changes nothing)."""
-    return sorted(o for o in overrides if not o.lstrip("+~").startswith(("resume=", "hydra.")))
-
-
-def read_job(work_dir: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((work_dir / JOB_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-INDEX_DIR = ".jobs"  # <sweep>/.jobs/<digest of an identity>: the name of the dir holding that job
-INDEX_COMPLETE = "complete"  # written once every job dir of the sweep is in the index
-
-
-def _index_key(identity: list[str]) -> str:
-    import hashlib
-
-    return hashlib.sha1(json.dumps(identity).encode()).hexdigest()[:20]
-
-
-def record_job(work_dir: Path, identity: list[str]) -> None:
-    """job.json: the identity, and a copy of the job's .hydra files (Hydra rewrites .hydra/ of
-    <sweep>/<n> at every launch, so a resumed sweep with reordered values can put them back);
-    and the sweep's index entry for the identity."""
-    hydra_files = {p.name: p.read_text() for p in (work_dir / ".hydra").glob("*.yaml")}
-    write_json_atomic(work_dir / JOB_FILE, {"overrides": identity, "hydra": hydra_files})
-    write_text_atomic(work_dir.parent / INDEX_DIR / _index_key(identity), work_dir.name)
-
-
-def restore_hydra_record(work_dir: Path, job: dict[str, Any]) -> None:
-    for name, text in job.get("hydra", {}).items():
-        write_text_atomic(work_dir / ".hydra" / name, text)
-
-
-def job_target(work_dir: Path) -> Path:
-    """Where the job of a sweep's job dir really ran (a resumed job's dir may point to another: alias_of)."""
-    return Path((read_job(work_dir) or {}).get("alias_of") or work_dir)
-
-
-def job_result(work_dir: Path) -> dict[str, Any] | None:
-    """A job's result.json, where the job really ran."""
-    try:
-        return json.loads((job_target(work_dir) / "result.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def finished(result: dict[str, Any]) -> bool:
-    """Whether a job's result.json says it ran to its end: completed, pruned, or stopped by a
-    hook (early stopping); a job stopped by a signal was preempted and goes on when resumed."""
-    status, reason = result.get("status"), str(result.get("stop_reason") or "")
-    return status in ("completed", "pruned") or (status == "stopped" and not reason.startswith("signal"))
-
-
-def find_job(sweep_dir: Path, identity: list[str]) -> Path | None:
-    """The dir in `sweep_dir` that holds the job with this identity, if any: one lookup in the
-    sweep's index. A sweep dir whose index is not known complete (made by an older expkit, or
-    a write lost to a crash) is scanned once, indexing every job, and then marked complete."""
-    index = sweep_dir / INDEX_DIR
-    try:
-        candidate = sweep_dir / (index / _index_key(identity)).read_text().strip()
-        job = read_job(candidate)
-        if job is not None and job.get("overrides") == identity and "alias_of" not in job:
-            return candidate
-    except OSError:
-        pass
-    if (index / INDEX_COMPLETE).is_file():
-        return None
-    found = None
-    for candidate in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")),
-                            key=_job_order):  # fmt: skip
-        job = read_job(candidate)
-        if job is None or "alias_of" in job or not isinstance(job.get("overrides"), list):
-            continue
-        write_text_atomic(index / _index_key(job["overrides"]), candidate.name)
-        if found is None and job["overrides"] == identity:
-            found = candidate
-    write_text_atomic(index / INDEX_COMPLETE, "")
-    return found
 
 
 class SweepSummaryCallback(Callback):

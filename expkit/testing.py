@@ -28,10 +28,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from expkit.data import SeededRandomSampler
+from expkit.hook_table import default_hooks as _make_default_hooks
 from expkit.hooks.base import Hook
 from expkit.runner import Runner
-from expkit.runner import default_hooks as _make_default_hooks
+from expkit.samplers import SeededRandomSampler
 from expkit.settings import TrainerSettings
 from expkit.stages import Stage
 
@@ -67,13 +67,14 @@ def toy_runner(work_dir: str | Path, *, hooks: Mapping[str, Hook] | Sequence[Hoo
                monitor: str | None = None, model: nn.Module | None = None, **settings: Any) -> Runner:  # fmt: skip
     """A Runner over the toy loaders and model (SGD, lr 0.1), 2 epochs unless `settings` say
     otherwise (any ``TrainerSettings`` field: ``max_epochs=3``, ``max_iters=5``, ...; and
-    ``resume=True``). The default hooks are the six defaults with curves.svg off."""
+    ``resume=True`` or ``load_from=<checkpoint>``). The default hooks are the six defaults
+    with curves.svg off."""
     from expkit.hooks import LoggerHook
 
     torch.manual_seed(seed)
-    model = model or toy_model()
+    model = model if model is not None else toy_model()
     train, val, test = toy_loaders()  # the data order is config, the same on resume
-    resume = settings.pop("resume", False)
+    resume, load_from = settings.pop("resume", False), settings.pop("load_from", None)
     if default_hooks is None:  # the six defaults, without drawing curves.svg in every test
         default_hooks = _make_default_hooks(logger=LoggerHook(plot=False))
     settings.setdefault("max_epochs", 2)
@@ -88,6 +89,7 @@ def toy_runner(work_dir: str | Path, *, hooks: Mapping[str, Hook] | Sequence[Hoo
         hooks=hooks,
         default_hooks=default_hooks,
         resume=resume,
+        load_from=load_from,
         metrics=metrics,
         monitor=monitor,
     )

@@ -9,14 +9,11 @@ number (143 / 130), result.json saying ``stopped``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import math
 import os
 import shlex
 import sys
-import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,20 +24,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from expkit import checkpoint_io
-from expkit.checkpoint_io import write_json_atomic
+from expkit import atomic, checkpoint_io, logs, sweep_jobs
 from expkit.errors import ConfigError, ExpkitError
 from expkit.metrics import worst_value
-from expkit.sweep import (
-    JOB_FILE,
-    find_job,
-    finished,
-    job_identity,
-    monitor_of,
-    read_job,
-    record_job,
-    restore_hydra_record,
-)
+from expkit.results import write_failure
+from expkit.sweep import monitor_of
 
 log = logging.getLogger("expkit")
 
@@ -107,191 +95,11 @@ def check_group_choices(argv: list[str]) -> str | None:
 
 
 # -- the task ---------------------------------------------------------------------------------------
-def _record_failure(work_dir: Path, error: str) -> None:
-    """result.json says failed, unless the runner already wrote its own (it does once it exists)."""
-    result = work_dir / "result.json"
-    if not result.exists():
-        try:
-            checkpoint_io.write_json_atomic(result, {"status": "failed", "error": error, "work_dir": str(work_dir)})
-        except OSError as exc:  # a full or read-only disk: the error itself is what matters
-            log.error("Could not write %s: %s", result, exc)
-
-
 def _fail(exc: BaseException, work_dir: Path) -> None:
     """Report a user error in a single run: one message, result.json says failed; no traceback wall."""
-    _record_failure(work_dir, str(exc))
+    write_failure(work_dir, str(exc))
     print(f"\nError: {exc}\n(work dir: {work_dir})", file=sys.stderr)
     sys.exit(2 if isinstance(exc, ConfigError) else 1)  # 2: fix the input; 1: the run failed
-
-
-def _sweep_job_failed(
-    exc: BaseException, work_dir: Path, sweep_dir: Path, rule: str, fail_fast: bool, message: str | None = None
-) -> float:
-    """In a sweep: record the failure, then either stop the sweep (fail_fast) or let it go on."""
-    message = message or f"{type(exc).__name__}: {exc}"
-    _record_failure(work_dir, message)
-    log.error("Job failed: %s (work dir %s)", message, work_dir)
-    if fail_fast:
-        (sweep_dir / FAIL_FAST_MARKER).write_text(str(work_dir))
-        raise exc
-    return worst_value(rule)
-
-
-FAIL_FAST_MARKER = ".fail_fast"
-
-
-def _resuming_sweep(cfg: DictConfig) -> bool:
-    """resume=true: continue a sweep in its dir (a .pth path or false means something else)."""
-    return str(cfg.resume).lower() == "true"
-
-
-def _place_sweep_job(cfg: DictConfig, overrides: list[str], hydra_dir: Path, sweep_dir: Path) -> Path:
-    """The work dir of this sweep job. Hydra numbers jobs by position; with resume=true a job
-    is found by its overrides instead (job.json), so reordered or added values mix nothing up."""
-    identity = job_identity(overrides)
-    if not _resuming_sweep(cfg):
-        record_job(hydra_dir, identity)
-        return hydra_dir
-    own = read_job(hydra_dir)
-    if own is not None and own.get("overrides") == identity:
-        return hydra_dir
-    target = find_job(sweep_dir, identity)
-    if own is None:  # a new dir
-        if target is None:
-            record_job(hydra_dir, identity)
-            return hydra_dir
-        write_json_atomic(hydra_dir / JOB_FILE, {"alias_of": str(target), "overrides": identity})
-    else:  # the dir holds another job of the earlier launch: give it its record back
-        current = {p.name: p.read_text() for p in (hydra_dir / ".hydra").glob("*.yaml")}  # this launch's
-        restore_hydra_record(hydra_dir, own)
-        if target is None:
-            digest = hashlib.sha1(" ".join(identity).encode()).hexdigest()[:6]
-            target = sweep_dir / f"{hydra_dir.name}_{digest}"
-            for name, text in current.items():
-                checkpoint_io.write_text_atomic(target / ".hydra" / name, text)
-            record_job(target, identity)
-    log.info("Sweep job %s lives in %s", " ".join(identity), target)
-    handler = logging.FileHandler(target / "train.log")
-    handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", "%H:%M:%S"))
-    logging.getLogger().addHandler(handler)
-    _write_errors_in_one_line()
-    return target
-
-
-def _finished_job_value(cfg: DictConfig, work_dir: Path, rule: str, monitor: str) -> float | None:
-    """With resume=true: a job that already finished is not trained again; its value is returned."""
-    result_file = work_dir / "result.json"
-    if not _resuming_sweep(cfg) or not result_file.is_file():
-        return None
-    result = json.loads(result_file.read_text())
-    rule = result.get("monitor_rule") or rule  # the direction the run itself used
-    status = result.get("status")
-    if status == "failed" and not cfg.retry_failed:
-        log.info("Job in %s failed before (%s); kept as failed (retry_failed=true retries it)", work_dir,
-                 result.get("error"))  # fmt: skip
-        return worst_value(rule)
-    if finished(result):
-        log.info("Job in %s is already %s; not trained again", work_dir, status)
-        return _best_value(result, monitor, rule)
-    return None  # interrupted, skipped or never finished: run it (resume=true continues it)
-
-
-def _best_value(result: dict[str, Any], monitor: str, rule: str) -> float:
-    best = (result.get("best_metrics") or {}).get(monitor)
-    value = None if best is None else best.get("value")
-    return (
-        float(value) if value is not None and math.isfinite(value) else worst_value(result.get("monitor_rule") or rule)
-    )
-
-
-def _done_since_launch(work_dir: Path, monitor: str, rule: str) -> float | None:
-    """A job that another launch of this sweep finished after this launch began (two launches
-    of one sweep, e.g. a Slurm requeue while the first still runs): not run a second time."""
-    from expkit.sweep import SWEEP_LAUNCHED_ENV
-
-    launched, result_file = os.environ.get(SWEEP_LAUNCHED_ENV), work_dir / "result.json"
-    try:
-        if launched is None or result_file.stat().st_mtime < float(launched):
-            return None
-        result = json.loads(result_file.read_text())
-    except (OSError, ValueError):
-        return None
-    if not finished(result):
-        return None
-    log.info("Job in %s was %s by another launch of this sweep; this launch does not run it again",
-             work_dir, result.get("status"))  # fmt: skip
-    return _best_value(result, monitor, rule)
-
-
-def _own_job_dir(job_dir: Path, hydra_dir: Path, command: str, owned: contextlib.ExitStack) -> bool:
-    """Take `job_dir`'s lock into `owned`; False (the job skipped) when a live process of another
-    launch holds it. In a job of several tasks (submitit) rank 0 takes it and decides for all."""
-    from expkit import distributed
-    from expkit.ownership import WorkDirBusy, WorkDirLock
-
-    busy: WorkDirBusy | None = None
-    if distributed.is_main():
-        try:
-            owned.enter_context(WorkDirLock(job_dir, command))
-        except WorkDirBusy as exc:
-            busy = exc
-    if not distributed.broadcast_object(busy is not None):
-        return True
-    if busy is not None:
-        _skip_busy_job(hydra_dir, busy)
-    return False
-
-
-def _skip_busy_job(hydra_dir: Path, busy: Any) -> None:
-    """Another launch of this sweep runs this job right now: this launch skips it (the owner
-    records it; waiting would hold this launch's workers idle). Hydra rewrote the dir's .hydra/
-    for this launch: the owner's record goes back, and nothing is logged into its train.log."""
-    from expkit.ownership import describe
-
-    job = read_job(hydra_dir)
-    if job is not None and "hydra" in job:
-        restore_hydra_record(hydra_dir, job)
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == hydra_dir.resolve():
-            root.removeHandler(handler)
-            handler.close()
-    log.warning("Job in %s is running in another launch of this sweep (%s); this launch skips it, so it runs once",
-                hydra_dir, describe(busy.owner))  # fmt: skip
-
-
-def _write_errors_in_one_line() -> None:
-    """A log file that cannot be written (a full disk) is said once, in one line, instead of
-    logging's "--- Logging error ---" traceback for every record after it; the same for a
-    library's writer thread that cannot write."""
-
-    def handle_error(handler: logging.FileHandler, record: logging.LogRecord) -> None:
-        if not getattr(handler, "_expkit_failed", False):
-            handler._expkit_failed = True  # type: ignore[attr-defined]
-            exc = sys.exc_info()[1]
-            cause = "no space left on the device" if getattr(exc, "errno", None) == 28 else exc
-            print(f"expkit: could not write {handler.baseFilename}: {cause}; records are missing from it",
-                  file=sys.stderr)  # fmt: skip
-
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler) and not hasattr(handler, "_expkit_one_line"):
-            handler._expkit_one_line = True  # type: ignore[attr-defined]
-            handler.handleError = handle_error.__get__(handler)  # type: ignore[method-assign]
-
-    def thread_error(args: threading.ExceptHookArgs) -> None:
-        """A library's writer thread (TensorBoard's) that hits a full disk: one line, not a traceback."""
-        if not isinstance(args.exc_value, OSError):
-            return default_thread_error(args)
-        tb, library = args.exc_traceback, "?"
-        while tb is not None:
-            library = str(tb.tb_frame.f_globals.get("__name__", "?")).partition(".")[0]
-            tb = tb.tb_next
-        name = args.thread.name if args.thread is not None else "a thread"
-        print(f"expkit: {library}'s writer ({name}) stopped: {args.exc_value}", file=sys.stderr)
-
-    default_thread_error = threading.excepthook
-    if default_thread_error.__name__ != thread_error.__name__:  # once per process (sweep jobs share it)
-        threading.excepthook = thread_error
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
@@ -304,13 +112,13 @@ def run(cfg: DictConfig) -> float | None:
 
     global _TASK_STARTED
     _TASK_STARTED = True
-    _write_errors_in_one_line()
+    logs.errors_in_one_line()
     hc = HydraConfig.get()
     work_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     if distributed.init():  # a submitit job with several tasks (torchrun joined in main already)
-        _log_to_rank_file(work_dir, distributed.rank())
-        _write_errors_in_one_line()
+        logs.log_to_rank_file(work_dir, distributed.rank())
+        logs.errors_in_one_line()
     monitor, rule = monitor_of(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
     run_info = {
         "overrides": list(hc.overrides.task),
@@ -318,7 +126,9 @@ def run(cfg: DictConfig) -> float | None:
         "command": " ".join(["python -m expkit.train", *sys.argv[1:]]),
     }
     requeues = distributed.requeue_count()
-    if multirun and requeues > 0 and not _resuming_sweep(cfg):  # Slurm requeued this job (preemption, timeout)
+    if (
+        multirun and requeues > 0 and not sweep_jobs.resuming_sweep(cfg)
+    ):  # Slurm requeued this job (preemption, timeout)
         from omegaconf import open_dict
 
         with open_dict(cfg):
@@ -351,23 +161,24 @@ def _run_owned(
     if multirun:
         run_info["sweep_dir_name"] = sweep_dir.name  # wandb groups a sweep's jobs by it
         # one writer per job dir: another launch of this sweep may be running this job now
-        if not _own_job_dir(work_dir, work_dir, run_info["command"], owned):
+        if not sweep_jobs.own_job_dir(work_dir, work_dir, run_info["command"], owned):
             return None
-        hydra_dir, work_dir = work_dir, _place_sweep_job(cfg, list(hc.overrides.task), work_dir, sweep_dir)
-        if work_dir != hydra_dir and not _own_job_dir(work_dir, hydra_dir, run_info["command"], owned):
+        hydra_dir, work_dir = work_dir, sweep_jobs.place_job(cfg, list(hc.overrides.task), work_dir, sweep_dir)
+        if work_dir != hydra_dir and not sweep_jobs.own_job_dir(work_dir, hydra_dir, run_info["command"], owned):
             return None  # (resume=true found the job in another dir, which another launch runs)
-        done = _finished_job_value(cfg, work_dir, rule, monitor)
+        done = sweep_jobs.finished_job_value(cfg, work_dir, rule, monitor)
         if done is None:
-            done = _done_since_launch(work_dir, monitor, rule)
+            done = sweep_jobs.done_since_launch(work_dir, monitor, rule)
         if done is not None:
             return done
-        if _resuming_sweep(cfg) and any(checkpoint_io.is_checkpoint(p) for p in work_dir.glob("checkpoints/[!.]*")
+        if sweep_jobs.resuming_sweep(cfg) and any(checkpoint_io.is_checkpoint(p) for p in work_dir.glob("checkpoints/[!.]*")
                                          if p.suffix in (".pth", ".dcp")):  # fmt: skip
             run_info["resumed_in_sweep"] = True
-        if (sweep_dir / FAIL_FAST_MARKER).exists():
-            checkpoint_io.write_json_atomic(work_dir / "result.json", {
-                "status": "skipped", "error": f"an earlier job failed and fail_fast is set ({(sweep_dir / FAIL_FAST_MARKER).read_text()})",
-                "work_dir": str(work_dir)})  # fmt: skip
+        if (sweep_dir / sweep_jobs.FAIL_FAST_MARKER).exists():
+            earlier = (sweep_dir / sweep_jobs.FAIL_FAST_MARKER).read_text()
+            write_failure(
+                work_dir, f"an earlier job failed and fail_fast is set ({earlier})", status="skipped", keep=False
+            )
             return worst_value(rule)
     elif distributed.is_main():  # torchrun's other ranks share rank 0's lock
         try:
@@ -396,18 +207,14 @@ def _run_owned(
         if runner is not None:
             rule = runner.directions.rule(monitor) or rule  # the run's own direction, when it got that far
         if multirun:
-            return _sweep_job_failed(
+            return sweep_jobs.job_failed(
                 exc, work_dir, sweep_dir, rule, bool(cfg.fail_fast), runner.error if runner is not None else None
             )
         if isinstance(exc, ExpkitError):
             _fail(exc, work_dir)
         message = (runner.error if runner is not None else None) or f"{type(exc).__name__}: {exc}"
         if runner is None and distributed.is_main():  # failed while building: the Runner wrote no result.json
-            import traceback
-
-            checkpoint_io.write_json_atomic(work_dir / "result.json", {
-                "status": "failed", "error": message, "work_dir": str(work_dir.resolve()), **run_info,
-                "traceback": traceback.format_exc()})  # fmt: skip
+            write_failure(work_dir, message, keep=False, with_traceback=True, **run_info)
         print(f"\nError: {message}\n(traceback in {work_dir / 'result.json'})", file=sys.stderr)
         sys.exit(1)
     best = result["best_metrics"].get(monitor)
@@ -520,19 +327,6 @@ def _check_parsable(argv: list[str]) -> str | None:
 _TASK_STARTED = False  # set by the task function: a SystemExit(1) before it is Hydra's config error
 
 
-def _log_to_rank_file(work_dir: Path, rank: int) -> None:
-    """Ranks > 0 keep their own log file (rank<N>.log) instead of sharing train.log."""
-    if rank == 0:
-        return
-    root = logging.getLogger()
-    for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
-        root.removeHandler(handler)
-        replacement = logging.FileHandler(work_dir / f"rank{rank}.log")
-        replacement.setFormatter(handler.formatter)
-        root.addHandler(replacement)
-        handler.close()
-
-
 def _share_run_dir_across_ranks() -> None:
     """Under torchrun: one run, one work dir. Rank 0 picks the dir (the usual default, or
     hydra.run.dir when given) and every rank uses it; ranks > 0 write no .hydra/ and log to
@@ -555,7 +349,7 @@ def _share_run_dir_across_ranks() -> None:
     default = time.strftime("outputs/runs/%Y-%m-%d_%H-%M-%S-") + f"{time.time_ns() // 1000 % 10**6:06d}"
     run_dir = str(Path(distributed.broadcast_object(given or default)).resolve())
     if distributed.rank() == 0 and record is not None and restarts == 0:
-        checkpoint_io.write_text_atomic(record, run_dir)  # a restart of this torchrun finds the same dir
+        atomic.write_text_atomic(record, run_dir)  # a restart of this torchrun finds the same dir
     sys.argv = [a for a in sys.argv if not a.startswith("hydra.run.dir=")] + [f"hydra.run.dir={run_dir}"]
     if restarts > 0:  # torchrun --max-restarts: the group re-formed after a worker died; continue the run
         sys.argv = [a for a in sys.argv if not a.startswith("resume=")] + ["resume=true"]

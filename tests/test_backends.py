@@ -16,16 +16,9 @@ import pytest
 from conftest import REPO, run_cli, toy_runner
 
 from expkit import default_hooks
-from expkit.backends import (
-    Backend,
-    TensorBoardBackend,
-    WandbBackend,
-    offline_run_files,
-    read_wandb_run,
-    wait_for_wandb_run,
-    wandb_run_complete,
-)
+from expkit.backends import Backend, TensorBoardBackend, WandbBackend
 from expkit.hooks import LoggerHook
+from expkit.wandb_files import offline_run_files, read_wandb_run, wait_for_wandb_run, wandb_run_complete
 
 
 def _records(work_dir: Path) -> list[dict]:

@@ -163,9 +163,7 @@ class NaNAt(nn.Module):
 
 
 def test_invalid_loss_stops_before_the_weights_change_and_keeps_the_good_checkpoint(tmp_path):
-    runner = toy_runner(tmp_path, hooks=[InvalidLossHook()], max_epochs=4)
-    runner.model = NaNAt(at=5)
-    runner.optimizer = torch.optim.SGD(runner.model.parameters(), lr=0.1)
+    runner = toy_runner(tmp_path, hooks=[InvalidLossHook()], max_epochs=4, model=NaNAt(at=5))
     with pytest.raises(HookError, match=r"training loss is nan at epoch 3, iteration 5.*last good checkpoint.*epoch_2"):
         runner.run()
     assert all(torch.isfinite(p).all() for p in runner.model.parameters())

@@ -18,7 +18,7 @@ from conftest import Score, toy_runner
 from expkit import ConfigError, Hook, HookError, default_hooks
 from expkit.checkpoint_io import load_checkpoint
 from expkit.hooks import CheckpointHook
-from expkit.runner import rng_states, set_rng_states
+from expkit.rng import rng_states, set_rng_states
 
 
 def _names(work_dir: Path, pattern: str = "*.pth") -> list[str]:

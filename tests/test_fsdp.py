@@ -16,7 +16,7 @@ import torch
 from conftest import run_cli
 from test_ddp import DIE_ONCE  # rank 1 SIGKILLed once, at iteration 25
 
-from expkit import checkpoint_io
+from expkit import atomic, checkpoint_io
 from expkit.errors import ConfigError
 
 # a small batch makes uneven evaluation shares (269 val samples: 135 and 134 per rank, 2 and 1
@@ -172,7 +172,7 @@ def test_a_sharded_checkpoint_whose_index_would_run_code_is_refused(tmp_path):
 
     ckpt = tmp_path / "epoch_1.dcp"
     dcp.save({"model": {"w": torch.ones(2)}}, storage_writer=dcp.FileSystemWriter(ckpt))
-    checkpoint_io.save_atomic({"meta": {}, "config": None}, ckpt / sharding.STATE_FILE)
+    atomic.save_atomic({"meta": {}, "config": None}, ckpt / sharding.STATE_FILE)
     assert torch.equal(checkpoint_io.load_checkpoint(ckpt)["state_dict"]["w"], torch.ones(2))  # a plain one loads
 
     marker = tmp_path / "ran"

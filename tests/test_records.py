@@ -73,14 +73,14 @@ def test_a_resumed_run_logs_what_an_uninterrupted_run_logs(tmp_path, crash):
 
 
 def _wandb(work: Path) -> list[dict]:
-    from expkit.backends import wandb_history
+    from expkit.wandb_files import wandb_history
 
     return [{k: v for k, v in row.items() if k not in TIMING and k not in ("_runtime", "_timestamp")}
             for row in wandb_history(work)]  # fmt: skip
 
 
 def test_a_resumed_run_continues_its_wandb_run_with_the_history_of_an_uninterrupted_run(tmp_path, monkeypatch):
-    from expkit.backends import offline_run_files, read_wandb_run
+    from expkit.wandb_files import offline_run_files, read_wandb_run
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")

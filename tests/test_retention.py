@@ -17,8 +17,8 @@ from conftest import REPO, run_cli, toy_runner
 
 from expkit import Hook
 from expkit.errors import ConfigError
+from expkit.hook_table import default_hooks
 from expkit.hooks import CheckpointHook, LoggerHook
-from expkit.runner import default_hooks
 from expkit.train import continue_command, flags_first
 
 EXIT_HOOK = """

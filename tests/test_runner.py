@@ -78,14 +78,17 @@ def test_bad_priority_is_a_config_error(tmp_path):
         toy_runner(tmp_path, hooks=[Recorder("x", [], priority="SUPER")])
 
 
-def test_dispatch_holds_only_hooks_that_override_the_stage(tmp_path):
+def test_a_hook_runs_only_at_the_stages_it_overrides(tmp_path):
     class OnlyEpoch(Hook):
         def after_train_epoch(self, runner):
             pass
 
     runner = toy_runner(tmp_path, default_hooks={}, hooks=[OnlyEpoch()])
-    assert [c for c, _, _ in runner._dispatch["after_train_epoch"]] == ["OnlyEpoch"]
-    assert all(not runner._dispatch[s.value] for s in Stage if s is not Stage.AFTER_TRAIN_EPOCH)
+    runner.instrument(timing=True)  # hook_times: (stage, hook) -> [seconds, calls] for every call made
+    runner.run()
+    assert {key: calls for key, (_, calls) in runner.hook_times.items()} == {("after_train_epoch", "OnlyEpoch"): 2}
+    table = runner.hook_order_table().splitlines()
+    assert table[1:] == ["after_train_epoch:", "    (NORMAL      ) OnlyEpoch [OnlyEpoch]"]
 
 
 def test_hook_order_table_lists_stages_with_priorities(tmp_path):
@@ -193,12 +196,16 @@ def test_resume_continues_exactly(tmp_path, by_epoch):
 def test_load_from_loads_weights_only(tmp_path):
     first = toy_runner(tmp_path / "a", max_epochs=1)
     first.run()
-    runner = toy_runner(tmp_path / "b", max_epochs=1)
-    runner.load_from = tmp_path / "a" / "checkpoints" / "epoch_1.pth"
-    runner.call_hook(Stage.BEFORE_RUN)
-    runner._load_or_resume()
-    assert runner.epoch == 0 and runner.iter == 0
-    for a, b in zip(_weights(first), _weights(runner)):
+    seen = {}
+
+    class AtStart(Hook):
+        def before_train(self, runner):  # after loading, before any step
+            seen["position"] = (runner.epoch, runner.iter)
+            seen["weights"] = [p.detach().clone() for p in runner.model.parameters()]
+
+    toy_runner(tmp_path / "b", hooks=[AtStart()], max_epochs=1, load_from=tmp_path / "a/checkpoints/epoch_1.pth").run()
+    assert seen["position"] == (0, 0)
+    for a, b in zip(_weights(first), seen["weights"]):
         torch.testing.assert_close(a, b)
 
 
@@ -225,9 +232,7 @@ def test_model_with_its_own_train_step(tmp_path):
             logits = self(x)
             return {"loss": torch.nn.functional.cross_entropy(logits, y) + 0.01 * logits.pow(2).mean()}
 
-    runner = toy_runner(tmp_path, max_epochs=1)
-    runner.model = Custom()
-    runner.optimizer = torch.optim.SGD(runner.model.parameters(), lr=0.1)
+    runner = toy_runner(tmp_path, max_epochs=1, model=Custom())
     runner.run()
     assert runner.model.calls == 2
 
@@ -264,10 +269,8 @@ def test_model_with_its_own_eval_step_feeds_the_metrics(tmp_path):
             logits = self(x)
             return {"loss": None, "logits": logits.flip(-1), "targets": y}
 
-    runner = toy_runner(tmp_path, max_epochs=1)
     model = Flipped()
-    runner.model = model
-    flipped = runner.validate()["val/acc"]
-    runner.model = torch.nn.Sequential(model.lin)  # same weights, no eval_step: the default path
-    normal = runner.validate()["val/acc"]
+    flipped = toy_runner(tmp_path / "a", max_epochs=1, model=model).validate()["val/acc"]
+    plain = torch.nn.Sequential(model.lin)  # same weights, no eval_step: the default path
+    normal = toy_runner(tmp_path / "b", max_epochs=1, model=plain).validate()["val/acc"]
     assert flipped == pytest.approx(1 - normal)  # two classes: swapped logits invert every prediction

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from expkit import checkpoint_io
+from expkit import atomic, checkpoint_io
 from expkit.errors import ConfigError, ExpkitError
 from expkit.hooks.base import Hook
 from expkit.metrics import better, infer_rule
@@ -304,5 +304,5 @@ class CheckpointHook(Hook):
             torch.save(slim, buffer)
             digest = hashlib.sha256(buffer.getvalue()).hexdigest()[:8]
             target = path.with_name(f"{path.stem}-{digest}.pth")
-            checkpoint_io.write_bytes_atomic(target, buffer.getvalue())
+            atomic.write_bytes_atomic(target, buffer.getvalue())
             log.info("Published %s (dropped keys: %s)", target.name, ", ".join(dropped) or "none")

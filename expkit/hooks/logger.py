@@ -14,7 +14,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
-from expkit.checkpoint_io import write_text_atomic
+from expkit.atomic import write_text_atomic
 from expkit.hooks.base import Hook
 from expkit.stages import Priority
 

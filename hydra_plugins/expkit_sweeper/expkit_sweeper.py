@@ -90,7 +90,7 @@ class ExpkitSweeper(BasicSweeper):
             self.hydra_context = compose_once(self.launcher, hydra_context)
 
     def sweep(self, arguments: list[str]) -> Any:
-        from expkit.sweep import mark_launch
+        from expkit.sweep_jobs import mark_launch
 
         mark_launch()
         return super().sweep(arguments)

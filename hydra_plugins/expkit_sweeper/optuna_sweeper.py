@@ -186,7 +186,7 @@ class OptunaSweeper(Sweeper):
         from hydra.utils import instantiate
 
         from expkit import search
-        from expkit.sweep import mark_launch
+        from expkit.sweep_jobs import mark_launch
 
         assert self.config is not None
         mark_launch()
@@ -256,7 +256,7 @@ class OptunaSweeper(Sweeper):
         from hydra.core.utils import JobStatus
         from optuna.trial import TrialState
 
-        from expkit.sweep import finished, job_result
+        from expkit.sweep_jobs import finished, job_result
 
         output_dir = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir") if ret.hydra_cfg else None
         result = (job_result(Path(output_dir)) if output_dir else None) or {}
@@ -347,6 +347,6 @@ class Ledger:
         return max(taken, default=-1) + 1
 
     def _save(self) -> None:
-        from expkit.checkpoint_io import write_json_atomic
+        from expkit.atomic import write_json_atomic
 
         write_json_atomic(self.path, {"trials": self.trials})

@@ -1,0 +1,80 @@
+"""expkit's log lines: their format, where they go, and a log that cannot be written.
+
+``python -m expkit.train`` logs through Hydra's job logging (the same format, set in
+``conf/*.yaml``) to the terminal and ``<work dir>/train.log``; torchrun's ranks > 0 to
+``rank<N>.log``; a Runner used from Python with logging unconfigured, to the terminal.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from pathlib import Path
+
+log = logging.getLogger("expkit")
+LOG_FORMAT = ("[%(asctime)s] %(message)s", "%H:%M:%S")  # (format, datefmt), as hydra.job_logging in conf/*.yaml
+
+
+def show_progress() -> None:
+    """From Python with logging unconfigured: expkit's lines still reach the terminal."""
+    if not log.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(*LOG_FORMAT))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
+def log_to_file(path: Path) -> None:
+    """Also write every log record to `path` (a sweep job moved to another dir: its train.log)."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter(*LOG_FORMAT))
+    logging.getLogger().addHandler(handler)
+    errors_in_one_line()
+
+
+def log_to_rank_file(work_dir: Path, rank: int) -> None:
+    """Ranks > 0 keep their own log file (rank<N>.log) instead of sharing train.log."""
+    if rank == 0:
+        return
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+        root.removeHandler(handler)
+        replacement = logging.FileHandler(work_dir / f"rank{rank}.log")
+        replacement.setFormatter(handler.formatter)
+        root.addHandler(replacement)
+        handler.close()
+
+
+def errors_in_one_line() -> None:
+    """A log file that cannot be written (a full disk) is said once, in one line, instead of
+    logging's "--- Logging error ---" traceback for every record after it; the same for a
+    library's writer thread that cannot write."""
+
+    def handle_error(handler: logging.FileHandler, record: logging.LogRecord) -> None:
+        if not getattr(handler, "_expkit_failed", False):
+            handler._expkit_failed = True  # type: ignore[attr-defined]
+            exc = sys.exc_info()[1]
+            cause = "no space left on the device" if getattr(exc, "errno", None) == 28 else exc
+            print(f"expkit: could not write {handler.baseFilename}: {cause}; records are missing from it",
+                  file=sys.stderr)  # fmt: skip
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and not hasattr(handler, "_expkit_one_line"):
+            handler._expkit_one_line = True  # type: ignore[attr-defined]
+            handler.handleError = handle_error.__get__(handler)  # type: ignore[method-assign]
+
+    def thread_error(args: threading.ExceptHookArgs) -> None:
+        """A library's writer thread (TensorBoard's) that hits a full disk: one line, not a traceback."""
+        if not isinstance(args.exc_value, OSError):
+            return default_thread_error(args)
+        tb, library = args.exc_traceback, "?"
+        while tb is not None:
+            library = str(tb.tb_frame.f_globals.get("__name__", "?")).partition(".")[0]
+            tb = tb.tb_next
+        name = args.thread.name if args.thread is not None else "a thread"
+        print(f"expkit: {library}'s writer ({name}) stopped: {args.exc_value}", file=sys.stderr)
+
+    default_thread_error = threading.excepthook
+    if default_thread_error.__name__ != thread_error.__name__:  # once per process (sweep jobs share it)
+        threading.excepthook = thread_error

@@ -1,0 +1,225 @@
+"""A run's state to a checkpoint and back: what a checkpoint holds, writing it, resuming.
+
+``Runner.state_checkpoint`` / ``Runner.save_checkpoint`` call into here; so does the start of
+``Runner.run`` (``load_or_resume``) and the test pass (``load_test_weights``). Files on disk
+(atomic writes, ``last_checkpoint``, reading safely) are ``expkit.checkpoint_io``'s; sharded
+checkpoints are ``expkit.sharding``'s.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from expkit import atomic, checkpoint_io, distributed
+from expkit.errors import CheckpointWriteError, ConfigError
+from expkit.rng import rng_states, set_rng_states
+from expkit.stages import Stage
+
+if TYPE_CHECKING:
+    from expkit.runner import Runner
+
+log = logging.getLogger("expkit")
+
+
+def state_checkpoint(runner: Runner, save_optimizer: bool = True, save_scheduler: bool = True) -> dict[str, Any]:
+    """Everything needed to continue this run exactly."""
+    r = runner
+    checkpoint: dict[str, Any] = {
+        "meta": {
+            "epoch": r.position[0],
+            "iter": r.position[1],
+            "inner_iter": r.position[2],
+            "seed": r.settings.seed,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "work_dir": str(r.work_dir),
+            "best_metrics": r.best_metrics,
+            "val_metrics": r.val_metrics,  # the last validation's: result.json reports them after a resume
+            "best_checkpoints": {k: Path(v).name for k, v in r.best_checkpoints.items()},  # beside this file
+        },
+        "config": r.config,
+        "rng": rng_states(),
+        "hooks": r.hook_table.state_dict(),
+    }
+    named = r.named_optimizers
+    if not r.sharded:  # (sharded: weights and optimizer state go to the shards, see save_checkpoint)
+        checkpoint["state_dict"] = {k: v.detach().cpu() for k, v in r.model.state_dict().items()}
+        if save_optimizer and r.optimizers:
+            if named:
+                checkpoint["optimizers"] = {name: opt.state_dict() for name, opt in r.optimizers.items()}
+            else:
+                checkpoint["optimizer"] = r.optimizer.state_dict()  # type: ignore[union-attr]
+    if save_scheduler and r.schedulers:
+        if named:
+            checkpoint["schedulers"] = {name: sched.state_dict() for name, sched in r.schedulers.items()}
+        else:
+            checkpoint["scheduler"] = r.scheduler.state_dict()
+    if r.scaler is not None:
+        checkpoint["grad_scaler"] = r.scaler.state_dict()
+    return checkpoint
+
+
+def checkpoint_name(runner: Runner, name: str) -> str:
+    """The name a checkpoint file name gets on disk: ``epoch_3.pth``, or with
+    trainer.strategy=fsdp the sharded directory ``epoch_3.dcp``."""
+    if not runner.sharded:
+        return name
+    from expkit import sharding
+
+    return sharding.checkpoint_name(name)
+
+
+def save_checkpoint(
+    runner: Runner,
+    path: Path,
+    *,
+    save_optimizer: bool = True,
+    save_scheduler: bool = True,
+    is_best: bool = False,
+    metric: str | None = None,
+    durable: bool = False,
+) -> Path:
+    """See ``Runner.save_checkpoint``."""
+    r = runner
+    if r.sharded:
+        path = path.with_name(checkpoint_name(r, path.name))
+    elif not r.is_main:  # one writer: rank 0 (every rank holds the same weights)
+        if not is_best:
+            r.last_checkpoint = path
+        return path
+    checkpoint = state_checkpoint(r, save_optimizer, save_scheduler) if r.is_main else {}
+    if r.is_main:
+        r.call_hook(Stage.BEFORE_SAVE_CHECKPOINT, checkpoint=checkpoint)
+    try:
+        if r.sharded:
+            from expkit import sharding
+
+            optimizers = r.optimizers if save_optimizer else {}
+            sharding.save(path, checkpoint, r.model, optimizers, durable=durable)
+        else:
+            atomic.save_atomic(checkpoint, path, durable=durable)
+    except (OSError, RuntimeError) as exc:  # disk full (torch's zip writer raises RuntimeError), permissions, ...
+        cause = "no space left on the device" if disk_full(exc) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        kept = (
+            f"the previous complete checkpoint {r.last_checkpoint} (and last_checkpoint) is intact"
+            if r.last_checkpoint
+            else "no earlier checkpoint of this run exists"
+        )
+        raise CheckpointWriteError(f"could not write {path}: {cause}; {kept}") from exc
+    if not is_best:
+        if r.is_main:
+            checkpoint_io.point_last_checkpoint(path.parent, path)
+        r.last_checkpoint = path
+    if r.is_main:
+        r.call_hook(Stage.AFTER_SAVE_CHECKPOINT, path=path, is_best=is_best, metric=metric)
+    return path
+
+
+def disk_full(exc: BaseException) -> bool:
+    """ENOSPC, however it surfaced (an OSError, or torch's zip writer's RuntimeError)."""
+    return getattr(exc, "errno", None) == errno.ENOSPC or "unexpected pos" in str(exc) or "No space left" in str(exc)
+
+
+def load_or_resume(runner: Runner) -> None:
+    """At the start of a run: ``resume`` (true: the work dir's last complete checkpoint; a
+    path: that one) puts the whole run state back; ``load_from`` only the weights."""
+    r = runner
+    if r.resume_from is True or r.resume_from == "true":
+        if r.is_main:  # what a killed writer left half-written is never read: remove it
+            for directory in (r.work_dir, r.work_dir / "checkpoints"):
+                for name in checkpoint_io.remove_stale_temporaries(directory):
+                    log.info("Removed %s, a temporary file left by an interrupted write", name)
+        found = checkpoint_io.load_resumable(r.work_dir)
+        if found is None:
+            log.warning("resume=true: no checkpoint in %s/checkpoints yet; training from scratch", r.work_dir)
+            return
+        apply_checkpoint(r, found[1], resume=True, source=found[0])
+    elif r.resume_from or r.load_from:
+        resume = bool(r.resume_from)
+        path = Path(r.resume_from if resume else r.load_from)  # type: ignore[arg-type]
+        checkpoint = checkpoint_io.load_checkpoint(path, "resume" if resume else "load_from", consolidate=False)
+        apply_checkpoint(r, checkpoint, resume=resume, source=path)
+
+
+def load_test_weights(runner: Runner) -> None:
+    """test_with=best: test the best checkpoint by the first monitored metric (model
+    selection on validation, report on test); otherwise, or without one, the final weights."""
+    r = runner
+    path = next(iter(r.best_checkpoints.values()), None)
+    distributed.barrier()  # rank 0 may still be writing the best checkpoint
+    if r.settings.test_with == "best" and path and checkpoint_io.is_checkpoint(Path(path)):
+        checkpoint = checkpoint_io.load_checkpoint(path, "best checkpoint", consolidate=False)
+        apply_checkpoint(r, checkpoint, resume=False, source=Path(path), purpose="test")
+        r.test_checkpoint = str(path)
+    else:
+        r.test_checkpoint = str(r.last_checkpoint) if r.last_checkpoint else None
+
+
+def apply_checkpoint(
+    runner: Runner, checkpoint: dict[str, Any], *, resume: bool, source: Path, purpose: str = ""
+) -> None:
+    """Put a checkpoint's weights (and, to resume, the whole run state) in place.
+    ``runner.load_purpose`` tells hooks why: resume, load_from or test."""
+    r = runner
+    r.resuming = r.resuming or resume
+    r.load_purpose = purpose or ("resume" if resume else "load_from")
+    r.call_hook(Stage.AFTER_LOAD_CHECKPOINT, checkpoint=checkpoint)
+    _load_weights(r, checkpoint, source, resume)
+    if not resume:
+        log.info("Loaded weights from %s%s", source, " for the test" if purpose == "test" else "")
+        return
+    meta = checkpoint["meta"]
+    r.epoch, r.iter, r.inner_iter = meta["epoch"], meta["iter"], meta.get("inner_iter", 0)
+    r.position = (r.epoch, r.iter, r.inner_iter)
+    r.best_metrics = dict(meta.get("best_metrics", {}))
+    r.val_metrics = dict(meta.get("val_metrics", {}))
+    # recorded paths name this run's own files: read them in the dir of the file resumed from
+    r.best_checkpoints = {
+        key: str(checkpoint_io.own_file(source.parent, path)) for key, path in meta.get("best_checkpoints", {}).items()
+    }
+    # one optimizer and scheduler ("optimizer", "scheduler"), or several by name
+    if r.optimizer is not None and "optimizer" in checkpoint:
+        r.optimizer.load_state_dict(checkpoint["optimizer"])
+    if r.scheduler is not None and "scheduler" in checkpoint:
+        r.scheduler.load_state_dict(checkpoint["scheduler"])
+    for owned, saved in ((r.optimizers, "optimizers"), (r.schedulers, "schedulers")):
+        for name, state in checkpoint.get(saved, {}).items():
+            if name in owned:
+                owned[name].load_state_dict(state)
+    if r.scaler is not None and "grad_scaler" in checkpoint:
+        r.scaler.load_state_dict(checkpoint["grad_scaler"])
+    if "rng" in checkpoint:
+        set_rng_states(checkpoint["rng"])
+    r.hook_table.load_state_dict(checkpoint.get("hooks", {}))
+    r.last_checkpoint = source
+    log.info("Resumed from %s at epoch %d, iteration %d", source, r.epoch, r.iter)
+
+
+def _load_weights(runner: Runner, checkpoint: dict[str, Any], source: Path, resume: bool) -> None:
+    """The checkpoint's weights into the model (sharded or not); a sharded checkpoint's
+    optimizer state too, to resume."""
+    from expkit import sharding
+
+    if "state_dict" not in checkpoint:  # a sharded checkpoint, read collectively
+        optimizers = runner.optimizers if resume else None
+        sharding.load_into(Path(checkpoint["sharded"]["path"]), checkpoint, runner.model, optimizers)
+        return
+    state = {k.removeprefix("module."): v for k, v in checkpoint["state_dict"].items()}
+    try:
+        if sharding.is_sharded(runner.model):
+            if resume and ("optimizer" in checkpoint or "optimizers" in checkpoint):
+                raise ConfigError(
+                    f"resume={source}: a checkpoint file of an unsharded run cannot resume with "
+                    "trainer.strategy=fsdp (its optimizer state is not keyed by parameter name); "
+                    "resume it with trainer.strategy=ddp, or start from its weights with load_from="
+                )
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(runner.model, state, options=StateDictOptions(full_state_dict=True))
+        else:
+            runner.model.load_state_dict(state)
+    except RuntimeError as exc:
+        raise ConfigError(f"checkpoint {source} does not fit this model: {exc}") from None

@@ -1,0 +1,77 @@
+"""The samplers behind exact resume: orders that are a function of (seed, epoch) and can
+skip ahead by index, and their DDP shares.
+
+A resumed run draws the same permutation as an uninterrupted one and skips the batches it
+already trained on without loading them; under DDP each rank takes a disjoint share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+
+import torch
+from torch.utils.data import Sampler
+
+
+def seed_worker(worker_id: int) -> None:
+    """Seed Python and NumPy in a DataLoader worker from torch's per-worker seed (which the
+    loader's seeded generator fixes), so random augmentations repeat run to run."""
+    import random
+
+    import numpy as np
+
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+class SeededRandomSampler(Sampler[int]):
+    """A shuffling sampler whose order is a function of (seed, epoch); can skip ahead by index.
+
+    With ``num_replicas`` > 1 (DDP) every rank draws the same permutation, padded to a
+    multiple of the replicas, and takes every ``num_replicas``-th index from ``rank``: the
+    ranks see disjoint shares of the data each epoch.
+    """
+
+    def __init__(self, data_source: Sized, seed: int = 0, rank: int = 0, num_replicas: int = 1) -> None:
+        self.n = len(data_source)
+        self.seed = seed
+        self.rank, self.num_replicas = rank, num_replicas
+        self.per_rank = -(-self.n // num_replicas)
+        self.epoch = 0
+        self._skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def skip_batches(self, batches: int, batch_size: int) -> None:
+        """The next pass starts after `batches` batches, without loading them."""
+        self._skip = batches * batch_size
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator()
+        g.manual_seed(self.seed * 100_003 + self.epoch)
+        order = torch.randperm(self.n, generator=g).tolist()
+        if self.num_replicas > 1:
+            order += order[: self.per_rank * self.num_replicas - self.n]  # pad: equal shares
+            order = order[self.rank :: self.num_replicas]
+        order = order[self._skip :]
+        self._skip = 0
+        return iter(order)
+
+    def __len__(self) -> int:
+        return self.per_rank - self._skip
+
+
+class ShardSampler(Sampler[int]):
+    """In order, every ``num_replicas``-th index from ``rank``, no padding: each sample is
+    evaluated exactly once over all ranks (validation and test under DDP)."""
+
+    def __init__(self, data_source: Sized, rank: int, num_replicas: int) -> None:
+        self.indices = list(range(rank, len(data_source), num_replicas))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)

@@ -1,0 +1,260 @@
+"""A sweep job's identity and place: which dir holds which job, whether it still has to run.
+
+Hydra numbers a sweep's jobs by position. expkit records each job's overrides in its dir
+(``job.json``) and in an index (``<sweep>/.jobs/``), so that resuming a sweep (``-m ...
+resume=true``), a Slurm requeue, or a second launch of the same sweep finds every job by
+what it is, not where it came in the order: a finished job is not trained again, a running
+one (another launch holds its lock) is skipped, an interrupted one continues.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from expkit import atomic, logs
+from expkit.atomic import write_json_atomic, write_text_atomic
+from expkit.metrics import worst_value
+from expkit.results import write_failure
+
+log = logging.getLogger("expkit")
+
+
+def job_order(path: Path) -> tuple[int, str]:
+    """Job dirs in Hydra's order: 0, 1, ..., 10 (not 0, 1, 10, 2)."""
+    return len(path.name), path.name
+
+
+JOB_FILE = "job.json"  # a job's identity in a sweep; Hydra never writes it
+SWEEP_LAUNCHED_ENV = "EXPKIT_SWEEP_LAUNCHED"  # when this launch of the sweep began (set by expkit's sweepers)
+
+
+def mark_launch() -> None:
+    """Tell this launch's jobs (in this process, or in the workers it starts) when it began."""
+    import os
+    import time
+
+    os.environ[SWEEP_LAUNCHED_ENV] = repr(time.time())
+
+
+def job_identity(overrides: list[str]) -> list[str]:
+    """What makes a job the same job across launches: its overrides, sorted, without
+    resume= and hydra.* (so reordering values on the command line changes nothing)."""
+    return sorted(o for o in overrides if not o.lstrip("+~").startswith(("resume=", "hydra.")))
+
+
+def read_job(work_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((work_dir / JOB_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+INDEX_DIR = ".jobs"  # <sweep>/.jobs/<digest of an identity>: the name of the dir holding that job
+INDEX_COMPLETE = "complete"  # written once every job dir of the sweep is in the index
+
+
+def _index_key(identity: list[str]) -> str:
+    import hashlib
+
+    return hashlib.sha1(json.dumps(identity).encode()).hexdigest()[:20]
+
+
+def record_job(work_dir: Path, identity: list[str]) -> None:
+    """job.json: the identity, and a copy of the job's .hydra files (Hydra rewrites .hydra/ of
+    <sweep>/<n> at every launch, so a resumed sweep with reordered values can put them back);
+    and the sweep's index entry for the identity."""
+    hydra_files = {p.name: p.read_text() for p in (work_dir / ".hydra").glob("*.yaml")}
+    write_json_atomic(work_dir / JOB_FILE, {"overrides": identity, "hydra": hydra_files})
+    write_text_atomic(work_dir.parent / INDEX_DIR / _index_key(identity), work_dir.name)
+
+
+def restore_hydra_record(work_dir: Path, job: dict[str, Any]) -> None:
+    for name, text in job.get("hydra", {}).items():
+        write_text_atomic(work_dir / ".hydra" / name, text)
+
+
+def job_target(work_dir: Path) -> Path:
+    """Where the job of a sweep's job dir really ran (a resumed job's dir may point to another: alias_of)."""
+    return Path((read_job(work_dir) or {}).get("alias_of") or work_dir)
+
+
+def job_result(work_dir: Path) -> dict[str, Any] | None:
+    """A job's result.json, where the job really ran."""
+    try:
+        return json.loads((job_target(work_dir) / "result.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def finished(result: dict[str, Any]) -> bool:
+    """Whether a job's result.json says it ran to its end: completed, pruned, or stopped by a
+    hook (early stopping); a job stopped by a signal was preempted and goes on when resumed."""
+    status, reason = result.get("status"), str(result.get("stop_reason") or "")
+    return status in ("completed", "pruned") or (status == "stopped" and not reason.startswith("signal"))
+
+
+def find_job(sweep_dir: Path, identity: list[str]) -> Path | None:
+    """The dir in `sweep_dir` that holds the job with this identity, if any: one lookup in the
+    sweep's index. A sweep dir whose index is not known complete (made by an older expkit, or
+    a write lost to a crash) is scanned once, indexing every job, and then marked complete."""
+    index = sweep_dir / INDEX_DIR
+    try:
+        candidate = sweep_dir / (index / _index_key(identity)).read_text().strip()
+        job = read_job(candidate)
+        if job is not None and job.get("overrides") == identity and "alias_of" not in job:
+            return candidate
+    except OSError:
+        pass
+    if (index / INDEX_COMPLETE).is_file():
+        return None
+    found = None
+    for candidate in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                            key=job_order):  # fmt: skip
+        job = read_job(candidate)
+        if job is None or "alias_of" in job or not isinstance(job.get("overrides"), list):
+            continue
+        write_text_atomic(index / _index_key(job["overrides"]), candidate.name)
+        if found is None and job["overrides"] == identity:
+            found = candidate
+    write_text_atomic(index / INDEX_COMPLETE, "")
+    return found
+
+
+def job_failed(
+    exc: BaseException, work_dir: Path, sweep_dir: Path, rule: str, fail_fast: bool, message: str | None = None
+) -> float:
+    """In a sweep: record the failure, then either stop the sweep (fail_fast) or let it go on."""
+    message = message or f"{type(exc).__name__}: {exc}"
+    write_failure(work_dir, message)
+    log.error("Job failed: %s (work dir %s)", message, work_dir)
+    if fail_fast:
+        (sweep_dir / FAIL_FAST_MARKER).write_text(str(work_dir))
+        raise exc
+    return worst_value(rule)
+
+
+FAIL_FAST_MARKER = ".fail_fast"
+
+
+def resuming_sweep(cfg: DictConfig) -> bool:
+    """resume=true: continue a sweep in its dir (a .pth path or false means something else)."""
+    return str(cfg.resume).lower() == "true"
+
+
+def place_job(cfg: DictConfig, overrides: list[str], hydra_dir: Path, sweep_dir: Path) -> Path:
+    """The work dir of this sweep job. Hydra numbers jobs by position; with resume=true a job
+    is found by its overrides instead (job.json), so reordered or added values mix nothing up."""
+    identity = job_identity(overrides)
+    if not resuming_sweep(cfg):
+        record_job(hydra_dir, identity)
+        return hydra_dir
+    own = read_job(hydra_dir)
+    if own is not None and own.get("overrides") == identity:
+        return hydra_dir
+    target = find_job(sweep_dir, identity)
+    if own is None:  # a new dir
+        if target is None:
+            record_job(hydra_dir, identity)
+            return hydra_dir
+        write_json_atomic(hydra_dir / JOB_FILE, {"alias_of": str(target), "overrides": identity})
+    else:  # the dir holds another job of the earlier launch: give it its record back
+        current = {p.name: p.read_text() for p in (hydra_dir / ".hydra").glob("*.yaml")}  # this launch's
+        restore_hydra_record(hydra_dir, own)
+        if target is None:
+            digest = hashlib.sha1(" ".join(identity).encode()).hexdigest()[:6]
+            target = sweep_dir / f"{hydra_dir.name}_{digest}"
+            for name, text in current.items():
+                atomic.write_text_atomic(target / ".hydra" / name, text)
+            record_job(target, identity)
+    log.info("Sweep job %s lives in %s", " ".join(identity), target)
+    logs.log_to_file(target / "train.log")
+    return target
+
+
+def finished_job_value(cfg: DictConfig, work_dir: Path, rule: str, monitor: str) -> float | None:
+    """With resume=true: a job that already finished is not trained again; its value is returned."""
+    result_file = work_dir / "result.json"
+    if not resuming_sweep(cfg) or not result_file.is_file():
+        return None
+    result = json.loads(result_file.read_text())
+    rule = result.get("monitor_rule") or rule  # the direction the run itself used
+    status = result.get("status")
+    if status == "failed" and not cfg.retry_failed:
+        log.info("Job in %s failed before (%s); kept as failed (retry_failed=true retries it)", work_dir,
+                 result.get("error"))  # fmt: skip
+        return worst_value(rule)
+    if finished(result):
+        log.info("Job in %s is already %s; not trained again", work_dir, status)
+        return best_value(result, monitor, rule)
+    return None  # interrupted, skipped or never finished: run it (resume=true continues it)
+
+
+def best_value(result: dict[str, Any], monitor: str, rule: str) -> float:
+    best = (result.get("best_metrics") or {}).get(monitor)
+    value = None if best is None else best.get("value")
+    return (
+        float(value) if value is not None and math.isfinite(value) else worst_value(result.get("monitor_rule") or rule)
+    )
+
+
+def done_since_launch(work_dir: Path, monitor: str, rule: str) -> float | None:
+    """A job that another launch of this sweep finished after this launch began (two launches
+    of one sweep, e.g. a Slurm requeue while the first still runs): not run a second time."""
+    launched, result_file = os.environ.get(SWEEP_LAUNCHED_ENV), work_dir / "result.json"
+    try:
+        if launched is None or result_file.stat().st_mtime < float(launched):
+            return None
+        result = json.loads(result_file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not finished(result):
+        return None
+    log.info("Job in %s was %s by another launch of this sweep; this launch does not run it again",
+             work_dir, result.get("status"))  # fmt: skip
+    return best_value(result, monitor, rule)
+
+
+def own_job_dir(job_dir: Path, hydra_dir: Path, command: str, owned: contextlib.ExitStack) -> bool:
+    """Take `job_dir`'s lock into `owned`; False (the job skipped) when a live process of another
+    launch holds it. In a job of several tasks (submitit) rank 0 takes it and decides for all."""
+    from expkit import distributed
+    from expkit.ownership import WorkDirBusy, WorkDirLock
+
+    busy: WorkDirBusy | None = None
+    if distributed.is_main():
+        try:
+            owned.enter_context(WorkDirLock(job_dir, command))
+        except WorkDirBusy as exc:
+            busy = exc
+    if not distributed.broadcast_object(busy is not None):
+        return True
+    if busy is not None:
+        skip_busy_job(hydra_dir, busy)
+    return False
+
+
+def skip_busy_job(hydra_dir: Path, busy: Any) -> None:
+    """Another launch of this sweep runs this job right now: this launch skips it (the owner
+    records it; waiting would hold this launch's workers idle). Hydra rewrote the dir's .hydra/
+    for this launch: the owner's record goes back, and nothing is logged into its train.log."""
+    from expkit.ownership import describe
+
+    job = read_job(hydra_dir)
+    if job is not None and "hydra" in job:
+        restore_hydra_record(hydra_dir, job)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == hydra_dir.resolve():
+            root.removeHandler(handler)
+            handler.close()
+    log.warning("Job in %s is running in another launch of this sweep (%s); this launch skips it, so it runs once",
+                hydra_dir, describe(busy.owner))  # fmt: skip
