@@ -134,7 +134,7 @@ def _build_hooks(nodes: Any, key: str) -> dict[str, Hook]:
     return hooks
 
 
-def _build_loggers(nodes: Any, key: str) -> dict[str, Backend]:
+def build_loggers(nodes: Any, key: str) -> dict[str, Backend]:
     loggers: dict[str, Backend] = {}
     for name, node in (nodes or {}).items():
         if not isinstance(node, DictConfig) or "_target_" not in node:
@@ -310,7 +310,7 @@ def _build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, 
         settings=settings,
         default_hooks=default_hooks,
         hooks=hooks,
-        loggers=_build_loggers(cfg.get("logger"), "logger"),
+        loggers=build_loggers(cfg.get("logger"), "logger"),
         work_dir=work_dir,
         resume=cfg.resume,
         load_from=cfg.load_from,

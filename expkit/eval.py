@@ -147,7 +147,7 @@ def load_model(source: str | Path, *, ema: bool = False, which: str = "best", de
 def evaluate(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = ()) -> dict[str, Any]:
     """Evaluate ``cfg.checkpoint`` (eval.yaml's settings) into `work_dir`; returns result.json's content."""
     from expkit import Runner, default_hooks
-    from expkit.build import _build_loggers, build_metrics, build_trainer_settings, instantiate_node
+    from expkit.build import build_loggers, build_metrics, build_trainer_settings, instantiate_node
 
     if OmegaConf.is_missing(cfg, "checkpoint"):
         raise ConfigError("give checkpoint=<.pth file, .dcp dir or run dir>")
@@ -176,7 +176,7 @@ def evaluate(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] 
         monitor=monitor,
         settings=settings,
         default_hooks=default_hooks(timer=None, sampler_seed=None, param_scheduler=None, checkpoint=None),
-        loggers=_build_loggers(cfg.get("logger"), "logger"),
+        loggers=build_loggers(cfg.get("logger"), "logger"),
         work_dir=work_dir,
         config=OmegaConf.to_container(stored, resolve=True),  # type: ignore[arg-type]
         run_info={
@@ -202,7 +202,7 @@ def run(cfg: DictConfig) -> float | None:
     """Hydra's task function: evaluates one checkpoint; returns the monitored value (sweeps)."""
     from hydra.core.hydra_config import HydraConfig
 
-    from expkit.train import config_dirs_of
+    from expkit.cli import config_dirs_of
 
     global _STARTED
     _STARTED = True
@@ -273,7 +273,7 @@ def command_main(run: Callable[[], Any], options: Sequence[str], started: Callab
     """The entry point of a command over a checkpoint (eval, predict, export): the command line
     made Hydra's (``hydra_argv``, flags first), then the Hydra app `run`. Hydra's own errors
     before the task `started` (a missing key, an unknown one) are the user's to fix: exit 2."""
-    from expkit.train import flags_first
+    from expkit.cli import flags_first
 
     sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:], options))  # (Hydra's parser takes flags before overrides)
     try:

@@ -10,8 +10,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from expkit.build import build_runner
+from expkit.cli import CONF_DIR, check_group_choices
 from expkit.hooks import EMAHook
-from expkit.train import CONF_DIR, check_group_choices
 
 FAST = ["trainer.max_epochs=null", "trainer.max_iters=2", "trainer.val_interval=2", "trainer.device=cpu"]
 

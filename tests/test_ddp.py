@@ -127,7 +127,7 @@ def test_accumulation_under_ddp_syncs_once_per_step_and_equals_one_big_batch(tmp
     from hydra import compose, initialize_config_dir
 
     from expkit.build import build_runner
-    from expkit.train import CONF_DIR
+    from expkit.cli import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=["trainer.max_epochs=2", "data.batch_size=128"])

@@ -14,8 +14,8 @@ from conftest import REPO, run_cli
 from hydra import compose, initialize_config_dir
 
 from expkit.build import build_runner
+from expkit.cli import CONF_DIR
 from expkit.eval import load_model
-from expkit.train import CONF_DIR
 
 
 def _compose(*overrides: str):

@@ -12,8 +12,8 @@ from hydra import compose, initialize_config_dir
 
 from expkit import ConfigError, Hook, default_hooks
 from expkit.build import build_hook
+from expkit.cli import CONF_DIR
 from expkit.hooks import CheckpointHook, EMAHook, IterTimerHook, LoggerHook
-from expkit.train import CONF_DIR
 
 
 def _ckpts(work_dir: Path) -> list[str]:

@@ -14,9 +14,9 @@ from conftest import REPO, toy_runner
 from hydra import compose, initialize_config_dir
 
 from expkit.build import build_metrics, build_runner
+from expkit.cli import CONF_DIR
 from expkit.errors import ConfigError
 from expkit.metrics import Accuracy, Directions, MetricSlot, better
-from expkit.train import CONF_DIR
 
 torchmetrics = pytest.importorskip("torchmetrics")
 

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 
 from expkit import Hook
 from expkit.build import build_runner
-from expkit.train import CONF_DIR
+from expkit.cli import CONF_DIR
 
 TIMING = ("train/time", "train/data_time")
 COMMON = ["trainer.max_epochs=3", "default_hooks.logger.interval=5", "logger=[tensorboard]"]

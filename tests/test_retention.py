@@ -16,10 +16,10 @@ import torch
 from conftest import REPO, run_cli, toy_runner
 
 from expkit import Hook
+from expkit.cli import continue_command, flags_first
 from expkit.errors import ConfigError
 from expkit.hook_table import default_hooks
 from expkit.hooks import CheckpointHook, LoggerHook
-from expkit.train import continue_command, flags_first
 
 EXIT_HOOK = """
 import os

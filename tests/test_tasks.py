@@ -11,9 +11,9 @@ from conftest import REPO
 from hydra import compose, initialize_config_dir
 
 from expkit.build import build_runner
+from expkit.cli import CONF_DIR
 from expkit.eval import load_model
 from expkit.metrics import better
-from expkit.train import CONF_DIR
 
 pytest.importorskip("torchmetrics")
 

@@ -15,9 +15,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from expkit.build import build_runner
+from expkit.cli import CONF_DIR, available_options
 from expkit.errors import ConfigError
 from expkit.eval import load_model
-from expkit.train import CONF_DIR, available_options
 from expkit.trust import TrustPolicy, UntrustedTargetError
 
 PROJECT = REPO / "examples" / "my_project"

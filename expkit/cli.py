@@ -1,0 +1,181 @@
+"""What every command checks on its command line before Hydra composes, and the commands
+it prints: group options that exist, overrides that parse, output dirs that can be written,
+a work dir no live process owns, Hydra's flags before the overrides, the resume command.
+
+Hydra's own messages for these (``hooks=[typo]``, an unbalanced bracket) name nothing; these
+name the key and what to type instead, and the command exits 2 before writing anything.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+CONF_DIR = Path(__file__).parent / "conf"
+
+
+# -- group choices, checked before Hydra composes (its message for hooks=[typo] lists nothing) --
+def config_dirs_of(argv: list[str]) -> list[Path]:
+    """expkit's shipped config dir, then every --config-dir / -cd on the command line."""
+    dirs = [CONF_DIR]
+    for i, arg in enumerate(argv):
+        for flag in ("--config-dir", "-cd"):
+            if arg == flag and i + 1 < len(argv):
+                dirs.append(Path(argv[i + 1]))
+            elif arg.startswith(flag + "="):
+                dirs.append(Path(arg.split("=", 1)[1]))
+    return dirs
+
+
+def available_options(group: str, dirs: Iterable[Path]) -> list[str]:
+    """The options of a config group: the .yaml files in <dir>/<group>/ of every config dir."""
+    return sorted({p.stem for d in dirs if (d / group).is_dir() for p in (d / group).glob("*.yaml")})
+
+
+def _names(value: Any) -> list[str]:
+    """Option names in an override value: 'a', [a, b], a,b (sweep) or [a],[a,b]."""
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    if isinstance(value, ChoiceSweep):
+        return [n for v in value.list for n in _names(v)]
+    if isinstance(value, (list, tuple)):
+        return [n for v in value for n in _names(v)]
+    return [str(value)] if isinstance(value, str) else []
+
+
+def check_group_choices(argv: list[str]) -> str | None:
+    """An error message for the first override that names an option no config dir has."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    dirs = config_dirs_of(argv)
+    groups = {p.name for d in dirs if d.is_dir() for p in d.iterdir() if p.is_dir()}
+    candidates = [a for a in argv if "=" in a and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
+    try:
+        overrides = OverridesParser.create().parse_overrides(candidates)
+    except Exception:  # a malformed override: name it (Hydra's message does not)
+        return check_parsable(candidates)
+    for override in overrides:
+        group = override.key_or_group
+        if group not in groups or override.is_delete() or override.package:
+            continue
+        known = available_options(group, dirs)
+        for name in _names(override.value()):
+            if name != "null" and name not in known:
+                label = "hook" if group == "hooks" else f"{group} option"
+                example = (
+                    f"{group}=[{known[0]}]" if group == "hooks" and known else f"{group}={known[0] if known else ''}"
+                )
+                return (
+                    f"Unknown {label} {name!r} in '{override.input_line}'. "
+                    f"Available {group}: {', '.join(known) or '(none)'}. For example: {example}. "
+                    f"Add your own as {group}/<name>.yaml in a config dir passed with --config-dir."
+                )
+    return None
+
+
+def continue_command(argv: list[str], work_dir: Path) -> str:
+    """The command that resumes this run, quoted for a POSIX shell (paths with spaces paste);
+    under torchrun, a torchrun command with the same number of processes."""
+    kept = [a for a in argv if not a.startswith(("hydra.run.dir=", "resume=", "hydra.output_subdir="))]
+    start = ["python", "-m", "expkit.train"]
+    if "TORCHELASTIC_RUN_ID" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        local, world = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), int(os.environ["WORLD_SIZE"])
+        nodes = [f"--nnodes={world // local}"] if world > local else []
+        start = ["torchrun", *nodes, f"--nproc_per_node={local}", "-m", "expkit.train"]
+    return shlex.join([*start, *kept, f"hydra.run.dir={work_dir}", "resume=true"])
+
+
+_VALUED_FLAGS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn", "--cfg", "-c",
+                 "--package", "-p", "--experimental-rerun")  # fmt: skip
+_INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+
+
+def flags_first(argv: list[str]) -> list[str]:
+    """Hydra's flags (with their values) before the overrides: Hydra's argument parser takes the
+    overrides only as one block, so `model=x --config-dir conf optim.lr=1` would be refused."""
+    flags, overrides, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        takes_value = arg in _VALUED_FLAGS or (
+            arg in ("--info", "-i") and i + 1 < len(argv) and argv[i + 1] in _INFO_TOPICS
+        )
+        if takes_value:
+            flags += argv[i : i + 2]
+            i += 2
+            continue
+        (flags if arg.startswith("-") else overrides).append(arg)
+        i += 1
+    return flags + overrides
+
+
+def check_output_dirs(argv: list[str]) -> str | None:
+    """An output dir that is empty (the current directory would become the work dir) or cannot
+    be written, named before Hydra tries to log into it."""
+    given = False
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        key, value = key.lstrip("+"), value.strip().strip("'\"")
+        if not sep or key not in ("hydra.run.dir", "hydra.sweep.dir"):
+            continue
+        example = "outputs/runs/my_run" if key.endswith("run.dir") else "outputs/sweeps/my_sweep"
+        if not value:
+            return (f"{key} is empty, which would write this run's files into the current directory. "
+                    f"Give a directory ({key}={example}) or leave the key out for a new dated one.")  # fmt: skip
+        given = True
+        if "${" not in value and not _writable(Path(value)):
+            return f"{key}={value}: cannot create or write this directory; give a writable one, e.g. {key}={example}"
+    default = Path("outputs") if Path("outputs").is_dir() else Path.cwd()  # checked, not created (--help, --cfg)
+    if not given and not os.access(default, os.W_OK | os.X_OK):
+        return (f"cannot write {Path('outputs').resolve()} (runs go to outputs/ under the current directory); "
+                "run from a writable directory or give hydra.run.dir=<a writable dir>")  # fmt: skip
+    return None
+
+
+def _writable(directory: Path) -> bool:
+    """Whether `directory` can be created (Hydra creates it next anyway) and written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(directory, os.W_OK | os.X_OK)
+
+
+def check_keys(argv: list[str]) -> str | None:
+    """Keys no config can have (a key longer than a file name can be)."""
+    for arg in argv:
+        key = arg.partition("=")[0].lstrip("+~")
+        if "=" in arg and not arg.startswith("-") and any(len(part) > 200 for part in key.split(".")):
+            return f"{key[:40]}...: a {len(key)}-character key is not a key of the config; see --cfg job for the keys"
+    return None
+
+
+def check_parsable(argv: list[str]) -> str | None:
+    """The first override Hydra's grammar cannot parse, named (Hydra's own message does not)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for arg in argv:
+        if "=" not in arg or arg.startswith("-"):
+            continue
+        try:
+            parser.parse_overrides([arg])
+        except Exception as exc:  # Hydra's OverrideParseException, or a grammar error
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return (f"'{arg}' cannot be parsed ({first}); check its brackets and quotes, e.g. 'optim.lr=0.1', "
+                    "'hooks=[ema,profiler]' (https://hydra.cc/docs/advanced/override_grammar/basic/)")  # fmt: skip
+    return None
+
+
+def check_owner(argv: list[str]) -> str | None:
+    """A run given a work dir that a live process owns is refused before Hydra writes .hydra/
+    and train.log into it (torchrun's other ranks share rank 0's dir and lock)."""
+    from expkit.ownership import busy_message, live_owner
+
+    if any(a in ("-m", "--multirun") for a in argv) or os.environ.get("RANK", "0") != "0":
+        return None
+    given = next((a.split("=", 1)[1] for a in reversed(argv) if a.startswith("hydra.run.dir=")), None)
+    owner = live_owner(Path(given)) if given else None
+    return busy_message(Path(given), owner) if given and owner is not None else None
