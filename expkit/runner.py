@@ -21,7 +21,7 @@ from torch import nn
 from expkit import atomic, distributed, hook_table, logs, provenance, results, run_checkpoint
 from expkit.backends import Backend
 from expkit.devices import StepModule, move, run_device
-from expkit.hook_table import HookTable, raise_hook_error
+from expkit.hook_table import NULL, HookTable, raise_hook_error
 from expkit.hooks.base import Hook
 from expkit.loops import EvalLoop, TrainLoop
 from expkit.metrics import Accuracy, Directions, MetricSlot, as_slots, probe_metrics
@@ -217,7 +217,7 @@ class Runner:
 
     def phase(self, name: str) -> contextlib.AbstractContextManager:
         """A loop phase (data, forward, backward, optimizer): marked and timed when instrumented."""
-        return self.hook_table.phase(name)
+        return self.hook_table.phase(name) if self.instrumented else NULL
 
     def hook_order_table(self) -> str:
         """The resolved order per stage, as printed at start-up."""
@@ -340,7 +340,7 @@ class Runner:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self._autocast_dtype is None:
-            return contextlib.nullcontext()
+            return NULL
         return torch.autocast(self.device.type, dtype=self._autocast_dtype)
 
     def train_step(self, data_batch: Any) -> dict[str, Any]:

@@ -1,45 +1,47 @@
 """Where hooks fire (Stage) and in which order (Priority).
 
-The whole run, with every stage marked where it fires::
+The whole run, with every stage marked where it fires:
 
-    Runner.run():
-        BEFORE_RUN
-        if resuming or loading weights:
-            read checkpoint -> AFTER_LOAD_CHECKPOINT(checkpoint)   # before it is applied: hooks may edit it
-        Runner.train():                                            # only with a train loader and a budget
-            BEFORE_TRAIN
-            while epochs/iters remain and no stop was requested:
-                BEFORE_TRAIN_EPOCH
-                for batch_idx, window in windows of accumulate_grad_batches (k) batches:   # one iteration
-                    BEFORE_TRAIN_ITER(batch_idx, window[0])               # per optimizer step
-                    for data_batch in window:                             # k micro-batches (1 by default)
-                        outputs = forward + loss
-                        AFTER_FORWARD(batch_idx, data_batch, outputs)     # per micro-batch
-                        (loss * its share of the window's samples).backward()   # DDP syncs on the last only
-                        AFTER_BACKWARD(batch_idx, data_batch, outputs)    # per micro-batch
-                    clip gradients, optimizer.step(), optimizer.zero_grad()    # once per window
-                    AFTER_OPTIMIZER_STEP(batch_idx, window[-1], outputs)  # per step; outputs["loss"]: the window's
-                    AFTER_TRAIN_ITER(batch_idx, window[-1], outputs)      # runner.iter += 1 right after
-                    (iteration-based: validate here when due)
-                AFTER_TRAIN_EPOCH                                  # runner.epoch += 1 right after
-                (epoch-based: validate here when due)
-            AFTER_TRAIN
-        (nothing to train, a val loader: Runner.validate() once)
-        test_with=best and a best checkpoint exists:
-            read it -> AFTER_LOAD_CHECKPOINT(checkpoint)           # the test uses the best weights
-        Runner.test():                                             # only with a test loader
-            BEFORE_TEST, BEFORE_TEST_EPOCH,
-            per batch BEFORE_TEST_ITER / AFTER_TEST_ITER(outputs),
-            AFTER_TEST_EPOCH(metrics), AFTER_TEST
-        AFTER_RUN                                                  # always, also after a stop or an error
+```text
+Runner.run():
+    BEFORE_RUN
+    if resuming or loading weights:
+        read checkpoint -> AFTER_LOAD_CHECKPOINT(checkpoint)   # before it is applied: hooks may edit it
+    Runner.train():                                            # only with a train loader and a budget
+        BEFORE_TRAIN
+        while epochs/iters remain and no stop was requested:
+            BEFORE_TRAIN_EPOCH
+            for batch_idx, window in windows of accumulate_grad_batches (k) batches:   # one iteration
+                BEFORE_TRAIN_ITER(batch_idx, window[0])               # per optimizer step
+                for data_batch in window:                             # k micro-batches (1 by default)
+                    outputs = forward + loss
+                    AFTER_FORWARD(batch_idx, data_batch, outputs)     # per micro-batch
+                    (loss * its share of the window's samples).backward()   # DDP syncs on the last only
+                    AFTER_BACKWARD(batch_idx, data_batch, outputs)    # per micro-batch
+                clip gradients, optimizer.step(), optimizer.zero_grad()    # once per window
+                AFTER_OPTIMIZER_STEP(batch_idx, window[-1], outputs)  # per step; outputs["loss"]: the window's
+                AFTER_TRAIN_ITER(batch_idx, window[-1], outputs)      # runner.iter += 1 right after
+                (iteration-based: validate here when due)
+            AFTER_TRAIN_EPOCH                                  # runner.epoch += 1 right after
+            (epoch-based: validate here when due)
+        AFTER_TRAIN
+    (nothing to train, a val loader: Runner.validate() once)
+    test_with=best and a best checkpoint exists:
+        read it -> AFTER_LOAD_CHECKPOINT(checkpoint)           # the test uses the best weights
+    Runner.test():                                             # only with a test loader
+        BEFORE_TEST, BEFORE_TEST_EPOCH,
+        per batch BEFORE_TEST_ITER / AFTER_TEST_ITER(outputs),
+        AFTER_TEST_EPOCH(metrics), AFTER_TEST
+    AFTER_RUN                                                  # always, also after a stop or an error
 
-    Runner.validate():   BEFORE_VAL, BEFORE_VAL_EPOCH,
-                         per batch BEFORE_VAL_ITER / AFTER_VAL_ITER(outputs),
-                         AFTER_VAL_EPOCH(metrics), AFTER_VAL
-    Runner.save_checkpoint():  BEFORE_SAVE_CHECKPOINT(checkpoint)   # hooks may add keys
-                               write to a temporary file, rename
-                               AFTER_SAVE_CHECKPOINT(path, is_best, metric)
-    any exception in the run:  ON_EXCEPTION(exception), then AFTER_RUN, then it propagates
+Runner.validate():   BEFORE_VAL, BEFORE_VAL_EPOCH,
+                     per batch BEFORE_VAL_ITER / AFTER_VAL_ITER(outputs),
+                     AFTER_VAL_EPOCH(metrics), AFTER_VAL
+Runner.save_checkpoint():  BEFORE_SAVE_CHECKPOINT(checkpoint)   # hooks may add keys
+                           write to a temporary file, rename
+                           AFTER_SAVE_CHECKPOINT(path, is_best, metric)
+any exception in the run:  ON_EXCEPTION(exception), then AFTER_RUN, then it propagates
+```
 
 Counters follow MMEngine: inside an iteration ``runner.iter`` is the 0-based index of
 the current iteration (= iterations completed before it). An iteration is one optimizer
