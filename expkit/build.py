@@ -135,6 +135,7 @@ def _build_hooks(nodes: Any, key: str) -> dict[str, Hook]:
 
 
 def build_loggers(nodes: Any, key: str) -> dict[str, Backend]:
+    """The logging backends of config node `key` (``logger``), by name; an unknown one names the key."""
     loggers: dict[str, Backend] = {}
     for name, node in (nodes or {}).items():
         if not isinstance(node, DictConfig) or "_target_" not in node:
@@ -243,6 +244,7 @@ def build_optimizers(optim: DictConfig, model: Any) -> dict[str, Any]:
 
 
 def build_trainer_settings(cfg: DictConfig) -> TrainerSettings:
+    """``cfg.trainer`` as TrainerSettings; a bad value raises a ConfigError naming ``trainer.<key>``."""
     fields = OmegaConf.to_container(cfg.trainer, resolve=True)
     try:
         return TrainerSettings(**fields)  # type: ignore[arg-type]

@@ -79,6 +79,7 @@ class DataModule:
         return values
 
     def loaders(self) -> tuple[DataLoader, DataLoader | None, DataLoader | None]:
+        """(train, val, test) DataLoaders; val or test is None when the data has none."""
         train, val, test = self.datasets()
         extra = {}
         if self.num_workers > 0:  # keep workers across epochs; prefetch two batches each

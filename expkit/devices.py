@@ -26,6 +26,14 @@ def run_device(settings: TrainerSettings) -> torch.device:
     return device
 
 
+def precision(name: str, device: torch.device) -> tuple[torch.dtype | None, Any]:
+    """``trainer.precision`` (32, bf16, 16) as (the autocast dtype or None, a GradScaler or
+    None): fp16 on CUDA scales the loss so small gradients do not underflow."""
+    dtype = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}[name]
+    scaler = torch.amp.GradScaler("cuda") if dtype is torch.float16 and device.type == "cuda" else None
+    return dtype, scaler
+
+
 def move(batch: Any, device: torch.device, channels_last: bool = False) -> Any:
     """Tensors to `device` without waiting for the copy (from pinned memory it overlaps with
     compute); with `channels_last`, 4-D floating tensors (images) also change layout."""

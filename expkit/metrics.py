@@ -72,12 +72,15 @@ class Metric:
     higher_is_better: bool | None = None
 
     def reset(self) -> None:
+        """Forget everything accumulated (called before each pass)."""
         raise NotImplementedError
 
     def update(self, preds: torch.Tensor, targets: torch.Tensor) -> None:
+        """Accumulate one batch, on the device (no host sync)."""
         raise NotImplementedError
 
     def compute(self) -> float:
+        """The value over every batch since the last reset (after ``sync()`` under DDP)."""
         raise NotImplementedError
 
     def sync(self) -> None:
@@ -182,12 +185,14 @@ class MetricSlot:
                           f"{sorted(outputs)}; set metrics.{self.name}.inputs to the outputs it needs")  # fmt: skip
 
     def update(self, outputs: Mapping[str, Any]) -> None:
+        """Update the metric with the eval step's outputs it is configured to read (``inputs``)."""
         if self.keywords is None:
             self.metric.update(*(self._get(outputs, key) for key in self.positional))  # type: ignore[union-attr]
         else:
             self.metric.update(**{arg: self._get(outputs, key) for arg, key in self.keywords.items()})
 
     def reset(self) -> None:
+        """Reset the metric (before each pass)."""
         self.metric.reset()
 
     def sync(self) -> None:
@@ -220,6 +225,7 @@ class MetricSlot:
         return rule_of_flag(getattr(self.metric, "higher_is_better", None))
 
     def to(self, device: torch.device) -> MetricSlot:
+        """The metric moved to `device` when it is a module (torchmetrics); returns self."""
         if isinstance(self.metric, torch.nn.Module):
             self.metric.to(device)
         return self
@@ -275,6 +281,7 @@ class Directions:
         return self.declared.get(key)
 
     def declare(self, key: str, rule: str, by: str) -> None:
+        """Record an explicit `rule` for `key`, given by setting `by`; a contradiction is a ConfigError."""
         if rule not in RULES:
             raise ConfigError(f"{by}={rule!r}: use greater or less")
         known = self.explicit(key)

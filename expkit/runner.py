@@ -20,13 +20,13 @@ from torch import nn
 
 from expkit import atomic, distributed, hook_table, logs, provenance, results, run_checkpoint
 from expkit.backends import Backend
-from expkit.devices import StepModule, move, run_device
+from expkit.devices import StepModule, move, precision, run_device
 from expkit.hook_table import NULL, HookTable, raise_hook_error
 from expkit.hooks.base import Hook
 from expkit.loops import EvalLoop, TrainLoop
 from expkit.metrics import Accuracy, Directions, MetricSlot, as_slots, probe_metrics
 from expkit.optimizers import check_owned_update, owns_its_update
-from expkit.rng import algorithm_settings, seed_everything  # noqa: F401 (seed_everything: re-exported)
+from expkit.rng import algorithm_settings, rng_states, seed_everything, set_rng_states  # noqa: F401 (re-exported)
 from expkit.settings import TrainerSettings
 from expkit.signals import stop_on_signals
 from expkit.stages import Stage
@@ -141,13 +141,7 @@ class Runner:
         self.best_checkpoints: dict[str, str] = {}
         self.last_checkpoint: Path | None = None
 
-        self._autocast_dtype = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}[self.settings.precision]
-        self.scaler = (
-            torch.amp.GradScaler("cuda")
-            if self._autocast_dtype is torch.float16 and self.device.type == "cuda"
-            else None
-        )
-
+        self._autocast_dtype, self.scaler = precision(self.settings.precision, self.device)  # scaler: fp16 on CUDA
         self.hook_table = HookTable()  # registration, order, dispatch, instrumentation
         self.instrumented = False
         self.hook_times = self.hook_table.hook_times  # (stage, hook name) -> [seconds, calls], while timing
@@ -182,9 +176,11 @@ class Runner:
     # -- hooks (the table is expkit.hook_table's) --------------------------------------------
     @property
     def hooks(self) -> list[Hook]:
+        """The registered hooks, in firing order."""
         return self.hook_table.hooks
 
     def hook_names(self) -> list[str]:
+        """The hooks' names (``checkpoint``, ``EMAHook``, ...), in firing order."""
         return self.hook_table.names
 
     def register_hook(self, hook: Hook, name: str | None = None, priority: int | str | None = None) -> None:
@@ -305,12 +301,15 @@ class Runner:
         return count % s.val_interval == 0 or count == last
 
     def train(self) -> None:
+        """Train until the budget is spent or a stop is requested, validating when due."""
         TrainLoop(self).run()
 
     def validate(self) -> dict[str, float]:
+        """One pass over the val loader(s); returns ``{"val/loss": ..., "val/<metric>": ...}``."""
         return EvalLoop(self, self.val_loader, "val").run()
 
     def test(self) -> dict[str, float]:
+        """One pass over the test loader(s); returns ``{"test/loss": ..., "test/<metric>": ...}``."""
         return EvalLoop(self, self.test_loader, "test").run()
 
     def record_eval(self, mode: str, metrics: dict[str, float]) -> None:
@@ -334,11 +333,13 @@ class Runner:
 
     # -- the step ---------------------------------------------------------------------------
     def to_device(self, batch: Any) -> Any:
+        """The batch's tensors on the run's device (and channels-last, when set)."""
         if self.device.type == "cpu" and not self.settings.channels_last:
             return batch
         return move(batch, self.device, self.settings.channels_last)
 
     def autocast(self) -> contextlib.AbstractContextManager:
+        """``trainer.precision``'s autocast (bf16, 16), or a no-op context in fp32."""
         if self._autocast_dtype is None:
             return NULL
         return torch.autocast(self.device.type, dtype=self._autocast_dtype)

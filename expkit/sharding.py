@@ -370,6 +370,6 @@ def check_runner_inputs(
     """trainer.strategy=fsdp: the model is sharded under torchrun, and every hook works with it."""
     if distributed.is_distributed() and not is_sharded(model):
         raise ConfigError("trainer.strategy=fsdp under torchrun needs the model sharded before its optimizer is built: "
-                          "expkit.build does it; from Python, call expkit.shard(model, blocks, device) first")  # fmt: skip
+                          "expkit.build does it; from Python, call expkit.sharding.shard(model, blocks, device) first")  # fmt: skip
     named = list(hooks.items()) if isinstance(hooks, Mapping) else [(type(h).__name__, h) for h in hooks]
     check_hooks(dict(named, **(default_hooks or {})))

@@ -84,6 +84,7 @@ class LoggerHook(Hook):
                 pass
 
     def write(self, record: dict[str, Any]) -> None:
+        """Append `record` to metrics.jsonl and send its scalars to every backend."""
         if self._file is not None:
             try:
                 self._file.write(json.dumps(record) + "\n")
