@@ -274,3 +274,32 @@ def test_model_with_its_own_eval_step_feeds_the_metrics(tmp_path):
     plain = torch.nn.Sequential(model.lin)  # same weights, no eval_step: the default path
     normal = toy_runner(tmp_path / "b", max_epochs=1, model=plain).validate()["val/acc"]
     assert flipped == pytest.approx(1 - normal)  # two classes: swapped logits invert every prediction
+
+
+def test_interval_helpers_match_mmengine(tmp_path):
+    seen: dict[str, list] = {"every_3": [], "inner_2": [], "end_of_epoch": [], "last": [], "epoch_2": []}
+
+    class Intervals(Hook):
+        def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+            if self.every_n_train_iters(runner, 3):
+                seen["every_3"].append(runner.iter)
+            if self.every_n_inner_iters(batch_idx, 2):
+                seen["inner_2"].append((runner.epoch, batch_idx))
+            if self.end_of_epoch(runner, batch_idx):
+                seen["end_of_epoch"].append(runner.iter)
+            if self.is_last_train_iter(runner):
+                seen["last"].append(runner.iter)
+            assert not self.every_n_train_iters(runner, 0)  # n <= 0: never
+
+        def after_train_epoch(self, runner):
+            if self.every_n_epochs(runner, 2):
+                seen["epoch_2"].append(runner.epoch)
+
+    toy_runner(tmp_path, hooks=[Intervals()], max_epochs=4).run()  # 2 iterations per epoch, 8 in all
+    assert seen == {
+        "every_3": [2, 5],
+        "inner_2": [(0, 1), (1, 1), (2, 1), (3, 1)],
+        "end_of_epoch": [1, 3, 5, 7],
+        "last": [7],
+        "epoch_2": [1, 3],
+    }

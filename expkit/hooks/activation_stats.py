@@ -42,7 +42,7 @@ class ActivationStatsHook(Hook):
             self._targets = {n: modules[n] for n in self.layers}
 
     def before_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any) -> None:
-        if (runner.iter + 1) % self.interval == 0:
+        if self.every_n_train_iters(runner, self.interval):
             self._probe = OutputProbe(self._targets, self._record)
 
     def _record(self, name: str, output: torch.Tensor) -> None:

@@ -1,46 +1,17 @@
 """The Hook base class: one no-op method per Stage, payloads as keyword arguments.
 
 Override only the stages you need; the Runner calls a hook only at the stages it
-overrides, so an unused stage costs nothing. Stages in firing order (see
-``expkit.stages`` for the loop as pseudocode):
-
-==========================  ==========================================  =====================
-stage                       payload                                     fires
-==========================  ==========================================  =====================
-before_run                  -                                           once, first
-after_load_checkpoint       checkpoint: dict (not yet applied)          on resume / load_from,
-                                                                        and before the test
-                                                                        with test_with=best
-before_train                -                                           training starts
-before_train_epoch          -                                           each epoch
-before_train_iter           batch_idx, data_batch                       each iteration
-after_forward               batch_idx, data_batch, outputs              loss computed
-after_backward              batch_idx, data_batch, outputs              gradients ready
-after_optimizer_step        batch_idx, data_batch, outputs              weights updated
-after_train_iter            batch_idx, data_batch, outputs              each iteration
-after_train_epoch           -                                           each epoch, also a
-                                                                        stopped one
-before_val / _epoch         -                                           each validation
-before_val_iter             batch_idx, data_batch
-after_val_iter              batch_idx, data_batch, outputs
-after_val_epoch             metrics: dict[str, float] ("val/acc", ...)
-after_val                   -
-before_save_checkpoint      checkpoint: dict (add your keys)            each save
-after_save_checkpoint       path: Path, is_best: bool, metric: str|None each save
-after_train                 -                                           training ends,
-                                                                        also after a stop
-before_test ... after_test  as for val ("test/acc", ...)                with a test loader
-after_run                   -                                           always, last; also
-                                                                        after an exception
-on_exception                exception: BaseException                    the run raised
-==========================  ==========================================  =====================
-
-``outputs`` is the dict the step returned (``loss`` tensor, ``logits``, ...).
+overrides, so an unused stage costs nothing. Where each stage fires is ``expkit.stages``
+(the loop as pseudocode); what holds at each one is the stage table in the docs' Hooks
+page. ``outputs`` is the dict the step returned (``loss`` tensor, ``logits``, ...).
 After ``runner.request_stop(reason)`` the current iteration finishes, then
 after_train_epoch, after_train, the test (not after a SIGTERM/SIGINT) and after_run still
 fire. After an exception: on_exception, then after_run, then the exception propagates.
 after_run may run twice; make it idempotent. ``runner.load_purpose`` says why a
 checkpoint was loaded (resume, load_from, test).
+
+Interval checks, as MMEngine's hooks have them: ``every_n_train_iters``,
+``every_n_epochs``, ``every_n_inner_iters``, ``end_of_epoch``, ``is_last_train_iter``.
 """
 
 from __future__ import annotations
@@ -127,6 +98,32 @@ class Hook:
     def after_run(self, runner: Runner) -> None: ...
 
     def on_exception(self, runner: Runner, *, exception: BaseException) -> None: ...
+
+    # -- interval checks (MMEngine's names and meaning; n <= 0 is never) -----------------------
+    @staticmethod
+    def every_n_train_iters(runner: Runner, n: int) -> bool:
+        """Inside a train iteration: whether it is the n-th, 2n-th, ... of the run."""
+        return n > 0 and (runner.iter + 1) % n == 0
+
+    @staticmethod
+    def every_n_epochs(runner: Runner, n: int) -> bool:
+        """Inside a train epoch: whether it is the n-th, 2n-th, ... of the run."""
+        return n > 0 and (runner.epoch + 1) % n == 0
+
+    @staticmethod
+    def every_n_inner_iters(batch_idx: int, n: int) -> bool:
+        """Whether iteration `batch_idx` (0-based, in the epoch) is the n-th, 2n-th, ... of its epoch."""
+        return n > 0 and (batch_idx + 1) % n == 0
+
+    @staticmethod
+    def end_of_epoch(runner: Runner, batch_idx: int) -> bool:
+        """Whether iteration `batch_idx` is the last of its epoch (False for a loader without a length)."""
+        return runner.steps_per_epoch is not None and batch_idx + 1 == runner.steps_per_epoch
+
+    @staticmethod
+    def is_last_train_iter(runner: Runner) -> bool:
+        """Inside a train iteration: whether it is the last of the run's budget."""
+        return runner.iter + 1 == runner.max_iters
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

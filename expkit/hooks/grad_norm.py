@@ -26,7 +26,7 @@ class GradNormHook(Hook):
         self.interval = interval
 
     def after_backward(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
-        if (runner.iter + 1) % self.interval:
+        if not self.every_n_train_iters(runner, self.interval):
             return
         grads = [p.grad.detach() for p in runner.model.parameters() if p.grad is not None]
         if not grads:

@@ -32,7 +32,7 @@ class InvalidLossHook(Hook):
         self.interval = interval
 
     def after_forward(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
-        if (runner.iter + 1) % self.interval:
+        if not self.every_n_train_iters(runner, self.interval):
             return
         loss = outputs["loss"].detach()
         if not bool(torch.isfinite(loss).all()):

@@ -68,7 +68,7 @@ class MemorySummaryHook(Hook):
             log.info("Activation memory by layer (one batch, largest first):\n%s", table)
 
     def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
-        if (runner.iter + 1) % self.interval == 0:
+        if self.every_n_train_iters(runner, self.interval):
             runner.extra_scalars.update(memory_now(runner.device))
 
     def after_run(self, runner: Runner) -> None:
