@@ -251,7 +251,8 @@ def test_overhead_benchmark_runs(workload):
 @pytest.mark.parametrize(("script", "label"), [("benchmarks/startup.py", r"expkit\.train +min"),
                                                ("benchmarks/sweep_overhead.py", r"overhead per job"),
                                                ("benchmarks/memory.py", r"ratio"),
-                                               ("benchmarks/peers.py", r"\| expkit +\|")])  # fmt: skip
+                                               ("benchmarks/peers.py", r"\| expkit +\|"),
+                                               ("benchmarks/run_costs.py", r"\| whole run +\|")])  # fmt: skip
 def test_other_benchmarks_run(script, label):
     out = _bench(script)
     values = _ratios(out, label)

@@ -1,0 +1,138 @@
+"""Where expkit's whole-run time over the raw loop goes, on the peer workload of peers.py.
+
+Each round runs the raw loop and expkit in their own processes, as ``peers.py`` does, with
+timers around the pieces only one side has or both do differently: expkit's start-up
+bookkeeping (provenance.json with its git calls, the metric probe), its validations and
+checkpoints (state, atomic write, the ``last_checkpoint`` pointer), the hooks, and its end
+(curves.svg, result.json); the raw loop's validations and ``torch.save`` calls. What is
+left of expkit's time after these is its training loop. Prints, per piece, the minimum and
+median over the rounds, in milliseconds per run.
+
+    python benchmarks/run_costs.py [--rounds 5] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from peers import EXPKIT, RAW
+
+TIMERS = """
+import collections, functools, json as _json, time as _t
+T = collections.defaultdict(float)
+def timed(owner, name, label):
+    f = getattr(owner, name)
+    @functools.wraps(f)
+    def g(*a, **k):
+        s = _t.perf_counter()
+        try:
+            return f(*a, **k)
+        finally:
+            T[label] += _t.perf_counter() - s
+    setattr(owner, name, g)
+"""
+
+EXPKIT_TIMED = EXPKIT.replace(
+    "from expkit import Runner, TrainerSettings",
+    "from expkit import Runner, TrainerSettings\n"
+    + TIMERS
+    + """
+import expkit.runner as R, expkit.run_checkpoint as RC, expkit.checkpoint_io as CIO, expkit.atomic as A
+import expkit.hooks.logger as LG
+timed(R.provenance, "write", "provenance.json at the start (git)")
+timed(R, "probe_metrics", "metric probe (one validation batch)")
+timed(R.Runner, "validate", "validations, the checkpoint after each included")
+timed(RC, "save_checkpoint", "checkpoints")
+timed(RC, "state_checkpoint", "  of which: the state (RNG, hooks, counters)")
+timed(A, "save_atomic", "  of which: torch.save to a temporary file, then rename")
+timed(CIO, "point_last_checkpoint", "  of which: the last_checkpoint pointer (rename over it)")
+timed(LG, "plot_curves", "curves.svg")
+timed(R.results, "write_run_result", "result.json and provenance.json at the end")
+""",
+).replace(
+    "report(time.perf_counter() - start",
+    "print('PIECES ' + _json.dumps(T))\nreport(time.perf_counter() - start",
+)
+
+RAW_TIMED = (
+    RAW.replace("log = open(", "VT, ST = [0.0], [0.0]\nlog = open(")
+    .replace("    model.eval()\n", "    _v0 = time.perf_counter()\n    model.eval()\n")
+    .replace(
+        '    log.write(json.dumps({"step": step, "val/loss"',
+        '    VT[0] += time.perf_counter() - _v0\n    log.write(json.dumps({"step": step, "val/loss"',
+    )
+    .replace("    torch.save(", "    _s0 = time.perf_counter()\n    torch.save(")
+    .replace(
+        "report(time.perf_counter() - start, correct / total)",
+        "    ST[0] += time.perf_counter() - _s0\n"
+        "print('PIECES ' + json.dumps({'validations': VT[0], 'checkpoints (torch.save)': ST[0]}))\n"
+        "report(time.perf_counter() - start, correct / total)",
+    )
+)
+
+
+def run_once(code: str, epochs: int, tmp: Path) -> tuple[float, dict[str, float]]:
+    work = Path(tempfile.mkdtemp(dir=tmp))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
+    out = subprocess.run([sys.executable, "-c", code, str(epochs), str(work)], capture_output=True, text=True,
+                         env=env, cwd=work, timeout=900)  # fmt: skip
+    lines = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in out.stdout.splitlines() if " " in ln}
+    if out.returncode != 0 or "RESULT" not in lines or "PIECES" not in lines:
+        raise RuntimeError(f"exit {out.returncode}: {out.stderr[-2000:]}")
+    return float(lines["RESULT"].split()[0]), json.loads(lines["PIECES"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="1 round of 2 epochs: checks the script runs (CI)")
+    args = parser.parse_args()
+    rounds, epochs = (1, 2) if args.quick else (args.rounds, args.epochs)
+    runs: dict[str, list[tuple[float, dict[str, float]]]] = {"raw loop": [], "expkit": []}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        for r in range(rounds):
+            for name in list(runs)[r % 2 :] + list(runs)[: r % 2]:
+                runs[name].append(run_once(RAW_TIMED if name == "raw loop" else EXPKIT_TIMED, epochs, Path(tmp_name)))
+    print(f"peer workload ({epochs} epochs), {rounds} interleaved rounds; ms per run, median over the rounds "
+          "(min in brackets)")  # fmt: skip
+
+    def stat(name: str, piece: str | None) -> tuple[float, float]:
+        values = [(t if piece is None else pieces.get(piece, 0.0)) * 1000 for t, pieces in runs[name]]
+        return statistics.median(values), min(values)
+
+    raw_total, ours_total = stat("raw loop", None), stat("expkit", None)
+    ours = {piece: stat("expkit", piece) for piece in runs["expkit"][0][1]}
+    raw = {piece: stat("raw loop", piece) for piece in runs["raw loop"][0][1]}
+    ckpt = ours["checkpoints"]
+    val = tuple(v - c for v, c in zip(ours["validations, the checkpoint after each included"], ckpt))
+    ends = [ours[k] for k in ours if not k.startswith(("  ", "checkpoints", "validations"))]
+    rest_ours = tuple(total - v - c - sum(e[i] for e in ends) for i, (total, v, c) in
+                      enumerate(zip(ours_total, val, ckpt)))  # fmt: skip
+    rest_raw = tuple(t - v - c for t, v, c in zip(raw_total, raw["validations"], raw["checkpoints (torch.save)"]))
+    rows = [("training iterations and hooks (the rest)", rest_raw, rest_ours), ("validations", raw["validations"], val),
+            ("checkpoints", raw["checkpoints (torch.save)"], ckpt)]  # fmt: skip
+    rows += [(k.strip(), (0.0, 0.0), v) for k, v in ours.items() if k.startswith("  ")]
+    rows += [(k, (0.0, 0.0), v) for k, v in zip([k for k in ours if not k.startswith(("  ", "checkpoints", "valid"))],
+                                                ends)]  # fmt: skip
+    rows.append(("whole run", raw_total, ours_total))
+    print(f"| {'piece':<58} | {'raw loop':>16} | {'expkit':>16} | {'expkit - raw':>12} |")
+    print("|---|---:|---:|---:|")
+    for label, (r_med, r_min), (o_med, o_min) in rows:
+        sub = label.startswith("of which")
+        diff = "" if sub else f"{o_med - r_med:+.1f}"
+        print(f"| {label:<58} | {r_med:7.1f} ({r_min:6.1f}) | {o_med:7.1f} ({o_min:6.1f}) | {diff:>12} |")
+    print(
+        f"\nexpkit / raw loop, medians: {ours_total[0] / raw_total[0]:.3f}x; minimums: {ours_total[1] / raw_total[1]:.3f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()
