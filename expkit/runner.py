@@ -281,9 +281,10 @@ class Runner:
                     self.status = status
                     try:
                         self.call_hook(Stage.AFTER_RUN)
-                    except Exception as exc:
+                    except BaseException as exc:  # (a Ctrl-C there too): the run failed, if nothing else did
                         if error is None:
-                            status, error, tb = "failed", str(exc), traceback.format_exc()
+                            status, error, tb = "failed", results.failure_message(exc), traceback.format_exc()
+                            self.status, self.error = status, error
                             raise
             finally:  # written before the signal handlers go: torchrun's SIGTERM to survivors must not cut it
                 wall_time = time.time() - started

@@ -303,3 +303,17 @@ def test_interval_helpers_match_mmengine(tmp_path):
         "last": [7],
         "epoch_2": [1, 3],
     }
+
+
+@pytest.mark.parametrize("raised", [RuntimeError("upload failed"), KeyboardInterrupt()])
+def test_a_failure_in_after_run_fails_the_run_everywhere_it_is_reported(tmp_path, raised):
+    class FailsAtTheEnd(Hook):
+        def after_run(self, runner):
+            raise raised
+
+    runner = toy_runner(tmp_path, hooks=[FailsAtTheEnd()], max_epochs=1)
+    with pytest.raises(type(raised) if isinstance(raised, KeyboardInterrupt) else HookError):
+        runner.run()
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["status"] == "failed" and runner.status == "failed"
+    assert runner.error == result["error"] and result["error"]
