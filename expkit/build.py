@@ -9,7 +9,6 @@ import functools
 import inspect
 import logging
 import math
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -115,16 +114,22 @@ def build_hook(node: Any, key: str) -> Hook:
     return hook
 
 
+def _no_target(key: str, name: str, node: Any) -> str:
+    """A hook or backend entry that builds nothing: usually a key set (``+hooks.ema.priority=HIGH``)
+    without picking the option (``hooks=[ema]``)."""
+    given = OmegaConf.to_yaml(node).strip() if isinstance(node, DictConfig) else repr(node)
+    group = "hooks" if key == "hooks" else key
+    pick = f"pick it with '{group}=[{name}]' (then set its keys)" if key in ("hooks", "logger") else "give its _target_"
+    return f"{key}.{name} has no _target_, so it would build nothing ({given.replace(chr(10), ', ')}): {pick}"
+
+
 def _build_hooks(nodes: Any, key: str) -> dict[str, Hook]:
     hooks: dict[str, Hook] = {}
     for name, node in (nodes or {}).items():
         if node is None:
             continue
         if not isinstance(node, DictConfig) or "_target_" not in node:
-            warnings.warn(
-                f"{key}.{name} has no _target_ and is ignored: {OmegaConf.to_yaml(node).strip()}", stacklevel=2
-            )
-            continue
+            raise ConfigError(_no_target(key, str(name), node))
         try:
             hooks[str(name)] = build_hook(node, f"{key}.{name}")
         except ConfigError:
@@ -139,8 +144,7 @@ def build_loggers(nodes: Any, key: str) -> dict[str, Backend]:
     loggers: dict[str, Backend] = {}
     for name, node in (nodes or {}).items():
         if not isinstance(node, DictConfig) or "_target_" not in node:
-            warnings.warn(f"{key}.{name} has no _target_ and is ignored", stacklevel=2)
-            continue
+            raise ConfigError(_no_target(key, str(name), node))
         backend = instantiate_node(node, f"{key}.{name}")
         if not isinstance(backend, Backend):
             raise ConfigError(f"{key}.{name}._target_={node._target_} builds a {type(backend).__name__}, "

@@ -88,7 +88,7 @@ def continue_command(argv: list[str], work_dir: Path) -> str:
     return shlex.join([*start, *kept, f"hydra.run.dir={work_dir}", "resume=true"])
 
 
-_VALUED_FLAGS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn", "--cfg", "-c",
+VALUED_FLAGS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn", "--cfg", "-c",
                  "--package", "-p", "--experimental-rerun")  # fmt: skip
 _INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 
@@ -99,7 +99,7 @@ def flags_first(argv: list[str]) -> list[str]:
     flags, overrides, i = [], [], 0
     while i < len(argv):
         arg = argv[i]
-        takes_value = arg in _VALUED_FLAGS or (
+        takes_value = arg in VALUED_FLAGS or (
             arg in ("--info", "-i") and i + 1 < len(argv) and argv[i + 1] in _INFO_TOPICS
         )
         if takes_value:
@@ -179,3 +179,12 @@ def check_owner(argv: list[str]) -> str | None:
     given = next((a.split("=", 1)[1] for a in reversed(argv) if a.startswith("hydra.run.dir=")), None)
     owner = live_owner(Path(given)) if given else None
     return busy_message(Path(given), owner) if given and owner is not None else None
+
+
+def hydra_quoted(value: str) -> str:
+    """`value` as a quoted string in Hydra's override grammar: single-quoted; a quote, and the
+    backslashes before a quote or at the end, escaped (Hydra unescapes only those)."""
+    import re
+
+    escaped = re.sub(r"\\+(?='|$)", lambda m: m.group(0) * 2, value).replace("'", "\\'")
+    return f"'{escaped}'"

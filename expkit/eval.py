@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from expkit import checkpoint_io
+from expkit.cli import hydra_quoted
 from expkit.errors import ConfigError, ExpkitError
 from expkit.results import write_failure
 from expkit.trust import TrustPolicy
@@ -226,15 +227,6 @@ def stored_overrides(cfg: DictConfig) -> list[str]:
     return [str(o) for o in OmegaConf.to_container(cfg.overrides, resolve=False) or []]  # type: ignore[union-attr]
 
 
-def _quoted(arg: str) -> str:
-    """`arg` as an element of a Hydra list: single-quoted; a quote, and the backslashes before
-    a quote or at the end, escaped (Hydra unescapes only those)."""
-    import re
-
-    escaped = re.sub(r"\\+(?='|$)", lambda m: m.group(0) * 2, arg).replace("'", "\\'")
-    return f"'{escaped}'"
-
-
 def hydra_argv(argv: list[str], options: Sequence[str] = OPTIONS) -> list[str]:
     """The command line as Hydra takes it. ``work_dir=DIR`` is ``hydra.run.dir=DIR``, and any
     ``key=value`` that is not one of eval.yaml's settings overrides the checkpoint's stored
@@ -258,7 +250,7 @@ def hydra_argv(argv: list[str], options: Sequence[str] = OPTIONS) -> list[str]:
             stored.append(arg)
         i += 1
     if stored:
-        quoted = ",".join(_quoted(a) for a in stored)
+        quoted = ",".join(hydra_quoted(a) for a in stored)
         explicit = next((j for j, a in enumerate(out) if a.startswith("overrides=")), None)
         if explicit is None:
             out.append(f"overrides=[{quoted}]")

@@ -13,7 +13,6 @@ the sweep dir:
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -413,24 +412,55 @@ class SweepSummaryCallback(Callback):
             return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m expkit.sweep", description="Rebuild a sweep's summary from disk.")
-    parser.add_argument("sweep_dir", type=Path, help="the sweep dir (holds one work dir per job: 0/, 1/, ...)")
-    parser.add_argument("--no-plot", action="store_true", help="skip sweep.svg")
-    parser.add_argument("--quiet", action="store_true", help="print best.json only, not the summary table")
-    args = parser.parse_args(argv)
-    if not args.sweep_dir.is_dir():
-        print(f"Error: {args.sweep_dir} is not a directory", file=sys.stderr)
-        return 2
-    best = summarize(args.sweep_dir, plot=not args.no_plot, fresh=True)
+def rebuild(sweep_dir: Path, plot: bool = True, quiet: bool = False) -> int:
+    """Rebuild `sweep_dir`'s summary from disk and print it; the exit status (2: nothing to summarise)."""
+    best = summarize(sweep_dir, plot=plot, fresh=True)
     if best is None:
-        print(f"Error: no job dirs (with .hydra/) in {args.sweep_dir}", file=sys.stderr)
+        print(f"Error: no job dirs (with .hydra/) in {sweep_dir}", file=sys.stderr)
         return 2
-    if not args.quiet:
-        print((args.sweep_dir / "summary.md").read_text())
+    if not quiet:
+        print((sweep_dir / "summary.md").read_text())
     print(json.dumps(best, indent=2))
     return 0
 
 
+def _hydra_argv(argv: list[str]) -> list[str]:
+    """The older command line (``DIR [--no-plot] [--quiet]``) as Hydra's ``sweep_dir=DIR plot=false quiet=true``."""
+    from expkit.cli import VALUED_FLAGS, hydra_quoted
+
+    aliases, out, after_flag = {"--no-plot": "plot=false", "--quiet": "quiet=true"}, [], False
+    for arg in argv:
+        bare = not after_flag and not arg.startswith("-") and "=" not in arg  # the sweep dir, given alone
+        out.append(aliases.get(arg, f"sweep_dir={hydra_quoted(arg)}" if bare else arg))
+        after_flag = arg in VALUED_FLAGS
+    return out
+
+
+def main() -> None:
+    """``python -m expkit.sweep``: a Hydra app over conf/sweep.yaml (``--help``, ``--cfg job``)."""
+    import hydra
+
+    argv = _hydra_argv(sys.argv[1:])
+    given = next((a.split("=", 1)[1].strip("'") for a in argv if a.startswith("sweep_dir=")), None)
+    asks_hydra = any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c") for a in argv)
+    if given is None and not asks_hydra:
+        print("Error: which sweep? python -m expkit.sweep sweep_dir=outputs/sweeps/<sweep>", file=sys.stderr)
+        sys.exit(2)
+    if given is not None and not Path(given).is_dir():  # before Hydra would create it as its run dir
+        print(
+            f"Error: sweep_dir={given} is not a directory; give a sweep dir (outputs/sweeps/<sweep>)", file=sys.stderr
+        )
+        sys.exit(2)
+    sys.argv[1:] = argv
+
+    @hydra.main(version_base="1.3", config_path="conf", config_name="sweep")
+    def run(cfg: Any) -> None:
+        code = rebuild(Path(cfg.sweep_dir), plot=bool(cfg.plot), quiet=bool(cfg.quiet))
+        if code:
+            sys.exit(code)
+
+    run()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

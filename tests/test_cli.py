@@ -112,6 +112,7 @@ def test_show_hooks_prints_the_order_without_training(tmp_path):
         ),
         (["hooks=[ema]", "+hooks.ema.priority=SUPER"], ["hooks.ema.priority", "'SUPER'", "VERY_HIGH (10)"]),
         (["hooks=[ema]", "+hooks.ema.priority=101"], ["hooks.ema.priority", "101", "0-100"]),
+        (["+hooks.ema.priority=HIGH"], ["hooks.ema has no _target_", "pick it with 'hooks=[ema]'"]),
         (["model._target_=nowhere.Net"], ["model._target_='nowhere.Net' cannot be imported", "No module named"]),
         (["trainer.max_epochs=-1"], ["trainer.max_epochs must be a positive integer, got -1"]),
         (["optim.lr=abc"], ["optim.lr='abc' is not a number"]),
@@ -119,7 +120,19 @@ def test_show_hooks_prints_the_order_without_training(tmp_path):
         (["data=image_folder"], ["data.root is required"]),
         (["trainer.precision=64"], ["trainer.precision must be 32, bf16 or 16"]),
     ],
-    ids=["hook", "model", "priority-name", "priority-range", "target", "max-epochs", "lr", "root", "no-root", "prec"],
+    ids=[
+        "hook",
+        "model",
+        "priority-name",
+        "priority-range",
+        "unpicked-hook",
+        "target",
+        "max-epochs",
+        "lr",
+        "root",
+        "no-root",
+        "prec",
+    ],
 )
 def test_bad_input_names_the_key_without_a_traceback(tmp_path, args, expected):
     proc = run_cli(f"hydra.run.dir={tmp_path}", *args)

@@ -343,6 +343,7 @@ COMMAND_PAGES = {
     "eval.yaml": "evaluation.md",
     "predict.yaml": "using-the-model.md",
     "export.yaml": "using-the-model.md",
+    "sweep.yaml": "sweeps.md",
 }
 SKIPPED_PATHS = ("hydra.job_logging", "hydra.help", "hydra.sweeper.params.")  # Hydra's own; the search space
 

@@ -250,3 +250,18 @@ def test_a_requeued_slurm_job_resumes_its_own_dir_and_ends_as_an_uninterrupted_o
     final, expected = (torch.load(d / "0" / "checkpoints" / "iter_80.pth", weights_only=True)["state_dict"]
                        for d in (sweep, reference))  # fmt: skip
     assert all(torch.equal(final[k], expected[k]) for k in expected)
+
+
+def test_the_summary_command_is_a_hydra_app_that_creates_nothing_for_a_wrong_dir(tmp_path):
+    def sweep_cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "expkit.sweep", *args], capture_output=True, text=True)
+
+    composed = sweep_cli("--cfg", "job", f"sweep_dir={tmp_path}", "plot=false")
+    assert composed.returncode == 0 and f"sweep_dir: {tmp_path}" in composed.stdout and "plot: false" in composed.stdout
+    for args in [(), (str(tmp_path / "nope"),), (f"sweep_dir={tmp_path / 'nope'}",)]:
+        refused = sweep_cli(*args)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert "sweep_dir" in refused.stderr
+    assert not (tmp_path / "nope").exists()
+    empty = sweep_cli(str(tmp_path))  # a dir, but no jobs in it
+    assert empty.returncode == 2 and "no job dirs" in empty.stderr and not (tmp_path / ".hydra").exists()

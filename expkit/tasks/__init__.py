@@ -11,6 +11,10 @@ generates it.
   documentation topics shipped with CPython), ``CharGRU`` (a GRU language model with its
   own train/eval steps and ``generate``) and ``TextSampleHook`` (writes samples after
   training).
+- ``expkit.tasks.gan``: ``DigitsGAN``, a GAN on the digits whose own ``train_step(batch,
+  optimizers)`` steps a generator and a discriminator (a model that owns its update).
+- ``expkit.tasks.byol``: BYOL self-supervised learning on the digits, with a momentum
+  encoder (``hooks=[momentum_encoder]``) and a linear probe.
 
 The submodules are imported only when a config names them, so importing ``expkit`` stays fast.
 """
