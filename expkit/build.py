@@ -114,13 +114,14 @@ def build_hook(node: Any, key: str) -> Hook:
     return hook
 
 
-def _no_target(key: str, name: str, node: Any) -> str:
-    """A hook or backend entry that builds nothing: usually a key set (``+hooks.ema.priority=HIGH``)
-    without picking the option (``hooks=[ema]``)."""
-    given = OmegaConf.to_yaml(node).strip() if isinstance(node, DictConfig) else repr(node)
-    group = "hooks" if key == "hooks" else key
-    pick = f"pick it with '{group}=[{name}]' (then set its keys)" if key in ("hooks", "logger") else "give its _target_"
-    return f"{key}.{name} has no _target_, so it would build nothing ({given.replace(chr(10), ', ')}): {pick}"
+def _no_target(key: str, name: str, node: Any) -> None:
+    """A hook or backend entry that builds nothing: keys set (``+hooks.ema.priority=HIGH``, or an
+    experiment's ``hooks.ema.momentum``) for an option this run does not pick. Said in the log,
+    where the run's record is, with both ways out; the run goes on without it."""
+    given = OmegaConf.to_yaml(node).strip().replace("\n", "; ") if isinstance(node, DictConfig) else repr(node)
+    use = f"'{key}=[{name}]'" if key in ("hooks", "logger") else "its _target_"
+    log.warning("%s.%s has no _target_, so nothing is built from it (%s): to use it, give %s; to silence "
+                "this, drop its keys with '~%s.%s'", key, name, given, use, key, name)  # fmt: skip
 
 
 def _build_hooks(nodes: Any, key: str) -> dict[str, Hook]:
@@ -129,7 +130,8 @@ def _build_hooks(nodes: Any, key: str) -> dict[str, Hook]:
         if node is None:
             continue
         if not isinstance(node, DictConfig) or "_target_" not in node:
-            raise ConfigError(_no_target(key, str(name), node))
+            _no_target(key, str(name), node)
+            continue
         try:
             hooks[str(name)] = build_hook(node, f"{key}.{name}")
         except ConfigError:
@@ -143,8 +145,11 @@ def build_loggers(nodes: Any, key: str) -> dict[str, Backend]:
     """The logging backends of config node `key` (``logger``), by name; an unknown one names the key."""
     loggers: dict[str, Backend] = {}
     for name, node in (nodes or {}).items():
+        if node is None:
+            continue
         if not isinstance(node, DictConfig) or "_target_" not in node:
-            raise ConfigError(_no_target(key, str(name), node))
+            _no_target(key, str(name), node)
+            continue
         backend = instantiate_node(node, f"{key}.{name}")
         if not isinstance(backend, Backend):
             raise ConfigError(f"{key}.{name}._target_={node._target_} builds a {type(backend).__name__}, "

@@ -90,7 +90,7 @@ def continue_command(argv: list[str], work_dir: Path) -> str:
 
 VALUED_FLAGS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn", "--cfg", "-c",
                  "--package", "-p", "--experimental-rerun")  # fmt: skip
-_INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 
 
 def flags_first(argv: list[str]) -> list[str]:
@@ -100,7 +100,7 @@ def flags_first(argv: list[str]) -> list[str]:
     while i < len(argv):
         arg = argv[i]
         takes_value = arg in VALUED_FLAGS or (
-            arg in ("--info", "-i") and i + 1 < len(argv) and argv[i + 1] in _INFO_TOPICS
+            arg in ("--info", "-i") and i + 1 < len(argv) and argv[i + 1] in INFO_TOPICS
         )
         if takes_value:
             flags += argv[i : i + 2]

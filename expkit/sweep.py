@@ -426,13 +426,14 @@ def rebuild(sweep_dir: Path, plot: bool = True, quiet: bool = False) -> int:
 
 def _hydra_argv(argv: list[str]) -> list[str]:
     """The older command line (``DIR [--no-plot] [--quiet]``) as Hydra's ``sweep_dir=DIR plot=false quiet=true``."""
-    from expkit.cli import VALUED_FLAGS, hydra_quoted
+    from expkit.cli import INFO_TOPICS, VALUED_FLAGS, hydra_quoted
 
-    aliases, out, after_flag = {"--no-plot": "plot=false", "--quiet": "quiet=true"}, [], False
+    aliases, out, previous = {"--no-plot": "plot=false", "--quiet": "quiet=true"}, [], ""
     for arg in argv:
-        bare = not after_flag and not arg.startswith("-") and "=" not in arg  # the sweep dir, given alone
-        out.append(aliases.get(arg, f"sweep_dir={hydra_quoted(arg)}" if bare else arg))
-        after_flag = arg in VALUED_FLAGS
+        takes = previous in VALUED_FLAGS or (previous in ("--info", "-i") and arg in INFO_TOPICS)
+        alone = not takes and not arg.startswith("-") and ("=" not in arg or Path(arg).is_dir())  # the sweep dir
+        out.append(aliases.get(arg, f"sweep_dir={hydra_quoted(arg)}" if alone else arg))
+        previous = arg
     return out
 
 
@@ -440,22 +441,20 @@ def main() -> None:
     """``python -m expkit.sweep``: a Hydra app over conf/sweep.yaml (``--help``, ``--cfg job``)."""
     import hydra
 
-    argv = _hydra_argv(sys.argv[1:])
-    given = next((a.split("=", 1)[1].strip("'") for a in argv if a.startswith("sweep_dir=")), None)
+    sys.argv[1:] = argv = _hydra_argv(sys.argv[1:])
     asks_hydra = any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c") for a in argv)
-    if given is None and not asks_hydra:
+    if not asks_hydra and not any(a.startswith("sweep_dir=") for a in argv):
         print("Error: which sweep? python -m expkit.sweep sweep_dir=outputs/sweeps/<sweep>", file=sys.stderr)
         sys.exit(2)
-    if given is not None and not Path(given).is_dir():  # before Hydra would create it as its run dir
-        print(
-            f"Error: sweep_dir={given} is not a directory; give a sweep dir (outputs/sweeps/<sweep>)", file=sys.stderr
-        )
-        sys.exit(2)
-    sys.argv[1:] = argv
 
     @hydra.main(version_base="1.3", config_path="conf", config_name="sweep")
     def run(cfg: Any) -> None:
-        code = rebuild(Path(cfg.sweep_dir), plot=bool(cfg.plot), quiet=bool(cfg.quiet))
+        sweep_dir = Path(cfg.sweep_dir)
+        if not sweep_dir.is_dir():  # (Hydra parsed it: quotes, interpolations, the last of several)
+            print(f"Error: sweep_dir={sweep_dir} is not a directory; give a sweep dir (outputs/sweeps/<sweep>)",
+                  file=sys.stderr)  # fmt: skip
+            sys.exit(2)
+        code = rebuild(sweep_dir, plot=bool(cfg.plot), quiet=bool(cfg.quiet))
         if code:
             sys.exit(code)
 

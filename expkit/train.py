@@ -59,7 +59,7 @@ def run(cfg: DictConfig) -> float | None:
     monitor, rule = monitor_of(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
     run_info = {
         "overrides": list(hc.overrides.task),
-        "hooks": list(cfg.hooks.keys()),  # list selections are not in hydra.runtime.choices
+        "hooks": [k for k, v in cfg.hooks.items() if v is not None and "_target_" in v],  # (not in runtime.choices)
         "command": " ".join(["python -m expkit.train", *sys.argv[1:]]),
     }
     requeues = distributed.requeue_count()

@@ -112,7 +112,6 @@ def test_show_hooks_prints_the_order_without_training(tmp_path):
         ),
         (["hooks=[ema]", "+hooks.ema.priority=SUPER"], ["hooks.ema.priority", "'SUPER'", "VERY_HIGH (10)"]),
         (["hooks=[ema]", "+hooks.ema.priority=101"], ["hooks.ema.priority", "101", "0-100"]),
-        (["+hooks.ema.priority=HIGH"], ["hooks.ema has no _target_", "pick it with 'hooks=[ema]'"]),
         (["model._target_=nowhere.Net"], ["model._target_='nowhere.Net' cannot be imported", "No module named"]),
         (["trainer.max_epochs=-1"], ["trainer.max_epochs must be a positive integer, got -1"]),
         (["optim.lr=abc"], ["optim.lr='abc' is not a number"]),
@@ -125,7 +124,6 @@ def test_show_hooks_prints_the_order_without_training(tmp_path):
         "model",
         "priority-name",
         "priority-range",
-        "unpicked-hook",
         "target",
         "max-epochs",
         "lr",
@@ -184,3 +182,11 @@ def test_resume_true_continues_the_run_in_its_work_dir(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     val_epochs = [r["epoch"] for r in records if "val/acc" in r]
     assert val_epochs == [1, 2, 3, 4]  # epochs 1-2 from the first process, 3-4 after resuming
+
+
+def test_keys_set_for_a_hook_the_run_does_not_pick_are_said_in_the_log_and_not_reported_as_a_hook(tmp_path):
+    proc = run_cli(f"hydra.run.dir={tmp_path}", "+hooks.ema.priority=HIGH", "trainer.max_epochs=1")
+    assert proc.returncode == 0, proc.output
+    said = "hooks.ema has no _target_, so nothing is built from it (priority: HIGH): to use it, give 'hooks=[ema]'"
+    assert said in (tmp_path / "train.log").read_text()
+    assert json.loads((tmp_path / "result.json").read_text())["hooks"] == []
