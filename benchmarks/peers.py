@@ -186,15 +186,21 @@ VARIANTS = {"raw loop": (RAW, None), "expkit": (EXPKIT, None), "Lightning": (LIG
 INSTALL = ".venv/bin/pip install -e '.[bench]' -c constraints.txt"
 
 
-def run_once(code: str, epochs: int, tmp: Path) -> tuple[float, float]:
+def run_tagged(code: str, epochs: int, tmp: Path, tags: tuple[str, ...] = ("RESULT",)) -> dict[str, str]:
+    """Run a variant in a fresh process, in its own work dir under `tmp`, on one thread; its
+    output lines that start with a tag (``RESULT seconds accuracy``), by tag."""
     work = Path(tempfile.mkdtemp(dir=tmp))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
     out = subprocess.run([sys.executable, "-c", code, str(epochs), str(work)], capture_output=True, text=True,
                          env=env, cwd=work, timeout=900)  # fmt: skip
-    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    if out.returncode != 0 or line is None:
+    lines = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in out.stdout.splitlines() if " " in ln}
+    if out.returncode != 0 or any(tag not in lines for tag in tags):
         raise RuntimeError(f"exit {out.returncode}: {out.stderr[-2000:]}")
-    _, seconds, accuracy = line.split()
+    return lines
+
+
+def run_once(code: str, epochs: int, tmp: Path) -> tuple[float, float]:
+    seconds, accuracy = run_tagged(code, epochs, tmp)["RESULT"].split()
     return float(seconds), float(accuracy)
 
 

@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from peers import EXPKIT, RAW
+from peers import EXPKIT, RAW, run_tagged
 
 TIMERS = """
 import collections, functools, json as _json, time as _t
@@ -79,13 +76,7 @@ RAW_TIMED = (
 
 
 def run_once(code: str, epochs: int, tmp: Path) -> tuple[float, dict[str, float]]:
-    work = Path(tempfile.mkdtemp(dir=tmp))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
-    out = subprocess.run([sys.executable, "-c", code, str(epochs), str(work)], capture_output=True, text=True,
-                         env=env, cwd=work, timeout=900)  # fmt: skip
-    lines = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in out.stdout.splitlines() if " " in ln}
-    if out.returncode != 0 or "RESULT" not in lines or "PIECES" not in lines:
-        raise RuntimeError(f"exit {out.returncode}: {out.stderr[-2000:]}")
+    lines = run_tagged(code, epochs, tmp, ("RESULT", "PIECES"))
     return float(lines["RESULT"].split()[0]), json.loads(lines["PIECES"])
 
 

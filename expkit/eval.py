@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from expkit import checkpoint_io
-from expkit.cli import hydra_quoted
+from expkit.cli import config_dirs_of, flags_first, hydra_quoted
 from expkit.errors import ConfigError, ExpkitError
 from expkit.results import write_failure
 from expkit.trust import TrustPolicy
@@ -203,8 +203,6 @@ def run(cfg: DictConfig) -> float | None:
     """Hydra's task function: evaluates one checkpoint; returns the monitored value (sweeps)."""
     from hydra.core.hydra_config import HydraConfig
 
-    from expkit.cli import config_dirs_of
-
     global _STARTED
     _STARTED = True
     work_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -265,7 +263,6 @@ def command_main(run: Callable[[], Any], options: Sequence[str], started: Callab
     """The entry point of a command over a checkpoint (eval, predict, export): the command line
     made Hydra's (``hydra_argv``, flags first), then the Hydra app `run`. Hydra's own errors
     before the task `started` (a missing key, an unknown one) are the user's to fix: exit 2."""
-    from expkit.cli import flags_first
 
     sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:], options))  # (Hydra's parser takes flags before overrides)
     try:
