@@ -26,6 +26,7 @@ from expkit import atomic, checkpoint_io, cli, logs, sweep_jobs
 from expkit.errors import ConfigError, ExpkitError
 from expkit.metrics import worst_value
 from expkit.results import write_failure
+from expkit.signals import stop_on_signals
 from expkit.sweep import monitor_of
 
 log = logging.getLogger("expkit")
@@ -134,6 +135,8 @@ def _run_owned(
         runner = build_runner(cfg, work_dir, run_info)
         if not multirun:  # what building imported (torch._dynamo, with the optimizer) and built lives on too;
             _freeze_heap()  # (not in a sweep: jobs sharing a process must leave nothing frozen behind)
+            # signals stay stop requests until the run is reported: torchrun SIGTERMs a dead rank's survivors
+            owned.enter_context(stop_on_signals(runner))  # as they fail, and must not cut their error line
         if trial is not None:
             runner.register_hook(search.TrialReportHook(*trial))
         if cfg.show_hooks:

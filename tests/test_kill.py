@@ -106,3 +106,48 @@ def test_sigterm_exits_143_with_a_checkpoint_then_resumes_exactly(tmp_path, refe
     pointed = work / "checkpoints" / (work / "checkpoints" / "last_checkpoint").read_text()
     assert pointed.name == f"iter_{result['iter']}.pth"  # saved where it stopped
     _resume_and_compare(work, reference)
+
+
+LATE_SIGTERM = """
+import os, signal, sys
+from expkit import runner, train
+
+real_run = runner.Runner.run
+
+def run_then_sigterm(self):  # torchrun's SIGTERM to a dead rank's survivors, landing just after the run ended
+    try:
+        return real_run(self)
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+runner.Runner.run = run_then_sigterm
+sys.argv[0] = "expkit.train"
+train.main()
+"""
+BOOM_HOOK = """
+from expkit import Hook
+
+class Boom(Hook):
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        if runner.iter == 3:
+            raise RuntimeError("boom at iteration 3")
+"""
+
+
+@pytest.mark.parametrize("fails", [True, False])
+def test_a_sigterm_just_after_the_run_cuts_neither_the_error_line_nor_the_exit_code(tmp_path, fails):
+    (tmp_path / "late.py").write_text(LATE_SIGTERM)
+    (tmp_path / "boomhook.py").write_text(BOOM_HOOK)
+    work = tmp_path / "run"
+    args = [f"hydra.run.dir={work}", "trainer.max_epochs=1"] + (["+hooks.boom._target_=boomhook.Boom"] if fails else [])
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    proc = subprocess.run([sys.executable, str(tmp_path / "late.py"), *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = json.loads((work / "result.json").read_text())
+    if fails:
+        assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert "Error: in Boom.after_train_iter: RuntimeError: boom at iteration 3" in proc.stderr
+        assert result["status"] == "failed"
+    else:  # the run had completed: the signal stopped nothing
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert result["status"] == "completed"
