@@ -20,13 +20,21 @@ from typing import IO, Any
 import torch
 
 
+def _create(path: Path) -> IO[bytes]:
+    """A new file, its directory made when missing (not a mkdir call on every write)."""
+    try:
+        return open(path, "wb")
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return open(path, "wb")
+
+
 def _write_atomic(path: Path, write: Callable[[IO[bytes]], None], durable: bool) -> Path:
     """Write through `.<name>.tmp<pid>` then rename. `durable` also fsyncs the data before the
     rename (about a millisecond), so that after a power cut the name holds the whole file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
+        with _create(tmp) as f:
             write(f)
             if durable:
                 f.flush()

@@ -42,7 +42,13 @@ def point_last_checkpoint(checkpoint_dir: Path, checkpoint_path: Path) -> None:
     `checkpoint_dir` (a copied or moved run dir stays valid): written through a temporary
     file and renamed, so a reader (a monitor, a resume) never sees it empty or half written."""
     target = checkpoint_path.resolve().relative_to(checkpoint_dir.resolve())
-    write_text_atomic(checkpoint_dir / LAST_CHECKPOINT, target.as_posix())
+    pointer = checkpoint_dir / LAST_CHECKPOINT
+    # the old pointer goes first: ext4 flushes a file renamed over an existing one (auto_da_alloc),
+    # 0.3-0.5 ms a save here. A kill in between leaves no pointer, and a resume takes the newest
+    # complete checkpoint file instead: the same one.
+    with contextlib.suppress(FileNotFoundError):
+        pointer.unlink()
+    write_text_atomic(pointer, target.as_posix())
 
 
 def find_last_checkpoint(work_dir: Path) -> Path | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import contextlib
 import random
 from collections.abc import Iterator, Mapping
@@ -50,21 +51,22 @@ def algorithm_settings(deterministic: bool, cudnn_benchmark: bool) -> Iterator[N
 
 
 def rng_states() -> dict[str, Any]:
-    """Python, NumPy, torch and CUDA generator states as tensors and plain values
-    (loadable with weights_only=True; one tensor is also far faster to save than 625 ints)."""
+    """Python, NumPy, torch and CUDA generator states as bytes and plain values (loadable with
+    weights_only=True). Bytes, not tensors: each tensor is a record of its own in the
+    checkpoint's zip file, about 40 us to write, and 625 Python ints to a tensor take 45 us."""
     import numpy as np
 
     version, internal, gauss = random.getstate()
     _, keys, pos, has_gauss, cached = np.random.get_state()
     states: dict[str, Any] = {
-        "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "python": {"version": version, "internal": array.array("Q", internal).tobytes(), "gauss": gauss},
         "numpy": {
-            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "keys": keys.astype(np.uint32).tobytes(),
             "pos": int(pos),
             "has_gauss": int(has_gauss),
             "cached": float(cached),
         },
-        "torch": torch.get_rng_state(),
+        "torch": torch.get_rng_state().numpy().tobytes(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states["cuda"] = torch.cuda.get_rng_state_all()
@@ -72,13 +74,19 @@ def rng_states() -> dict[str, Any]:
 
 
 def set_rng_states(states: Mapping[str, Any]) -> None:
+    """Put back what ``rng_states`` saved (checkpoints before 2026-11 hold tensors: also read)."""
     import numpy as np
 
     py = states["python"]
-    random.setstate((py["version"], tuple(py["internal"].tolist()), py["gauss"]))
+    internal = py["internal"]
+    internal = array.array("Q", internal).tolist() if isinstance(internal, bytes) else internal.tolist()
+    random.setstate((py["version"], tuple(internal), py["gauss"]))
     if "numpy" in states:
         n = states["numpy"]
-        np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
-    torch.set_rng_state(states["torch"])
+        keys = n["keys"]
+        keys = np.frombuffer(keys, dtype=np.uint32) if isinstance(keys, bytes) else keys.numpy().astype(np.uint32)
+        np.random.set_state(("MT19937", keys, n["pos"], n["has_gauss"], n["cached"]))
+    state = states["torch"]
+    torch.set_rng_state(torch.frombuffer(bytearray(state), dtype=torch.uint8) if isinstance(state, bytes) else state)
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])

@@ -248,7 +248,7 @@ class Runner:
         status, error, tb = "completed", None, None
         logs.show_progress()
         log.info(self.hook_order_table())
-        self.provenance = provenance.write(self.work_dir) if self.is_main else {}
+        recorded = provenance.start(self.work_dir) if self.is_main else dict
         # room for result.json and provenance.json however full the disk gets during the run
         reserve = atomic.SpaceReserve(self.work_dir / ".result.reserve") if self.is_main else None
         benchmark = self.settings.cudnn_benchmark and self.device.type == "cuda"
@@ -261,6 +261,7 @@ class Runner:
                     if self.val_loader is not None and self.optimizer is not None:
                         probe_metrics(self)
                     run_checkpoint.load_or_resume(self)
+                    self.provenance = recorded()  # (git ran meanwhile)
                     if self.train_loader is not None and self.optimizer is not None:
                         self.train()
                     elif self.val_loader is not None:  # nothing to train: evaluate
@@ -287,6 +288,7 @@ class Runner:
                             self.status, self.error = status, error
                             raise
             finally:  # written before the signal handlers go: torchrun's SIGTERM to survivors must not cut it
+                self.provenance = recorded()
                 wall_time = time.time() - started
                 result = results.run_result(self, status, error, tb, wall_time)
                 results.write_run_result(self, result, wall_time, reserve)

@@ -230,7 +230,28 @@ def test_rng_states_round_trip_python_numpy_torch():
     buffer = io.BytesIO()
     torch.save(state, buffer)
     buffer.seek(0)
-    assert torch.load(buffer, weights_only=True)["numpy"]["pos"] == state["numpy"]["pos"]
+    loaded = torch.load(buffer, weights_only=True)
+    assert loaded["numpy"]["pos"] == state["numpy"]["pos"]
+    set_rng_states(loaded)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == draws
+
+
+def test_rng_states_saved_as_tensors_by_earlier_versions_still_restore():
+    version, internal, gauss = random.getstate()
+    _, keys, pos, has_gauss, cached = np.random.get_state()
+    earlier = {
+        "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    draws = (random.random(), np.random.rand(), torch.rand(1).item())
+    set_rng_states(earlier)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == draws
 
 
 def test_sigterm_saves_stops_and_resumes_exactly(tmp_path):
