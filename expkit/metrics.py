@@ -118,7 +118,8 @@ class Accuracy(Metric):
             hits = preds.argmax(dim=-1) == targets
         else:
             hits = (preds.topk(self.top_k, dim=-1).indices == targets.unsqueeze(-1)).any(dim=-1)
-        self.correct = self.correct + hits.sum()
+        correct = hits.sum()
+        self.correct = self.correct + (correct.item() if correct.is_cpu else correct)  # no device sync per batch
         self.total += targets.numel()
 
     def compute(self) -> float:
