@@ -1,6 +1,7 @@
 """What produced a work dir: code version, environment, machine, command and time.
 
-Written as ``provenance.json`` at the start of a run (and completed at its end), with
+Written as ``provenance.json`` when a run starts training (git's processes run meanwhile,
+during its before_run hooks, metric probe and resume) and completed at its end, with
 ``provenance.diff`` when the git tree had uncommitted changes; result.json points to it.
 """
 
@@ -91,7 +92,7 @@ def installed_packages() -> list[str]:
 
 def _platform() -> str:
     """platform.platform()'s answer on Linux ("Linux-6.1.0-x86_64-with-glibc2.36") without its
-    first-call cost (1.4 ms here: it reads the Python binary to find the C library's version)."""
+    first-call cost (1.4 ms here: it runs ``uname -p`` in a subprocess for the processor)."""
     uname = os.uname()
     try:
         libc = os.confstr("CS_GNU_LIBC_VERSION")  # "glibc 2.36"

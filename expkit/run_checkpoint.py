@@ -111,7 +111,7 @@ def save_checkpoint(
         raise CheckpointWriteError(f"could not write {path}: {cause}; {kept}") from exc
     if not is_best:
         if r.is_main:
-            checkpoint_io.point_last_checkpoint(path.parent, path)
+            checkpoint_io.point_last_checkpoint(path.parent, path, durable=durable)
         r.last_checkpoint = path
     if r.is_main:
         r.call_hook(Stage.AFTER_SAVE_CHECKPOINT, path=path, is_best=is_best, metric=metric)

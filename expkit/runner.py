@@ -134,6 +134,8 @@ class Runner:
         self.stop_status = "stopped"  # result.json's status after a stop: stopped or pruned
         self.status = "running"  # then completed, stopped or failed (set before after_run)
         self.stop_signal: int | None = None  # the signal number when a signal asked to stop
+        self.stopped_by_signal = False  # whether a signal was the first stop request (not one after a stop)
+        self.provenance: dict[str, Any] = {}  # provenance.json's record, once written (rank 0)
         self.scalars: dict[str, float] = {}  # latest values hooks publish (train/time, ...)
         self.val_metrics: dict[str, float] = {}
         self.test_metrics: dict[str, float] = {}
@@ -225,6 +227,7 @@ class Runner:
         search gave up on this trial: the test pass is skipped too)."""
         if self.stop_reason is None:
             self.stop_reason, self.stop_status = reason, status
+            self.stopped_by_signal = self.stop_signal is not None
             log.info("Stop requested: %s", reason)
 
     # -- the run --------------------------------------------------------------------------
@@ -248,13 +251,15 @@ class Runner:
         status, error, tb = "completed", None, None
         logs.show_progress()
         log.info(self.hook_order_table())
-        recorded = provenance.start(self.work_dir) if self.is_main else dict
         # room for result.json and provenance.json however full the disk gets during the run
         reserve = atomic.SpaceReserve(self.work_dir / ".result.reserve") if self.is_main else None
         benchmark = self.settings.cudnn_benchmark and self.device.type == "cuda"
+        recorded: Callable[[], dict[str, Any]] = dict
         with algorithm_settings(self.settings.deterministic, benchmark), stop_on_signals(self):
             try:
                 try:
+                    if self.is_main:  # git's processes run while before_run, the probe and a resume do
+                        recorded = provenance.start(self.work_dir)
                     self.call_hook(Stage.BEFORE_RUN)  # hooks check their metrics here and declare explicit rules
                     if self.monitor is not None:
                         self.metric_rule(self.monitor, "monitor")

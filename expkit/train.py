@@ -162,7 +162,7 @@ def _run_owned(
     summary = ", ".join(f"{k} {v:.4f}" for k, v in result["final_metrics"].items())
     log.info("Done (%s) in %.1f s: %s", result["status"], result["wall_time_s"], summary)
     log.info("Work dir: %s", work_dir.resolve())
-    if runner.stop_signal is not None and not multirun and result["status"] == "stopped":  # (not one after the end)
+    if runner.stopped_by_signal and not multirun and result["status"] == "stopped":  # (not one after the end)
         log.info("Stopped by a signal; continue with: %s", cli.continue_command(sys.argv[1:], work_dir))
         sys.exit(128 + runner.stop_signal)  # the shell's convention: 143 after SIGTERM, 130 after Ctrl-C
     value = None if best is None else float(best["value"])

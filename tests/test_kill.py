@@ -134,20 +134,24 @@ class Boom(Hook):
 """
 
 
-@pytest.mark.parametrize("fails", [True, False])
-def test_a_sigterm_just_after_the_run_cuts_neither_the_error_line_nor_the_exit_code(tmp_path, fails):
+@pytest.mark.parametrize("ending", ["failed", "completed", "stopped early"])
+def test_a_sigterm_just_after_the_run_cuts_neither_the_error_line_nor_the_exit_code(tmp_path, ending):
     (tmp_path / "late.py").write_text(LATE_SIGTERM)
     (tmp_path / "boomhook.py").write_text(BOOM_HOOK)
     work = tmp_path / "run"
-    args = [f"hydra.run.dir={work}", "trainer.max_epochs=1"] + (["+hooks.boom._target_=boomhook.Boom"] if fails else [])
+    args = [f"hydra.run.dir={work}", "trainer.max_epochs=1"]
+    args += {"failed": ["+hooks.boom._target_=boomhook.Boom"], "completed": [],
+             "stopped early": ["hooks=[stop_after]", "hooks.stop_after.iters=5"]}[ending]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
     proc = subprocess.run([sys.executable, str(tmp_path / "late.py"), *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    output = proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads((work / "result.json").read_text())
-    if fails:
-        assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    if ending == "failed":
+        assert proc.returncode == 1, output
         assert "Error: in Boom.after_train_iter: RuntimeError: boom at iteration 3" in proc.stderr
         assert result["status"] == "failed"
-    else:  # the run had completed: the signal stopped nothing
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        assert result["status"] == "completed"
+    else:  # the signal came after the run's end: it stopped nothing, and is not what stopped it
+        assert proc.returncode == 0, output
+        assert "Stopped by a signal" not in output
+        assert result["status"] == ("completed" if ending == "completed" else "stopped")
