@@ -51,7 +51,7 @@ timed(R.Runner, "validate", "validations, the checkpoint after each included")
 timed(RC, "save_checkpoint", "checkpoints")
 timed(RC, "state_checkpoint", "  of which: the state (RNG, hooks, counters)")
 timed(A, "save_atomic", "  of which: torch.save to a temporary file, then rename")
-timed(CIO, "point_last_checkpoint", "  of which: the last_checkpoint pointer (preallocated, renamed over)")
+timed(CIO, "point_last_checkpoint", "  of which: the last_checkpoint pointer (old removed, new renamed in)")
 timed(LG, "plot_curves", "curves.svg")
 timed(R.results, "write_run_result", "result.json and provenance.json at the end")
 """,

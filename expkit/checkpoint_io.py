@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from expkit.atomic import write_small_atomic
+from expkit.atomic import write_text_atomic
 from expkit.errors import ConfigError
 
 log = logging.getLogger("expkit")
@@ -40,26 +40,40 @@ def own_file(directory: Path, recorded: str | Path) -> Path:
 def point_last_checkpoint(checkpoint_dir: Path, checkpoint_path: Path, durable: bool = False) -> None:
     """Record `checkpoint_path` as the newest complete checkpoint, by its name relative to
     `checkpoint_dir` (a copied or moved run dir stays valid): written through a temporary
-    file and renamed, so a reader (a monitor, a resume) never sees it empty or half written."""
+    file and renamed, so a reader never sees it half written. The old pointer is removed
+    first: renaming over it makes ext4 flush the new file (``auto_da_alloc``), 0.3-0.5 ms a
+    save here. For the moment in between (or after a kill there) a reader finds no pointer
+    and takes the newest checkpoint file instead (``find_last_checkpoint``): the same one."""
     target = checkpoint_path.resolve().relative_to(checkpoint_dir.resolve())
-    write_small_atomic(checkpoint_dir / LAST_CHECKPOINT, target.as_posix().encode("utf-8"), durable=durable)
+    pointer = checkpoint_dir / LAST_CHECKPOINT
+    with contextlib.suppress(FileNotFoundError):
+        pointer.unlink()
+    write_text_atomic(pointer, target.as_posix(), durable=durable)
 
 
 def find_last_checkpoint(work_dir: Path) -> Path | None:
-    """The checkpoint `checkpoints/last_checkpoint` names, or None when there is none (or the
-    pointer is unreadable: then the caller falls back to the files themselves)."""
+    """The checkpoint `checkpoints/last_checkpoint` names; when there is no usable pointer
+    (none yet, being replaced, unreadable, naming a file that is gone), the newest regular
+    checkpoint; None when there is no checkpoint at all."""
     pointer = work_dir / "checkpoints" / LAST_CHECKPOINT
-    if not pointer.is_file():
-        return None
-    try:
-        recorded = pointer.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        log.warning("Ignoring %s, it is not a readable path (%s)", pointer, exc)
-        return None
-    if not recorded:
-        return None
-    path = own_file(pointer.parent, recorded)
-    return path if is_checkpoint(path) else None
+    recorded = ""
+    if pointer.is_file():
+        try:
+            recorded = pointer.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            log.warning("Ignoring %s, it is not a readable path (%s)", pointer, exc)
+    if recorded:
+        path = own_file(pointer.parent, recorded)
+        if is_checkpoint(path):
+            return path
+    return next(iter(regular_checkpoints(work_dir)), None)
+
+
+def regular_checkpoints(work_dir: Path) -> list[Path]:
+    """The regular (not best) checkpoints of `work_dir`, newest first."""
+    found = [p for p in (work_dir / "checkpoints").glob("*") if p.suffix in (".pth", ".dcp")
+             and not p.name.startswith(("best_", ".")) and is_checkpoint(p)]  # fmt: skip
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -118,9 +132,7 @@ def load_resumable(work_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     pointed = find_last_checkpoint(work_dir)
     if pointed is not None:
         candidates.append(pointed)
-    regular = [p for p in (work_dir / "checkpoints").glob("*") if p.suffix in (".pth", ".dcp")
-               and not p.name.startswith(("best_", ".")) and is_checkpoint(p)]  # fmt: skip
-    candidates += sorted(regular, key=lambda p: p.stat().st_mtime, reverse=True)
+    candidates += regular_checkpoints(work_dir)
     problems = []
     for path in dict.fromkeys(candidates):
         try:

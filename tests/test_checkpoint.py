@@ -303,3 +303,23 @@ def test_an_empty_pointer_falls_back_to_the_newest_loadable_checkpoint(tmp_path)
     resumed = toy_runner(tmp_path, max_epochs=3, resume=True)
     resumed.run()
     assert resumed.iter == 6 and json.loads((tmp_path / "result.json").read_text())["epoch"] == 3
+
+
+def test_without_its_pointer_a_run_dir_still_gives_its_newest_checkpoint(tmp_path):
+    """The pointer is replaced by removing the old one first (see point_last_checkpoint): a
+    reader in between, or after a kill there, gets the newest checkpoint file instead."""
+    from expkit.checkpoint_io import find_last_checkpoint, load_resumable
+    from expkit.eval import resolve_checkpoint
+
+    toy_runner(tmp_path, max_epochs=3).run()
+    pointer = tmp_path / "checkpoints" / "last_checkpoint"
+    assert find_last_checkpoint(tmp_path).name == "epoch_3.pth"
+    pointer.unlink()
+    assert find_last_checkpoint(tmp_path).name == "epoch_3.pth"
+    assert resolve_checkpoint(tmp_path, "last").name == "epoch_3.pth"
+    assert load_resumable(tmp_path)[0].name == "epoch_3.pth"
+    pointer.write_text("epoch_9.pth")  # names a file that is gone
+    assert find_last_checkpoint(tmp_path).name == "epoch_3.pth"
+    for path in (tmp_path / "checkpoints").glob("epoch_*.pth"):
+        path.unlink()
+    assert find_last_checkpoint(tmp_path) is None
