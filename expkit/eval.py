@@ -263,7 +263,6 @@ def command_main(run: Callable[[], Any], options: Sequence[str], started: Callab
     """The entry point of a command over a checkpoint (eval, predict, export): the command line
     made Hydra's (``hydra_argv``, flags first), then the Hydra app `run`. Hydra's own errors
     before the task `started` (a missing key, an unknown one) are the user's to fix: exit 2."""
-
     sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:], options))  # (Hydra's parser takes flags before overrides)
     try:
         run()

@@ -70,11 +70,6 @@ class _GitQuery:
         }
 
 
-def git_state(cwd: Path) -> dict[str, Any]:
-    """Commit, branch and dirtiness of the repository that holds `cwd` (the user's project)."""
-    return _GitQuery(cwd).state()
-
-
 def installed_packages() -> list[str]:
     """name==version of every installed distribution, from the ``*.dist-info`` folder names
     on sys.path (parsing each METADATA file instead takes about 0.1 s)."""
@@ -101,14 +96,15 @@ def _platform() -> str:
     return f"{uname.sysname}-{uname.release}-{uname.machine}-with-{(libc or '').replace(' ', '')}"
 
 
-def collect(cwd: Path | None = None, git: bool = True) -> dict[str, Any]:
+def collect(cwd: Path | None = None) -> dict[str, Any]:
+    """The record but git's part ("git" stays empty: ``start`` asks git alongside the run)."""
     cwd = cwd or Path.cwd()
     cuda = torch.cuda.is_available()
     return {
         "command": sys.argv,
         "cwd": str(cwd),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "git": git_state(cwd) if git else {},
+        "git": {},
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -120,38 +116,34 @@ def collect(cwd: Path | None = None, git: bool = True) -> dict[str, Any]:
     }
 
 
-def _write(work_dir: Path, info: dict[str, Any]) -> dict[str, Any]:
+def _write(work_dir: Path, info: dict[str, Any]) -> None:
     if info["git"].get("dirty"):
         diff = _git(["diff", "HEAD"], Path(info["cwd"])) or ""
         write_text_atomic(work_dir / "provenance.diff", diff)
         info["git"]["diff"] = "provenance.diff"
     write_json_atomic(work_dir / "provenance.json", info)
-    return info
-
-
-def write(work_dir: Path, cwd: Path | None = None) -> dict[str, Any]:
-    """provenance.json (and provenance.diff for a dirty tree) in `work_dir`."""
-    return _write(work_dir, collect(cwd))
 
 
 def start(work_dir: Path, cwd: Path | None = None) -> Callable[[], dict[str, Any]]:
-    """``write`` in two steps: git's processes start now and run on another core while the
-    caller goes on (the Runner: its before_run hooks and metric probe); the returned function
-    reads their answers and writes the files, once (later calls give the same record). It
-    never raises: a file it cannot write is logged, as the run's last records are."""
-    info = collect(cwd, git=False)
+    """provenance.json (and provenance.diff for a dirty tree) in `work_dir`, in two steps:
+    git's processes start now and run on another core while the caller goes on (the Runner:
+    its before_run hooks and metric probe); the returned function reads their answers and
+    writes the files, once (later calls give the same record). It never raises: a file it
+    cannot write is logged, as the run's last records are."""
+    info = collect(cwd)
     query = _GitQuery(Path(info["cwd"]))
-    written: list[dict[str, Any]] = []
+    done = False
 
     def finish_writing() -> dict[str, Any]:
-        if not written:
+        nonlocal done
+        if not done:
+            done = True
             info["git"] = query.state()
             try:
                 _write(work_dir, info)
             except OSError as exc:  # a full or read-only disk: the run's own records say more
                 log.error("Could not write %s: %s", work_dir / "provenance.json", exc)
-            written.append(info)
-        return written[0]
+        return info
 
     return finish_writing
 
