@@ -106,6 +106,8 @@ class HookTable:
     def __init__(self) -> None:
         self.entries: list[tuple[str, int, Hook]] = []  # (name, priority, hook), in firing order
         self.dispatch: dict[str, tuple[tuple[str, str, Callable], ...]] = {}  # stage -> (class, name, method)
+        self.idle: frozenset[str] = frozenset()  # the stages no hook overrides (the loop skips them)
+        self._muted: set[tuple[int, str]] = set()  # (id(hook), stage): left out of the dispatch
         self.markers = self.timing = False
         self.hook_times: dict[tuple[str, str], list[float]] = {}  # (stage, hook) -> [seconds, calls], when timing
         self.phase_times: dict[str, list[float]] = {}  # loop phase -> [seconds, calls], when timing
@@ -145,16 +147,23 @@ class HookTable:
         self._rebuild()
         return name
 
+    def mute(self, hook: Hook, stage: str) -> None:
+        """Call `hook` no more at `stage`: for a hook whose settings make that method a no-op
+        (a per-epoch checkpoint at every iteration), so the loop does not call it for nothing."""
+        self._muted.add((id(hook), Stage(stage).value))
+        self._rebuild()
+
     def _rebuild(self) -> None:
         """For each stage, the hooks that override it, in order. Unused stages cost nothing."""
         self.dispatch = {
             stage.value: tuple(
                 (type(hook).__name__, name, getattr(hook, stage.value))
                 for name, _, hook in self.entries
-                if overrides(hook, stage.value)
+                if overrides(hook, stage.value) and (id(hook), stage.value) not in self._muted
             )
             for stage in Stage
         }
+        self.idle = frozenset(stage for stage, calls in self.dispatch.items() if not calls)  # no hook there
 
     def call_instrumented(self, runner: Any, stage: str, payload: dict[str, Any]) -> None:
         """Like ``Runner.call_hook``, with a profiler marker per stage and hook call (``markers``)

@@ -10,7 +10,7 @@ import contextlib
 import itertools
 import logging
 import signal
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,6 +24,7 @@ from expkit.distributed import (
     is_distributed,
     reduce_device,
 )
+from expkit.hook_table import NULL
 from expkit.optimizers import Optimizers
 from expkit.stages import Stage
 
@@ -31,6 +32,15 @@ if TYPE_CHECKING:
     from expkit.runner import Runner
 
 log = logging.getLogger("expkit")
+
+# the stages of an iteration as plain strings (an Enum member costs a Python-level lookup each time)
+BEFORE_TRAIN_ITER, AFTER_FORWARD, AFTER_BACKWARD, AFTER_OPTIMIZER_STEP, AFTER_TRAIN_ITER = (
+    Stage.BEFORE_TRAIN_ITER.value,
+    Stage.AFTER_FORWARD.value,
+    Stage.AFTER_BACKWARD.value,
+    Stage.AFTER_OPTIMIZER_STEP.value,
+    Stage.AFTER_TRAIN_ITER.value,
+)
 
 
 def _skip_batches(loader: Iterable, n: int) -> Iterable:
@@ -98,6 +108,34 @@ class TrainLoop:
         self.optimizers = Optimizers(runner.optimizers, runner.scaler, runner.settings.clip_grad_norm)
         self.only_optimizer = next(iter(runner.optimizers), "")  # the one the loop steps (not an owned update)
         self.distributed = is_distributed()
+        self._bind()
+
+    def _bind(self) -> None:
+        """The forward (in the precision's autocast), backward and optimizer steps, each in its
+        loop phase when the run is instrumented; otherwise, in fp32, the plain calls: the
+        contexts would cost a dozen Python calls an iteration. Bound again when instrumentation
+        is switched (the profiler does, mid-epoch)."""
+        r = self.runner
+        self.bound_for = r.instrumented
+        self.forward = self._phased("forward", self.step, autocast=r.autocasts)
+        self.backward = self._phased("backward", self.optimizers.backward)
+        self.optimizer_step = self._phased("optimizer", self._optimizer_step)
+
+    def _phased(self, name: str, fn: Callable[..., Any], autocast: bool = False) -> Callable[..., Any]:
+        r = self.runner
+        if not r.instrumented and not autocast:
+            return fn
+
+        def phased(*args: Any) -> Any:
+            with r.phase(name), r.autocast() if autocast else NULL:
+                return fn(*args)
+
+        return phased
+
+    def _optimizer_step(self) -> None:
+        self.optimizers.step(self.only_optimizer)  # clip, step (through the scaler), zero_grad
+        if self.runner.scaler is not None:
+            self.runner.scaler.update()
 
     def done(self) -> bool:
         r = self.runner
@@ -158,39 +196,44 @@ class TrainLoop:
         ``accumulate_grad_batches`` > 1). ``batch_idx`` is the step's index in the epoch."""
         r = self.runner
         call = r.call_hook
-        window = [r.to_device(b) for b in window]
+        if r.instrumented is not self.bound_for:
+            self._bind()
+        idle = r.hook_table.idle if not r.instrumented else ()  # stages no hook listens to (unmarked)
+        if r.moves_batches:
+            window = [r.to_device(b) for b in window]
         data_batch = window[0]
-        call(Stage.BEFORE_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch)
+        call(BEFORE_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch)
         if r.manual_optimization:
             outputs = self._owned_update(batch_idx, data_batch)
         else:
             if len(window) == 1:
-                outputs, _ = self._forward_backward(batch_idx, data_batch, None)
+                outputs, _ = self._forward_backward(batch_idx, data_batch, None, idle)
             else:
-                outputs = self._accumulate(batch_idx, window)
+                outputs = self._accumulate(batch_idx, window, idle)
                 data_batch = window[-1]
-            with r.phase("optimizer"):
-                self.optimizers.step(self.only_optimizer)  # clip, step (through the scaler), zero_grad
-                if r.scaler is not None:
-                    r.scaler.update()
+            self.optimizer_step()
         consumed = r.inner_iter + len(window)  # batches of this epoch trained on
         r.position = (r.epoch, r.iter + 1, consumed)  # what a checkpoint saved from here on records
-        call(Stage.AFTER_OPTIMIZER_STEP, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
-        call(Stage.AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        if AFTER_OPTIMIZER_STEP not in idle:
+            call(AFTER_OPTIMIZER_STEP, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        call(AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         r.iter += 1
         r.inner_iter = consumed
 
-    def _forward_backward(self, batch_idx: int, data_batch: Any, weight: float | None) -> tuple[dict[str, Any], Any]:
+    def _forward_backward(
+        self, batch_idx: int, data_batch: Any, weight: float | None, idle: Container[str]
+    ) -> tuple[dict[str, Any], Any]:
         """Forward, loss (times `weight`, a micro-batch's share of its window), backward (through
-        the scaler); returns the outputs and the loss that was back-propagated."""
-        r, call = self.runner, self.runner.call_hook
-        with r.phase("forward"), r.autocast():
-            outputs = self.step(data_batch)
-        call(Stage.AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        the scaler); returns the outputs and the loss that was back-propagated. `idle`: the
+        stages to skip (no hook there)."""
+        call = self.runner.call_hook
+        outputs = self.forward(data_batch)
+        if AFTER_FORWARD not in idle:
+            call(AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         loss = outputs["loss"] if weight is None else outputs["loss"] * weight
-        with r.phase("backward"):
-            self.optimizers.backward(loss)
-        call(Stage.AFTER_BACKWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        self.backward(loss)
+        if AFTER_BACKWARD not in idle:
+            call(AFTER_BACKWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         return outputs, loss
 
     def _owned_update(self, batch_idx: int, data_batch: Any) -> dict[str, Any]:
@@ -199,14 +242,14 @@ class TrainLoop:
         r, call = self.runner, self.runner.call_hook
         with r.phase("forward"), r.autocast():
             outputs = r.model.train_step(data_batch, self.optimizers)
-        call(Stage.AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
-        call(Stage.AFTER_BACKWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        call(AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        call(AFTER_BACKWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         if r.scaler is not None:
             r.scaler.update()  # once per iteration, after every step the model took
         self.optimizers.zero_grad()
         return outputs
 
-    def _accumulate(self, batch_idx: int, window: list[Any]) -> dict[str, Any]:
+    def _accumulate(self, batch_idx: int, window: list[Any], idle: Container[str]) -> dict[str, Any]:
         """Gradient accumulation, exact: each micro-batch's (mean) loss is weighted by its share
         of the window's samples, so the summed gradient is that of one batch of all of them,
         the shorter last window of an epoch included. Under DDP (FSDP), gradients are all-reduced
@@ -222,10 +265,27 @@ class TrainLoop:
             if fsdp is not None:  # FSDP2: gradients reduce-scattered once, in the last backward
                 fsdp.set_requires_gradient_sync(last)
             with contextlib.nullcontext() if ddp is None or last else ddp.no_sync():
-                outputs, share = self._forward_backward(batch_idx, micro, size / total)
+                outputs, share = self._forward_backward(batch_idx, micro, size / total, idle)
             share = share.detach()
             window_loss = share if window_loss is None else window_loss + share
         return {**outputs, "loss": window_loss}
+
+
+# a val or test pass's stages by role, as plain strings
+EVAL_STAGES = {
+    mode: {
+        role: Stage(f"{when}_{mode}{suffix}").value
+        for role, when, suffix in [
+            ("begin", "before", ""),
+            ("begin_epoch", "before", "_epoch"),
+            ("before_iter", "before", "_iter"),
+            ("after_iter", "after", "_iter"),
+            ("end_epoch", "after", "_epoch"),
+            ("end", "after", ""),
+        ]
+    }
+    for mode in ("val", "test")
+}
 
 
 class EvalLoop:
@@ -239,17 +299,13 @@ class EvalLoop:
         self.runner = runner
         self.loader = loader
         self.mode = mode
-        self.stages = {
-            name: Stage(f"{when}_{mode}{suffix}")
-            for name, when, suffix in [
-                ("begin", "before", ""),
-                ("begin_epoch", "before", "_epoch"),
-                ("before_iter", "before", "_iter"),
-                ("after_iter", "after", "_iter"),
-                ("end_epoch", "after", "_epoch"),
-                ("end", "after", ""),
-            ]
-        }
+        self.stages = EVAL_STAGES[mode]
+        self.step = self._step_in_autocast if runner.autocasts else runner.eval_step
+        self.idle: Container[str] = ()
+
+    def _step_in_autocast(self, batch: Any) -> dict[str, Any]:
+        with self.runner.autocast():
+            return self.runner.eval_step(batch)
 
     def run(self) -> dict[str, float]:
         r, stages = self.runner, self.stages
@@ -278,6 +334,7 @@ class EvalLoop:
         # nothing, as a Python float (cheaper than the three tensor operations per batch)
         self.loss_sum: torch.Tensor | float = 0.0 if r.device.type == "cpu" else torch.zeros((), device=r.device)
         self.count = 0
+        self.idle = r.hook_table.idle if not r.instrumented else ()  # stages no hook listens to (unmarked)
         with torch.no_grad():
             missing = self._missing_forwards(loader) if r.sharded and is_distributed() else 0
             data_batch = None
@@ -320,11 +377,12 @@ class EvalLoop:
         return int(most) - batches
 
     def run_iter(self, batch_idx: int, data_batch: Any) -> None:
-        r = self.runner
-        data_batch = r.to_device(data_batch)
-        r.call_hook(self.stages["before_iter"], batch_idx=batch_idx, data_batch=data_batch)
-        with r.autocast():
-            outputs = r.eval_step(data_batch)
+        r, stages, idle = self.runner, self.stages, self.idle
+        if r.moves_batches:
+            data_batch = r.to_device(data_batch)
+        if stages["before_iter"] not in idle:
+            r.call_hook(stages["before_iter"], batch_idx=batch_idx, data_batch=data_batch)
+        outputs = self.step(data_batch)
         targets = outputs["targets"]
         n = len(targets)
         loss = outputs.get("loss")
@@ -336,4 +394,5 @@ class EvalLoop:
         self.count += n
         for metric in r.metrics.values():
             metric.update(outputs)  # each reads the outputs it is configured for (default: preds/logits, targets)
-        r.call_hook(self.stages["after_iter"], batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        if stages["after_iter"] not in idle:
+            r.call_hook(stages["after_iter"], batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)

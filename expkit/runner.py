@@ -144,6 +144,8 @@ class Runner:
         self.last_checkpoint: Path | None = None
 
         self._autocast_dtype, self.scaler = precision(self.settings.precision, self.device)  # scaler: fp16 on CUDA
+        self.autocasts = self._autocast_dtype is not None  # bf16, 16: forward passes run in autocast
+        self.moves_batches = self.device.type != "cpu" or self.settings.channels_last  # to_device has work to do
         self.hook_table = HookTable()  # registration, order, dispatch, instrumentation
         self.instrumented = False
         self.hook_times = self.hook_table.hook_times  # (stage, hook name) -> [seconds, calls], while timing
@@ -250,7 +252,8 @@ class Runner:
         started = time.time()
         status, error, tb = "completed", None, None
         logs.show_progress()
-        log.info(self.hook_order_table())
+        if log.isEnabledFor(logging.INFO):
+            log.info(self.hook_order_table())
         # room for result.json and provenance.json however full the disk gets during the run
         reserve = atomic.SpaceReserve(self.work_dir / ".result.reserve") if self.is_main else None
         benchmark = self.settings.cudnn_benchmark and self.device.type == "cuda"
@@ -342,7 +345,7 @@ class Runner:
     # -- the step ---------------------------------------------------------------------------
     def to_device(self, batch: Any) -> Any:
         """The batch's tensors on the run's device (and channels-last, when set)."""
-        if self.device.type == "cpu" and not self.settings.channels_last:
+        if not self.moves_batches:
             return batch
         return move(batch, self.device, self.settings.channels_last)
 

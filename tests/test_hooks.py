@@ -78,6 +78,59 @@ def test_logger_logs_the_last_iteration_of_a_short_epoch(tmp_path):
     assert [r["iter"] for r in records if "train/loss" in r] == [2, 4]
 
 
+class OnDisk(Hook):
+    """The steps of the records metrics.jsonl holds on disk after each iteration and as each
+    checkpoint is saved (LOWEST: after the logger)."""
+
+    priority = "LOWEST"
+
+    def __init__(self) -> None:
+        self.after_iter: list[list[int]] = []
+        self.at_save: list[list[int]] = []
+
+    def _steps(self, runner) -> list[int]:
+        return [json.loads(line)["step"] for line in (runner.work_dir / "metrics.jsonl").read_text().splitlines()]
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        self.after_iter.append(self._steps(runner))
+
+    def before_save_checkpoint(self, runner, *, checkpoint):
+        self.at_save.append(self._steps(runner))
+
+
+@pytest.mark.parametrize(
+    "flush_secs, after_iter",
+    [
+        (0, [[1], [1, 2], [1, 2, 2, 3], [1, 2, 2, 3, 4]]),  # every record at once
+        (1e9, [[], [1, 2], [1, 2, 2], [1, 2, 2, 3, 4]]),  # training records wait for the epoch's end
+    ],
+)
+def test_metrics_jsonl_holds_every_record_by_the_end_of_its_epoch_and_before_each_checkpoint(
+    tmp_path, flush_secs, after_iter
+):
+    on_disk = OnDisk()  # 2 iterations an epoch; a record per iteration, a validation record per epoch
+    hooks = default_hooks(logger=LoggerHook(interval=1, plot=False, flush_secs=flush_secs))
+    toy_runner(tmp_path, default_hooks=hooks, hooks=[on_disk], max_epochs=2).run()
+    assert on_disk.after_iter == after_iter
+    assert on_disk.at_save == [[1, 2, 2], [1, 2, 2, 3, 4, 4]]  # (validation records are written at once)
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 7  # and the test record at the end
+    with pytest.raises(ValueError, match="flush_secs"):
+        LoggerHook(flush_secs=-1)
+
+
+@pytest.mark.parametrize("per_epoch", [True, False])
+def test_hooks_with_nothing_to_do_per_iteration_leave_the_iteration_stage(tmp_path, per_epoch):
+    hooks = default_hooks(logger=LoggerHook(plot=False), checkpoint=CheckpointHook(by_epoch=per_epoch))
+    runner = toy_runner(tmp_path, default_hooks=hooks, max_epochs=1)
+    runner.scheduler_by_epoch = per_epoch
+    before = [name for _, name, _ in runner.hook_table.dispatch["after_train_iter"]]
+    runner.run()
+    after = [name for _, name, _ in runner.hook_table.dispatch["after_train_iter"]]
+    assert before == ["timer", "logger", "param_scheduler", "checkpoint"]
+    assert after == (["timer", "logger"] if per_epoch else before)
+    assert (tmp_path / "checkpoints" / ("epoch_1.pth" if per_epoch else "iter_2.pth")).is_file()
+
+
 def test_timer_publishes_times_and_eta(tmp_path):
     runner = toy_runner(tmp_path, max_epochs=2)
     runner.run()

@@ -20,7 +20,7 @@ from expkit import atomic, checkpoint_io
 from expkit.errors import ConfigError, ExpkitError
 from expkit.hooks.base import Hook
 from expkit.metrics import better, infer_rule
-from expkit.stages import Priority
+from expkit.stages import Priority, Stage
 
 if TYPE_CHECKING:
     from expkit.runner import Runner
@@ -139,6 +139,8 @@ class CheckpointHook(Hook):
 
     # -- saving -----------------------------------------------------------------------------
     def before_run(self, runner: Runner) -> None:
+        if self.by_epoch:  # saves come at epoch ends only
+            runner.hook_table.mute(self, Stage.AFTER_TRAIN_ITER)
         for key in self.save_best:
             if key != "auto":
                 self._decide_rule(runner, key, self.given_rules[key])

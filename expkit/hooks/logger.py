@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import time
 from typing import IO, TYPE_CHECKING, Any
 
 import torch
@@ -45,21 +46,34 @@ class LoggerHook(Hook):
     """Logs training every ``interval`` iterations and at the last iteration of each epoch,
     and every validation and test result, to metrics.jsonl, the terminal and the backends
     of ``runner.loggers``. ``progress``: a live progress line when the output is a terminal
-    (``auto``), plain lines otherwise. ``plot``: ``curves.svg`` in the work dir at the end (no matplotlib needed)."""
+    (``auto``), plain lines otherwise. ``plot``: ``curves.svg`` in the work dir at the end (no matplotlib needed).
+    ``flush_secs``: training records reach metrics.jsonl's file once this many seconds passed
+    since the last write and at the end of every epoch; val/test records at once; everything
+    before every checkpoint and at the end (a write per record costs a system call; a kill
+    loses only records after the last checkpoint, which a resume drops anyway)."""
 
     priority = Priority.BELOW_NORMAL
 
     def __init__(
-        self, interval: int = 10, filename: str = "metrics.jsonl", progress: str | bool = "auto", plot: bool = True
+        self,
+        interval: int = 10,
+        filename: str = "metrics.jsonl",
+        progress: str | bool = "auto",
+        plot: bool = True,
+        flush_secs: float = 1.0,
     ) -> None:
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
             raise ValueError(f"interval must be a positive integer (iterations), got {interval!r}")
+        if isinstance(flush_secs, bool) or not isinstance(flush_secs, (int, float)) or flush_secs < 0:
+            raise ValueError(f"flush_secs must be a number of seconds >= 0, got {flush_secs!r}")
         if progress not in ("auto", True, False):
             raise ValueError(f"progress must be auto, true or false, got {progress!r}")
         self.interval = interval
         self.filename = filename
         self.progress = progress
         self.plot = plot
+        self.flush_secs = flush_secs
+        self._flushed = 0.0  # time.monotonic() of the last write to disk
         self._file: IO[str] | None = None
         self._losses: list[torch.Tensor] = []
         self._logged: dict[str, list[Any]] = {}  # a model's own train scalars (outputs["log"]) since the last record
@@ -83,16 +97,31 @@ class LoggerHook(Hook):
             except Exception:  # noqa: S110 - it already failed once; one warning is enough
                 pass
 
-    def write(self, record: dict[str, Any]) -> None:
-        """Append `record` to metrics.jsonl and send its scalars to every backend."""
+    def write(self, record: dict[str, Any], flush: bool = False) -> None:
+        """Append `record` to metrics.jsonl (written out now with `flush`, else within
+        ``flush_secs``) and send its scalars to every backend."""
         if self._file is not None:
             try:
                 self._file.write(json.dumps(record) + "\n")
-                self._file.flush()
-            except OSError as exc:  # name the file and the cause (a full disk, most often)
-                raise OSError(exc.errno, f"could not append to {self._file.name}: {exc.strerror}") from None
+            except OSError as exc:
+                raise self._named(exc) from None
+            if flush or time.monotonic() - self._flushed >= self.flush_secs:
+                self.flush()
         for backend in list(self._backends):
             self._safely(backend, "log", record, record["step"])
+
+    def flush(self) -> None:
+        """Write metrics.jsonl's pending records out."""
+        if self._file is not None:
+            try:
+                self._file.flush()
+            except OSError as exc:
+                raise self._named(exc) from None
+            self._flushed = time.monotonic()
+
+    def _named(self, exc: OSError) -> OSError:
+        """The error naming the file and the cause (a full disk, most often)."""
+        return OSError(exc.errno, f"could not append to {self._file.name}: {exc.strerror}")  # type: ignore[union-attr]
 
     # -- state: the losses of a log interval not yet written, so a resumed record averages the same ones --
     def state_dict(self) -> dict[str, Any]:
@@ -107,8 +136,9 @@ class LoggerHook(Hook):
 
     def before_save_checkpoint(self, runner: Runner, *, checkpoint: dict[str, Any]) -> None:
         """What is logged up to a checkpoint is on disk before the checkpoint exists: a run
-        killed later resumes from it with every record up to its step (TensorBoard buffers
-        events for up to flush_secs; metrics.jsonl is flushed per record)."""
+        killed later resumes from it with every record up to its step (metrics.jsonl and
+        TensorBoard buffer records for up to their flush_secs)."""
+        self.flush()
         for backend in list(self._backends):
             self._safely(backend, "flush")
 
@@ -124,24 +154,25 @@ class LoggerHook(Hook):
         `step` again (an earlier attempt may have logged test records at that step too)."""
         if self._file is None:
             return
-        path = runner.work_dir / self.filename
-        self._file.close()
         kept: list[tuple[str, dict[str, Any]]] = []
-        dropped = 0
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by the kill
-                dropped += 1
-                continue
-            if record.get("step", 0) <= step and not any(k.startswith("test/") for k in record):
-                kept.append((line, record))
-            else:
-                dropped += 1
-        write_text_atomic(path, "".join(line + "\n" for line, _ in kept))
-        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in after_run
-        if dropped:
-            log.info("Resuming at step %d: dropped %d records of %s written after it", step, dropped, self.filename)
+        if self._file.tell():  # (an empty file, as a new run's, has nothing to void)
+            path = runner.work_dir / self.filename
+            self._file.close()
+            dropped = 0
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # a line cut by the kill
+                    dropped += 1
+                    continue
+                if record.get("step", 0) <= step and not any(k.startswith("test/") for k in record):
+                    kept.append((line, record))
+                else:
+                    dropped += 1
+            write_text_atomic(path, "".join(line + "\n" for line, _ in kept))
+            self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in after_run
+            if dropped:
+                log.info("Resuming at step %d: dropped %d records of %s written after it", step, dropped, self.filename)
         for backend in list(self._backends):
             self._safely(backend, "resume", step)
             for _, record in kept:
@@ -197,7 +228,7 @@ class LoggerHook(Hook):
         last_of_epoch = batch_idx + 1 == self._epoch_len
         if (batch_idx + 1) % self.interval and not last_of_epoch and runner.iter + 1 != self._max_iters:
             return
-        loss = torch.stack([x.float() for x in self._losses]).mean().item()
+        loss = torch.stack(self._losses).float().mean().item()
         self._losses.clear()
         step = runner.iter + 1
         record: dict[str, Any] = {"step": step, "epoch": runner.epoch + 1, "iter": step, "train/loss": loss}
@@ -223,7 +254,7 @@ class LoggerHook(Hook):
         if runner.extra_scalars:  # what other hooks published since the last record
             record.update(runner.extra_scalars)
             runner.extra_scalars.clear()
-        self.write(record)
+        self.write(record, flush=last_of_epoch)
         if log.isEnabledFor(logging.INFO):  # (not formatted for nobody: a run from Python with logging off)
             log.info(self._line(runner, record, batch_idx), extra={"train_line": True})
         if self._tty:
@@ -268,8 +299,10 @@ class LoggerHook(Hook):
 
     # -- val / test ------------------------------------------------------------------------
     def _log_eval(self, runner: Runner, mode: str, metrics: dict[str, float]) -> None:
-        self.write({"step": runner.iter, "epoch": runner.epoch, "iter": runner.iter, **metrics})
+        self.write({"step": runner.iter, "epoch": runner.epoch, "iter": runner.iter, **metrics}, flush=True)
         self._clear_progress()
+        if not log.isEnabledFor(logging.INFO):
+            return
         width = max(len(k) for k in metrics) if metrics else 0
         table = "\n".join(f"    {k:<{width}}  {v:.4f}" for k, v in metrics.items())
         where = f"epoch {runner.epoch}" if runner.settings.by_epoch else f"iter {runner.iter}"

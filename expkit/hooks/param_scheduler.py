@@ -9,7 +9,7 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from expkit.errors import ConfigError
 from expkit.hooks.base import Hook
-from expkit.stages import Priority
+from expkit.stages import Priority, Stage
 
 if TYPE_CHECKING:
     from expkit.runner import Runner
@@ -41,6 +41,8 @@ class ParamSchedulerHook(Hook):
     def before_run(self, runner: Runner) -> None:
         """ReduceLROnPlateau decays when `monitor` stops improving: its mode follows the run's
         direction of that metric (max for an accuracy, min for a loss), whatever its config said."""
+        if runner.scheduler_by_epoch:  # nothing to step per iteration
+            runner.hook_table.mute(self, Stage.AFTER_TRAIN_ITER)
         plateaus = _plateaus(runner)
         if not plateaus:
             return
