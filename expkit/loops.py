@@ -7,6 +7,7 @@ hooks read values when they need them (the logger, at its interval).
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import signal
@@ -117,9 +118,11 @@ class TrainLoop:
         is switched (the profiler does, mid-epoch)."""
         r = self.runner
         self.bound_for = r.instrumented
+        scaled = r.scaler is not None  # fp16: backward and step through the scaler
         self.forward = self._phased("forward", self.step, autocast=r.autocasts)
-        self.backward = self._phased("backward", self.optimizers.backward)
-        self.optimizer_step = self._phased("optimizer", self._optimizer_step)
+        self.backward = self._phased("backward", self.optimizers.backward if scaled else torch.Tensor.backward)
+        step = self._optimizer_step if scaled else functools.partial(self.optimizers.step, self.only_optimizer)
+        self.optimizer_step = self._phased("optimizer", step)
 
     def _phased(self, name: str, fn: Callable[..., Any], autocast: bool = False) -> Callable[..., Any]:
         r = self.runner
@@ -133,9 +136,9 @@ class TrainLoop:
         return phased
 
     def _optimizer_step(self) -> None:
-        self.optimizers.step(self.only_optimizer)  # clip, step (through the scaler), zero_grad
-        if self.runner.scaler is not None:
-            self.runner.scaler.update()
+        """With a scaler (fp16): clip, step through the scaler, zero_grad, update the scale."""
+        self.optimizers.step(self.only_optimizer)
+        self.runner.scaler.update()  # type: ignore[union-attr]
 
     def done(self) -> bool:
         r = self.runner

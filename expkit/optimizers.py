@@ -72,7 +72,7 @@ class Optimizers:
 
     def step(self, name: str) -> None:
         """Clip (``trainer.clip_grad_norm``), step and zero the gradients of one optimizer."""
-        optimizer = self[name]
+        optimizer = self._optimizers.get(name) or self[name]  # (self[name] names a missing one)
         if self.clip_grad_norm is not None:
             if self.scaler is not None:
                 self.scaler.unscale_(optimizer)

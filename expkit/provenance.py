@@ -1,6 +1,6 @@
 """What produced a work dir: code version, environment, machine, command and time.
 
-Written as ``provenance.json`` when a run starts training (git's processes run meanwhile,
+Written as ``provenance.json`` when a run starts training (git's process runs meanwhile,
 during its before_run hooks, metric probe and resume) and completed at its end, with
 ``provenance.diff`` when the git tree had uncommitted changes; result.json points to it.
 """
@@ -48,25 +48,60 @@ def _git(args: list[str], cwd: Path) -> str | None:
     return _git_output(_git_start(args, cwd))
 
 
+def _work_tree(cwd: Path) -> Path | None:
+    """The git working tree `cwd` is in, found as git finds it: the nearest directory up that
+    holds a ``.git`` (a directory, or a file in worktrees and submodules); None outside one.
+    With ``GIT_DIR`` set, git decides: ``GIT_WORK_TREE``, else `cwd`."""
+    if "GIT_DIR" in os.environ:
+        return Path(os.environ.get("GIT_WORK_TREE") or cwd)
+    for directory in (cwd, *cwd.parents):
+        if os.path.exists(os.path.join(directory, ".git")):
+            return directory
+    return None
+
+
 class _GitQuery:
-    """git's answers about `cwd`, asked at once (two processes side by side) and read later."""
+    """git's answers about `cwd`: one process (``git status --porcelain=v2 --branch`` gives the
+    commit, the branch and the changed files), started now and read later; none outside a
+    working tree (each process costs about a millisecond to start)."""
 
     def __init__(self, cwd: Path) -> None:
-        self.heads = _git_start(["rev-parse", "HEAD", "--show-toplevel", "--abbrev-ref", "HEAD"], cwd)
-        self.status = _git_start(["status", "--porcelain"], cwd)
+        self.tree = _work_tree(cwd)
+        self.status = (
+            _git_start(["-c", "status.relativePaths=false", "status", "--porcelain=v2", "--branch"], cwd)
+            if self.tree
+            else None
+        )
 
     def state(self) -> dict[str, Any]:
-        lines = (_git_output(self.heads) or "").splitlines()
-        status = _git_output(self.status) or ""
-        if len(lines) != 3:
+        out = _git_output(self.status)
+        if out is None:  # not a working tree, no git, or git refused (e.g. a repository of another user)
             return {"repository": None}
-        commit, repository, branch = (line.strip() for line in lines)
+        commit = branch = None
+        changed = []
+        for line in out.splitlines():
+            kind, _, rest = line.partition(" ")
+            if line.startswith("# branch.oid "):
+                commit = line.split(" ", 2)[2]
+            elif line.startswith("# branch.head "):
+                branch = line.split(" ", 2)[2]
+            elif kind == "1":  # changed: XY sub mH mI mW hH hI path
+                changed.append(rest.split(" ", 7)[7])
+            elif kind == "2":  # renamed or copied: ... X score path<TAB>original
+                path, _, original = rest.split(" ", 8)[8].partition("\t")
+                changed.append(f"{original} -> {path}")
+            elif kind == "u":  # unmerged: XY sub m1 m2 m3 mW h1 h2 h3 path
+                changed.append(rest.split(" ", 9)[9])
+            elif kind == "?":  # untracked
+                changed.append(rest)
+        if commit in (None, "(initial)"):  # no commit yet
+            return {"repository": None}
         return {
-            "repository": repository,
+            "repository": str(self.tree),
             "commit": commit,
-            "branch": branch,
-            "dirty": bool(status.strip()),
-            "changed_files": [line[3:] for line in status.splitlines()],
+            "branch": "HEAD" if branch == "(detached)" else branch,  # (as git rev-parse --abbrev-ref says)
+            "dirty": bool(changed),
+            "changed_files": changed,
         }
 
 
@@ -126,8 +161,8 @@ def _write(work_dir: Path, info: dict[str, Any]) -> None:
 
 def start(work_dir: Path, cwd: Path | None = None) -> Callable[[], dict[str, Any]]:
     """provenance.json (and provenance.diff for a dirty tree) in `work_dir`, in two steps:
-    git's processes start now and run on another core while the caller goes on (the Runner:
-    its before_run hooks and metric probe); the returned function reads their answers and
+    git's process starts now and runs on another core while the caller goes on (the Runner:
+    its before_run hooks and metric probe); the returned function reads its answer and
     writes the files, once (later calls give the same record). It never raises: a file it
     cannot write is logged, as the run's last records are."""
     info = collect(cwd)
