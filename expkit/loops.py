@@ -11,6 +11,7 @@ import functools
 import itertools
 import logging
 import signal
+import time
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -204,8 +205,10 @@ class TrainLoop:
         idle = r.hook_table.idle if not r.instrumented else ()  # stages no hook listens to (unmarked)
         if r.moves_batches:
             window = [r.to_device(b) for b in window]
+        r.batch_ready = time.perf_counter()  # (IterTimerHook's data time ends here)
         data_batch = window[0]
-        call(BEFORE_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch)
+        if BEFORE_TRAIN_ITER not in idle:
+            call(BEFORE_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch)
         if r.manual_optimization:
             outputs = self._owned_update(batch_idx, data_batch)
         else:

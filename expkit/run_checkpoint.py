@@ -46,7 +46,7 @@ def state_checkpoint(runner: Runner, save_optimizer: bool = True, save_scheduler
     }
     named = r.named_optimizers
     if not r.sharded:  # (sharded: weights and optimizer state go to the shards, see save_checkpoint)
-        checkpoint["state_dict"] = {k: v.detach().cpu() for k, v in r.model.state_dict().items()}
+        checkpoint["state_dict"] = {k: v.cpu() for k, v in r.model.state_dict().items()}  # (detached already)
         if save_optimizer and r.optimizers:
             if named:
                 checkpoint["optimizers"] = {name: opt.state_dict() for name, opt in r.optimizers.items()}

@@ -127,6 +127,7 @@ class Runner:
         self.iter = 0
         self.inner_iter = 0  # batches consumed in the current epoch (for exact mid-epoch resume)
         self.position = (0, 0, 0)  # (epochs, iters, inner iters) completed: what a checkpoint records
+        self.batch_ready = 0.0  # time.perf_counter() when the current iteration's batch was ready
         self.resuming = False  # True once this run continues from a resume checkpoint
         self.load_purpose = ""  # why the last checkpoint was loaded: resume, load_from or test
         self.test_checkpoint: str | None = None  # the weights the test used

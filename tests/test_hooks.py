@@ -140,6 +140,42 @@ def test_timer_publishes_times_and_eta(tmp_path):
         IterTimerHook(smoothing=0)
 
 
+class SlowBatches(torch.utils.data.Dataset):
+    """The toy training points, each taking 10 ms to load (4 a batch: 40 ms of data time)."""
+
+    def __init__(self, points) -> None:
+        self.points = points
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    def __getitem__(self, i):
+        import time
+
+        time.sleep(0.01)
+        return self.points[i]
+
+
+class SlowStep(Hook):
+    """200 ms of work at the start of every iteration: compute time, not data time."""
+
+    def before_train_iter(self, runner, *, batch_idx, data_batch):
+        import time
+
+        time.sleep(0.2)
+
+
+def test_timer_tells_data_time_from_the_iteration_around_it(tmp_path):
+    runner = toy_runner(tmp_path, hooks=[SlowStep()], max_epochs=1, default_hooks=default_hooks(
+        timer=IterTimerHook(smoothing=1.0), logger=LoggerHook(plot=False)))  # fmt: skip
+    loader = runner.train_loader
+    runner.train_loader = torch.utils.data.DataLoader(SlowBatches(loader.dataset), batch_size=4)
+    runner.run()
+    data_time, iter_time = runner.scalars["train/data_time"], runner.scalars["train/time"]  # the last iteration's
+    assert 0.04 <= data_time < 0.2  # the batch's loading, not the hook's 200 ms
+    assert iter_time >= data_time + 0.2
+
+
 def test_sampler_seed_hook_gives_each_epoch_its_own_order(tmp_path):
     orders = []
 

@@ -42,18 +42,15 @@ class IterTimerHook(Hook):
     def before_train_epoch(self, runner: Runner) -> None:
         self._t = time.perf_counter()
 
-    def before_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any) -> None:
-        now = time.perf_counter()
-        data_time = now - self._t
-        a = self._avg_data
-        self._avg_data = data_time if a is None else a + self.smoothing * (data_time - a)
-
     def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
+        """Data time: from the end of the last iteration until the batch was ready (the loop
+        stamps ``runner.batch_ready``: a clock read there costs less than a hook call)."""
         now = time.perf_counter()
-        iter_time = now - self._t
+        data_time, iter_time = runner.batch_ready - self._t, now - self._t
         self._t = now
-        a = self._avg_time
+        a, d = self._avg_time, self._avg_data
         self._avg_time = iter_time if a is None else a + self.smoothing * (iter_time - a)
+        self._avg_data = data_time if d is None else d + self.smoothing * (data_time - d)
         scalars = runner.scalars
         scalars["train/time"] = self._avg_time
         scalars["train/data_time"] = self._avg_data  # type: ignore[assignment]
