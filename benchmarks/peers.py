@@ -241,8 +241,8 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---|")
     for name, values in times.items():
         low, median = min(values), statistics.median(values)
-        print(f"| {name:<10} | {low:6.2f} | {median:8.2f} | {low / raw_min:15.2f} | {median / raw_median:14.2f} "
-              f"| {accuracy[name]:.3f} | {' '.join(f'{v:.2f}' for v in values)} |")  # fmt: skip
+        print(f"| {name:<10} | {low:6.3f} | {median:8.3f} | {low / raw_min:15.3f} | {median / raw_median:14.3f} "
+              f"| {accuracy[name]:.3f} | {' '.join(f'{v:.3f}' for v in values)} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -174,21 +174,31 @@ class MetricSlot:
                               "or a mapping of update() arguments to outputs ({preds: logits, target: targets})")  # fmt: skip
         self.keywords = dict(inputs) if isinstance(inputs, Mapping) else None
         self.positional = None if self.keywords is not None else tuple(inputs)
+        self._read: tuple[str, ...] = self.positional or ()  # the output names read (fallbacks resolved)
 
     # -- the per-batch call --------------------------------------------------------------------
     def _get(self, outputs: Mapping[str, Any], key: str) -> Any:
+        return outputs[self._key(outputs, key)]
+
+    def _key(self, outputs: Mapping[str, Any], key: str) -> str:
+        """The output `key` is read from: itself, or its fallback (``preds``: ``logits``)."""
         if key in outputs:
-            return outputs[key]
+            return key
         fallback = _FALLBACK.get(key)
         if fallback is not None and fallback in outputs:
-            return outputs[fallback]
+            return fallback
         raise ConfigError(f"metrics.{self.name} reads {key!r} from the eval step's outputs, which has "
                           f"{sorted(outputs)}; set metrics.{self.name}.inputs to the outputs it needs")  # fmt: skip
 
     def update(self, outputs: Mapping[str, Any]) -> None:
         """Update the metric with the eval step's outputs it is configured to read (``inputs``)."""
-        if self.keywords is None:
-            self.metric.update(*(self._get(outputs, key) for key in self.positional))  # type: ignore[union-attr]
+        if self.keywords is None:  # the names resolved at the first batch, read without a Python call each
+            try:
+                values = list(map(outputs.__getitem__, self._read))
+            except KeyError:  # the first batch (or outputs named otherwise since): resolve the fallbacks
+                self._read = tuple(self._key(outputs, key) for key in self.positional)  # type: ignore[union-attr]
+                values = [outputs[key] for key in self._read]
+            self.metric.update(*values)
         else:
             self.metric.update(**{arg: self._get(outputs, key) for arg, key in self.keywords.items()})
 

@@ -146,6 +146,8 @@ class CheckpointHook(Hook):
                 self._decide_rule(runner, key, self.given_rules[key])
         base = runner.work_dir / "checkpoints"
         self.dir = base if self.out_dir is None else self.out_dir / runner.work_dir.name
+        if not log.isEnabledFor(logging.INFO):  # (nothing to format for a silent log)
+            return
         unit = "epochs" if self.by_epoch else "iterations"
         policy = [f"every {self.interval} {unit} from {self.save_begin}" if self.interval > 0 else "no periodic saves"]
         if self.save_last:

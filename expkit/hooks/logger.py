@@ -223,8 +223,10 @@ class LoggerHook(Hook):
 
     def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
         self._losses.append(outputs["loss"].detach())  # read at the interval: no device sync per iteration
-        for key, value in (outputs.get("log") or {}).items():  # a model's own scalars: train/<key>
-            self._logged.setdefault(key, []).append(value.detach() if isinstance(value, torch.Tensor) else value)
+        logged = outputs.get("log")  # a model's own scalars: train/<key>
+        if logged:
+            for key, value in logged.items():
+                self._logged.setdefault(key, []).append(value.detach() if isinstance(value, torch.Tensor) else value)
         last_of_epoch = batch_idx + 1 == self._epoch_len
         if (batch_idx + 1) % self.interval and not last_of_epoch and runner.iter + 1 != self._max_iters:
             return

@@ -30,10 +30,12 @@ class RuntimeInfoHook(Hook):
 
     def before_run(self, runner: Runner) -> None:
         params = sum(p.numel() for p in runner.model.parameters())
-        s = runner.settings
-        budget = f"{s.max_epochs} epochs" if s.by_epoch else f"{s.max_iters} iterations"
         runner.run_info.setdefault("model_params", params)
         runner.run_info.setdefault("device", str(runner.device))
+        if not log.isEnabledFor(logging.INFO):  # (nothing to format for a silent log)
+            return
+        s = runner.settings
+        budget = f"{s.max_epochs} epochs" if s.by_epoch else f"{s.max_iters} iterations"
         log.info("Work dir: %s", runner.work_dir.resolve())
         extras = [name for name, on in (("compiled", s.compile), ("channels_last", s.channels_last)) if on]
         log.info(
