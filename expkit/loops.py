@@ -306,12 +306,13 @@ class EvalLoop:
         self.loader = loader
         self.mode = mode
         self.stages = EVAL_STAGES[mode]
-        self.step = self._step_in_autocast if runner.autocasts else runner.eval_step
+        self.eval_step = runner.eval_step_function()
+        self.step = self._step_in_autocast if runner.autocasts else self.eval_step
         self.idle: Container[str] = ()
 
     def _step_in_autocast(self, batch: Any) -> dict[str, Any]:
         with self.runner.autocast():
-            return self.runner.eval_step(batch)
+            return self.eval_step(batch)
 
     def run(self) -> dict[str, float]:
         r, stages = self.runner, self.stages

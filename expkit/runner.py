@@ -369,6 +369,19 @@ class Runner:
         ``eval_step`` may add more, e.g. ``preds``, for metrics to read by name)."""
         if hasattr(self.model, "eval_step"):
             return self.model.eval_step(data_batch)
+        return self.plain_eval_step(data_batch)
+
+    def eval_step_function(self) -> Callable[[Any], dict[str, Any]]:
+        """What ``eval_step`` calls per batch, looked up once (a val/test pass does, as training
+        looks up ``train_step`` once): a missing ``eval_step`` on a module costs an AttributeError
+        each time. A Runner subclass's own ``eval_step`` is always the one."""
+        if type(self).eval_step is not Runner.eval_step:
+            return self.eval_step
+        own = getattr(self.model, "eval_step", None)
+        return own if own is not None else self.plain_eval_step
+
+    def plain_eval_step(self, data_batch: Any) -> dict[str, Any]:
+        """``eval_step`` for a model without its own: (inputs, targets) -> logits, loss."""
         inputs, targets = data_batch
         logits = self.model(inputs)
         return {"loss": self.criterion(logits, targets), "logits": logits, "targets": targets}

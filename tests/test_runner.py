@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import Recorder, toy_runner
 
-from expkit import ConfigError, Hook, HookError, Priority, Stage
+from expkit import ConfigError, Hook, HookError, Priority, Runner, Stage
 from expkit.hooks import CheckpointHook
 
 GOLDEN = Path(__file__).parent / "golden" / "firing_order.txt"
@@ -274,6 +274,15 @@ def test_model_with_its_own_eval_step_feeds_the_metrics(tmp_path):
     plain = torch.nn.Sequential(model.lin)  # same weights, no eval_step: the default path
     normal = toy_runner(tmp_path / "b", max_epochs=1, model=plain).validate()["val/acc"]
     assert flipped == pytest.approx(1 - normal)  # two classes: swapped logits invert every prediction
+
+    class FlippingRunner(Runner):  # a Runner subclass's eval_step is the one a pass calls
+        def eval_step(self, data_batch):
+            outputs = super().eval_step(data_batch)
+            return {**outputs, "logits": outputs["logits"].flip(-1)}
+
+    subclassed = toy_runner(tmp_path / "c", max_epochs=1, model=plain)
+    subclassed.__class__ = FlippingRunner
+    assert subclassed.validate()["val/acc"] == pytest.approx(1 - normal)
 
 
 def test_interval_helpers_match_mmengine(tmp_path):
