@@ -150,8 +150,12 @@ class HookTable:
     def mute(self, hook: Hook, stage: str) -> None:
         """Call `hook` no more at `stage`: for a hook whose settings make that method a no-op
         (a per-epoch checkpoint at every iteration), so the loop does not call it for nothing."""
-        self._muted.add((id(hook), Stage(stage).value))
-        self._rebuild()
+        stage = Stage(stage).value
+        self._muted.add((id(hook), stage))
+        names = {name for name, _, registered in self.entries if registered is hook}
+        self.dispatch[stage] = calls = tuple(call for call in self.dispatch[stage] if call[1] not in names)
+        if not calls:
+            self.idle |= {stage}
 
     def _rebuild(self) -> None:
         """For each stage, the hooks that override it, in order. Unused stages cost nothing."""
