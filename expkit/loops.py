@@ -306,8 +306,7 @@ class EvalLoop:
         self.loader = loader
         self.mode = mode
         self.stages = EVAL_STAGES[mode]
-        self.eval_step = runner.eval_step_function()
-        self.step = self._step_in_autocast if runner.autocasts else self.eval_step
+        self.eval_step = self.step = runner.eval_step  # (looked up again for each set, after the begin hooks)
         self.idle: Container[str] = ()
 
     def _step_in_autocast(self, batch: Any) -> dict[str, Any]:
@@ -342,6 +341,8 @@ class EvalLoop:
         self.loss_sum: torch.Tensor | float = 0.0 if r.device.type == "cpu" else torch.zeros((), device=r.device)
         self.count = 0
         self.idle = r.hook_table.idle if not r.instrumented else ()  # stages no hook listens to (unmarked)
+        self.eval_step = r.eval_step_function()  # (a before_val hook may have swapped the model)
+        self.step = self._step_in_autocast if r.autocasts else self.eval_step
         with torch.no_grad():
             missing = self._missing_forwards(loader) if r.sharded and is_distributed() else 0
             data_batch = None

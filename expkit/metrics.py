@@ -203,8 +203,9 @@ class MetricSlot:
             self.metric.update(**{arg: self._get(outputs, key) for arg, key in self.keywords.items()})
 
     def reset(self) -> None:
-        """Reset the metric (before each pass)."""
+        """Reset the metric (before each pass); its inputs are resolved again at the next batch."""
         self.metric.reset()
+        self._read = self.positional or ()
 
     def sync(self) -> None:
         """expkit's own metrics combine their counts here; others synchronise in compute()."""

@@ -72,7 +72,9 @@ class Optimizers:
 
     def step(self, name: str) -> None:
         """Clip (``trainer.clip_grad_norm``), step and zero the gradients of one optimizer."""
-        optimizer = self._optimizers.get(name) or self[name]  # (self[name] names a missing one)
+        optimizer = self._optimizers.get(name)
+        if optimizer is None:
+            optimizer = self[name]  # (names the missing one)
         if self.clip_grad_norm is not None:
             if self.scaler is not None:
                 self.scaler.unscale_(optimizer)

@@ -54,6 +54,7 @@ def _work_tree(cwd: Path) -> Path | None:
     With ``GIT_DIR`` set, git decides: ``GIT_WORK_TREE``, else `cwd`."""
     if "GIT_DIR" in os.environ:
         return Path(os.environ.get("GIT_WORK_TREE") or cwd)
+    cwd = cwd.absolute()
     for directory in (cwd, *cwd.parents):
         if os.path.exists(os.path.join(directory, ".git")):
             return directory
@@ -68,7 +69,9 @@ class _GitQuery:
     def __init__(self, cwd: Path) -> None:
         self.tree = _work_tree(cwd)
         self.status = (
-            _git_start(["-c", "status.relativePaths=false", "status", "--porcelain=v2", "--branch"], cwd)
+            _git_start(
+                ["-c", "status.relativePaths=false", "status", "--porcelain=v2", "--branch", "--no-ahead-behind"], cwd
+            )
             if self.tree
             else None
         )

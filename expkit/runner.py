@@ -146,8 +146,12 @@ class Runner:
         self.last_checkpoint: Path | None = None
 
         self._autocast_dtype, self.scaler = precision(self.settings.precision, self.device)  # scaler: fp16 on CUDA
-        self.autocasts = self._autocast_dtype is not None  # bf16, 16: forward passes run in autocast
-        self.moves_batches = self.device.type != "cpu" or self.settings.channels_last  # to_device has work to do
+        # whether the loops call autocast() around forward passes (bf16, 16) and to_device() on batches
+        # (work to do, or a Runner subclass's own)
+        self.autocasts = self._autocast_dtype is not None or type(self).autocast is not Runner.autocast
+        self.moves_batches = (
+            self.device.type != "cpu" or self.settings.channels_last or type(self).to_device is not Runner.to_device
+        )
         self.hook_table = HookTable()  # registration, order, dispatch, instrumentation
         self.instrumented = False
         self.hook_times = self.hook_table.hook_times  # (stage, hook name) -> [seconds, calls], while timing
@@ -347,7 +351,7 @@ class Runner:
     # -- the step ---------------------------------------------------------------------------
     def to_device(self, batch: Any) -> Any:
         """The batch's tensors on the run's device (and channels-last, when set)."""
-        if not self.moves_batches:
+        if self.device.type == "cpu" and not self.settings.channels_last:
             return batch
         return move(batch, self.device, self.settings.channels_last)
 
@@ -375,7 +379,7 @@ class Runner:
         """What ``eval_step`` calls per batch, looked up once (a val/test pass does, as training
         looks up ``train_step`` once): a missing ``eval_step`` on a module costs an AttributeError
         each time. A Runner subclass's own ``eval_step`` is always the one."""
-        if type(self).eval_step is not Runner.eval_step:
+        if type(self).eval_step is not Runner.eval_step or "eval_step" in self.__dict__:
             return self.eval_step
         own = getattr(self.model, "eval_step", None)
         return own if own is not None else self.plain_eval_step

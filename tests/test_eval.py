@@ -92,17 +92,19 @@ def test_provenance_reads_commit_branch_and_changes_from_one_git_status(tmp_path
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t", "-C", str(repo)]
     subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
     (repo / "a.txt").write_text("a\n")
+    (repo / "c.txt").write_text("c\n")
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "one"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert _GitQuery(repo / "src").state() == {"repository": str(repo), "commit": head, "branch": "main",
                                                "dirty": False, "changed_files": []}  # fmt: skip
     subprocess.run([*git, "mv", "a.txt", "b.txt"], check=True)
+    (repo / "c.txt").write_text("changed\n")
     (repo / "src" / "new file.py").write_text("x = 1\n")
     subprocess.run([*git, "checkout", "-q", "--detach"], check=True)
     state = _GitQuery(repo / "src").state()  # paths from the repository's root, whatever the cwd
     assert (state["branch"], state["dirty"]) == ("HEAD", True)
-    assert state["changed_files"] == ["a.txt -> b.txt", "src/"]  # (an untracked directory, as git lists it)
+    assert state["changed_files"] == ["a.txt -> b.txt", "c.txt", "src/"]  # (an untracked directory as git lists it)
     assert _GitQuery(outside).state() == {"repository": None}  # and no git process started
     assert _GitQuery(outside).status is None
 

@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from expkit import ConfigError, Hook, default_hooks
 from expkit.build import build_hook
 from expkit.cli import CONF_DIR
-from expkit.hooks import CheckpointHook, EMAHook, IterTimerHook, LoggerHook
+from expkit.hooks import CheckpointHook, EMAHook, IterTimerHook, LoggerHook, ParamSchedulerHook
 
 
 def _ckpts(work_dir: Path) -> list[str]:
@@ -128,6 +128,15 @@ def test_hooks_with_nothing_to_do_per_iteration_leave_the_iteration_stage(tmp_pa
     after = [name for _, name, _ in runner.hook_table.dispatch["after_train_iter"]]
     assert before == ["timer", "logger", "param_scheduler", "checkpoint"]
     assert after == (["timer", "logger"] if per_epoch else before)
+
+    class Warmup(ParamSchedulerHook):  # a subclass with its own per-iteration work keeps the stage
+        def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+            self.seen = getattr(self, "seen", 0) + 1
+
+    warmup = Warmup()
+    hooks = default_hooks(logger=LoggerHook(plot=False), param_scheduler=warmup)
+    toy_runner(tmp_path / "warmup", default_hooks=hooks, max_epochs=1).run()
+    assert warmup.seen == 2
     assert (tmp_path / "checkpoints" / ("epoch_1.pth" if per_epoch else "iter_2.pth")).is_file()
 
 

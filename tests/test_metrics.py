@@ -76,6 +76,18 @@ def test_a_metric_reads_the_step_outputs_it_names():
         MetricSlot(_Seen(), "x", inputs=["boxes"]).update(outputs)
 
 
+def test_a_metric_resolves_its_inputs_again_when_the_outputs_change_or_a_pass_begins():
+    seen = _Seen()
+    slot = MetricSlot(seen, "d")
+    logits, preds, targets = torch.ones(2, 3), torch.zeros(2, 3), torch.zeros(2)
+    slot.update({"logits": logits, "targets": targets})  # preds falls back to logits
+    slot.update({"preds": preds, "targets": targets})  # no logits any more: preds
+    first_pass = [call[0][0] for call in seen.calls]
+    slot.reset()
+    slot.update({"preds": preds, "logits": logits, "targets": targets})  # a new pass: preds first again
+    assert first_pass[0] is logits and first_pass[1] is preds and seen.calls[0][0][0] is preds
+
+
 def test_results_become_floats_dicts_are_flattened_and_tensors_must_be_scalars():
     assert MetricSlot(_Seen(torch.tensor(0.25)), "a").compute() == {"": 0.25}
     nested = {"map": torch.tensor(0.5), "per": {"small": torch.tensor(0.1)}}

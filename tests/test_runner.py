@@ -284,6 +284,13 @@ def test_model_with_its_own_eval_step_feeds_the_metrics(tmp_path):
     subclassed.__class__ = FlippingRunner
     assert subclassed.validate()["val/acc"] == pytest.approx(1 - normal)
 
+    class SwapIn(Hook):  # a hook that swaps the model in before the pass: its eval_step is the one
+        def before_val(self, runner):
+            runner.model = model
+
+    swapped = toy_runner(tmp_path / "d", max_epochs=1, model=plain, hooks=[SwapIn()])
+    assert swapped.validate()["val/acc"] == pytest.approx(flipped)
+
 
 def test_interval_helpers_match_mmengine(tmp_path):
     seen: dict[str, list] = {"every_3": [], "inner_2": [], "end_of_epoch": [], "last": [], "epoch_2": []}

@@ -139,8 +139,8 @@ class CheckpointHook(Hook):
 
     # -- saving -----------------------------------------------------------------------------
     def before_run(self, runner: Runner) -> None:
-        if self.by_epoch:  # saves come at epoch ends only
-            runner.hook_table.mute(self, Stage.AFTER_TRAIN_ITER)
+        if self.by_epoch and type(self).after_train_iter is CheckpointHook.after_train_iter:
+            runner.hook_table.mute(self, Stage.AFTER_TRAIN_ITER)  # saves come at epoch ends only
         for key in self.save_best:
             if key != "auto":
                 self._decide_rule(runner, key, self.given_rules[key])

@@ -7,6 +7,7 @@ train, val and test, on every backend), ``epoch`` and ``iter``, and namespaced k
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
@@ -47,10 +48,11 @@ class LoggerHook(Hook):
     and every validation and test result, to metrics.jsonl, the terminal and the backends
     of ``runner.loggers``. ``progress``: a live progress line when the output is a terminal
     (``auto``), plain lines otherwise. ``plot``: ``curves.svg`` in the work dir at the end (no matplotlib needed).
-    ``flush_secs``: training records reach metrics.jsonl's file once this many seconds passed
-    since the last write and at the end of every epoch; val/test records at once; everything
-    before every checkpoint and at the end (a write per record costs a system call; a kill
-    loses only records after the last checkpoint, which a resume drops anyway)."""
+    ``flush_secs``: training records are written out to metrics.jsonl with the first record
+    that comes this many seconds after the last write, at the end of every epoch and before
+    every validation; val/test records at once; everything before every checkpoint and at the
+    end (a write per record costs a system call; a kill loses only records after the last
+    checkpoint, which a resume drops anyway)."""
 
     priority = Priority.BELOW_NORMAL
 
@@ -200,16 +202,26 @@ class LoggerHook(Hook):
         for h in self._tty:
             h.removeFilter(self._filter)
         self._tty = []
-        if self._file is not None:  # curves.svg first: a backend may store it (MLflow's artifacts)
-            self._file.close()
-            self._file = None
-            if self.plot:
-                plot_curves(runner.work_dir / self.filename, runner.work_dir / "curves.svg")
-        result = {"status": runner.status, "final_metrics": {**runner.val_metrics, **runner.test_metrics}}
-        for backend in list(self._backends):
-            self._safely(backend, "finish", runner, result)
-            self._safely(backend, "close")
-        self._backends = []
+        try:
+            if self._file is not None:  # curves.svg first: a backend may store it (MLflow's artifacts)
+                try:
+                    self.flush()  # (the last records: a full disk shows here, the file named)
+                finally:
+                    file, self._file = self._file, None
+                    with contextlib.suppress(OSError):  # (what flush could not write, close cannot either)
+                        file.close()
+                if self.plot:
+                    plot_curves(runner.work_dir / self.filename, runner.work_dir / "curves.svg")
+        finally:  # the backends finish however the file ended
+            result = {"status": runner.status, "final_metrics": {**runner.val_metrics, **runner.test_metrics}}
+            for backend in list(self._backends):
+                self._safely(backend, "finish", runner, result)
+                self._safely(backend, "close")
+            self._backends = []
+
+    def before_val(self, runner: Runner) -> None:
+        """A validation can take a while: the training records so far are written out first."""
+        self.flush()
 
     # -- train -----------------------------------------------------------------------------
     def before_train(self, runner: Runner) -> None:

@@ -41,8 +41,8 @@ class ParamSchedulerHook(Hook):
     def before_run(self, runner: Runner) -> None:
         """ReduceLROnPlateau decays when `monitor` stops improving: its mode follows the run's
         direction of that metric (max for an accuracy, min for a loss), whatever its config said."""
-        if runner.scheduler_by_epoch:  # nothing to step per iteration
-            runner.hook_table.mute(self, Stage.AFTER_TRAIN_ITER)
+        if runner.scheduler_by_epoch and type(self).after_train_iter is ParamSchedulerHook.after_train_iter:
+            runner.hook_table.mute(self, Stage.AFTER_TRAIN_ITER)  # nothing to step per iteration
         plateaus = _plateaus(runner)
         if not plateaus:
             return
