@@ -351,8 +351,7 @@ class EvalLoop:
             if missing:  # outputs unused
                 batch = r.to_device(data_batch)
                 for _ in range(missing):
-                    with r.autocast():
-                        r.eval_step(batch)
+                    self.step(batch)
         if is_distributed():  # every rank evaluated its own share: add them up
             totals = torch.tensor(
                 [float(self.loss_sum), float(self.count)], dtype=torch.float64, device=reduce_device()
