@@ -272,25 +272,28 @@ def main() -> None:
     if message:
         print(f"Error: {message}", file=sys.stderr)
         sys.exit(2)
-    _share_run_dir_across_ranks()
-    message = cli.check_owner(sys.argv[1:])
-    if message:
-        print(f"Error: {message}", file=sys.stderr)
-        sys.exit(2)
-    compose_once()
+    exiting: list[Any] = []  # the code of a SystemExit, kept without the exception: its traceback holds the run
     try:
+        _share_run_dir_across_ranks()  # (joins torchrun's process group)
+        message = cli.check_owner(sys.argv[1:])
+        if message:
+            print(f"Error: {message}", file=sys.stderr)
+            sys.exit(2)
+        compose_once()
         run()
     except SystemExit as exc:
-        if exc.code == 1 and not _TASK_STARTED:  # Hydra's own errors (an unknown key, an unparsable override)
-            sys.exit(2)  # are the user's to fix, like expkit's: one exit code for "fix your input"
-        raise
+        # Hydra's own errors (an unknown key, an unparsable override) are the user's to fix, like
+        # expkit's: one exit code for "fix your input"
+        exiting.append(2 if exc.code == 1 and not _TASK_STARTED else exc.code)
     finally:
         import gc
 
         from expkit import distributed
 
-        distributed.shutdown()
+        distributed.shutdown()  # (the run's objects are garbage by now, on a SystemExit too: collected there)
         gc.unfreeze()  # a process that calls main() again (a test, a driver script) collects this run's objects
+    if exiting:
+        sys.exit(exiting[0])
 
 
 if __name__ == "__main__":
