@@ -54,7 +54,8 @@ def run(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     work_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
-    if distributed.init():  # a submitit job with several tasks (torchrun joined in main already)
+    joins = distributed.world_size() > 1 and not distributed.is_distributed()  # (torchrun joined in main already)
+    if distributed.init():  # a submitit job with several tasks
         logs.log_to_rank_file(work_dir, distributed.rank())
         logs.errors_in_one_line()
     monitor, rule = monitor_of(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
@@ -76,8 +77,12 @@ def run(cfg: DictConfig) -> float | None:
     if distributed.is_distributed() and not multirun:  # a rank's death is told with the way back
         run_info["resume_command"] = cli.continue_command(sys.argv[1:], work_dir)
         run_info["restarts"] = distributed.restart_count()  # torchrun --max-restarts
-    with contextlib.ExitStack() as owned:
-        return _run_owned(cfg, hc, work_dir, multirun, monitor, rule, run_info, owned)
+    try:
+        with contextlib.ExitStack() as owned:
+            return _run_owned(cfg, hc, work_dir, multirun, monitor, rule, run_info, owned)
+    finally:
+        if joins:  # the task's process ends with it: leave the group while the interpreter lives (see shutdown)
+            distributed.shutdown()
 
 
 def _run_owned(

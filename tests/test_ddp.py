@@ -23,6 +23,7 @@ from expkit import Hook
 def left_at_exit():
     """What still exists when the interpreter starts tearing down (atexit runs before): a DDP
     model alive then is destroyed in the teardown, where gloo's threads can abort the process."""
+    gc.unfreeze()  # (frozen objects are not in gc.get_objects())
     models = sum(isinstance(o, torch.nn.parallel.DistributedDataParallel) for o in gc.get_objects())
     with open(f"exit_rank{os.environ['RANK']}.json", "w") as f:
         json.dump({"ddp_models": models, "process_group": dist.is_initialized()}, f)
