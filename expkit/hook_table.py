@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from expkit.errors import CheckpointWriteError, ConfigError, HookError
+from expkit.errors import ConfigError, HookError
 from expkit.hooks.base import Hook
 from expkit.stages import Stage, get_priority, priority_name
 
@@ -59,11 +59,9 @@ def overrides(hook: Hook, stage: str) -> bool:
 
 
 def raise_hook_error(class_name: str, stage: str, exc: Exception) -> NoReturn:
-    """An exception from a hook, named: a HookError or a CheckpointWriteError (it names its
-    file; with background writes it surfaces at whichever save or stage waits next) as it
-    is, bad input found by a hook as a ConfigError (still the user's to fix), anything else
-    as a HookError naming hook and stage."""
-    if isinstance(exc, (HookError, CheckpointWriteError)):
+    """An exception from a hook, named: a HookError as it is, bad input found by a hook as a
+    ConfigError (still the user's to fix), anything else as a HookError naming hook and stage."""
+    if isinstance(exc, HookError):
         raise exc
     if isinstance(exc, ConfigError):
         raise ConfigError(f"in {class_name}.{stage}: {exc}") from exc

@@ -9,15 +9,10 @@ checkpoints are ``expkit.sharding``'s.
 from __future__ import annotations
 
 import errno
-import io
 import logging
 import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from expkit import atomic, checkpoint_io, distributed
 from expkit.errors import CheckpointWriteError, ConfigError
@@ -77,47 +72,6 @@ def checkpoint_name(runner: Runner, name: str) -> str:
     return sharding.checkpoint_name(name)
 
 
-class CheckpointWriter:
-    """Writes checkpoint files on one background thread, in the order they were saved.
-
-    The training thread serializes a checkpoint into memory (its state is fixed there, so
-    training may go on changing the weights) and hands the bytes over; the thread writes
-    them through a temporary name, renames the file, moves ``last_checkpoint`` and runs what
-    the save asked to run once the file is complete (the checkpoint hook deletes the files
-    it retires). Only the system calls run there, outside the GIL: training loses no time to
-    the disk (about 1 ms a save for a 0.7 MB checkpoint here). One write is in progress at
-    a time: a new save waits for the previous one, so at most two checkpoints are held in
-    memory. An error (a full disk) is raised by the next ``wait``: the next save, the end of
-    training or the end of the run."""
-
-    def __init__(self) -> None:
-        self._pool: ThreadPoolExecutor | None = None
-        self._pending: Future[None] | None = None
-
-    def submit(self, job: Callable[[], None]) -> None:
-        self.wait()
-        if self._pool is None:  # one thread, started at the first save (0.3 ms), kept until close()
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expkit-checkpoint-writer")
-        self._pending = self._pool.submit(job)
-
-    def wait(self) -> None:
-        """Until the last submitted write is complete; raises its error (again at every
-        wait until ``close``: a failed checkpoint is never forgotten)."""
-        if self._pending is not None:
-            self._pending.result()
-            self._pending = None
-
-    def close(self) -> None:
-        """wait(), then end the thread (a new save starts another)."""
-        try:
-            self.wait()
-        finally:
-            self._pending = None
-            if self._pool is not None:
-                self._pool.shutdown()
-                self._pool = None
-
-
 def save_checkpoint(
     runner: Runner,
     path: Path,
@@ -127,8 +81,6 @@ def save_checkpoint(
     is_best: bool = False,
     metric: str | None = None,
     durable: bool = False,
-    background: bool = False,
-    then: Callable[[], None] | None = None,
 ) -> Path:
     """See ``Runner.save_checkpoint``."""
     r = runner
@@ -138,11 +90,6 @@ def save_checkpoint(
         if not is_best:
             r.last_checkpoint = path
         return path
-    # in the background unless a hook waits for the complete file (after_save_checkpoint) or
-    # every rank writes its shard (sharded); otherwise the previous writes land first
-    background = background and not r.sharded and not r.hook_table.dispatch[Stage.AFTER_SAVE_CHECKPOINT.value]
-    if not background:
-        r.checkpoint_writer.wait()
     checkpoint = state_checkpoint(r, save_optimizer, save_scheduler) if r.is_main else {}
     if r.is_main:
         r.call_hook(Stage.BEFORE_SAVE_CHECKPOINT, checkpoint=checkpoint)
@@ -152,62 +99,23 @@ def save_checkpoint(
 
             optimizers = r.optimizers if save_optimizer else {}
             sharding.save(path, checkpoint, r.model, optimizers, durable=durable)
-        elif background:
-            buffer = io.BytesIO()
-            torch.save(checkpoint, buffer)
-            r.checkpoint_writer.submit(lambda: _write_in_background(r, path, buffer, is_best, durable, then))
-            return path
         else:
             atomic.save_atomic(checkpoint, path, durable=durable)
     except (OSError, RuntimeError) as exc:  # disk full (torch's zip writer raises RuntimeError), permissions, ...
-        raise _write_error(r, path, exc) from exc
-    _complete(r, path, is_best, durable)
-    if r.is_main:
-        r.call_hook(Stage.AFTER_SAVE_CHECKPOINT, path=path, is_best=is_best, metric=metric)
-    if then is not None:
-        then()
-    return path
-
-
-def _write_in_background(
-    r: Runner, path: Path, buffer: io.BytesIO, is_best: bool, durable: bool, then: Callable[[], None] | None
-) -> None:
-    """The writer thread's part of a save: the file, then what follows a complete file."""
-    try:
-        with buffer.getbuffer() as data:
-            atomic.write_bytes_atomic(path, data, durable=durable)
-    except OSError as exc:
-        raise _write_error(r, path, exc) from exc
-    finally:
-        buffer.close()
-    _complete(r, path, is_best, durable)
-    if then is not None:
-        then()
-
-
-def _complete(r: Runner, path: Path, is_best: bool, durable: bool) -> None:
-    """After a checkpoint file is complete: a regular one becomes last_checkpoint."""
+        cause = "no space left on the device" if disk_full(exc) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        kept = (
+            f"the previous complete checkpoint {r.last_checkpoint} (and last_checkpoint) is intact"
+            if r.last_checkpoint
+            else "no earlier checkpoint of this run exists"
+        )
+        raise CheckpointWriteError(f"could not write {path}: {cause}; {kept}") from exc
     if not is_best:
         if r.is_main:
-            try:
-                checkpoint_io.point_last_checkpoint(path.parent, path, durable=durable)
-            except OSError as exc:
-                cause = "no space left on the device" if disk_full(exc) else f"{type(exc).__name__}: {exc}"
-                raise CheckpointWriteError(
-                    f"could not move {path.parent / checkpoint_io.LAST_CHECKPOINT} to {path.name}: {cause}; "
-                    f"{path} itself is complete (resume=true finds it without the pointer)"
-                ) from exc
+            checkpoint_io.point_last_checkpoint(path.parent, path, durable=durable)
         r.last_checkpoint = path
-
-
-def _write_error(r: Runner, path: Path, exc: BaseException) -> CheckpointWriteError:
-    cause = "no space left on the device" if disk_full(exc) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-    kept = (
-        f"the previous complete checkpoint {r.last_checkpoint} (and last_checkpoint) is intact"
-        if r.last_checkpoint
-        else "no earlier checkpoint of this run exists"
-    )
-    return CheckpointWriteError(f"could not write {path}: {cause}; {kept}")
+    if r.is_main:
+        r.call_hook(Stage.AFTER_SAVE_CHECKPOINT, path=path, is_best=is_best, metric=metric)
+    return path
 
 
 def disk_full(exc: BaseException) -> bool:

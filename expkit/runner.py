@@ -143,8 +143,7 @@ class Runner:
         self.test_metrics: dict[str, float] = {}
         self.best_metrics: dict[str, dict[str, Any]] = {}
         self.best_checkpoints: dict[str, str] = {}
-        self.last_checkpoint: Path | None = None  # the newest complete regular checkpoint
-        self.checkpoint_writer = run_checkpoint.CheckpointWriter()  # background writes (the checkpoint hook's)
+        self.last_checkpoint: Path | None = None
 
         self._autocast_dtype, self.scaler = precision(self.settings.precision, self.device)  # scaler: fp16 on CUDA
         # whether the loops call autocast() around forward passes (bf16, 16) and to_device() on batches
@@ -296,16 +295,12 @@ class Runner:
                 finally:
                     self.status = status
                     try:
-                        try:  # the last checkpoint complete (or its error raised) before after_run's hooks
-                            self.checkpoint_writer.close()
-                        finally:
-                            self.call_hook(Stage.AFTER_RUN)
+                        self.call_hook(Stage.AFTER_RUN)
                     except BaseException as exc:  # (a Ctrl-C there too): the run failed, if nothing else did
                         if error is None:
                             status, error, tb = "failed", results.failure_message(exc), traceback.format_exc()
                             self.status, self.error = status, error
                             raise
-                        log.error("Also, after the run had failed: %s", results.failure_message(exc))
             finally:  # written before the signal handlers go: torchrun's SIGTERM to survivors must not cut it
                 self.provenance = recorded()
                 wall_time = time.time() - started
@@ -325,7 +320,6 @@ class Runner:
     def train(self) -> None:
         """Train until the budget is spent or a stop is requested, validating when due."""
         TrainLoop(self).run()
-        self.wait_for_checkpoints()  # the test reads the best one; a failed write fails training
 
     def validate(self) -> dict[str, float]:
         """One pass over the val loader(s); returns ``{"val/loss": ..., "val/<metric>": ...}``."""
@@ -410,19 +404,10 @@ class Runner:
         is_best: bool = False,
         metric: str | None = None,
         durable: bool = False,
-        background: bool = False,
-        then: Callable[[], None] | None = None,
     ) -> Path:
         """Write a checkpoint atomically (`durable`: fsync too); regular ones move `last_checkpoint`.
         With trainer.strategy=fsdp it is a sharded directory (``<name>.dcp``, every rank writes
-        its shard). Returns the path written (to be, in the background).
-
-        `background`: the state is serialized now and the file written on the checkpoint
-        writer's thread (``run_checkpoint.CheckpointWriter``); ``wait_for_checkpoints()``
-        returns once it is complete. Written in place instead, after the earlier background
-        writes, when a hook listens at after_save_checkpoint or the checkpoint is sharded.
-        `then`: called once the file is complete and `last_checkpoint` moved (on the writer's
-        thread when in the background): the checkpoint hook deletes what the save retires."""
+        its shard). Returns the path written."""
         return run_checkpoint.save_checkpoint(
             self,
             path,
@@ -431,14 +416,7 @@ class Runner:
             is_best=is_best,
             metric=metric,
             durable=durable,
-            background=background,
-            then=then,
         )
-
-    def wait_for_checkpoints(self) -> None:
-        """Until every checkpoint saved so far is complete on disk; raises the
-        CheckpointWriteError of a background write that failed."""
-        self.checkpoint_writer.wait()
 
     def checkpoint_name(self, name: str) -> str:
         """The name a checkpoint file name gets on disk: ``epoch_3.pth``, or with

@@ -38,8 +38,8 @@ Runner.validate():   BEFORE_VAL, BEFORE_VAL_EPOCH,
                      per batch BEFORE_VAL_ITER / AFTER_VAL_ITER(outputs),
                      AFTER_VAL_EPOCH(metrics), AFTER_VAL
 Runner.save_checkpoint():  BEFORE_SAVE_CHECKPOINT(checkpoint)   # hooks may add keys
-                           write to a temporary file, rename      # (background=True: on the writer thread)
-                           AFTER_SAVE_CHECKPOINT(path, is_best, metric)   # a listener makes the write synchronous
+                           write to a temporary file, rename
+                           AFTER_SAVE_CHECKPOINT(path, is_best, metric)
 any exception in the run:  ON_EXCEPTION(exception), then AFTER_RUN, then it propagates
 ```
 

@@ -15,9 +15,8 @@ import pytest
 import torch
 from conftest import Score, toy_runner
 
-from expkit import ConfigError, Hook, default_hooks
+from expkit import ConfigError, Hook, HookError, default_hooks
 from expkit.checkpoint_io import load_checkpoint
-from expkit.errors import CheckpointWriteError
 from expkit.hooks import CheckpointHook
 from expkit.rng import rng_states, set_rng_states
 
@@ -213,7 +212,7 @@ def test_a_failed_write_names_the_file_and_keeps_the_previous_checkpoint(tmp_pat
 
     runner = toy_runner(tmp_path, hooks=[BlockSecondSave()], max_epochs=3)
     with pytest.raises(
-        CheckpointWriteError, match=r"could not write .*epoch_2.pth: .*epoch_1.pth \(and last_checkpoint\) is intact"
+        HookError, match=r"could not write .*epoch_2.pth: .*epoch_1.pth \(and last_checkpoint\) is intact"
     ):
         runner.run()
     assert (tmp_path / "checkpoints" / "last_checkpoint").read_text().endswith("epoch_1.pth")

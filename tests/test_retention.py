@@ -17,7 +17,7 @@ from conftest import REPO, run_cli, toy_runner
 
 from expkit import Hook
 from expkit.cli import continue_command, flags_first
-from expkit.errors import CheckpointWriteError, ConfigError
+from expkit.errors import ConfigError
 from expkit.hook_table import default_hooks
 from expkit.hooks import CheckpointHook, LoggerHook
 
@@ -187,78 +187,3 @@ def test_overrides_may_come_before_and_after_config_dir(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "CheckpointHook [checkpoint]" in proc.stdout
-
-
-# -- background writes (the checkpoint hook's default) ---------------------------------------------
-def _pointed(work: Path) -> str | None:
-    pointer = work / "checkpoints" / "last_checkpoint"
-    return pointer.read_text() if pointer.exists() else None
-
-
-def test_a_background_checkpoint_holds_the_state_of_its_save_not_of_the_training_after_it(tmp_path):
-    runner = toy_runner(tmp_path)
-    saved = {k: v.clone() for k, v in runner.model.state_dict().items()}
-    path = runner.save_checkpoint(tmp_path / "checkpoints" / "epoch_0.pth", background=True)
-    with torch.no_grad():  # training goes on at once, in place, while the file may not be written yet
-        for p in runner.model.parameters():
-            p.add_(1.0)
-    runner.wait_for_checkpoints()
-    written = torch.load(path, weights_only=True)["state_dict"]
-    assert all(torch.equal(written[k], saved[k]) for k in saved)
-    assert runner.last_checkpoint == path and _pointed(tmp_path) == "epoch_0.pth"
-
-
-def test_background_writes_leave_what_writing_in_place_leaves(tmp_path):
-    """Retention, best files, the pointer and the files' contents are the same either way."""
-    works = {}
-    for background in (True, False):
-        work = tmp_path / str(background)
-        hooks = default_hooks(logger=LoggerHook(plot=False),
-                              checkpoint=CheckpointHook(max_keep_ckpts=2, save_best="val/acc", background=background))  # fmt: skip
-        runner = toy_runner(work, default_hooks=hooks, max_epochs=5)
-        runner.run()
-        assert runner.last_checkpoint == work / "checkpoints" / "epoch_5.pth"
-        works[background] = work
-    bg, in_place = works[True], works[False]
-    assert (work / "checkpoints").is_dir() and _names(bg) == _names(in_place)
-    assert _pointed(bg) == _pointed(in_place) == "epoch_5.pth"
-    assert not list((bg / "checkpoints").glob(".*"))  # no temporary file left behind
-    for name in _names(bg):
-        a, b = (torch.load(w / "checkpoints" / name, weights_only=True) for w in (bg, in_place))
-        a["hooks"].pop("timer"), b["hooks"].pop("timer")  # (measured times)
-        assert a.keys() == b.keys() and a["hooks"] == b["hooks"] and a["meta"]["epoch"] == b["meta"]["epoch"]
-        assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
-
-
-def test_with_background_writes_the_pointer_always_names_a_complete_checkpoint(tmp_path):
-    """At every save (a hook at before_save_checkpoint does not make the write synchronous),
-    the pointer names a complete file that retention has not deleted."""
-    seen: list[tuple[str | None, bool]] = []
-
-    class Watch(Hook):
-        def before_save_checkpoint(self, runner, *, checkpoint):
-            pointed = _pointed(tmp_path)
-            seen.append((pointed, pointed is not None and (tmp_path / "checkpoints" / pointed).is_file()))
-            if pointed is not None:
-                torch.load(tmp_path / "checkpoints" / pointed, weights_only=True)
-
-    hooks = default_hooks(logger=LoggerHook(plot=False), checkpoint=CheckpointHook(max_keep_ckpts=1))
-    toy_runner(tmp_path, default_hooks=hooks, hooks=[Watch()], max_epochs=4).run()
-    assert seen[0] == (None, False) and all(complete for _, complete in seen[1:]), seen
-    assert _names(tmp_path) == ["epoch_4.pth"] and _pointed(tmp_path) == "epoch_4.pth"
-
-
-@pytest.mark.parametrize("background", [True, False])
-def test_a_failed_checkpoint_write_fails_the_run_naming_the_file_and_keeps_the_last_complete_one(tmp_path, background):
-    blocked = tmp_path / "checkpoints" / "epoch_2.pth"
-    (blocked / "in-the-way").mkdir(parents=True)  # a directory under the name: the rename fails
-    hooks = default_hooks(logger=LoggerHook(plot=False), checkpoint=CheckpointHook(background=background))
-    runner = toy_runner(tmp_path, default_hooks=hooks, max_epochs=3)
-    with pytest.raises(CheckpointWriteError, match=r"could not write .*epoch_2\.pth: IsADirectoryError.*previous "
-                       r"complete checkpoint .*epoch_1\.pth \(and last_checkpoint\) is intact"):  # fmt: skip
-        runner.run()
-    assert runner.epoch == (3 if background else 2)  # in the background, it surfaces at the next save
-    assert _pointed(tmp_path) == "epoch_1.pth" and runner.last_checkpoint == tmp_path / "checkpoints" / "epoch_1.pth"
-    assert not (tmp_path / "checkpoints" / "epoch_3.pth").exists()  # nothing saved past the failed one
-    result = json.loads((tmp_path / "result.json").read_text())
-    assert result["status"] == "failed" and "epoch_2.pth" in result["error"]

@@ -6,12 +6,11 @@ the epoch count the checkpoint records.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import io
 import logging
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,11 +34,6 @@ def _as_list(value: str | Sequence[str] | None) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
-def _remove_all(paths: list[Path]) -> None:
-    for path in paths:
-        checkpoint_io.remove_checkpoint(path)
-
-
 class CheckpointHook(Hook):
     """Saves ``checkpoints/epoch_{n}.pth`` (or ``iter_{n}.pth``), ``best_{metric}_epoch_{n}.pth``
     and moves ``checkpoints/last_checkpoint`` after each complete regular save.
@@ -57,10 +51,6 @@ class CheckpointHook(Hook):
     only these keys (e.g. ``[meta, state_dict]``) as ``<name>-<sha256[:8]>.pth``.
     ``fsync``: also force each file to disk before it gets its name (survives a power cut,
     not just a kill; costs an fsync per save).
-    ``background``: training serializes each checkpoint into memory and goes on while a
-    thread writes the file, moves ``last_checkpoint`` and deletes what the save retires
-    (``Runner.save_checkpoint``); a write error fails the run at the next save or at the
-    end of training. False: every file is complete when the save returns.
     """
 
     priority = Priority.VERY_LOW
@@ -83,7 +73,6 @@ class CheckpointHook(Hook):
         published_keys: str | Sequence[str] | None = None,
         best_save_optimizer: bool = False,
         fsync: bool = False,
-        background: bool = True,
     ) -> None:
         if save_begin < 0:
             raise ValueError(f"save_begin must be >= 0, got {save_begin}")
@@ -101,7 +90,6 @@ class CheckpointHook(Hook):
         if len(set(self.published_keys)) != len(self.published_keys):
             raise ValueError(f"published_keys lists a key twice: {self.published_keys}")
         self.fsync = fsync
-        self.background = background
         self.greater_keys, self.less_keys = tuple(_as_list(greater_keys)), tuple(_as_list(less_keys))
         self.save_best = _as_list(save_best)
         if len(set(self.save_best)) != len(self.save_best):
@@ -186,20 +174,12 @@ class CheckpointHook(Hook):
             while len(self.kept) >= self.max_keep_ckpts:
                 self._dropping.append(self.kept.popleft())
             self.kept.append(name)
-        retired = [self.dir / old for old in self._dropping if old not in self.kept]
         runner.save_checkpoint(
             self.dir / name, save_optimizer=self.save_optimizer, save_scheduler=self.save_param_scheduler,
-            durable=self.fsync, background=self.background, then=self._remover(runner, retired),
+            durable=self.fsync,
         )  # fmt: skip
-        self._dropping = []  # (after the save: the checkpoint records them, for a resume after a kill)
         self._last_saved_position = runner.position
-
-    @staticmethod
-    def _remover(runner: Runner, paths: list[Path]) -> Callable[[], None] | None:
-        """What deletes `paths` once the save is complete (rank 0's job); None: nothing to delete."""
-        if not paths or not runner.is_main:
-            return None
-        return functools.partial(_remove_all, paths)
+        self._delete_retired(runner)
 
     def _delete_retired(self, runner: Runner) -> None:
         if runner.is_main:
@@ -305,11 +285,9 @@ class CheckpointHook(Hook):
                 is_best=True,
                 metric=key,
                 durable=self.fsync,
-                background=self.background,
-                then=self._remover(
-                    runner, [self.dir / old] if old and old != name else []
-                ),  # once the new one is complete
             )
+            if old and old != name and runner.is_main:
+                checkpoint_io.remove_checkpoint(self.dir / old)  # after the new best is complete
             log.info("New best %s = %.4f: %s", key, score, name)
 
     def after_run(self, runner: Runner) -> None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from expkit.errors import CheckpointWriteError, ExpkitError
+from expkit.errors import ExpkitError
 from expkit.hooks.base import Hook
 from expkit.stages import Priority
 
@@ -37,8 +36,6 @@ class InvalidLossHook(Hook):
             return
         loss = outputs["loss"].detach()
         if not bool(torch.isfinite(loss).all()):
-            with contextlib.suppress(CheckpointWriteError):  # (a failed write is reported again at the end)
-                runner.wait_for_checkpoints()  # the newest one may still be being written
             good = f"; the last good checkpoint is {runner.last_checkpoint}" if runner.last_checkpoint else ""
             raise InvalidLossError(
                 f"the training loss is {loss.float().mean().item()} at epoch {runner.epoch + 1}, "
