@@ -110,9 +110,16 @@ def save_checkpoint(
         )
         raise CheckpointWriteError(f"could not write {path}: {cause}; {kept}") from exc
     if not is_best:
+        r.last_checkpoint = path  # complete: the newest checkpoint, with or without the pointer
         if r.is_main:
-            checkpoint_io.point_last_checkpoint(path.parent, path, durable=durable)
-        r.last_checkpoint = path
+            try:
+                checkpoint_io.point_last_checkpoint(path.parent, path, durable=durable)
+            except OSError as exc:
+                cause = "no space left on the device" if disk_full(exc) else f"{type(exc).__name__}: {exc}"
+                raise CheckpointWriteError(
+                    f"could not point {path.parent / checkpoint_io.LAST_CHECKPOINT} at {path.name}: {cause}; "
+                    f"{path} itself is complete (resume=true finds it without the pointer)"
+                ) from exc
     if r.is_main:
         r.call_hook(Stage.AFTER_SAVE_CHECKPOINT, path=path, is_best=is_best, metric=metric)
     return path

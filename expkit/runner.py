@@ -301,6 +301,7 @@ class Runner:
                             status, error, tb = "failed", results.failure_message(exc), traceback.format_exc()
                             self.status, self.error = status, error
                             raise
+                        log.error("Also, after the run had failed: %s", results.failure_message(exc))
             finally:  # written before the signal handlers go: torchrun's SIGTERM to survivors must not cut it
                 self.provenance = recorded()
                 wall_time = time.time() - started

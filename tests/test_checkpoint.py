@@ -7,6 +7,7 @@ import io
 import json
 import os
 import random
+import shutil
 import signal
 from pathlib import Path
 
@@ -219,6 +220,22 @@ def test_a_failed_write_names_the_file_and_keeps_the_previous_checkpoint(tmp_pat
     assert load_checkpoint(tmp_path / "checkpoints" / "epoch_1.pth")["meta"]["epoch"] == 1
     assert not (tmp_path / "checkpoints" / "epoch_2.pth").exists()
     assert json.loads((tmp_path / "result.json").read_text())["status"] == "failed"
+
+
+def test_a_pointer_that_cannot_be_written_fails_the_run_naming_it_and_the_checkpoint_resumes(tmp_path, caplog):
+    (tmp_path / "checkpoints" / "last_checkpoint" / "x").mkdir(parents=True)  # a directory in the pointer's place
+    runner = toy_runner(tmp_path, max_epochs=2)
+    with pytest.raises(HookError, match=r"could not point .*last_checkpoint at epoch_1.pth: IsADirectoryError.*"
+                       r"epoch_1.pth itself is complete \(resume=true finds it without the pointer\)"):  # fmt: skip
+        runner.run()
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["status"] == "failed" and result["last_checkpoint"] == str(tmp_path / "checkpoints" / "epoch_1.pth")
+    assert load_checkpoint(tmp_path / "checkpoints" / "epoch_1.pth")["meta"]["epoch"] == 1
+    shutil.rmtree(tmp_path / "checkpoints" / "last_checkpoint")
+    resumed = toy_runner(tmp_path, max_epochs=2, resume=True)
+    resumed.run()
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "completed" and resumed.epoch == 2
+    assert (tmp_path / "checkpoints" / "last_checkpoint").read_text() == "epoch_2.pth"
 
 
 # -- RNG and signals ----------------------------------------------------------------------------------
