@@ -48,9 +48,9 @@ def point_last_checkpoint(checkpoint_dir: Path, checkpoint_path: Path, durable: 
         target = checkpoint_path.name
     else:
         target = checkpoint_path.resolve().relative_to(checkpoint_dir.resolve()).as_posix()
-    pointer = checkpoint_dir / LAST_CHECKPOINT
+    pointer = os.path.join(checkpoint_dir, LAST_CHECKPOINT)
     with contextlib.suppress(FileNotFoundError):
-        pointer.unlink()
+        os.unlink(pointer)
     write_text_atomic(pointer, target, durable=durable)
 
 

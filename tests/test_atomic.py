@@ -1,0 +1,32 @@
+"""Atomic writes (expkit.atomic): readers see the old file or the new one, never half of one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from expkit import atomic
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_a_small_file_is_written_whole_into_a_directory_made_for_it(tmp_path, durable):
+    target = tmp_path / "new" / "dir" / "last_checkpoint"
+    assert atomic.write_text_atomic(target, "epoch_3.pth", durable=durable) == target
+    assert target.read_text() == "epoch_3.pth"
+    as_str = atomic.write_text_atomic(str(target), "epoch_4.pth")  # str in, str out (no Path built)
+    assert as_str == str(target) and isinstance(as_str, str) and target.read_text() == "epoch_4.pth"
+    big = bytes(range(256)) * 4096  # 1 MiB: written whole, whatever os.write takes per call
+    atomic.write_bytes_atomic(target, big)
+    assert target.read_bytes() == big
+    assert sorted(p.name for p in target.parent.iterdir()) == ["last_checkpoint"]  # no temporary left
+
+
+def test_a_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path):
+    blocked = tmp_path / "result.json"
+    (blocked / "inside").mkdir(parents=True)  # a directory under the name: the rename fails
+    with pytest.raises(IsADirectoryError):
+        atomic.write_json_atomic(blocked, {"status": "completed"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"] and blocked.is_dir()
+    with pytest.raises(IsADirectoryError):
+        atomic.save_atomic({"w": torch.ones(2)}, blocked)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
