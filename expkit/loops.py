@@ -12,7 +12,7 @@ import itertools
 import logging
 import signal
 import time
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,7 +26,7 @@ from expkit.distributed import (
     is_distributed,
     reduce_device,
 )
-from expkit.hook_table import NULL
+from expkit.hook_table import NULL, raise_hook_error
 from expkit.optimizers import Optimizers
 from expkit.stages import Stage
 
@@ -72,7 +72,7 @@ def _timed_batches(batches: Iterable, runner: Runner) -> Iterator:
 _END = object()
 
 
-def _windows(batches: Iterator, k: int) -> Iterator[list[Any]]:
+def _windows(batches: Iterator, k: int) -> Iterator[Sequence[Any]]:
     """Consecutive windows of `k` batches; the last one of an epoch may be shorter."""
     while window := list(itertools.islice(batches, k)):
         yield window
@@ -124,6 +124,14 @@ class TrainLoop:
         self.backward = self._phased("backward", self.optimizers.backward if scaled else torch.Tensor.backward)
         step = self._optimizer_step if scaled else functools.partial(self.optimizers.step, self.only_optimizer)
         self.optimizer_step = self._phased("optimizer", step)
+        # the common iteration, called in place (each Python frame costs 1-3 us an iteration among
+        # the kernels' cache misses): one optimizer, no clipping or scaler, not instrumented, the
+        # hooks called by the loop itself unless a Runner subclass dispatches them its own way
+        plain = not r.instrumented and not scaled and not r.manual_optimization and r.settings.clip_grad_norm is None
+        self.plain_optimizer = r.optimizers.get(self.only_optimizer) if plain else None
+        from expkit.runner import Runner
+
+        self.inline_hooks = not r.instrumented and type(r).call_hook is Runner.call_hook and "call_hook" not in vars(r)
 
     def _phased(self, name: str, fn: Callable[..., Any], autocast: bool = False) -> Callable[..., Any]:
         r = self.runner
@@ -177,13 +185,16 @@ class TrainLoop:
         batches = _skip_batches(self.loader, r.inner_iter)  # type: ignore[arg-type]
         if r.instrumented:
             batches = _timed_batches(batches, r)
-        windows = ([b] for b in batches) if k == 1 else _windows(iter(batches), k)
+        windows = zip(batches) if k == 1 else _windows(iter(batches), k)  # (1-tuples: no Python call a batch)
+        # asked after every iteration when something can end an epoch early: an iteration budget,
+        # other ranks or a stop request (inside an epoch, an epoch budget cannot)
+        every_iter = self.distributed or self.settings.max_iters is not None
         for step_idx, window in enumerate(windows, start=r.inner_iter // k):
             self.run_iter(step_idx, window)
             if not by_epoch and r.validation_due(r.iter):
                 r.validate()
                 r.model.train()
-            if self.done():
+            if (every_iter or r.stop_reason is not None) and self.done():
                 break
         else:  # the loader is exhausted: the epoch is complete
             r.position = (r.epoch + 1, r.iter, 0)
@@ -195,7 +206,7 @@ class TrainLoop:
             return
         r.call_hook(Stage.AFTER_TRAIN_EPOCH)  # cut short by the budget or a stop request
 
-    def run_iter(self, batch_idx: int, window: list[Any]) -> None:
+    def run_iter(self, batch_idx: int, window: Sequence[Any]) -> None:
         """One iteration: one optimizer step over a window of micro-batches (one unless
         ``accumulate_grad_batches`` > 1). ``batch_idx`` is the step's index in the epoch."""
         r = self.runner
@@ -209,7 +220,17 @@ class TrainLoop:
         data_batch = window[0]
         if BEFORE_TRAIN_ITER not in idle:
             call(BEFORE_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch)
-        if r.manual_optimization:
+        optimizer = self.plain_optimizer
+        if optimizer is not None and len(window) == 1:  # _forward_backward and Optimizers.step, in place
+            outputs = self.forward(data_batch)
+            if AFTER_FORWARD not in idle:
+                call(AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+            outputs["loss"].backward()
+            if AFTER_BACKWARD not in idle:
+                call(AFTER_BACKWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        elif r.manual_optimization:
             outputs = self._owned_update(batch_idx, data_batch)
         else:
             if len(window) == 1:
@@ -222,7 +243,14 @@ class TrainLoop:
         r.position = (r.epoch, r.iter + 1, consumed)  # what a checkpoint saved from here on records
         if AFTER_OPTIMIZER_STEP not in idle:
             call(AFTER_OPTIMIZER_STEP, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
-        call(AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        if not self.inline_hooks:
+            call(AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        else:  # Runner.call_hook in place
+            for class_name, _, method in r.hook_table.dispatch[AFTER_TRAIN_ITER]:
+                try:
+                    method(r, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+                except Exception as exc:
+                    raise_hook_error(class_name, AFTER_TRAIN_ITER, exc)
         r.iter += 1
         r.inner_iter = consumed
 
@@ -255,7 +283,7 @@ class TrainLoop:
         self.optimizers.zero_grad()
         return outputs
 
-    def _accumulate(self, batch_idx: int, window: list[Any], idle: Container[str]) -> dict[str, Any]:
+    def _accumulate(self, batch_idx: int, window: Sequence[Any], idle: Container[str]) -> dict[str, Any]:
         """Gradient accumulation, exact: each micro-batch's (mean) loss is weighted by its share
         of the window's samples, so the summed gradient is that of one batch of all of them,
         the shorter last window of an epoch included. Under DDP (FSDP), gradients are all-reduced

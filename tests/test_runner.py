@@ -348,3 +348,23 @@ def test_a_failure_in_after_run_after_the_run_failed_is_logged_and_the_first_err
         runner.run()
     assert "first" in json.loads((tmp_path / "result.json").read_text())["error"]
     assert "Also, after the run had failed: in FailsTwice.after_run: RuntimeError: second, in after_run" in caplog.text
+
+
+def test_the_plain_iteration_trains_exactly_as_the_general_one(tmp_path):
+    """The common iteration (one optimizer, no clipping or scaler, not instrumented) is called
+    in place; an instrumented run takes the general path (phases, Optimizers.step,
+    call_hook). Both train the same weights and log the same losses."""
+    finals, losses = [], []
+    for instrumented in (False, True):
+        work = tmp_path / str(instrumented)
+        runner = toy_runner(work, max_epochs=3)
+        if instrumented:
+            runner.instrument(timing=True)
+        runner.run()
+        if instrumented:  # (the general path: every phase timed)
+            assert {"forward", "backward", "optimizer"} <= set(runner.phase_times)
+        finals.append({k: v.clone() for k, v in runner.model.state_dict().items()})
+        records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+        losses.append([r["train/loss"] for r in records if "train/loss" in r])
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+    assert losses[0] == losses[1] and len(losses[0]) == 3  # (a record at the end of each epoch)
