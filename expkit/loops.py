@@ -125,13 +125,16 @@ class TrainLoop:
         step = self._optimizer_step if scaled else functools.partial(self.optimizers.step, self.only_optimizer)
         self.optimizer_step = self._phased("optimizer", step)
         # the common iteration, called in place (each Python frame costs 1-3 us an iteration among
-        # the kernels' cache misses): one optimizer, no clipping or scaler, not instrumented, the
-        # hooks called by the loop itself unless a Runner subclass dispatches them its own way
-        plain = not r.instrumented and not scaled and not r.manual_optimization and r.settings.clip_grad_norm is None
+        # the kernels' cache misses): one optimizer, one batch a step, no clipping or scaler, not
+        # instrumented. Its after_train_iter hooks are dispatched by the loop itself while the
+        # runner's call_hook is Runner's own (not instrumented, overridden or replaced)
+        s = r.settings
+        plain = not (r.instrumented or scaled or r.manual_optimization or s.clip_grad_norm is not None
+                     or s.accumulate_grad_batches != 1)  # fmt: skip
         self.plain_optimizer = r.optimizers.get(self.only_optimizer) if plain else None
-        from expkit.runner import Runner
+        from expkit.runner import PLAIN_CALL_HOOK
 
-        self.inline_hooks = not r.instrumented and type(r).call_hook is Runner.call_hook and "call_hook" not in vars(r)
+        self.plain_call_hook = PLAIN_CALL_HOOK
 
     def _phased(self, name: str, fn: Callable[..., Any], autocast: bool = False) -> Callable[..., Any]:
         r = self.runner
@@ -243,7 +246,7 @@ class TrainLoop:
         r.position = (r.epoch, r.iter + 1, consumed)  # what a checkpoint saved from here on records
         if AFTER_OPTIMIZER_STEP not in idle:
             call(AFTER_OPTIMIZER_STEP, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
-        if not self.inline_hooks:
+        if getattr(call, "__func__", None) is not self.plain_call_hook:
             call(AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         else:  # Runner.call_hook in place
             for class_name, _, method in r.hook_table.dispatch[AFTER_TRAIN_ITER]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -117,9 +118,14 @@ def save_checkpoint(
                 checkpoint_io.point_last_checkpoint(path.parent, path, durable=durable)
             except OSError as exc:
                 cause = "no space left on the device" if disk_full(exc) else f"{type(exc).__name__}: {exc}"
+                pointer = path.parent / checkpoint_io.LAST_CHECKPOINT
+                found = (
+                    "resume=true finds it without the pointer"
+                    if not os.path.lexists(pointer)
+                    else f"the old {pointer.name} is still there: remove it, and resume=true finds {path.name}"
+                )
                 raise CheckpointWriteError(
-                    f"could not point {path.parent / checkpoint_io.LAST_CHECKPOINT} at {path.name}: {cause}; "
-                    f"{path} itself is complete (resume=true finds it without the pointer)"
+                    f"could not point {pointer} at {path.name}: {cause}; {path} itself is complete ({found})"
                 ) from exc
     if r.is_main:
         r.call_hook(Stage.AFTER_SAVE_CHECKPOINT, path=path, is_best=is_best, metric=metric)

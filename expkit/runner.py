@@ -428,3 +428,6 @@ class Runner:
     def epoch_complete(self) -> bool:
         """True inside after_train_epoch when the epoch ran to its end (not cut short by a stop)."""
         return self.position[0] > self.epoch
+
+
+PLAIN_CALL_HOOK = Runner.call_hook  # the loop dispatches after_train_iter itself while this is the one

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
 import pytest
 import torch
 
@@ -21,7 +24,27 @@ def test_a_small_file_is_written_whole_into_a_directory_made_for_it(tmp_path, du
     assert sorted(p.name for p in target.parent.iterdir()) == ["last_checkpoint"]  # no temporary left
 
 
-def test_a_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path):
+def test_a_write_that_fails_partway_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    target = tmp_path / "result.json"
+    atomic.write_json_atomic(target, {"status": "running"})
+    before = target.read_bytes()
+    real_write, calls = os.write, []
+
+    def short_then_full(fd, data):  # the disk takes one byte a call, then is full
+        calls.append(len(data))
+        if len(calls) > 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, bytes(data[:1]))
+
+    monkeypatch.setattr(os, "write", short_then_full)
+    with pytest.raises(OSError) as raised:
+        atomic.write_json_atomic(target, {"status": "completed", "pad": "x" * 100})
+    monkeypatch.undo()
+    assert raised.value.errno == errno.ENOSPC and len(calls) == 4 and calls[1] == calls[0] - 1  # short writes resumed
+    assert target.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
+
+
+def test_a_rename_that_fails_leaves_no_temporary(tmp_path):
     blocked = tmp_path / "result.json"
     (blocked / "inside").mkdir(parents=True)  # a directory under the name: the rename fails
     with pytest.raises(IsADirectoryError):

@@ -13,6 +13,7 @@ from conftest import Recorder, toy_runner
 
 from expkit import ConfigError, Hook, HookError, Priority, Runner, Stage
 from expkit.hooks import CheckpointHook
+from expkit.loops import TrainLoop
 
 GOLDEN = Path(__file__).parent / "golden" / "firing_order.txt"
 
@@ -361,6 +362,7 @@ def test_the_plain_iteration_trains_exactly_as_the_general_one(tmp_path):
         if instrumented:
             runner.instrument(timing=True)
         runner.run()
+        assert (TrainLoop(runner).plain_optimizer is None) == instrumented  # the path each run took
         if instrumented:  # (the general path: every phase timed)
             assert {"forward", "backward", "optimizer"} <= set(runner.phase_times)
         finals.append({k: v.clone() for k, v in runner.model.state_dict().items()})
@@ -368,3 +370,32 @@ def test_the_plain_iteration_trains_exactly_as_the_general_one(tmp_path):
         losses.append([r["train/loss"] for r in records if "train/loss" in r])
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
     assert losses[0] == losses[1] and len(losses[0]) == 3  # (a record at the end of each epoch)
+
+
+def test_a_runner_that_dispatches_hooks_its_own_way_gets_every_iteration_stage(tmp_path):
+    """The loop calls after_train_iter hooks itself only while call_hook is Runner's own."""
+    seen: list[str] = []
+
+    class Tracing(Runner):
+        def call_hook(self, stage, **payload):
+            seen.append(str(stage))
+            super().call_hook(stage, **payload)
+
+    class Failing(Hook):
+        def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+            if runner.iter == 2:
+                raise ValueError("third iteration")
+
+    base = toy_runner(tmp_path / "a", max_epochs=1)
+    traced = Tracing(model=base.model, optimizer=base.optimizer, train_loader=base.train_loader,
+                     work_dir=tmp_path / "b", settings=base.settings)  # fmt: skip
+    traced.run()
+    assert seen.count("after_train_iter") == traced.iter == 2
+    replaced = toy_runner(tmp_path / "c", max_epochs=1)
+    calls: list[str] = []
+    original = replaced.call_hook
+    replaced.call_hook = lambda stage, **payload: (calls.append(str(stage)), original(stage, **payload))[1]
+    replaced.run()
+    assert calls.count("after_train_iter") == 2
+    with pytest.raises(HookError, match=r"in Failing.after_train_iter: ValueError: third iteration"):
+        toy_runner(tmp_path / "d", hooks=[Failing()], max_epochs=2).run()
