@@ -289,8 +289,10 @@ class Runner:
                     status, error = "failed", results.failure_message(exc, self.run_info.get("resume_command"))
                     self.error = error
                     tb = traceback.format_exc()
-                    with contextlib.suppress(Exception):
+                    try:
                         self.call_hook(Stage.ON_EXCEPTION, exception=exc)
+                    except Exception as hook_exc:  # the run's own error stays the one raised
+                        log.error("Also, after the run had failed: %s", results.failure_message(hook_exc))
                     raise
                 finally:
                     self.status = status

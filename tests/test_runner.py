@@ -336,19 +336,28 @@ def test_a_failure_in_after_run_fails_the_run_everywhere_it_is_reported(tmp_path
     assert runner.error == result["error"] and result["error"]
 
 
-def test_a_failure_in_after_run_after_the_run_failed_is_logged_and_the_first_error_stays(tmp_path, caplog):
+def test_failures_in_on_exception_and_after_run_after_the_run_failed_are_logged_and_the_first_error_stays(
+    tmp_path, caplog
+):
     class FailsTwice(Hook):
         def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
             raise RuntimeError("first")
 
+        def on_exception(self, runner, *, exception):
+            raise RuntimeError("second, in on_exception")
+
         def after_run(self, runner):
-            raise RuntimeError("second, in after_run")
+            raise RuntimeError("third, in after_run")
 
     runner = toy_runner(tmp_path, hooks=[FailsTwice()], max_epochs=1)
     with pytest.raises(HookError, match="first"):
         runner.run()
     assert "first" in json.loads((tmp_path / "result.json").read_text())["error"]
-    assert "Also, after the run had failed: in FailsTwice.after_run: RuntimeError: second, in after_run" in caplog.text
+    assert (
+        "Also, after the run had failed: in FailsTwice.on_exception: RuntimeError: second, in on_exception"
+        in caplog.text
+    )
+    assert "Also, after the run had failed: in FailsTwice.after_run: RuntimeError: third, in after_run" in caplog.text
 
 
 def test_the_plain_iteration_trains_exactly_as_the_general_one(tmp_path):
