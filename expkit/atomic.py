@@ -15,49 +15,19 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
 PathT = TypeVar("PathT", str, Path)
 
 
-def _create(path: Path) -> IO[bytes]:
-    """A new file, its directory made when missing (not a mkdir call on every write)."""
-    try:
-        return open(path, "wb")
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return open(path, "wb")
-
-
-def _write_atomic(path: Path, write: Callable[[IO[bytes]], None], durable: bool) -> Path:
-    """Write through `.<name>.tmp<pid>` then rename. `durable` also fsyncs the data before the
-    rename (about a millisecond), so that after a power cut the name holds the whole file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with _create(tmp) as f:
-            write(f)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic: readers see the old file or the new one, never half
-    except BaseException:
-        with contextlib.suppress(OSError):  # never mask the write error with a cleanup error
-            tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
-def save_atomic(obj: Any, path: Path, durable: bool = False) -> Path:
-    """torch.save to `path` through a temporary file; returns `path`."""
-    return _write_atomic(path, lambda f: torch.save(obj, f), durable=durable)
-
-
-def write_bytes_atomic(path: PathT, data: bytes, durable: bool = False) -> PathT:
-    """`data` to `path` through a temporary file, in plain system calls: the pointer, JSON
-    records and the SVG curves are small, and Python's buffered file object around them cost
-    about 20 us a write (a checkpoint's pointer moves at every save)."""
+def _write_atomic(path: PathT, write: Callable[[int], None], durable: bool) -> PathT:
+    """Write through `.<name>.tmp<pid>` then rename, in plain system calls (Python's file
+    object around a small write cost about 20 us). `write` gets the temporary file's
+    descriptor. Its directory is made when missing (not a mkdir call on every write).
+    `durable` also fsyncs the data before the rename (about a millisecond), so that after a
+    power cut the name holds the whole file."""
     name = os.fspath(path)
     head, tail = os.path.split(name)
     tmp = os.path.join(head, f".{tail}.tmp{os.getpid()}")
@@ -65,13 +35,11 @@ def write_bytes_atomic(path: PathT, data: bytes, durable: bool = False) -> PathT
     try:
         try:
             fd = os.open(tmp, flags, 0o666)
-        except FileNotFoundError:  # (its directory made when missing, not a mkdir call on every write)
+        except FileNotFoundError:
             os.makedirs(head or ".", exist_ok=True)
             fd = os.open(tmp, flags, 0o666)
         try:
-            view = memoryview(data)
-            while view:  # (a regular file takes it in one call, short of a full disk or a signal)
-                view = view[os.write(fd, view) :]
+            write(fd)
             if durable:
                 os.fsync(fd)
         finally:
@@ -82,6 +50,27 @@ def write_bytes_atomic(path: PathT, data: bytes, durable: bool = False) -> PathT
             os.unlink(tmp)
         raise
     return path
+
+
+def save_atomic(obj: Any, path: Path, durable: bool = False) -> Path:
+    """torch.save to `path` through a temporary file; returns `path`."""
+
+    def write(fd: int) -> None:
+        with os.fdopen(fd, "wb", closefd=False) as f:  # (flushed when it closes, before any fsync)
+            torch.save(obj, f)
+
+    return _write_atomic(path, write, durable=durable)
+
+
+def write_bytes_atomic(path: PathT, data: bytes, durable: bool = False) -> PathT:
+    """`data` to `path` through a temporary file (the pointer, JSON records, the SVG curves)."""
+
+    def write(fd: int) -> None:
+        view = memoryview(data)
+        while view:  # (a regular file takes it in one call, short of a full disk or a signal)
+            view = view[os.write(fd, view) :]
+
+    return _write_atomic(path, write, durable=durable)
 
 
 def write_text_atomic(path: PathT, text: str, durable: bool = False) -> PathT:

@@ -224,7 +224,7 @@ class TrainLoop:
         if BEFORE_TRAIN_ITER not in idle:
             call(BEFORE_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch)
         optimizer = self.plain_optimizer
-        if optimizer is not None and len(window) == 1:  # _forward_backward and Optimizers.step, in place
+        if optimizer is not None:  # _forward_backward and Optimizers.step, in place (a window of one batch)
             outputs = self.forward(data_batch)
             if AFTER_FORWARD not in idle:
                 call(AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)

@@ -104,7 +104,7 @@ def save_checkpoint(
         else:
             atomic.save_atomic(checkpoint, path, durable=durable)
     except (OSError, RuntimeError) as exc:  # disk full (torch's zip writer raises RuntimeError), permissions, ...
-        cause = "no space left on the device" if disk_full(exc) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        cause = _cause(exc)
         kept = (
             f"the previous complete checkpoint {r.last_checkpoint} (and last_checkpoint) is intact"
             if r.last_checkpoint
@@ -117,7 +117,6 @@ def save_checkpoint(
             try:
                 checkpoint_io.point_last_checkpoint(path.parent, path, durable=durable)
             except OSError as exc:
-                cause = "no space left on the device" if disk_full(exc) else f"{type(exc).__name__}: {exc}"
                 pointer = path.parent / checkpoint_io.LAST_CHECKPOINT
                 found = (
                     "resume=true finds it without the pointer"
@@ -125,11 +124,16 @@ def save_checkpoint(
                     else f"the old {pointer.name} is still there: remove it, and resume=true finds {path.name}"
                 )
                 raise CheckpointWriteError(
-                    f"could not point {pointer} at {path.name}: {cause}; {path} itself is complete ({found})"
+                    f"could not point {pointer} at {path.name}: {_cause(exc)}; {path} itself is complete ({found})"
                 ) from exc
     if r.is_main:
         r.call_hook(Stage.AFTER_SAVE_CHECKPOINT, path=path, is_best=is_best, metric=metric)
     return path
+
+
+def _cause(exc: BaseException) -> str:
+    """Why a checkpoint write failed, in words, on one line."""
+    return "no space left on the device" if disk_full(exc) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
 
 
 def disk_full(exc: BaseException) -> bool:
