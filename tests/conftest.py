@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -63,3 +64,17 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
 @pytest.fixture
 def recorder_log() -> list[str]:
     return []
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str):
+    """A real tmpfs of `size` at `path` (skips where mounting is not allowed), unmounted after."""
+    path.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    ).returncode:
+        pytest.skip("mounting a small tmpfs is not allowed here")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], capture_output=True)

@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from conftest import small_disk
 
 from expkit import atomic
 
@@ -53,3 +54,18 @@ def test_a_rename_that_fails_leaves_no_temporary(tmp_path):
     with pytest.raises(IsADirectoryError):
         atomic.save_atomic({"w": torch.ones(2)}, blocked)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
+
+
+def test_a_checkpoint_that_fills_the_disk_fails_with_enospc_and_leaves_the_old_one(tmp_path):
+    """torch's C++ writer says only "unexpected pos" on a full disk: the save is done once more
+    through a Python file object, whose OSError carries ENOSPC."""
+    with small_disk(tmp_path / "disk", "256k") as disk:
+        target = disk / "epoch_1.pth"
+        atomic.save_atomic({"w": torch.ones(10)}, target)
+        with pytest.raises(OSError) as raised:
+            atomic.save_atomic({"w": torch.ones(200_000)}, target)  # 800 KB
+        assert raised.value.errno == errno.ENOSPC
+        assert torch.equal(torch.load(target, weights_only=True)["w"], torch.ones(10))
+        assert sorted(p.name for p in disk.iterdir()) == ["epoch_1.pth"]  # no temporary left
+        atomic.save_atomic({"w": torch.ones(1000)}, target, durable=True)  # by name, fsynced
+        assert torch.equal(torch.load(target, weights_only=True)["w"], torch.ones(1000))

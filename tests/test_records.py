@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, small_disk
 from hydra import compose, initialize_config_dir
 
 from expkit import Hook
@@ -159,20 +158,6 @@ def test_killed_anywhere_then_resumed_records_equal_an_uninterrupted_run(tmp_pat
                        for w in (work, reference_cli))  # fmt: skip
     assert all(torch.equal(final[k], expected[k]) for k in expected)
     assert not list(work.rglob("*.tmp*"))  # the killed writer's temporary file is gone
-
-
-@contextlib.contextmanager
-def small_disk(path: Path, size: str):
-    """A real tmpfs of `size` at `path` (skips where mounting is not allowed), unmounted after."""
-    path.mkdir()
-    if subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
-    ).returncode:
-        pytest.skip("mounting a small tmpfs is not allowed here")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], capture_output=True)
 
 
 @pytest.mark.slow
