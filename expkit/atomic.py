@@ -25,9 +25,10 @@ PathT = TypeVar("PathT", str, Path)
 def _write_atomic(path: PathT, write: Callable[[int, str], None], durable: bool) -> PathT:
     """Write through `.<name>.tmp<pid>` then rename, in plain system calls (Python's file
     object around a small write cost about 20 us). `write` gets the temporary file's
-    descriptor and name (the file exists, empty). Its directory is made when missing (not a mkdir call on every write).
-    `durable` also fsyncs the data before the rename (about a millisecond), so that after a
-    power cut the name holds the whole file."""
+    descriptor and name (the file exists, empty). Its directory is made when missing (not a
+    mkdir call on every write). `durable` also fsyncs the data before the rename (about a
+    millisecond), so that after a power cut the name holds the whole file. A failing close
+    fails the write (NFS reports some write errors there), unless the write failed first."""
     name = os.fspath(path)
     head, tail = os.path.split(name)
     tmp = os.path.join(head, f".{tail}.tmp{os.getpid()}")
@@ -42,8 +43,11 @@ def _write_atomic(path: PathT, write: Callable[[int, str], None], durable: bool)
             write(fd, tmp)
             if durable:
                 os.fsync(fd)
-        finally:
-            os.close(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):  # (the write's error is the one to report)
+                os.close(fd)
+            raise
+        os.close(fd)
         os.replace(tmp, name)  # atomic: readers see the old file or the new one, never half
     except BaseException:
         with contextlib.suppress(OSError):  # never mask the write error with a cleanup error

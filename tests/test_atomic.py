@@ -69,3 +69,26 @@ def test_a_checkpoint_that_fills_the_disk_fails_with_enospc_and_leaves_the_old_o
         assert sorted(p.name for p in disk.iterdir()) == ["epoch_1.pth"]  # no temporary left
         atomic.save_atomic({"w": torch.ones(1000)}, target, durable=True)  # by name, fsynced
         assert torch.equal(torch.load(target, weights_only=True)["w"], torch.ones(1000))
+
+
+def test_a_close_that_fails_after_a_failed_write_keeps_the_write_error(tmp_path, monkeypatch):
+    target = tmp_path / "result.json"
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def bad_close(fd, real_close=os.close):
+        real_close(fd)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "write", full)
+    monkeypatch.setattr(os, "close", bad_close)
+    with pytest.raises(OSError) as raised:
+        atomic.write_json_atomic(target, {"status": "completed"})
+    monkeypatch.undo()
+    assert raised.value.errno == errno.ENOSPC and list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(os, "close", bad_close)  # a close that fails after a good write fails the write
+    with pytest.raises(OSError) as raised:
+        atomic.write_json_atomic(target, {"status": "completed"})
+    monkeypatch.undo()
+    assert raised.value.errno == errno.EIO and list(tmp_path.iterdir()) == []
