@@ -271,6 +271,7 @@ class Directions:
         self.slots = slots
         self.sets = {mode: list(names) for mode, names in (sets or {}).items()}  # named sets: val/<set>/<metric>
         self.declared: dict[str, tuple[str, str]] = {}  # key -> (rule, the setting that gave it)
+        self._rules: dict[str, str | None] = {}  # rule() by key, worked out again after a declare()
 
     def _slot(self, key: str) -> tuple[MetricSlot | None, str]:
         """The slot a key such as val/f1, val/scores/f1 or val/noisy/f1 belongs to, and the
@@ -301,9 +302,18 @@ class Directions:
             raise ConfigError(f"{by}={rule} contradicts {known[1]} ({known[0]} is better) for {key}: set the direction "
                               f"once, with metrics.<name>.higher_is_better")  # fmt: skip
         self.declared.setdefault(key, (rule, by))
+        self._rules.clear()
 
     def rule(self, key: str) -> str | None:
-        """'greater', 'less', or None when nothing says."""
+        """'greater', 'less', or None when nothing says. Asked for every key after every
+        validation (best values): worked out once per key, about 100 Python calls each."""
+        try:
+            return self._rules[key]
+        except KeyError:
+            rule = self._rules[key] = self._work_out(key)
+            return rule
+
+    def _work_out(self, key: str) -> str | None:
         known = self.explicit(key)
         if known is not None:
             return known[0]

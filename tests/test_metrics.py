@@ -126,6 +126,9 @@ def test_the_direction_comes_from_the_setting_then_the_object_then_the_name():
     directions.declare("val/mse", "less", "hooks.early_stopping.rule")  # agrees: fine
     with pytest.raises(ConfigError, match="rule=greater contradicts metrics.acc_gap.higher_is_better"):
         directions.declare("val/acc_gap", "greater", "default_hooks.checkpoint.rule")
+    assert directions.rule("val/score") is None  # asked before a hook declares it (answers are kept) ...
+    directions.declare("val/score", "greater", "hooks.early_stopping.rule")
+    assert directions.rule("val/score") == "greater"  # ... and worked out again after
     assert better(0.2, 0.3, "less") and not better(float("nan"), 0.3, "less") and better(1.0, None, "greater")
     with pytest.raises(ConfigError, match="higher_is_better='yes'"):
         MetricSlot(Accuracy(), "a", higher_is_better="yes")
