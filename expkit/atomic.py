@@ -22,17 +22,17 @@ import torch
 PathT = TypeVar("PathT", str, Path)
 
 
-def _write_atomic(path: PathT, write: Callable[[int, str], None], durable: bool) -> PathT:
+def _write_atomic(path: PathT, write: Callable[[int], None], durable: bool) -> PathT:
     """Write through `.<name>.tmp<pid>` then rename, in plain system calls (Python's file
     object around a small write cost about 20 us). `write` gets the temporary file's
-    descriptor and name (the file exists, empty). Its directory is made when missing (not a
+    descriptor (the file exists, empty). Its directory is made when missing (not a
     mkdir call on every write). `durable` also fsyncs the data before the rename (about a
     millisecond), so that after a power cut the name holds the whole file. A failing close
     fails the write (NFS reports some write errors there), unless the write failed first."""
     name = os.fspath(path)
     head, tail = os.path.split(name)
     tmp = os.path.join(head, f".{tail}.tmp{os.getpid()}")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     try:
         try:
             fd = os.open(tmp, flags, 0o666)
@@ -40,7 +40,7 @@ def _write_atomic(path: PathT, write: Callable[[int, str], None], durable: bool)
             os.makedirs(head or ".", exist_ok=True)
             fd = os.open(tmp, flags, 0o666)
         try:
-            write(fd, tmp)
+            write(fd)
             if durable:
                 os.fsync(fd)
         except BaseException:
@@ -56,25 +56,38 @@ def _write_atomic(path: PathT, write: Callable[[int, str], None], durable: bool)
     return path
 
 
-def save_atomic(obj: Any, path: Path, durable: bool = False) -> Path:
-    """torch.save to `path` through a temporary file; returns `path`.
+class _RecordingFile:
+    """The temporary file as torch.save writes it, keeping the OSError a write raised: torch's
+    zip writer reports it as a RuntimeError of its own ("unexpected pos ..."), which reads the
+    same for a full disk, a quota and an I/O error."""
 
-    torch writes the temporary by its name, with its own C++ writer: about 60 us a save less
-    than through a Python file object. When that fails, the save is done once more through a
-    Python file object, whose OSError says why (the C++ writer's error reads the same for a
-    full disk, a quota or an I/O error)."""
+    def __init__(self, file: Any) -> None:
+        self.file = file
+        self.error: OSError | None = None
 
-    def write(fd: int, tmp: str) -> None:
+    def write(self, data: Any) -> int:
         try:
-            torch.save(obj, tmp)  # (closed, so in the page cache, when it returns: fsync(fd) covers it)
-        except RuntimeError:  # (e.g. "basic_ios::clear: iostream error" for a full disk)
-            os.ftruncate(fd, 0)
+            return self.file.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def save_atomic(obj: Any, path: Path, durable: bool = False) -> Path:
+    """torch.save to `path` through a temporary file; returns `path`. A write that fails
+    raises the file's own OSError (ENOSPC, EDQUOT, EIO by its errno)."""
+
+    def write(fd: int) -> None:
+        with os.fdopen(fd, "wb", closefd=False) as f:  # (flushed when it closes, before any fsync)
+            out = _RecordingFile(f)
             try:
-                with os.fdopen(fd, "wb", closefd=False) as f:  # (flushed when it closes)
-                    torch.save(obj, f)
-            except RuntimeError as exc:  # torch's zip writer, closing after the file's own error
-                if isinstance(exc.__context__, OSError):
-                    raise exc.__context__ from None  # ENOSPC, EDQUOT, EIO: the cause, by its errno
+                torch.save(obj, out)
+            except RuntimeError:
+                if out.error is not None:
+                    raise out.error from None
                 raise
 
     return _write_atomic(path, write, durable=durable)
@@ -83,7 +96,7 @@ def save_atomic(obj: Any, path: Path, durable: bool = False) -> Path:
 def write_bytes_atomic(path: PathT, data: bytes, durable: bool = False) -> PathT:
     """`data` to `path` through a temporary file (the pointer, JSON records, the SVG curves)."""
 
-    def write(fd: int, _tmp: str) -> None:
+    def write(fd: int) -> None:
         view = memoryview(data)
         while view:  # (a regular file takes it in one call, short of a full disk or a signal)
             view = view[os.write(fd, view) :]

@@ -70,9 +70,13 @@ def recorder_log() -> list[str]:
 def small_disk(path: Path, size: str):
     """A real tmpfs of `size` at `path` (skips where mounting is not allowed), unmounted after."""
     path.mkdir()
-    if subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
-    ).returncode:
+    try:
+        mounted = not subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+        ).returncode
+    except OSError:  # no mount program (Windows, minimal images)
+        mounted = False
+    if not mounted:
         pytest.skip("mounting a small tmpfs is not allowed here")
     try:
         yield path

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 
 import pytest
 import torch
@@ -57,8 +58,7 @@ def test_a_rename_that_fails_leaves_no_temporary(tmp_path):
 
 
 def test_a_checkpoint_that_fills_the_disk_fails_with_enospc_and_leaves_the_old_one(tmp_path):
-    """torch's C++ writer says only "unexpected pos" on a full disk: the save is done once more
-    through a Python file object, whose OSError carries ENOSPC."""
+    """torch's zip writer turns the file's OSError into "unexpected pos ...": the file's own is raised."""
     with small_disk(tmp_path / "disk", "256k") as disk:
         target = disk / "epoch_1.pth"
         atomic.save_atomic({"w": torch.ones(10)}, target)
@@ -67,7 +67,7 @@ def test_a_checkpoint_that_fills_the_disk_fails_with_enospc_and_leaves_the_old_o
         assert raised.value.errno == errno.ENOSPC
         assert torch.equal(torch.load(target, weights_only=True)["w"], torch.ones(10))
         assert sorted(p.name for p in disk.iterdir()) == ["epoch_1.pth"]  # no temporary left
-        atomic.save_atomic({"w": torch.ones(1000)}, target, durable=True)  # by name, fsynced
+        atomic.save_atomic({"w": torch.ones(1000)}, target, durable=True)
         assert torch.equal(torch.load(target, weights_only=True)["w"], torch.ones(1000))
 
 
@@ -92,3 +92,24 @@ def test_a_close_that_fails_after_a_failed_write_keeps_the_write_error(tmp_path,
         atomic.write_json_atomic(target, {"status": "completed"})
     monkeypatch.undo()
     assert raised.value.errno == errno.EIO and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="POSIX file size limits")
+def test_a_checkpoint_write_error_keeps_its_own_errno(tmp_path):
+    """Not every failed write is a full disk: a file size limit fails with EFBIG, and the error
+    says so (torch's RuntimeError read as a full disk before)."""
+    import resource
+
+    target = tmp_path / "epoch_1.pth"
+    atomic.save_atomic({"w": torch.ones(10)}, target)
+    limits, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, limits[1]))
+    try:
+        with pytest.raises(OSError) as raised:
+            atomic.save_atomic({"w": torch.ones(200_000)}, target)  # 800 KB
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert raised.value.errno == errno.EFBIG
+    assert torch.equal(torch.load(target, weights_only=True)["w"], torch.ones(10))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_1.pth"]
