@@ -17,24 +17,12 @@ from typing import Any
 import torch
 
 from expkit.atomic import write_text_atomic
+from expkit.confine import confined, inside
 from expkit.errors import ConfigError
 
 log = logging.getLogger("expkit")
 
 LAST_CHECKPOINT = "last_checkpoint"
-
-
-def own_file(directory: Path, recorded: str | Path) -> Path:
-    """A file a run recorded about its own checkpoints, as a path in `directory` (the dir the
-    record belongs to). Records are names relative to it; an absolute record (written before
-    records were relative, or by the run this dir was copied from) means the file of that name
-    here, so a copied run dir never reaches back into the original."""
-    path = Path(recorded)
-    if not path.is_absolute():
-        return directory / path
-    with contextlib.suppress(ValueError):
-        return directory / path.relative_to(directory.resolve())
-    return directory / path.name
 
 
 def point_last_checkpoint(checkpoint_dir: Path, checkpoint_path: Path, durable: bool = False) -> None:
@@ -66,16 +54,17 @@ def find_last_checkpoint(work_dir: Path) -> Path | None:
         except (OSError, UnicodeDecodeError) as exc:
             log.warning("Ignoring %s, it is not a readable path (%s)", pointer, exc)
     if recorded:
-        path = own_file(pointer.parent, recorded)
-        if is_checkpoint(path):
+        path = confined(pointer.parent, recorded, pointer, "checkpoint")
+        if path is not None and is_checkpoint(path):
             return path
     return next(iter(regular_checkpoints(work_dir)), None)
 
 
 def regular_checkpoints(work_dir: Path) -> list[Path]:
     """The regular (not best) checkpoints of `work_dir`, newest first."""
-    found = [p for p in (work_dir / "checkpoints").glob("*") if p.suffix in (".pth", ".dcp")
-             and not p.name.startswith(("best_", ".")) and is_checkpoint(p)]  # fmt: skip
+    directory = work_dir / "checkpoints"
+    found = [p for p in directory.glob("*") if p.suffix in (".pth", ".dcp")
+             and not p.name.startswith(("best_", ".")) and is_checkpoint(p) and inside(directory, p)]  # fmt: skip
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
@@ -88,14 +77,20 @@ def is_checkpoint(path: Path) -> bool:
 
 def remove_checkpoint(path: Path) -> None:
     """Delete a checkpoint, a file or a sharded directory (renamed first: a kill during the
-    deletion leaves a temporary name, never a directory that looks complete without its shards)."""
-    if path.is_dir():
+    deletion leaves a temporary name, never a directory that looks complete without its shards).
+    A symlink loses only itself; a directory is deleted only when it is a complete sharded
+    checkpoint (``.dcp`` with its index), never any other tree."""
+    from expkit import sharding
+
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    elif path.suffix == sharding.SUFFIX and sharding.is_checkpoint_dir(path):
         doomed = path.with_name(f".{path.name}.del{os.getpid()}")
         with contextlib.suppress(OSError):
             os.replace(path, doomed)
             shutil.rmtree(doomed, ignore_errors=True)
     else:
-        path.unlink(missing_ok=True)
+        log.warning("Not deleting %s: a directory that is not a sharded checkpoint", path)
 
 
 def remove_stale_temporaries(directory: Path) -> list[str]:
@@ -108,6 +103,8 @@ def remove_stale_temporaries(directory: Path) -> list[str]:
     # name): it takes its name back, the newer one first, instead of being deleted
     for tmp in sorted(directory.glob(".*.tmp*"), key=lambda p: p.name.endswith("old")):
         head, _, tail = tmp.name.rpartition(".tmp")
+        if tmp.is_symlink():  # expkit writes none: never followed, never deleted
+            continue
         if tmp.is_file() and tail.isdigit():
             with contextlib.suppress(OSError):
                 tmp.unlink()
@@ -121,7 +118,7 @@ def remove_stale_temporaries(directory: Path) -> list[str]:
             shutil.rmtree(tmp, ignore_errors=True)
             removed.append(tmp.name)
     for doomed in directory.glob(".*.del*"):  # a deletion a kill interrupted
-        if doomed.is_dir() and doomed.name.rpartition(".del")[2].isdigit():
+        if doomed.is_dir() and not doomed.is_symlink() and doomed.name.rpartition(".del")[2].isdigit():
             shutil.rmtree(doomed, ignore_errors=True)
             removed.append(doomed.name)
     return removed

@@ -33,7 +33,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from expkit import checkpoint_io
+from expkit import checkpoint_io, confine
 from expkit.cli import config_dirs_of, flags_first, hydra_quoted
 from expkit.errors import ConfigError, ExpkitError
 from expkit.results import write_failure
@@ -55,11 +55,12 @@ def resolve_checkpoint(source: str | Path, which: str = "best") -> Path:
     result_file = path / "result.json"
     result = json.loads(result_file.read_text()) if result_file.is_file() else {}
     if which == "best" and result.get("best_checkpoint"):
-        best = checkpoint_io.own_file(path / "checkpoints", result["best_checkpoint"])  # never another run's file
-        if checkpoint_io.is_checkpoint(best):
+        best = confine.confined(path / "checkpoints", result["best_checkpoint"], result_file, "checkpoint")
+        if best is not None and checkpoint_io.is_checkpoint(best):  # never another run's file
             return best
     if which == "best":
-        best = sorted(p for p in (path / "checkpoints").glob("best_*") if p.suffix in (".pth", ".dcp"))
+        best = sorted(p for p in (path / "checkpoints").glob("best_*")
+                      if p.suffix in (".pth", ".dcp") and confine.inside(path / "checkpoints", p))  # fmt: skip
         if best:
             return best[0]
         log.warning("%s has no best checkpoint; using its last one", path)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from expkit import atomic, checkpoint_io, distributed
+from expkit import atomic, checkpoint_io, confine, distributed
 from expkit.errors import CheckpointWriteError, ConfigError
 from expkit.rng import rng_states, set_rng_states
 from expkit.stages import Stage
@@ -184,6 +184,7 @@ def apply_checkpoint(
     r = runner
     r.resuming = r.resuming or resume
     r.load_purpose = purpose or ("resume" if resume else "load_from")
+    r.load_source = source
     r.call_hook(Stage.AFTER_LOAD_CHECKPOINT, checkpoint=checkpoint)
     _load_weights(r, checkpoint, source, resume)
     if not resume:
@@ -195,9 +196,10 @@ def apply_checkpoint(
     r.best_metrics = dict(meta.get("best_metrics", {}))
     r.val_metrics = dict(meta.get("val_metrics", {}))
     # recorded paths name this run's own files: read them in the dir of the file resumed from
-    r.best_checkpoints = {
-        key: str(checkpoint_io.own_file(source.parent, path)) for key, path in meta.get("best_checkpoints", {}).items()
-    }
+    recorded = meta.get("best_checkpoints", {})
+    confined = {key: confine.confined(source.parent, path, source, "checkpoint")
+                for key, path in (recorded.items() if isinstance(recorded, dict) else ())}  # fmt: skip
+    r.best_checkpoints = {key: str(path) for key, path in confined.items() if path is not None}
     # one optimizer and scheduler ("optimizer", "scheduler"), or several by name
     if r.optimizer is not None and "optimizer" in checkpoint:
         r.optimizer.load_state_dict(checkpoint["optimizer"])

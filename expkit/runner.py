@@ -130,6 +130,7 @@ class Runner:
         self.batch_ready = 0.0  # time.perf_counter() when the current iteration's batch was ready
         self.resuming = False  # True once this run continues from a resume checkpoint
         self.load_purpose = ""  # why the last checkpoint was loaded: resume, load_from or test
+        self.load_source: Path | None = None  # the file (or sharded dir) the last checkpoint was loaded from
         self.test_checkpoint: str | None = None  # the weights the test used
         self.stop_reason: str | None = None
         self.error: str | None = None  # why the run failed, in one line (result.json's "error")

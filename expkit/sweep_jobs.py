@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from expkit import atomic, logs
+from expkit import atomic, confine, logs
 from expkit.atomic import write_json_atomic, write_text_atomic
 from expkit.metrics import worst_value
 from expkit.results import write_failure
@@ -83,8 +83,13 @@ def restore_hydra_record(work_dir: Path, job: dict[str, Any]) -> None:
 
 
 def job_target(work_dir: Path) -> Path:
-    """Where the job of a sweep's job dir really ran (a resumed job's dir may point to another: alias_of)."""
-    return Path((read_job(work_dir) or {}).get("alias_of") or work_dir)
+    """Where the job of a sweep's job dir really ran (a resumed job's dir may point to another
+    dir of the same sweep: alias_of; one that names anything else is ignored)."""
+    alias = (read_job(work_dir) or {}).get("alias_of")
+    if not alias:
+        return work_dir
+    target = confine.confined(work_dir.parent, alias, work_dir / JOB_FILE, "job dir of this sweep")
+    return target if target is not None and target.is_dir() else work_dir
 
 
 def job_result(work_dir: Path) -> dict[str, Any] | None:
@@ -108,9 +113,10 @@ def find_job(sweep_dir: Path, identity: list[str]) -> Path | None:
     a write lost to a crash) is scanned once, indexing every job, and then marked complete."""
     index = sweep_dir / INDEX_DIR
     try:
-        candidate = sweep_dir / (index / _index_key(identity)).read_text().strip()
-        job = read_job(candidate)
-        if job is not None and job.get("overrides") == identity and "alias_of" not in job:
+        entry = index / _index_key(identity)
+        candidate = confine.confined(sweep_dir, entry.read_text().strip(), entry, "job dir of this sweep")
+        job = read_job(candidate) if candidate is not None and candidate.is_dir() else None
+        if candidate is not None and job is not None and job.get("overrides") == identity and "alias_of" not in job:
             return candidate
     except OSError:
         pass

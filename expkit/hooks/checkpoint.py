@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import re
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from expkit import atomic, checkpoint_io
+from expkit import atomic, checkpoint_io, confine
 from expkit.errors import ConfigError, ExpkitError
 from expkit.hooks.base import Hook
 from expkit.metrics import better, infer_rule
@@ -113,6 +114,8 @@ class CheckpointHook(Hook):
         self._dropping: list[str] = []  # retired by the save in progress; deleted once it is complete
         self._last_saved_position: tuple[int, int, int] | None = None
         self._deferred: int | None = None  # a regular save waiting for the validation that follows
+        self._source: Path | None = None  # the checkpoint a resume loads, known before this hook's state
+        self._foreign = False  # resumed from a checkpoint outside this run's checkpoint dir
 
     def _decide_rule(self, runner: Runner, key: str, given: str | None) -> None:
         """The direction of `key`, from the run's one rule; a given rule, or one the extra
@@ -126,16 +129,43 @@ class CheckpointHook(Hook):
         return {"best_scores": self.best_scores, "best_paths": dict(self.best_paths), "kept": list(self.kept),
                 "dropping": list(self._dropping)}  # fmt: skip
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Absolute paths (checkpoints written before names were relative, or by the run this
-        dir was copied from) are read as the file of that name in this run's checkpoint dir."""
-        self.best_scores = dict(state.get("best_scores", {}))
-        self.best_paths = {key: self._own(path) for key, path in state.get("best_paths", {}).items()}
-        self.kept = deque(self._own(path) for path in state.get("kept", []))
-        self._dropping = [self._own(path) for path in state.get("dropping", [])]
+    def after_load_checkpoint(self, runner: Runner, *, checkpoint: dict[str, Any]) -> None:
+        self._source = runner.load_source if runner.load_purpose == "resume" else None
 
-    def _own(self, recorded: str) -> str:
-        return checkpoint_io.own_file(self.dir, recorded).relative_to(self.dir).as_posix()
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """The names a checkpoint records are data: each must be one of this hook's own names
+        (``epoch_{}.pth``, ``best_<key>_epoch_{}.pth``) directly in this run's checkpoint dir,
+        else it is ignored with a warning. Resumed from a file in another dir (``resume=<file>``),
+        the run inherits none of them, nor the best scores: it keeps and retires its own files only."""
+        source = self._source or Path("the resumed checkpoint")
+        self._foreign = self._source is not None and not confine.inside(self.dir, Path(self._source))
+        if self._foreign:
+            self.best_scores, self.best_paths, self.kept, self._dropping = {}, {}, deque(), []
+            return
+        regular = [confine.name_pattern(t) for t in (self.filename_tmpl, "iter_{}.pth")]
+        recorded = state.get("best_paths", {})
+        self.best_paths = {}
+        for key, name in recorded.items() if isinstance(recorded, Mapping) else ():
+            best = confine.name_pattern(f"best_{str(key).replace('/', '_')}_{self.filename_tmpl}")
+            if (own := self._own(name, source, [best])) is not None:
+                self.best_paths[key] = own
+        self.best_scores = {k: v for k, v in dict(state.get("best_scores", {})).items() if k in self.best_paths}
+        self.kept = deque(self._own_list(state.get("kept"), source, regular))
+        self._dropping = self._own_list(state.get("dropping"), source, regular)
+
+    def _own_list(self, recorded: object, source: Path | str, patterns: list[re.Pattern[str]]) -> list[str]:
+        if not isinstance(recorded, (list, tuple)):
+            return []
+        return [name for name in (self._own(r, source, patterns) for r in recorded) if name is not None]
+
+    def _own(self, recorded: object, source: Path | str, patterns: list[re.Pattern[str]]) -> str | None:
+        path = confine.confined(self.dir, recorded, source, "checkpoint")
+        if path is None:
+            return None
+        if not any(p.fullmatch(path.name) for p in patterns):
+            log.warning("Ignoring %r recorded in %s: not a name this checkpoint hook gives its files", recorded, source)
+            return None
+        return path.name
 
     # -- saving -----------------------------------------------------------------------------
     def before_run(self, runner: Runner) -> None:
@@ -228,9 +258,15 @@ class CheckpointHook(Hook):
         file carries its own score."""
         if not runner.resuming:
             return
+        if self._foreign:
+            runner.best_checkpoints = {}
+            log.info("Resumed from %s, outside %s: this run keeps, retires and ranks only its own checkpoints",
+                     self._source, self.dir)  # fmt: skip
+            return
         self._delete_retired(runner)
         for key in self.save_best:
-            files = sorted(p for p in self.dir.glob(f"best_{key.replace('/', '_')}_*") if p.suffix in (".pth", ".dcp"))
+            files = sorted(p for p in self.dir.glob(f"best_{key.replace('/', '_')}_*")
+                           if p.suffix in (".pth", ".dcp") and confine.inside(self.dir, p))  # fmt: skip
             scored = []
             for path in files:
                 try:
@@ -298,8 +334,8 @@ class CheckpointHook(Hook):
         if self.save_last and runner.last_checkpoint is not None:
             sources.insert(0, str(runner.last_checkpoint))
         for source in dict.fromkeys(sources):
-            path = Path(source)
-            if not checkpoint_io.is_checkpoint(path):
+            path = Path(source)  # (a last checkpoint resumed from another dir gets no copy there)
+            if not checkpoint_io.is_checkpoint(path) or not confine.inside(self.dir, path):
                 continue
             full = checkpoint_io.load_checkpoint(path, "published checkpoint")
             dropped = sorted(set(full) - set(self.published_keys))

@@ -1,0 +1,184 @@
+"""A path read from a checkpoint or a work dir's records never reaches outside the run's own dir.
+
+Each case crafts the newest checkpoint of a finished run as an attacker (or a corrupted
+file) would, with names that climb out of its checkpoints dir, then resumes it by
+``resume=true`` (the run dir) and by ``resume=<file>`` (into a new run dir beside it): the
+files and dirs outside must still exist, and the run must still resume.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_cli
+
+from expkit import checkpoint_io, confine
+from expkit.sweep_jobs import JOB_FILE, job_target
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A completed two-epoch run: epoch_1.pth, epoch_2.pth, best_val_acc_epoch_*.pth."""
+    run = tmp_path_factory.mktemp("base") / "run"
+    proc = run_cli(f"hydra.run.dir={run}", "trainer.max_epochs=2")
+    assert proc.returncode == 0, proc.output
+    return run
+
+
+def _area(tmp_path: Path, finished_run: Path) -> tuple[Path, dict[str, Path]]:
+    """A copy of the finished run in tmp_path/run, beside files and a dir that must survive."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    victims = {"file": tmp_path / "victim.txt", "pth": tmp_path / "victim2.pth", "dir": tmp_path / "victim_dir"}
+    victims["file"].write_text("keep me")
+    victims["pth"].write_bytes(b"keep me too")
+    victims["dir"].mkdir()
+    (victims["dir"] / "inside.txt").write_text("and me")
+    return run, victims
+
+
+def _craft(run: Path, **state) -> Path:
+    """Put `state` into the checkpoint hook's state of the run's newest checkpoint."""
+    path = run / "checkpoints" / "epoch_2.pth"
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["hooks"]["checkpoint"].update(state)
+    torch.save(checkpoint, path)
+    return path
+
+
+def _resume(how: str, run: Path, *extra: str):
+    if how == "true":
+        return run_cli(f"hydra.run.dir={run}", "resume=true", "trainer.max_epochs=3", *extra)
+    return run_cli(f"hydra.run.dir={run.parent / 'new'}", f"resume={run / 'checkpoints' / 'epoch_2.pth'}",
+                   "trainer.max_epochs=3", *extra)  # fmt: skip
+
+
+def _assert_all_there(victims: dict[str, Path]) -> None:
+    assert victims["file"].read_text() == "keep me"
+    assert victims["pth"].read_bytes() == b"keep me too"
+    assert (victims["dir"] / "inside.txt").read_text() == "and me"
+
+
+CASES = {
+    "dropping a .. file": ({"dropping": ["../../victim.txt"]}, []),
+    "dropping a .. dir": ({"dropping": ["../../victim_dir"]}, []),
+    "kept a .. file, max_keep 1": ({"kept": ["../../victim2.pth"]}, ["default_hooks.checkpoint.max_keep_ckpts=1"]),
+    "best path a .. file": ({"best_paths": {"val/acc": "../../victim.txt"}, "best_scores": {"val/acc": -1.0}}, []),
+    "dropping an absolute path": ({"dropping": ["{victim_dir}", "{victim_file}"]}, []),
+    "kept an absolute path": ({"kept": ["{victim_pth}"]}, ["default_hooks.checkpoint.max_keep_ckpts=1"]),
+}
+
+
+@pytest.mark.parametrize("how", ["true", "file"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_crafted_checkpoint_deletes_nothing_outside_the_run(tmp_path, finished_run, case, how):
+    run, victims = _area(tmp_path, finished_run)
+    state, extra = CASES[case]
+    absolute = {"{victim_dir}": str(victims["dir"]), "{victim_file}": str(victims["file"]),
+                "{victim_pth}": str(victims["pth"])}  # fmt: skip
+    state = copy.deepcopy(state)
+    for key, value in state.items():
+        if isinstance(value, list):
+            state[key] = [absolute.get(v, v) for v in value]
+    _craft(run, **state)
+
+    proc = _resume(how, run, *extra)
+    assert proc.returncode == 0, proc.output
+    _assert_all_there(victims)
+    resumed = run if how == "true" else run.parent / "new"
+    assert json.loads((resumed / "result.json").read_text())["status"] == "completed"
+    if how == "true" and ".." in json.dumps(state):  # a name that climbs out is said, with the file it came from
+        assert "Ignoring '../../victim" in proc.output and "epoch_2.pth" in proc.output, proc.output
+
+
+@pytest.mark.parametrize("how", ["true", "file"])
+def test_a_symlink_in_the_checkpoints_dir_leading_out_is_not_followed(tmp_path, finished_run, how):
+    run, victims = _area(tmp_path, finished_run)
+    outside = tmp_path / "outside.pth"  # a checkpoint outside the run, reached through a symlink inside it
+    shutil.copy(run / "checkpoints" / "epoch_1.pth", outside)
+    (run / "checkpoints" / "epoch_7.pth").symlink_to(outside)
+    (run / "checkpoints" / "epoch_8.pth").symlink_to(victims["dir"])
+    (run / "checkpoints" / "epoch_9.pth").symlink_to(victims["pth"])
+    (run / "checkpoints" / "last_checkpoint").write_text("epoch_7.pth")
+    _craft(run, kept=["epoch_8.pth", "epoch_9.pth", "epoch_2.pth"], dropping=["epoch_8.pth"])
+
+    proc = _resume(how, run, "default_hooks.checkpoint.max_keep_ckpts=1")
+    assert proc.returncode == 0, proc.output
+    _assert_all_there(victims)
+    assert outside.is_file()
+    if how == "true":  # the pointer's symlink is not read: the newest checkpoint inside the run is
+        assert "Resumed from " + str(run / "checkpoints" / "epoch_2.pth") in proc.output, proc.output
+        assert "'epoch_7.pth'" in proc.output and "leads out of" in proc.output
+
+
+def test_resuming_from_a_file_does_not_inherit_its_retention(tmp_path, finished_run):
+    """resume=<file> into a dir that holds checkpoints of its own: the file's kept list names
+    epoch_1.pth, which here is the new run's own file, and must not be retired by it."""
+    run, _ = _area(tmp_path, finished_run)
+    _craft(run, kept=["epoch_1.pth", "epoch_2.pth"], best_paths={"val/acc": "epoch_1.pth"})
+    new = tmp_path / "new"
+    (new / "checkpoints").mkdir(parents=True)
+    mine = new / "checkpoints" / "epoch_1.pth"
+    shutil.copy(run / "checkpoints" / "epoch_1.pth", mine)
+
+    proc = _resume("file", run, "default_hooks.checkpoint.max_keep_ckpts=2")
+    assert proc.returncode == 0, proc.output
+    assert mine.is_file()
+    assert "this run keeps, retires and ranks only its own checkpoints" in proc.output
+    names = sorted(p.name for p in (new / "checkpoints").glob("*.pth"))
+    assert "epoch_3.pth" in names and any(n.startswith("best_") for n in names)  # its own best, in its own dir
+    result = json.loads((new / "result.json").read_text())
+    assert Path(result["best_checkpoint"]).parent == new / "checkpoints"
+
+
+def test_confined_accepts_one_name_inside_and_rejects_the_rest(tmp_path, caplog):
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    (directory / "epoch_1.pth").write_bytes(b"x")
+    (directory / "out.pth").symlink_to(tmp_path)
+    source = directory / "last_checkpoint"
+    assert confine.confined(directory, "epoch_1.pth", source) == directory / "epoch_1.pth"
+    assert confine.confined(directory, str(tmp_path / "elsewhere" / "epoch_1.pth"), source) == directory / "epoch_1.pth"
+    for bad in ("../x.pth", "a/b.pth", "..", ".", "", None, 3, ["epoch_1.pth"], "out.pth", "/"):
+        assert confine.confined(directory, bad, source) is None, bad
+    assert str(source) in caplog.text and "'../x.pth'" in caplog.text
+
+
+def test_name_patterns_match_only_the_hooks_own_names():
+    pattern = confine.name_pattern("epoch_{}.pth")
+    assert all(pattern.fullmatch(n) for n in ("epoch_1.pth", "epoch_12.dcp"))
+    assert not any(pattern.fullmatch(n) for n in ("epoch_.pth", "epoch_1.txt", "victim2.pth", "xepoch_1.pth"))
+    best = confine.name_pattern("best_val_acc_epoch_{}.pth")
+    assert best.fullmatch("best_val_acc_epoch_3.pth") and not best.fullmatch("best_val_loss_epoch_3.pth")
+
+
+def test_removing_a_checkpoint_never_deletes_another_tree(tmp_path):
+    tree = tmp_path / "epoch_1.dcp"  # named like a sharded checkpoint, but without its index
+    tree.mkdir()
+    (tree / "data.txt").write_text("x")
+    checkpoint_io.remove_checkpoint(tree)
+    assert (tree / "data.txt").is_file()
+    link = tmp_path / "epoch_2.pth"
+    link.symlink_to(tree)
+    checkpoint_io.remove_checkpoint(link)  # the link goes, never what it leads to
+    assert not link.is_symlink() and (tree / "data.txt").is_file()
+
+
+def test_a_sweep_job_record_cannot_point_a_job_outside_its_sweep(tmp_path):
+    sweep = tmp_path / "sweep"
+    job = sweep / "0"
+    job.mkdir(parents=True)
+    (tmp_path / "victim").mkdir()
+    for alias in ("../victim", str(tmp_path / "victim")):
+        (job / JOB_FILE).write_text(json.dumps({"alias_of": alias, "overrides": []}))
+        assert job_target(job) == job
+    (sweep / "1").mkdir()
+    (job / JOB_FILE).write_text(json.dumps({"alias_of": str(sweep / "1"), "overrides": []}))
+    assert job_target(job) == sweep / "1"
