@@ -11,6 +11,11 @@ class ConfigError(ExpkitError):
     """A config value or override is wrong. The message names the key."""
 
 
+class ResumeRefused(ConfigError):
+    """The checkpoint a run would start from does not fit it; found before anything was written,
+    so the run dir it names is left exactly as it was."""
+
+
 class HookError(ExpkitError):
     """A hook raised inside a stage, or is malformed. Names the hook and the stage."""
 

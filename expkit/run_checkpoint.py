@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from expkit import atomic, checkpoint_io, confine, distributed
-from expkit.errors import CheckpointWriteError, ConfigError
+from expkit.errors import CheckpointWriteError, ConfigError, ResumeRefused
 from expkit.rng import rng_states, set_rng_states
 from expkit.stages import Stage
 
@@ -141,25 +141,113 @@ def disk_full(exc: BaseException) -> bool:
     return getattr(exc, "errno", None) == errno.ENOSPC or "unexpected pos" in str(exc) or "No space left" in str(exc)
 
 
+def check_start(runner: Runner) -> None:
+    """Read the checkpoint a run starts from (``resume``: true for the work dir's last complete
+    one, or a path; ``load_from``: weights only) and check that it fits this run, before any
+    hook runs or any file is written: a refused start raises ResumeRefused and leaves the run
+    dir it names as it was. Kept for ``load_or_resume``; done once."""
+    r = runner
+    if r.start_checkpoint is not None:
+        return
+    found: tuple[Path, dict[str, Any]] | None = None
+    try:
+        if r.resume_from is True or r.resume_from == "true":
+            found = checkpoint_io.load_resumable(r.work_dir)
+        elif r.resume_from or r.load_from:
+            key = "resume" if r.resume_from else "load_from"
+            path = Path(r.resume_from if r.resume_from else r.load_from)  # type: ignore[arg-type]
+            found = path, checkpoint_io.load_checkpoint(path, key, consolidate=False)
+        if found is not None:
+            _check_fits(r, found[1], found[0], resume=bool(r.resume_from))
+    except ResumeRefused:
+        raise
+    except ConfigError as exc:  # missing, unreadable or refused as untrusted: refused all the same
+        raise ResumeRefused(str(exc)) from None
+    r.start_checkpoint = found or ()
+
+
+def _check_fits(runner: Runner, checkpoint: dict[str, Any], source: Path, resume: bool) -> None:
+    """The checkpoint's weights fit the model (names and shapes), and its optimizer state the
+    optimizers (groups and their sizes): what loading would find only after the hooks ran."""
+    from expkit import sharding
+
+    r = runner
+    given = (
+        f"resume=true ({source})"
+        if r.resume_from in (True, "true")
+        else f"{'resume' if resume else 'load_from'}={source}"
+    )
+    unchanged = f"Nothing in {r.work_dir} was changed." if resume else ""
+    sharded_model = sharding.is_sharded(r.model)
+    if "state_dict" not in checkpoint:  # a sharded checkpoint: torch.distributed.checkpoint checks its shards
+        return
+    if sharded_model and resume and ("optimizer" in checkpoint or "optimizers" in checkpoint):
+        raise ResumeRefused(
+            f"{given}: a checkpoint file of an unsharded run cannot resume with trainer.strategy=fsdp "
+            "(its optimizer state is not keyed by parameter name); resume it with trainer.strategy=ddp, or "
+            f"start from its weights with load_from=. {unchanged}"
+        )
+    stored = {k.removeprefix("module."): v for k, v in checkpoint["state_dict"].items()}
+    wanted = {k.removeprefix("module."): v for k, v in r.model.state_dict().items()}
+    missing, unexpected = sorted(set(wanted) - set(stored)), sorted(set(stored) - set(wanted))
+    resized = [] if sharded_model else [
+        f"{k} {tuple(stored[k].shape)} for {tuple(wanted[k].shape)}" for k in sorted(set(stored) & set(wanted))
+        if getattr(stored[k], "shape", None) != wanted[k].shape
+    ]  # fmt: skip
+    problems = [f"{len(names)} {what} ({_few(names)})" for names, what in
+                ((missing, "weights missing"), (unexpected, "unexpected weights"), (resized, "of another shape"))
+                if names]  # fmt: skip
+    if problems:
+        config = checkpoint.get("config")
+        model = config.get("model") if isinstance(config, dict) else None
+        trained_with = model.get("_target_") if isinstance(model, dict) else None
+        hint = f" (it was trained with model._target_={trained_with})" if trained_with else ""
+        raise ResumeRefused(
+            f"{given}: the checkpoint does not fit this model{hint}: {'; '.join(problems)}. "
+            f"Give the model it was trained with, or train from scratch in another hydra.run.dir. {unchanged}"
+        )
+    if not resume:
+        return
+    saved = checkpoint.get("optimizers") or (
+        {"optimizer": checkpoint["optimizer"]} if "optimizer" in checkpoint else {}
+    )
+    owned = r.optimizers or ({"optimizer": r.optimizer} if r.optimizer is not None else {})
+    for name, state in saved.items():
+        optimizer = owned.get(name)
+        if optimizer is None or not isinstance(state, dict) or "param_groups" not in state:
+            continue
+        sizes = [len(group["params"]) for group in state["param_groups"]]
+        if sizes != [len(group["params"]) for group in optimizer.param_groups]:
+            raise ResumeRefused(
+                f"{given}: the checkpoint's optimizer {name!r} has parameter groups of {sizes} "
+                f"parameters, this run's {[len(g['params']) for g in optimizer.param_groups]} (another optim= "
+                f"or param_groups setting). Resume with the settings it was trained with, or start from its "
+                f"weights with load_from=. {unchanged}"
+            )
+
+
+def _few(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (f", ... {len(names) - shown} more" if len(names) > shown else "")
+
+
 def load_or_resume(runner: Runner) -> None:
     """At the start of a run: ``resume`` (true: the work dir's last complete checkpoint; a
-    path: that one) puts the whole run state back; ``load_from`` only the weights."""
+    path: that one) puts the whole run state back; ``load_from`` only the weights. The
+    checkpoint was read and checked by ``check_start``."""
     r = runner
+    check_start(r)
     if r.resume_from is True or r.resume_from == "true":
         if r.is_main:  # what a killed writer left half-written is never read: remove it
             for directory in (r.work_dir, r.work_dir / "checkpoints"):
                 for name in checkpoint_io.remove_stale_temporaries(directory):
                     log.info("Removed %s, a temporary file left by an interrupted write", name)
-        found = checkpoint_io.load_resumable(r.work_dir)
-        if found is None:
+        if not r.start_checkpoint:
             log.warning("resume=true: no checkpoint in %s/checkpoints yet; training from scratch", r.work_dir)
             return
-        apply_checkpoint(r, found[1], resume=True, source=found[0])
-    elif r.resume_from or r.load_from:
-        resume = bool(r.resume_from)
-        path = Path(r.resume_from if resume else r.load_from)  # type: ignore[arg-type]
-        checkpoint = checkpoint_io.load_checkpoint(path, "resume" if resume else "load_from", consolidate=False)
-        apply_checkpoint(r, checkpoint, resume=resume, source=path)
+    if r.start_checkpoint:
+        path, checkpoint = r.start_checkpoint  # type: ignore[misc]
+        r.start_checkpoint = ()  # (its tensors are the model's now: not kept twice)
+        apply_checkpoint(r, checkpoint, resume=bool(r.resume_from), source=path)
 
 
 def load_test_weights(runner: Runner) -> None:
@@ -229,13 +317,7 @@ def _load_weights(runner: Runner, checkpoint: dict[str, Any], source: Path, resu
         return
     state = {k.removeprefix("module."): v for k, v in checkpoint["state_dict"].items()}
     try:
-        if sharding.is_sharded(runner.model):
-            if resume and ("optimizer" in checkpoint or "optimizers" in checkpoint):
-                raise ConfigError(
-                    f"resume={source}: a checkpoint file of an unsharded run cannot resume with "
-                    "trainer.strategy=fsdp (its optimizer state is not keyed by parameter name); "
-                    "resume it with trainer.strategy=ddp, or start from its weights with load_from="
-                )
+        if sharding.is_sharded(runner.model):  # (a file of an unsharded run to resume: refused by check_start)
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
             set_model_state_dict(runner.model, state, options=StateDictOptions(full_state_dict=True))

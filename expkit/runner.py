@@ -118,6 +118,8 @@ class Runner:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.resume_from = resume
         self.load_from = load_from
+        # (path, checkpoint) the run starts from, read and checked before anything is written; () none
+        self.start_checkpoint: tuple[Path, dict[str, Any]] | tuple[()] | None = None
         self.config = dict(config) if config is not None else None
         self.loggers: dict[str, Backend] = dict(loggers or {})  # TensorBoard, wandb: written by LoggerHook
         self.run_info = dict(run_info or {})
@@ -258,6 +260,7 @@ class Runner:
         """before_run, [load], train, test, after_run; writes and returns result.json's content."""
         started = time.time()
         status, error, tb = "completed", None, None
+        run_checkpoint.check_start(self)  # a refused resume raises here, the run dir as it was
         logs.show_progress()
         if log.isEnabledFor(logging.INFO):
             log.info(self.hook_order_table())

@@ -22,8 +22,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from expkit import atomic, checkpoint_io, cli, logs, sweep_jobs
-from expkit.errors import ConfigError, ExpkitError
+from expkit import atomic, checkpoint_io, cli, logs, run_checkpoint, sweep_jobs
+from expkit.errors import ConfigError, ExpkitError, ResumeRefused
 from expkit.metrics import worst_value
 from expkit.results import write_failure
 from expkit.signals import stop_on_signals
@@ -34,8 +34,10 @@ log = logging.getLogger("expkit")
 
 # -- the task ---------------------------------------------------------------------------------------
 def _fail(exc: BaseException, work_dir: Path) -> None:
-    """Report a user error in a single run: one message, result.json says failed; no traceback wall."""
-    write_failure(work_dir, str(exc))
+    """Report a user error in a single run: one message, result.json says failed; no traceback
+    wall. A refused resume writes nothing: the run it names stays as it was."""
+    if not isinstance(exc, ResumeRefused):
+        write_failure(work_dir, str(exc))
     print(f"\nError: {exc}\n(work dir: {work_dir})", file=sys.stderr)
     sys.exit(2 if isinstance(exc, ConfigError) else 1)  # 2: fix the input; 1: the run failed
 
@@ -138,6 +140,9 @@ def _run_owned(
         if trial is not None:
             run_info["optuna_trial"] = trial[1]
         runner = build_runner(cfg, work_dir, run_info)
+        if _HYDRA_RECORD_DEFERRED and not multirun:  # a resume: its checkpoint fits, .hydra/ may change now
+            run_checkpoint.check_start(runner)
+            _write_hydra_record(cfg, work_dir)
         if not multirun:  # what building imported (torch._dynamo, with the optimizer) and built lives on too;
             _freeze_heap()  # (not in a sweep: jobs sharing a process must leave nothing frozen behind)
             # signals stay stop requests until the run is reported: torchrun SIGTERMs a dead rank's survivors
@@ -177,6 +182,34 @@ def _run_owned(
 
 
 _TASK_STARTED = False  # set by the task function: a SystemExit(1) before it is Hydra's config error
+_HYDRA_RECORD_DEFERRED = False  # a resume: .hydra/ is written by the task once the checkpoint fits
+
+
+def _defer_hydra_record(argv: list[str]) -> None:
+    """A resume (resume=true or a path) must not rewrite the run's .hydra/ before its checkpoint
+    is known to fit: Hydra is told not to write it (hydra.output_subdir=null), and the task
+    writes the same three files once the checkpoint is checked (``_write_hydra_record``)."""
+    global _HYDRA_RECORD_DEFERRED
+    resume = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), "false")
+    if resume.strip().lower() in ("false", "null", "none", "0", "") or any(
+        a in ("-m", "--multirun") or a.startswith("hydra.output_subdir=") for a in argv
+    ):
+        return
+    sys.argv.append("hydra.output_subdir=null")
+    _HYDRA_RECORD_DEFERRED = True
+
+
+def _write_hydra_record(cfg: DictConfig, work_dir: Path) -> None:
+    """.hydra/config.yaml, hydra.yaml and overrides.yaml, as Hydra writes them for a run."""
+    from omegaconf import OmegaConf
+
+    hc = HydraConfig.get()
+    hydra_node = OmegaConf.to_container(hc, resolve=False)
+    hydra_node["output_subdir"] = ".hydra"  # type: ignore[index]
+    hydra_node["overrides"]["hydra"] = [o for o in hydra_node["overrides"]["hydra"] if o != "hydra.output_subdir=null"]  # type: ignore[index]
+    records = {"config.yaml": cfg, "hydra.yaml": {"hydra": hydra_node}, "overrides.yaml": hc.overrides.task}
+    for name, node in records.items():
+        atomic.write_text_atomic(work_dir / ".hydra" / name, OmegaConf.to_yaml(node))
 
 
 def _share_run_dir_across_ranks() -> None:
@@ -284,6 +317,10 @@ def main() -> None:
         if message:
             print(f"Error: {message}", file=sys.stderr)
             sys.exit(2)
+        from expkit import distributed
+
+        if distributed.rank() == 0:
+            _defer_hydra_record(sys.argv[1:])
         compose_once()
         run()
     except SystemExit as exc:

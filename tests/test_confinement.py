@@ -182,3 +182,40 @@ def test_a_sweep_job_record_cannot_point_a_job_outside_its_sweep(tmp_path):
     (sweep / "1").mkdir()
     (job / JOB_FILE).write_text(json.dumps({"alias_of": str(sweep / "1"), "overrides": []}))
     assert job_target(job) == sweep / "1"
+
+
+# -- a refused resume changes nothing in the run it refuses (issue 43 A) ---------------------------
+def _digests(run: Path) -> dict[str, bytes]:
+    """Every file of the run but its lock (which records its last owner) and train.log."""
+    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
+            if p.is_file() and p.name not in (".lock", "train.log")}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["model=cnn", "model.hidden=[32]", "optim.param_groups=[{match: '*.bias', weight_decay: 0.0}]"],
+)
+def test_a_refused_resume_changes_nothing_in_the_run(tmp_path, finished_run, override):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    before = _digests(run)
+    proc = run_cli(f"hydra.run.dir={run}", "resume=true", override)
+    assert proc.returncode == 2, proc.output
+    assert "Nothing in" in proc.stderr and "was changed" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.output
+    assert _digests(run) == before
+    result = json.loads((run / "result.json").read_text())
+    assert result["status"] == "completed" and result["best_metrics"]
+
+
+def test_an_accepted_resume_records_its_config_in_hydra(tmp_path, finished_run):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    proc = run_cli(f"hydra.run.dir={run}", "resume=true", "trainer.max_epochs=3")
+    assert proc.returncode == 0, proc.output
+    from omegaconf import OmegaConf
+
+    assert OmegaConf.load(run / ".hydra" / "config.yaml").trainer.max_epochs == 3
+    assert "trainer.max_epochs=3" in OmegaConf.load(run / ".hydra" / "overrides.yaml")
+    hydra = OmegaConf.load(run / ".hydra" / "hydra.yaml").hydra
+    assert hydra.output_subdir == ".hydra" and "hydra.output_subdir=null" not in hydra.overrides.hydra
