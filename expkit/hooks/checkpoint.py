@@ -221,11 +221,22 @@ class CheckpointHook(Hook):
     def _save_or_defer(self, runner: Runner, count: int) -> None:
         """When validation follows, save after it (in after_val): the checkpoint then holds the
         state validation updates (best scores, early stopping, plateau schedulers), so a
-        resume is not one validation behind."""
-        if runner.settings.by_epoch == self.by_epoch and runner.validation_due(count):
+        resume is not one validation behind, and never validates (and records) it again."""
+        if self._validation_follows(runner, count):
             self._deferred = count
         else:
             self._save_regular(runner, count)
+
+    def _validation_follows(self, runner: Runner, count: int) -> bool:
+        """Whether validation comes before training goes on: at this count, when both count
+        the same unit; for an iteration save in epoch-based training, when the iteration ends
+        an epoch that validates (its checkpoint would otherwise resume before that validation)."""
+        if runner.settings.by_epoch == self.by_epoch:
+            return runner.validation_due(count)
+        if self.by_epoch:  # (iteration-based training validates inside the epoch, before its end)
+            return False
+        size = len(runner.train_loader) if hasattr(runner.train_loader, "__len__") else None  # type: ignore[arg-type]
+        return size is not None and runner.position[2] >= size and runner.validation_due(runner.epoch + 1)
 
     def after_train_epoch(self, runner: Runner) -> None:
         if self.by_epoch and runner.epoch_complete and self._due(runner.epoch + 1):
