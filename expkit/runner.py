@@ -262,8 +262,8 @@ class Runner:
         status, error, tb = "completed", None, None
         run_checkpoint.check_start(self)  # a refused resume raises here, the run dir as it was
         logs.show_progress()
-        if log.isEnabledFor(logging.INFO):
-            log.info(self.hook_order_table())
+        if log.isEnabledFor(logging.INFO):  # (the table per stage: show_hooks=true, or hook_order_table())
+            log.info("Hooks: %s", ", ".join(self.hook_names()))
         # room for result.json and provenance.json however full the disk gets during the run
         reserve = atomic.SpaceReserve(self.work_dir / ".result.reserve") if self.is_main else None
         benchmark = self.settings.cudnn_benchmark and self.device.type == "cuda"

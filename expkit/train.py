@@ -199,6 +199,20 @@ def _defer_hydra_record(argv: list[str]) -> None:
     _HYDRA_RECORD_DEFERRED = True
 
 
+def _show_hooks_scratch(argv: list[str]) -> str | None:
+    """show_hooks=true prints the table and trains nothing: without a hydra.run.dir of the
+    user's, its work dir is a scratch dir, removed afterwards (no empty run dir left behind)."""
+    if "show_hooks=true" not in argv or any(
+        a in ("-m", "--multirun") or a.startswith(("hydra.run.dir=", "hydra.output_subdir=")) for a in argv
+    ):
+        return None
+    import tempfile
+
+    scratch = tempfile.mkdtemp(prefix="expkit-show-hooks-")
+    sys.argv += [f"hydra.run.dir={scratch}", "hydra.output_subdir=null"]
+    return scratch
+
+
 def _write_hydra_record(cfg: DictConfig, work_dir: Path) -> None:
     """.hydra/config.yaml, hydra.yaml and overrides.yaml, as Hydra writes them for a run."""
     from omegaconf import OmegaConf
@@ -321,8 +335,15 @@ def main() -> None:
 
         if distributed.rank() == 0:
             _defer_hydra_record(sys.argv[1:])
+        scratch = _show_hooks_scratch(sys.argv[1:])
         compose_once()
-        run()
+        try:
+            run()
+        finally:
+            if scratch is not None:
+                import shutil
+
+                shutil.rmtree(scratch, ignore_errors=True)
     except SystemExit as exc:
         # Hydra's own errors (an unknown key, an unparsable override) are the user's to fix, like
         # expkit's: one exit code for "fix your input"

@@ -63,7 +63,7 @@ def test_hydra_forms(tmp_path, args):
         assert result["hooks"] == ["ema"]
         checkpoint = torch.load(tmp_path / "checkpoints" / "epoch_2.pth", weights_only=False)
         assert set(checkpoint["ema_state_dict"]) == {k for k in checkpoint["state_dict"]}
-        assert "EMAHook [ema]" in proc.output  # in the printed hook order
+        assert "Hooks: runtime_info, timer, sampler_seed, ema, logger" in proc.output  # in the printed hook order
 
 
 def test_help_lists_the_groups_and_cfg_job_prints_the_config():
@@ -166,7 +166,7 @@ def test_a_raising_user_hook_fails_the_run_by_name(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 1
     assert "in Boom.after_train_iter: ValueError: loss exploded" in proc.output
-    assert "(HIGH        ) Boom [boom]" in proc.output
+    assert "Hooks: runtime_info, boom, timer" in proc.output
     result = _result(work)
     assert result["status"] == "failed" and "Boom.after_train_iter" in result["error"]
     assert (work / "checkpoints" / "last_checkpoint").read_text().endswith("epoch_1.pth")
@@ -190,3 +190,42 @@ def test_keys_set_for_a_hook_the_run_does_not_pick_are_said_in_the_log_and_not_r
     said = "hooks.ema has no _target_, so nothing is built from it (priority: HIGH): to use it, give 'hooks=[ema]'"
     assert said in (tmp_path / "train.log").read_text()
     assert json.loads((tmp_path / "result.json").read_text())["hooks"] == []
+
+
+def test_a_run_names_its_hooks_in_one_line_and_show_hooks_leaves_no_dir(tmp_path):
+    run = run_cli(f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_epochs=1", "hooks=[ema]")
+    assert run.returncode == 0, run.output
+    assert "Hooks: runtime_info, " in run.output and "ema" in run.output
+    assert "before_run:" not in run.output  # the 40-line table only when asked for
+    shown = run_cli("show_hooks=true", cwd=tmp_path / "run")
+    assert shown.returncode == 0, shown.output
+    assert "before_run:" in shown.stdout
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if p.name == "outputs") == []
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("default_hooks.checkpoint.by_epoch=flase", "by_epoch must be true or false, got 'flase'"),
+        ("default_hooks.checkpoint.filename_tmpl=fixed.pth", "filename_tmpl must be a file name with one {}"),
+        ("default_hooks.checkpoint.published_keys=[nope]", "published_keys ['nope'] names none of a checkpoint"),
+        (
+            "default_hooks.checkpoint.max_keep_ckpts=0",
+            "max_keep_ckpts must be -1 (keep every checkpoint) or at least 1",
+        ),
+        ("default_hooks.checkpoint.max_keep_ckpts=-2", "max_keep_ckpts must be -1"),
+        ("default_hooks.checkpoint.out_dir={file}", "is a file, so"),
+    ],
+)
+def test_checkpoint_settings_taken_wrongly_are_refused_before_training(tmp_path, override, named):
+    (tmp_path / "a_file").write_text("")
+    proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", override.format(file=tmp_path / "a_file"))
+    assert proc.returncode == 2, proc.output
+    assert named in proc.stderr and "default_hooks.checkpoint" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.output
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert (
+        "train/loss" not in (tmp_path / "run" / "metrics.jsonl").read_text()
+        if (tmp_path / "run" / "metrics.jsonl").exists()
+        else True
+    )

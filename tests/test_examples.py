@@ -17,7 +17,7 @@ def test_user_project_experiment_with_its_own_hook_model_and_data(tmp_path):
     proc = run_cli("--config-dir", "conf", "experiment=my_exp", f"hydra.run.dir={tmp_path}", "trainer.max_epochs=3",
                    cwd=PROJECT, env={"PYTHONPATH": str(PROJECT)})  # fmt: skip
     assert proc.returncode == 0, proc.output
-    assert "(ABOVE_NORMAL) WeightNormHook [weight_norm]" in proc.output  # printed at its priority
+    assert "Hooks: runtime_info, weight_norm, timer," in proc.output  # ABOVE_NORMAL: before the NORMAL timer
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["status"] == "completed" and result["hooks"] == ["ema", "weight_norm"]
     assert result["final_metrics"]["val/acc"] > 0.8

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import os
 import re
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -33,6 +34,51 @@ def _as_list(value: str | Sequence[str] | None) -> list[str]:
     if value is None:
         return []
     return [value] if isinstance(value, str) else list(value)
+
+
+_FLAGS = ("by_epoch", "save_optimizer", "save_param_scheduler", "save_last", "best_save_optimizer", "fsync")
+# the top-level keys of an expkit checkpoint (a hook may add its own, e.g. the EMA hook's ema_state_dict)
+CHECKPOINT_KEYS = ("meta", "state_dict", "config", "optimizer", "optimizers", "scheduler", "schedulers",
+                   "grad_scaler", "rng", "hooks", "ema_state_dict")  # fmt: skip
+
+
+def _check_settings(given: dict[str, Any]) -> None:
+    """Settings that would be taken wrongly, refused before training (``by_epoch=flase`` reads
+    as true, a template without ``{}`` names every save alike, ``max_keep_ckpts=0`` keeps all)."""
+    for name in _FLAGS:
+        if not isinstance(given[name], bool):
+            raise TypeError(f"{name} must be true or false, got {given[name]!r}")
+    for name in ("interval", "max_keep_ckpts", "save_begin"):
+        if isinstance(given[name], bool) or not isinstance(given[name], int):
+            raise TypeError(f"{name} must be a whole number, got {given[name]!r}")
+    if given["save_begin"] < 0:
+        raise ValueError(f"save_begin must be >= 0, got {given['save_begin']}")
+    if given["max_keep_ckpts"] == 0 or given["max_keep_ckpts"] < -1:
+        raise ValueError(
+            f"max_keep_ckpts must be -1 (keep every checkpoint) or at least 1, got {given['max_keep_ckpts']}"
+        )
+    tmpl = given["filename_tmpl"]
+    if tmpl is not None and (not isinstance(tmpl, str) or tmpl.count("{}") != 1 or "/" in tmpl or tmpl.startswith(".")):
+        raise ValueError(
+            f"filename_tmpl must be a file name with one {{}} for the count (e.g. ckpt_{{}}.pth), got {tmpl!r}"
+        )
+    published = _as_list(given["published_keys"])
+    if published and not set(published) & {"meta", "state_dict"}:
+        raise ValueError(f"published_keys {published} names none of a checkpoint's keys; "
+                         f"choose from {', '.join(CHECKPOINT_KEYS)}, e.g. [meta,state_dict]")  # fmt: skip
+
+
+def _mb(size: float) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.0f} kB"
+
+
+def _check_writable_dir(directory: Path, key: str) -> None:
+    """A dir that exists or can be made, and written: checked at the start, not at the first save."""
+    existing = next(p for p in (directory, *directory.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"{key}: {existing} is a file, so {directory} cannot hold checkpoints; give a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}: {existing} cannot be written; give a directory you can write")
 
 
 class CheckpointHook(Hook):
@@ -63,7 +109,7 @@ class CheckpointHook(Hook):
         save_optimizer: bool = True,
         save_param_scheduler: bool = True,
         out_dir: str | Path | None = None,
-        max_keep_ckpts: int = -1,
+        max_keep_ckpts: int = 2,
         save_last: bool = True,
         save_best: str | Sequence[str] | None = None,
         rule: str | Sequence[str] | None = None,
@@ -75,8 +121,7 @@ class CheckpointHook(Hook):
         best_save_optimizer: bool = False,
         fsync: bool = False,
     ) -> None:
-        if save_begin < 0:
-            raise ValueError(f"save_begin must be >= 0, got {save_begin}")
+        _check_settings(locals())
         self.interval = interval
         self.by_epoch = by_epoch
         self.save_optimizer = save_optimizer
@@ -176,6 +221,8 @@ class CheckpointHook(Hook):
                 self._decide_rule(runner, key, self.given_rules[key])
         base = runner.work_dir / "checkpoints"
         self.dir = base if self.out_dir is None else self.out_dir / runner.work_dir.name
+        if self.out_dir is not None:
+            _check_writable_dir(self.dir, "default_hooks.checkpoint.out_dir")
         if not log.isEnabledFor(logging.INFO):  # (nothing to format for a silent log)
             return
         unit = "epochs" if self.by_epoch else "iterations"
@@ -186,7 +233,9 @@ class CheckpointHook(Hook):
             policy.append("best by " + ", ".join(f"{k} ({self.rules.get(k, 'decided at the first validation')})"
                                                  for k in self.save_best))  # fmt: skip
         if self.max_keep_ckpts > 0:
-            policy.append(f"keeping the newest {self.max_keep_ckpts}")
+            policy.append(f"keeping the newest {self.max_keep_ckpts} (max_keep_ckpts; -1 keeps all)")
+        else:
+            policy.append("keeping all (max_keep_ckpts=-1)")
         log.info("Checkpoints in %s: %s", self.dir, "; ".join(policy))
 
     def _due(self, n: int) -> bool:
@@ -208,8 +257,25 @@ class CheckpointHook(Hook):
             self.dir / name, save_optimizer=self.save_optimizer, save_scheduler=self.save_param_scheduler,
             durable=self.fsync,
         )  # fmt: skip
+        if self._last_saved_position is None and runner.is_main:
+            self._report_size(self.dir / name)
         self._last_saved_position = runner.position
         self._delete_retired(runner)
+
+    def _report_size(self, path: Path) -> None:
+        """Once, at the first save: what one checkpoint weighs and what the run will keep."""
+        try:
+            size = path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*"))
+        except OSError:
+            return
+        kept = f"{self.max_keep_ckpts} regular" if self.max_keep_ckpts > 0 else "every regular checkpoint"
+        best = f" + {len(self.save_best)} best" if self.save_best else ""
+        total = (
+            f", about {_mb(size * (self.max_keep_ckpts + len(self.save_best)))} in all"
+            if self.max_keep_ckpts > 0
+            else ""
+        )
+        log.info("Checkpoint %s: %s; keeping %s%s%s", path.name, _mb(size), kept, best, total)
 
     def _delete_retired(self, runner: Runner) -> None:
         if runner.is_main:
@@ -349,6 +415,9 @@ class CheckpointHook(Hook):
             if not checkpoint_io.is_checkpoint(path) or not confine.inside(self.dir, path):
                 continue
             full = checkpoint_io.load_checkpoint(path, "published checkpoint")
+            absent = [key for key in self.published_keys if key not in full]
+            if absent:
+                log.warning("published_keys: %s has no %s (it holds %s)", path.name, ", ".join(absent), ", ".join(full))
             dropped = sorted(set(full) - set(self.published_keys))
             slim = {k: v for k, v in full.items() if k in self.published_keys}
             buffer = io.BytesIO()
