@@ -21,6 +21,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from expkit import distributed
 from expkit.backends import Backend
 from expkit.data import DataModule
+from expkit.data_info import DATA_INFO
 from expkit.devices import run_device
 from expkit.errors import ConfigError, ExpkitError
 from expkit.hooks.base import Hook
@@ -158,20 +159,6 @@ def build_loggers(nodes: Any, key: str) -> dict[str, Backend]:
     return loggers
 
 
-_DATA_INFO: dict[str, Any] = {}  # what the current data module describes; read by ${data_info:KEY}
-
-
-def _data_info(key: str) -> Any:
-    if not _DATA_INFO:
-        raise ConfigError(f"${{data_info:{key}}} is known only once the data module is built (at training time)")
-    if key not in _DATA_INFO:
-        raise ConfigError(f"${{data_info:{key}}}: the data module describes {sorted(_DATA_INFO)}, not {key!r}")
-    return _DATA_INFO[key]
-
-
-OmegaConf.register_new_resolver("data_info", _data_info, replace=True)
-
-
 def describe_data(data: Any) -> dict[str, Any]:
     """What the data module tells models: its ``describe()``, or the image attributes of an
     object that has no such method."""
@@ -185,8 +172,8 @@ def build_model(cfg: DictConfig, data: Any) -> Any:
     ``vocab_size``, ...) fills the model's arguments of those names that the config leaves
     unset, and is available to any config value as ``${data_info:KEY}``."""
     info = describe_data(data)
-    _DATA_INFO.clear()
-    _DATA_INFO.update(info)
+    DATA_INFO.clear()
+    DATA_INFO.update(info)
     model_target = _locate_target(cfg.model, "model")
     model_kwargs = {k: v for k, v in _accepted(model_target, info).items() if cfg.model.get(k) is None}
     return instantiate_node(cfg.model, "model", **model_kwargs)

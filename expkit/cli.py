@@ -144,9 +144,11 @@ def _writable(directory: Path) -> bool:
 
 
 def check_keys(argv: list[str]) -> str | None:
-    """Keys no config can have (a key longer than a file name can be)."""
+    """Keys no config can have (none at all, or longer than a file name can be)."""
     for arg in argv:
         key = arg.partition("=")[0].lstrip("+~")
+        if "=" in arg and not arg.startswith("-") and not key.strip():
+            return f"'{arg}' has no key before '='; write KEY=VALUE, e.g. optim.lr=0.01 (see --cfg job for the keys)"
         if "=" in arg and not arg.startswith("-") and any(len(part) > 200 for part in key.split(".")):
             return f"{key[:40]}...: a {len(key)}-character key is not a key of the config; see --cfg job for the keys"
     return None

@@ -33,6 +33,14 @@ log = logging.getLogger("expkit")
 
 
 # -- the task ---------------------------------------------------------------------------------------
+def task_overrides(hc: Any) -> list[str]:
+    """The command line's overrides as typed: an override holding ``${...}`` stays text (read
+    through the list, OmegaConf would resolve it, before ``${data_info:...}`` is known)."""
+    from omegaconf import OmegaConf
+
+    return [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]  # type: ignore[union-attr]
+
+
 def _fail(exc: BaseException, work_dir: Path) -> None:
     """Report a user error in a single run: one message, result.json says failed; no traceback
     wall. A refused resume writes nothing: the run it names stays as it was."""
@@ -61,8 +69,9 @@ def run(cfg: DictConfig) -> float | None:
         logs.log_to_rank_file(work_dir, distributed.rank())
         logs.errors_in_one_line()
     monitor, rule = monitor_of(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
+    overrides = task_overrides(hc)
     run_info = {
-        "overrides": list(hc.overrides.task),
+        "overrides": overrides,
         "hooks": [k for k, v in cfg.hooks.items() if v is not None and "_target_" in v],  # (not in runtime.choices)
         "command": " ".join(["python -m expkit.train", *sys.argv[1:]]),
     }
@@ -108,7 +117,7 @@ def _run_owned(
         # one writer per job dir: another launch of this sweep may be running this job now
         if not sweep_jobs.own_job_dir(work_dir, work_dir, run_info["command"], owned):
             return None
-        hydra_dir, work_dir = work_dir, sweep_jobs.place_job(cfg, list(hc.overrides.task), work_dir, sweep_dir)
+        hydra_dir, work_dir = work_dir, sweep_jobs.place_job(cfg, task_overrides(hc), work_dir, sweep_dir)
         if work_dir != hydra_dir and not sweep_jobs.own_job_dir(work_dir, hydra_dir, run_info["command"], owned):
             return None  # (resume=true found the job in another dir, which another launch runs)
         done = sweep_jobs.finished_job_value(cfg, work_dir, rule, monitor)

@@ -118,6 +118,7 @@ def test_show_hooks_prints_the_order_without_training(tmp_path):
         (["data=image_folder", "data.root=/no/such/dir"], ["data.root=/no/such/dir", "ImageFolder layout"]),
         (["data=image_folder"], ["data.root is required"]),
         (["trainer.precision=64"], ["trainer.precision must be 32, bf16 or 16"]),
+        (["=3"], ["'=3' has no key before '='"]),
     ],
     ids=[
         "hook",
@@ -130,6 +131,7 @@ def test_show_hooks_prints_the_order_without_training(tmp_path):
         "root",
         "no-root",
         "prec",
+        "no-key",
     ],
 )
 def test_bad_input_names_the_key_without_a_traceback(tmp_path, args, expected):
@@ -229,3 +231,12 @@ def test_checkpoint_settings_taken_wrongly_are_refused_before_training(tmp_path,
         if (tmp_path / "run" / "metrics.jsonl").exists()
         else True
     )
+
+
+def test_data_info_interpolations_work_on_the_command_line(tmp_path):
+    proc = run_cli(f"hydra.run.dir={tmp_path}", "trainer.max_epochs=1", "model.hidden=[${data_info:num_classes}]")
+    assert proc.returncode == 0, proc.output
+    weights = torch.load(tmp_path / "checkpoints" / "epoch_1.pth", weights_only=True)["state_dict"]
+    assert weights["net.1.weight"].shape == (10, 64)  # a hidden layer as wide as digits has classes
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["overrides"][1] == "model.hidden=[${data_info:num_classes}]"  # recorded as typed

@@ -1,0 +1,33 @@
+"""``${data_info:KEY}``: what the data module describes (``num_classes``, ``in_channels``,
+``vocab_size``...), for any config value, in YAML or on the command line.
+
+Registered with OmegaConf when expkit is imported, before Hydra composes and before anything
+reads the config (a command-line interpolation is resolved as early as the run's record);
+filled by ``expkit.build.build_model`` once the data module is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from expkit.errors import ConfigError
+
+__all__ = ["DATA_INFO"]
+
+DATA_INFO: dict[str, Any] = {}  # what the current data module describes
+
+
+def _data_info(key: str) -> Any:
+    if not DATA_INFO:
+        raise ConfigError(
+            f"${{data_info:{key}}} is known only once the data module is built: it may be used in the model's "
+            "and later config values (model, optim, metrics, hooks), which are built after the data"
+        )
+    if key not in DATA_INFO:
+        raise ConfigError(f"${{data_info:{key}}}: the data module describes {sorted(DATA_INFO)}, not {key!r}")
+    return DATA_INFO[key]
+
+
+OmegaConf.register_new_resolver("data_info", _data_info, replace=True)
