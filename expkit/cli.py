@@ -111,6 +111,19 @@ def flags_first(argv: list[str]) -> list[str]:
     return flags + overrides
 
 
+def output_file_problem(path: Path) -> str | None:
+    """Why a command's output file cannot be written there, checked before the work starts: it
+    is a directory, or a file stands where a directory of its path should be."""
+    if path.is_dir():
+        return "is a directory; give a file name in it"
+    existing = next((p for p in path.parents if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        return f"{existing} is a file, not a directory; give a path in a directory"
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} cannot be written"
+    return None
+
+
 def check_output_dirs(argv: list[str]) -> str | None:
     """An output dir that is empty (the current directory would become the work dir) or cannot
     be written, named before Hydra tries to log into it."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +58,12 @@ def example_input(loaders: Any) -> Any:
     raise ConfigError("the run's data has no loader to take an example input from")
 
 
-def export(cfg: DictConfig, work_dir: Path) -> dict[str, Any]:
-    """Export the checkpoint `cfg.checkpoint` as `cfg.format`; returns the JSON written beside it."""
+def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = ()) -> dict[str, Any]:
+    """Export the checkpoint `cfg.checkpoint` as `cfg.format`; returns the JSON written beside it.
+    `config_dirs`: the --config-dir whose targets are trusted, as for ``expkit.eval``."""
     import torch
 
+    from expkit.cli import output_file_problem
     from expkit.eval import _restore, _weights, stored_overrides
     from expkit.trust import TrustPolicy
 
@@ -69,11 +72,17 @@ def export(cfg: DictConfig, work_dir: Path) -> dict[str, Any]:
     fmt = str(cfg.format)
     if fmt not in SUFFIX:
         raise ConfigError(f"format={fmt}: use format=safetensors, format=onnx, format=torch_export or format=pth")
-    trust = TrustPolicy(list(cfg.trusted_targets or []))
+    out = Path(cfg.out) if cfg.out else work_dir / f"model{SUFFIX[fmt]}"
+    problem = output_file_problem(out)
+    if problem:
+        raise ConfigError(f"out={out}: {problem}")
+    opset = cfg.get("opset")
+    if opset is not None and (isinstance(opset, bool) or not isinstance(opset, int) or opset < 7):
+        raise ConfigError(f"opset={opset!r}: give an ONNX opset version, a whole number such as opset=18, or null")
+    trust = TrustPolicy([str(t) for t in cfg.trusted_targets or []], config_dirs)
     path, stored, loaders, model = _restore(cfg.checkpoint, str(cfg.which), bool(cfg.ema), stored_overrides(cfg),
                                             trust)  # fmt: skip
     model.eval()
-    out = Path(cfg.out) if cfg.out else work_dir / f"model{SUFFIX[fmt]}"
     out.parent.mkdir(parents=True, exist_ok=True)
     x = example_input(loaders)
     if not isinstance(x, torch.Tensor):
@@ -95,7 +104,7 @@ def export(cfg: DictConfig, work_dir: Path) -> dict[str, Any]:
     else:
         batch = torch.export.Dim("batch", min=1)
         if fmt == "onnx":
-            kwargs = {"opset_version": int(cfg.opset)} if cfg.opset is not None else {}
+            kwargs = {"opset_version": opset} if opset is not None else {}
             program = torch.onnx.export(model, (x,), dynamo=True, dynamic_shapes=({0: batch},), **kwargs)
             program.save(str(out))
         else:
@@ -131,7 +140,9 @@ def run(cfg: DictConfig) -> None:
     _STARTED = True
     work_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        export(cfg, work_dir)
+        from expkit.cli import config_dirs_of
+
+        export(cfg, work_dir, config_dirs_of(sys.argv[1:])[1:])
     except ExpkitError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         sys.exit(2 if isinstance(exc, ConfigError) else 1)

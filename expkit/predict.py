@@ -22,6 +22,7 @@ import csv
 import io
 import json
 import logging
+import math
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -38,8 +39,11 @@ log = logging.getLogger("expkit")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
-def read_inputs(source: Path, data: Any) -> tuple[list[str], torch.Tensor]:
-    """(a name per input, the inputs as the model takes them) from a folder, .npy, .pt or .csv."""
+def read_inputs(source: Path, data: Any, preprocessed: bool = False,
+                shape: tuple[int, ...] | None = None) -> tuple[list[str], torch.Tensor]:  # fmt: skip
+    """(a name per input, the inputs as the model takes them) from a folder, .npy, .pt or .csv.
+    `preprocessed`: file inputs are already what the model takes (as the training transform
+    made them): taken as float tensors, reshaped to `shape` when their size per input is its."""
     if source.is_dir():
         files = sorted(p for p in source.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
@@ -78,6 +82,11 @@ def read_inputs(source: Path, data: Any) -> tuple[list[str], torch.Tensor]:
         raise ConfigError(f"input={source}: cannot be read ({type(exc).__name__}: {exc})") from None
     if raw.dim() == 0 or len(raw) == 0:
         raise ConfigError(f"input={source}: holds no inputs (shape {tuple(raw.shape)})")
+    if preprocessed:
+        x = raw.float() if raw.is_floating_point() else raw
+        if shape is not None and tuple(x.shape[1:]) != shape and x[0].numel() == math.prod(shape):
+            x = x.reshape(len(x), *shape)
+        return [str(i) for i in range(len(raw))], x
     try:
         return [str(i) for i in range(len(raw))], data.predict_input(raw)
     except ExpkitError:
@@ -85,6 +94,52 @@ def read_inputs(source: Path, data: Any) -> tuple[list[str], torch.Tensor]:
     except Exception as exc:
         raise ConfigError(f"input={source}: inputs of shape {tuple(raw.shape[1:])} do not fit {type(data).__name__}'s "
                           f"transform ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None  # fmt: skip
+
+
+def training_range(loaders: Any, batches: int = 20) -> tuple[float, float] | None:
+    """The 1st and 99th percentiles of the model's inputs over the first `batches` training
+    batches (as the data's transform gives them); None when the inputs are not float tensors."""
+    train = loaders[0]
+    if isinstance(train, dict):
+        train = next(iter(train.values()), None)
+    values = []
+    for n, batch in enumerate(train or ()):
+        x = batch[0] if isinstance(batch, (list, tuple)) else batch
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            return None
+        values.append(x.detach().float().flatten()[:: max(1, x.numel() // 4096)])
+        if n + 1 >= batches:
+            break
+    if not values:
+        return None
+    low, high = torch.quantile(torch.cat(values), torch.tensor([0.01, 0.99])).tolist()
+    return low, high
+
+
+def check_range(x: torch.Tensor, trained: tuple[float, float] | None, data: Any, source: str) -> None:
+    """Inputs that, after the data's transform, lie a whole training range beyond it (other
+    units: 0-255 for 0-1), or span under a quarter of it (preprocessed twice: digits scaled to
+    [0, 1], then divided by 16 again), are refused: they would be predicted silently wrong.
+    The training range is its 1st to 99th percentile."""
+    if trained is None or not x.is_floating_point() or x.numel() == 0:
+        return
+    low, high = float(x.min()), float(x.max())
+    span = trained[1] - trained[0]
+    if span <= 0:
+        return
+    outside = low < trained[0] - span or high > trained[1] + span
+    squeezed = high - low < 0.25 * span
+    if not (outside or squeezed):
+        return
+    doc = (getattr(type(data), "predict_input", None).__doc__ or "").strip()  # type: ignore[union-attr]
+    transform = doc.splitlines()[0].rstrip(".") if doc else "predict_input"
+    looks = "already preprocessed" if squeezed else "in other units than the training data"
+    raise ConfigError(
+        f"input={source}: after {type(data).__name__}'s preprocessing ({transform}) the inputs span "
+        f"[{low:.4g}, {high:.4g}], while the model was trained on [{trained[0]:.4g}, {trained[1]:.4g}] (1st-99th "
+        f"percentile): they look {looks}. Give raw inputs as the dataset holds them, or preprocessed=true when "
+        "they already are what the model takes (scaled as training scaled them)."
+    )
 
 
 def _read_csv(path: Path) -> torch.Tensor:
@@ -112,8 +167,10 @@ def _batches(x: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
         yield x[start : start + size]
 
 
-def predict(cfg: DictConfig, work_dir: Path) -> dict[str, Any]:
-    """Predict `cfg.input` with `cfg.checkpoint`'s model; write `cfg.output`; returns a summary."""
+def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = ()) -> dict[str, Any]:
+    """Predict `cfg.input` with `cfg.checkpoint`'s model; write `cfg.output`; returns a summary.
+    `config_dirs`: the --config-dir whose targets are trusted, as for ``expkit.eval``."""
+    from expkit.cli import output_file_problem
     from expkit.eval import restore, stored_overrides
     from expkit.export import example_input
     from expkit.trust import TrustPolicy
@@ -125,18 +182,27 @@ def predict(cfg: DictConfig, work_dir: Path) -> dict[str, Any]:
     output = Path(cfg.output) if cfg.output else work_dir / "predictions.csv"
     if output.suffix.lower() not in (".csv", ".jsonl", ".json"):
         raise ConfigError(f"output={output}: use a .csv or .jsonl file")
+    problem = output_file_problem(output)
+    if problem:
+        raise ConfigError(f"output={output}: {problem}")
     if not isinstance(cfg.top_k, int) or cfg.top_k < 1:
         raise ConfigError(f"top_k must be a positive integer, got {cfg.top_k!r}")
-    trust = TrustPolicy(list(cfg.trusted_targets or []))
+    preprocessed = cfg.get("preprocessed", False)
+    if not isinstance(preprocessed, bool):
+        raise ConfigError(f"preprocessed must be true or false, got {preprocessed!r}")
+    trust = TrustPolicy([str(t) for t in cfg.trusted_targets or []], config_dirs)
     path, stored, loaders, model, data = restore(cfg.checkpoint, str(cfg.which), bool(cfg.ema),
                                                  stored_overrides(cfg), trust)  # fmt: skip
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device)
     model = model.to(device).eval()
-    names, x = read_inputs(Path(cfg.input), data)
-    expected = tuple(example_input(loaders).shape[1:])
+    example = example_input(loaders)
+    expected = tuple(example.shape[1:])
+    names, x = read_inputs(Path(cfg.input), data, preprocessed, expected)
     if tuple(x.shape[1:]) != expected:
         raise ConfigError(f"input={cfg.input}: inputs of shape {tuple(x.shape[1:])}, but the model takes "
                           f"{expected} (as its data, {stored.data._target_.rsplit('.', 1)[-1]}, gives them)")  # fmt: skip
+    if not preprocessed and not Path(cfg.input).is_dir():
+        check_range(x, training_range(loaders), data, str(cfg.input))
     outputs = []
     try:
         with torch.no_grad():
@@ -152,7 +218,8 @@ def predict(cfg: DictConfig, work_dir: Path) -> dict[str, Any]:
     classifier = y.dim() == 2 and y.shape[1] > 1 and (bool(classes) or num_classes == y.shape[1])
     rows = _rows(names, y, data, classes if classifier else None, int(cfg.top_k), classifier)
     _write(output, rows)
-    log.info("Predicted %d inputs of %s with %s: %s", len(rows), cfg.input, path, output)
+    how = "as given (preprocessed=true)" if preprocessed else f"through {type(data).__name__}.predict_input"
+    log.info("Predicted %d inputs of %s (%s) with %s: %s", len(rows), cfg.input, how, path, output)
     return {"checkpoint": str(path), "output": str(output), "rows": len(rows)}
 
 
@@ -214,7 +281,9 @@ def run(cfg: DictConfig) -> None:
     global _STARTED
     _STARTED = True
     try:
-        predict(cfg, Path(HydraConfig.get().runtime.output_dir))
+        from expkit.cli import config_dirs_of
+
+        predict(cfg, Path(HydraConfig.get().runtime.output_dir), config_dirs_of(sys.argv[1:])[1:])
     except ExpkitError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         sys.exit(2 if isinstance(exc, ConfigError) else 1)
@@ -227,6 +296,7 @@ OPTIONS = (
     "which",
     "ema",
     "top_k",
+    "preprocessed",
     "batch_size",
     "device",
     "trusted_targets",

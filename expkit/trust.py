@@ -159,5 +159,5 @@ class TrustPolicy:
             f"{source}: refused to build {key}={target!r}{why}. A stored config is data from whoever wrote the "
             f"file; expkit builds only the targets it trusts (its own, {', '.join(DEFAULT_TRUSTED[4:])}, and "
             f"those its shipped configs and your --config-dir name). If you trust the file's author: {hint} "
-            "(python -m expkit.eval), or load_model(..., trusted_targets=[...])."
+            "(on the command line of expkit.eval, predict or export), or load_model(..., trusted_targets=[...])."
         )

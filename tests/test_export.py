@@ -87,7 +87,11 @@ def test_export_is_a_hydra_app_and_bad_input_exits_2(run_dir, tmp_path):
     assert "format: safetensors" in _export(f"checkpoint={run_dir}", "--cfg", "job").stdout
     for args, named in ((["format=tflite"], "format=tflite: use format=safetensors"),
                         ([], "checkpoint"),
-                        (["checkpoint=/nonexistent"], "checkpoint=/nonexistent: no such file or run dir")):  # fmt: skip
+                        (["checkpoint=/nonexistent"], "checkpoint=/nonexistent: no such file or run dir"),
+                        (["format=safetensors", f"out={tmp_path}"], "is a directory; give a file name in it"),
+                        (["format=safetensors", f"out={tmp_path / 'f' / 'm.st'}"], "is a file, not a directory"),
+                        (["format=onnx", "opset=abc"], "opset='abc': give an ONNX opset version")):  # fmt: skip
+        (tmp_path / "f").write_text("")
         if args and args[0].startswith("format"):
             args = [f"checkpoint={run_dir}", *args]
         proc = _export(*args, f"hydra.run.dir={tmp_path / 'bad'}")

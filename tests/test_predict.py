@@ -142,3 +142,35 @@ def test_the_default_input_transform_scales_bytes_and_keeps_integers(raw, expect
 
     out = DataModule().predict_input(raw)
     assert out.dtype == expected.dtype and torch.equal(out, expected)
+
+
+def test_inputs_preprocessed_already_are_refused_unless_declared(digits_run, tmp_path):
+    """Digits scaled to [0, 1] (as the model takes them) were divided by 16 again and predicted
+    at about 20% accuracy, exit 0. They are refused, naming both ranges and the option;
+    preprocessed=true takes them as they are, and predicts as raw inputs do."""
+    pixels, labels = _sklearn_digits(100)
+    np.save(tmp_path / "raw.npy", pixels)
+    np.save(tmp_path / "scaled.npy", pixels / 16)
+    np.save(tmp_path / "bytes.npy", pixels * 16)  # 0-255, other units
+    for name, looks in (("scaled", "already preprocessed"), ("bytes", "in other units")):
+        proc = _predict(tmp_path, f"checkpoint={digits_run}", f"input={name}.npy", "output=out.csv")
+        assert proc.returncode == 2, proc.stderr
+        assert f"they look {looks}" in proc.stderr and "preprocessed=true" in proc.stderr, proc.stderr
+        assert "trained on [0, 1]" in proc.stderr and "Traceback" not in proc.stderr
+        assert not (tmp_path / "out.csv").exists()
+    predictions = {}
+    for name, extra in (("raw", []), ("scaled", ["preprocessed=true"])):
+        proc = _predict(tmp_path, f"checkpoint={digits_run}", f"input={name}.npy", f"output={name}.csv", *extra)
+        assert proc.returncode == 0, proc.stderr
+        predictions[name] = [int(r["prediction"]) for r in csv.DictReader((tmp_path / f"{name}.csv").open())]
+    assert predictions["raw"] == predictions["scaled"]
+    assert np.mean(np.array(predictions["raw"]) == labels) > 0.7
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_predicting(digits_run, tmp_path):
+    np.save(tmp_path / "raw.npy", _sklearn_digits(5)[0])
+    (tmp_path / "a_file").write_text("")
+    for output, named in (("a_file/out.csv", "is a file, not a directory"), (".", "output=.: use a .csv")):
+        proc = _predict(tmp_path, f"checkpoint={digits_run}", "input=raw.npy", f"output={output}")
+        assert proc.returncode == 2, proc.stderr
+        assert named in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

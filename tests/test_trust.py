@@ -152,6 +152,22 @@ def test_eval_command_trusts_a_package_or_a_config_dir(tmp_path):
                               capture_output=True, text=True)  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         assert (tmp_path / f"e{i + 1}" / "result.json").is_file()
+    # one trust rule for every command that reads a checkpoint: predict and export honour --config-dir too
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    np.save(tmp_path / "x.npy", load_digits().data[:3].astype(np.float32))
+    for command, args in (("predict", [f"input={tmp_path / 'x.npy'}", f"output={tmp_path / 'p.csv'}"]),
+                          ("export", [f"out={tmp_path / 'm.safetensors'}"])):  # fmt: skip
+        line = [sys.executable, "-m", f"expkit.{command}", f"checkpoint={tmp_path / 'run'}", *args,
+                f"hydra.run.dir={tmp_path / command}"]  # fmt: skip
+        refused = subprocess.run(line, cwd=PROJECT, env=env, capture_output=True, text=True)
+        assert refused.returncode == 2 and "trusted_targets=[my_project]" in refused.stderr, refused.stderr
+        assert "expkit.eval, predict or export" in refused.stderr
+        proc = subprocess.run([line[0], *line[1:3], "--config-dir", "conf", *line[3:]], cwd=PROJECT, env=env,
+                              capture_output=True, text=True)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "p.csv").is_file() and (tmp_path / "m.safetensors").is_file()
 
 
 def test_every_shipped_config_is_trusted():
