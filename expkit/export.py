@@ -18,10 +18,12 @@ The example input is one batch of the run's own validation (or test) data.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,28 @@ def example_input(loaders: Any) -> Any:
             batch = next(iter(loader))
             return batch[0] if isinstance(batch, (list, tuple)) else batch
     raise ConfigError("the run's data has no loader to take an example input from")
+
+
+def _output_name(model: Any) -> str:
+    """The ONNX graph's output: ``logits`` for a classifier (the data names its classes), else ``output``."""
+    return "logits" if getattr(model, "data_description", {}).get("num_classes") else "output"
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """The ONNX exporter's progress lines and its optimizer's INFO records (onnxscript, onnx_ir:
+    'No unused functions to remove', ...) say nothing a user can act on: kept to warnings while
+    it runs; its warnings and errors still show."""
+    loggers = [logging.getLogger(name) for name in ("onnxscript", "onnx_ir", "torch.onnx")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(logger.getEffectiveLevel(), logging.WARNING))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # '[torch.onnx] Translate the graph...' progress
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = ()) -> dict[str, Any]:
@@ -105,7 +129,10 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
         batch = torch.export.Dim("batch", min=1)
         if fmt == "onnx":
             kwargs = {"opset_version": opset} if opset is not None else {}
-            program = torch.onnx.export(model, (x,), dynamo=True, dynamic_shapes=({0: batch},), **kwargs)
+            names = {"input_names": ["input"], "output_names": [_output_name(model)]}
+            with _quiet_exporter():
+                program = torch.onnx.export(model, (x,), dynamo=True, dynamic_shapes=({0: batch},), verbose=False,
+                                            **names, **kwargs)  # fmt: skip
             program.save(str(out))
         else:
             program = torch.export.export(model, (x,), dynamic_shapes=({0: batch},))

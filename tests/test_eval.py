@@ -36,6 +36,9 @@ def test_evaluating_the_best_checkpoint_gives_back_the_logged_test_metrics(tmp_p
     assert trained["test_checkpoint"] == trained["best_checkpoint"]  # test_with=best
     proc = _eval(f"checkpoint={tmp_path / 'run'}", f"work_dir={tmp_path / 'eval'}", f"ema={str(ema).lower()}")
     assert proc.returncode == 0, proc.stderr
+    output = proc.stdout + proc.stderr
+    assert "Data: test 270 samples\n" in output and "train ?" not in output and "evaluation only" in output
+    assert "before_run:" not in output  # the hook table only when asked for
     evaluated = json.loads((tmp_path / "eval" / "result.json").read_text())
     assert evaluated["checkpoint"] == trained["best_checkpoint"]
     for key in ("test/acc", "test/loss"):

@@ -63,6 +63,9 @@ def test_onnx_runs_in_onnxruntime_with_any_batch_and_matches_torch(run_dir, tmp_
     assert info["input_shape"] == ["batch", 1, 8, 8] and info["num_classes"] == 10 and info["format"] == "onnx"
     model = load_model(run_dir)
     session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    assert [i.name for i in session.get_inputs()] == ["input"] and [o.name for o in session.get_outputs()] == ["logits"]
+    assert session.get_inputs()[0].shape[0] == "batch"
+    assert "No unused functions" not in proc.stderr + proc.stdout and "[torch.onnx]" not in proc.stdout
     name = session.get_inputs()[0].name
     for batch in (1, 3, 17):
         x = torch.randn(batch, 1, 8, 8, generator=torch.Generator().manual_seed(batch))

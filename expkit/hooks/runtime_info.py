@@ -19,7 +19,9 @@ def _size(loader: object) -> str:
     if isinstance(loader, Mapping):  # named sets
         return "(" + ", ".join(f"{name} {_size(one)}" for name, one in loader.items()) + ")"
     dataset = getattr(loader, "dataset", None)
-    return f"{len(dataset)} samples" if dataset is not None and hasattr(dataset, "__len__") else "?"
+    if dataset is not None and hasattr(dataset, "__len__"):
+        return f"{len(dataset)} samples"
+    return f"{len(loader)} batches" if hasattr(loader, "__len__") else "(a stream without a length)"
 
 
 class RuntimeInfoHook(Hook):
@@ -36,6 +38,8 @@ class RuntimeInfoHook(Hook):
             return
         s = runner.settings
         budget = f"{s.max_epochs} epochs" if s.by_epoch else f"{s.max_iters} iterations"
+        if runner.train_loader is None or runner.optimizer is None:
+            budget = "evaluation only"
         log.info("Work dir: %s", runner.work_dir.resolve())
         extras = [name for name, on in (("compiled", s.compile), ("channels_last", s.channels_last)) if on]
         log.info(
@@ -48,9 +52,5 @@ class RuntimeInfoHook(Hook):
             budget,
             "".join(f" | {e}" for e in extras),
         )
-        log.info(
-            "Data: train %s, val %s, test %s",
-            _size(runner.train_loader),
-            _size(runner.val_loader),
-            _size(runner.test_loader),
-        )
+        loaders = (("train", runner.train_loader), ("val", runner.val_loader), ("test", runner.test_loader))
+        log.info("Data: %s", ", ".join(f"{name} {_size(loader)}" for name, loader in loaders if loader is not None))
