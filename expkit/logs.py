@@ -2,7 +2,7 @@
 
 ``python -m expkit.train`` logs through Hydra's job logging (the same format, set in
 ``conf/*.yaml``) to the terminal and ``<work dir>/train.log``; torchrun's ranks > 0 to
-``rank<N>.log``; a Runner used from Python with logging unconfigured, to the terminal.
+``rank<N>.log`` (on the terminal, only their warnings and errors, marked ``[rank N]``); a Runner used from Python with logging unconfigured, to the terminal.
 """
 
 from __future__ import annotations
@@ -34,16 +34,22 @@ def log_to_file(path: Path) -> None:
 
 
 def log_to_rank_file(work_dir: Path, rank: int) -> None:
-    """Ranks > 0 keep their own log file (rank<N>.log) instead of sharing train.log."""
+    """Ranks > 0 keep their own log file (rank<N>.log, every record) instead of sharing
+    train.log, and print only warnings and errors, prefixed with their rank: rank 0 tells the
+    run once, and a line from another rank says whose it is."""
     if rank == 0:
         return
     root = logging.getLogger()
-    for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
-        root.removeHandler(handler)
-        replacement = logging.FileHandler(work_dir / f"rank{rank}.log")
-        replacement.setFormatter(handler.formatter)
-        root.addHandler(replacement)
-        handler.close()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler):
+            root.removeHandler(handler)
+            replacement = logging.FileHandler(work_dir / f"rank{rank}.log")
+            replacement.setFormatter(handler.formatter)
+            root.addHandler(replacement)
+            handler.close()
+        elif isinstance(handler, logging.StreamHandler):  # the terminal
+            handler.setLevel(max(handler.level, logging.WARNING))
+            handler.setFormatter(logging.Formatter(LOG_FORMAT[0].replace("] ", f"] [rank {rank}] ", 1), LOG_FORMAT[1]))
 
 
 def errors_in_one_line() -> None:

@@ -88,11 +88,13 @@ def test_two_processes_one_run(tmp_path):
     assert len(runs) == 1, runs  # no second work dir for rank 1
     (work,) = runs
     assert sorted(p.name for p in (work / "checkpoints").glob("epoch_*.pth")) == [
-        "epoch_1.pth",
         "epoch_2.pth",
         "epoch_3.pth",
-    ]
+    ]  # (max_keep_ckpts=2)
     assert (work / "rank1.log").is_file() and not (work / ".hydra" / "rank1").exists()
+    # rank 0 tells the run once; rank 1's INFO lines go to its own file only
+    assert proc.stdout.count("Hooks: ") == 1 and proc.stdout.count("Done (completed)") == 1, proc.stdout[-3000:]
+    assert "Hooks: " in (work / "rank1.log").read_text() and "[rank 1]" not in (work / "rank1.log").read_text()
     result = json.loads((work / "result.json").read_text())
     assert result["status"] == "completed" and result["iter"] == 60  # 1258 samples / 2 ranks / 32 = 20 per epoch
 
@@ -265,3 +267,30 @@ def test_torchrun_restarts_resume_the_same_run_and_end_bit_identical(tmp_path):
     final, expected = (torch.load(w / "checkpoints" / "iter_60.pth", weights_only=True)["state_dict"]
                        for w in (work, tmp_path / "reference"))  # fmt: skip
     assert all(torch.equal(final[k], expected[k]) for k in expected)
+
+
+def test_a_rank_above_0_prints_only_its_warnings_marked_with_its_rank(tmp_path):
+    import io
+    import logging
+
+    from expkit.logs import LOG_FORMAT, log_to_rank_file
+
+    root, saved = logging.getLogger(), logging.getLogger().handlers[:]
+    terminal, file = logging.StreamHandler(io.StringIO()), logging.FileHandler(tmp_path / "train.log")
+    for handler in (terminal, file):
+        handler.setFormatter(logging.Formatter(*LOG_FORMAT))
+    root.handlers[:] = [terminal, file]
+    level = root.level
+    root.setLevel(logging.INFO)
+    try:
+        log_to_rank_file(tmp_path, 1)
+        logging.getLogger("expkit").info("progress")
+        logging.getLogger("expkit").warning("careful")
+    finally:
+        for handler in root.handlers:
+            handler.close()
+        root.handlers[:] = saved
+        root.setLevel(level)
+    printed = terminal.stream.getvalue()
+    assert "progress" not in printed and "] [rank 1] careful" in printed
+    assert "progress" in (tmp_path / "rank1.log").read_text() and not (tmp_path / "train.log").read_text()
