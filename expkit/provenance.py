@@ -61,6 +61,12 @@ def _work_tree(cwd: Path) -> Path | None:
     return None
 
 
+def _holds(entry: Path, work_dir: Path) -> bool:
+    """Whether `entry` is `work_dir`, one of its parents, or inside it."""
+    entry, work_dir = entry.resolve(), work_dir.resolve()
+    return entry == work_dir or entry in work_dir.parents or work_dir in entry.parents
+
+
 class _GitQuery:
     """git's answers about `cwd`: one process (``git status --porcelain=v2 --branch`` gives the
     commit, the branch and the changed files), started now and read later; none outside a
@@ -76,7 +82,9 @@ class _GitQuery:
             else None
         )
 
-    def state(self) -> dict[str, Any]:
+    def state(self, work_dir: Path | None = None) -> dict[str, Any]:
+        """`work_dir`: the run's own dir; an untracked entry that holds it or lies in it is expkit's
+        output (``outputs/`` of a project without a .gitignore for it), not a change to the code."""
         out = _git_output(self.status)
         if out is None:  # not a working tree, no git, or git refused (e.g. a repository of another user)
             return {"repository": None}
@@ -95,7 +103,7 @@ class _GitQuery:
                 changed.append(f"{original} -> {path}")
             elif kind == "u":  # unmerged: XY sub m1 m2 m3 mW h1 h2 h3 path
                 changed.append(rest.split(" ", 9)[9])
-            elif kind == "?":  # untracked
+            elif kind == "?" and not (self.tree and work_dir and _holds(self.tree / rest, work_dir)):  # untracked
                 changed.append(rest)
         if commit in (None, "(initial)"):  # no commit yet
             return {"repository": None}
@@ -180,7 +188,7 @@ def start(work_dir: Path, cwd: Path | None = None) -> Callable[[], dict[str, Any
         nonlocal done
         if not done:
             done = True
-            info["git"] = query.state()
+            info["git"] = query.state(work_dir)
             try:
                 _write(work_dir, info)
             except OSError as exc:  # a full or read-only disk: the run's own records say more

@@ -112,6 +112,28 @@ def test_provenance_reads_commit_branch_and_changes_from_one_git_status(tmp_path
     assert _GitQuery(outside).status is None
 
 
+def test_a_run_inside_a_repository_does_not_call_it_dirty_with_its_own_outputs(tmp_path):
+    """A project without a .gitignore for outputs/ (examples/my_project had none): the run's
+    own work dir, and the outputs/ dir holding it, are not changes to the code."""
+    repo = tmp_path / "project"
+    repo.mkdir()
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t", "-C", str(repo)]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "train.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    for run in ("first", "second"):  # the second sees the first's outputs too
+        proc = run_cli(f"hydra.run.dir=outputs/runs/{run}", "trainer.max_epochs=1", cwd=repo)
+        assert proc.returncode == 0, proc.output
+        info = json.loads((repo / "outputs" / "runs" / run / "provenance.json").read_text())
+        assert info["git"]["dirty"] is False and info["git"]["changed_files"] == [], info["git"]
+    (repo / "notes.txt").write_text("mine\n")  # an untracked file of the user's still counts
+    proc = run_cli("hydra.run.dir=outputs/runs/third", "trainer.max_epochs=1", cwd=repo)
+    info = json.loads((repo / "outputs" / "runs" / "third" / "provenance.json").read_text())
+    assert info["git"]["changed_files"] == ["notes.txt"]
+    assert "outputs/" in (REPO / "examples" / "my_project" / ".gitignore").read_text().splitlines()
+
+
 def test_two_seeded_deterministic_runs_are_identical(tmp_path):
     def values(work):
         rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
