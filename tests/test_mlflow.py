@@ -1,11 +1,19 @@
 """logger=[mlflow]: real MLflow runs in a local SQLite store, read back with MlflowClient, a sweep
-grouped in one experiment, and `mlflow server` answering a REST query about them."""
+grouped in one experiment, and `mlflow server` answering a REST query about them. A store whose
+making is SIGKILLed (for real, during MLflow's own migrations) is never left half made; one left
+half made before fails the run with its repair, and following that repair works."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import re
+import shutil
+import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -98,3 +106,102 @@ def test_a_failing_mlflow_store_warns_once_and_the_run_goes_on(tmp_path):
     assert proc.returncode == 0, proc.output[-3000:]
     assert proc.output.count("Logging backend mlflow failed") == 1
     assert json.loads((tmp_path / "r" / "result.json").read_text())["status"] == "completed"
+
+
+# python -c KILLER PATTERN MODULE ARGS...: runs `python -m MODULE ARGS`, SIGKILLed right after MLflow's
+# database runs a statement containing PATTERN (a SQLAlchemy event listener: no library is patched).
+KILLER = """
+import os, runpy, signal, sys
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+pattern, module = sys.argv[1], sys.argv[2]
+def kill(conn, cursor, statement, *rest):
+    if pattern in statement:
+        os.kill(os.getpid(), signal.SIGKILL)
+event.listen(Engine, "after_cursor_execute", kill)
+sys.argv = [module, *sys.argv[3:]]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+# the batch migration that rebuilds `datasets` in a scratch copy: a kill here left the store of issue 43 (D)
+SCRATCH_MADE = "CREATE TABLE _alembic_tmp_datasets"
+
+
+def _killed(cwd: Path, module: str, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-c", KILLER, SCRATCH_MADE, module, *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def half_made_store(tmp_path_factory) -> Path:
+    """A store left half made the way issue 43 (D) found it: MLflow (here `mlflow db upgrade`, as
+    expkit's backend did before) making it in place, SIGKILLed in its migrations."""
+    db = tmp_path_factory.mktemp("half_made") / "mlflow.db"
+    _killed(db.parent, "mlflow", "db", "upgrade", f"sqlite:///{db}")
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "_alembic_tmp_datasets" in tables and "runs" in tables
+    return db
+
+
+def _half_made_copy(half_made_store: Path, cwd: Path) -> Path:
+    db = cwd / "outputs" / "mlflow.db"
+    db.parent.mkdir(parents=True)
+    shutil.copyfile(half_made_store, db)
+    return db
+
+
+def test_a_run_killed_while_mlflow_makes_the_store_leaves_no_half_made_store(tmp_path):
+    # the first run with logger=[mlflow] makes outputs/mlflow.db, and is SIGKILLed in MLflow's migrations
+    _killed(tmp_path, "expkit.train", "logger=[mlflow]", f"hydra.run.dir={tmp_path / 'killed'}", "trainer.max_epochs=1")
+    assert not (tmp_path / "outputs" / "mlflow.db").exists()  # only the partial file beside it, never half a store
+    work = tmp_path / "next"
+    proc = run_cli("logger=[mlflow]", f"hydra.run.dir={work}", "trainer.max_epochs=1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.output[-3000:]
+    assert "Logging backend" not in proc.output, proc.output[-3000:]  # was: "... _alembic_tmp_datasets already exists"
+    (run,) = _client(tmp_path).search_runs([_client(tmp_path).get_experiment_by_name("expkit").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_id == (work / "mlflow" / "run_id").read_text().strip()
+
+
+def test_a_half_made_store_that_holds_nothing_fails_the_run_with_its_repair(tmp_path, half_made_store):
+    db = _half_made_copy(half_made_store, tmp_path)
+    work = tmp_path / "refused"
+    proc = run_cli("logger=[mlflow]", f"hydra.run.dir={work}", "trainer.max_epochs=1", cwd=tmp_path)
+    assert proc.returncode == 2, proc.output[-3000:]  # before training, not a warning and a run that logs nothing
+    message = proc.stderr
+    assert f"the MLflow store {db.resolve()} is half made" in message and "_alembic_tmp_datasets" in message
+    assert "It holds no runs, experiments or models, so nothing is lost by deleting it" in message
+    assert not (work / "metrics.jsonl").exists()
+    assert json.loads((work / "result.json").read_text())["status"] == "failed"
+    assert f"rm {db.resolve()}" in message
+    db.unlink()  # the repair the message gives
+    proc = run_cli("logger=[mlflow]", f"hydra.run.dir={tmp_path / 'repaired'}", "trainer.max_epochs=1", cwd=tmp_path)
+    assert proc.returncode == 0 and "Logging backend" not in proc.output, proc.output[-3000:]
+    assert len(_client(tmp_path).search_runs([_client(tmp_path).get_experiment_by_name("expkit").experiment_id])) == 1
+
+
+def test_a_half_made_store_that_holds_runs_is_kept_and_its_repair_keeps_them(tmp_path, half_made_store):
+    db = _half_made_copy(half_made_store, tmp_path)
+    with (
+        contextlib.closing(sqlite3.connect(db)) as conn,
+        conn,
+    ):  # a run of an older MLflow, whose upgrade was killed (the same leftovers)
+        conn.execute("INSERT INTO experiments (experiment_id, name, lifecycle_stage) VALUES (1, 'older', 'active')")
+        conn.execute("INSERT INTO runs (run_uuid, name, source_type, user_id, status, start_time, lifecycle_stage, "
+                     "artifact_uri, experiment_id) VALUES ('0123456789abcdef0123456789abcdef', 'kept', 'LOCAL', "
+                     "'someone', 'FINISHED', 1, 'active', '', 1)")  # fmt: skip
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    proc = run_cli("logger=[mlflow]", f"hydra.run.dir={tmp_path / 'refused'}", "trainer.max_epochs=1", cwd=tmp_path)
+    assert proc.returncode == 2, proc.output[-3000:]
+    assert "It holds 1 run(s): keep it, and back it up first" in proc.stderr and f"rm {db.resolve()}" not in proc.stderr
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before  # untouched
+    sql = re.search(r"sqlite3 \S+ '([^']+)'", proc.stderr)
+    assert sql is not None and sql[1] == "DROP TABLE _alembic_tmp_datasets;", proc.stderr
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:  # the repair the message gives (`sqlite3 DB 'SQL'`)
+        conn.executescript(sql[1])
+    proc = run_cli("logger=[mlflow]", f"hydra.run.dir={tmp_path / 'repaired'}", "trainer.max_epochs=1", cwd=tmp_path)
+    assert proc.returncode == 0 and "Logging backend" not in proc.output, proc.output[-3000:]
+    client = _client(tmp_path)
+    assert client.get_run("0123456789abcdef0123456789abcdef").info.run_name == "kept"
+    assert len(client.search_runs([client.get_experiment_by_name("expkit").experiment_id])) == 1
