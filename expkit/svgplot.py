@@ -42,12 +42,14 @@ class Panel:
     """One chart. ``log_x``: a log10 x axis (positive x only). ``categories``: x values are
     indices into these names, shown as tick labels."""
 
-    __slots__ = ("categories", "legend", "log_x", "series", "title", "xlabel", "ylabel")
+    __slots__ = ("categories", "legend", "log_x", "series", "title", "x_range", "xlabel", "ylabel")
 
     def __init__(self, title: str, series: list[Series], xlabel: str = "step", ylabel: str = "",
-                 log_x: bool = False, categories: list[str] | None = None, legend: bool = False) -> None:  # fmt: skip
+                 log_x: bool = False, categories: list[str] | None = None, legend: bool = False,
+                 x_range: tuple[float, float] | None = None) -> None:  # fmt: skip
         self.title, self.series, self.xlabel, self.ylabel = title, series, xlabel, ylabel
         self.log_x, self.categories, self.legend = log_x, categories, legend
+        self.x_range = x_range  # an x axis covering at least this (panels side by side on one scale)
 
 
 def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
@@ -95,6 +97,8 @@ def _x_ticks(panel: Panel, xs: list[float]) -> tuple[list[float], list[str]]:
         if len(ticks) == 1:
             ticks = [ticks[0] - 1, ticks[0], ticks[0] + 1]
         return ticks, [_label(10**t) for t in ticks]
+    if panel.x_range is not None:
+        xs = [*xs, *panel.x_range]
     ticks = nice_ticks(min(xs), max(xs))
     return ticks, [_label(t) for t in ticks]
 

@@ -144,10 +144,13 @@ def _columns(rows: list[dict[str, Any]]) -> list[str]:
     return COLUMNS[:1] + ["trial"] + COLUMNS[1:] if any(r.get("trial") is not None for r in rows) else COLUMNS
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, column: str = "") -> str:
+    """A summary.md cell: floats to 4 places; an error cut to 120 characters (its whole text is in
+    summary.csv and the job's result.json); overrides never cut: they tell jobs apart."""
     if isinstance(value, float):
         return f"{value:.4f}"
-    return "" if value is None else str(value).replace("|", "\\|").replace("\n", " ")[:120]
+    text = "" if value is None else str(value).replace("|", "\\|").replace("\n", " ")
+    return text[:120] if column == "error" else text
 
 
 def _md_columns(columns: list[str]) -> list[str]:
@@ -159,7 +162,7 @@ def _md_header(title: str, sweep_dir: Path, shown: list[str]) -> list[str]:
 
 
 def _md_line(row: dict[str, Any], shown: list[str]) -> str:
-    return "| " + " | ".join(_cell(row.get(c)) for c in shown) + " |"
+    return "| " + " | ".join(_cell(row.get(c), c) for c in shown) + " |"
 
 
 def _csv_text(rows: list[dict[str, Any]], columns: list[str], header: bool = True) -> str:

@@ -117,16 +117,25 @@ def test_a_failing_backend_warns_once_and_the_run_goes_on(tmp_path, caplog):
 
 
 def test_curves_svg_draws_every_metric_against_the_step(tmp_path):
+    """One panel per metric (loss first), named on its y axis, with train/val lines and the test
+    point in it and a legend naming each; every line placed by value on the run's step axis."""
     toy_runner(tmp_path, default_hooks=default_hooks(logger=LoggerHook(plot=True)), max_epochs=3).run()
     root = ET.parse(tmp_path / "curves.svg").getroot()  # well-formed XML, or this raises
     ns = {"s": "http://www.w3.org/2000/svg"}
     titles = [t.text for t in root.findall("s:text", ns) if t.get("font-size") == "13"]
     records = _records(tmp_path)
     keys = sorted({k for r in records for k in r if k.startswith(("train/loss", "val/", "test/"))})
-    assert titles == keys
-    lines = root.findall("s:polyline", ns)
-    assert len(lines) == len(keys)
-    for key, line in zip(keys, lines):  # one vertex per record, placed by value: higher value, smaller y
+    metrics = sorted({k.split("/", 1)[1] for k in keys}, key=lambda m: (m != "loss", m))
+    assert titles == metrics and titles[0] == "loss"
+    ylabels = [t.text for t in root.findall("s:text", ns) if (t.get("transform") or "").startswith("rotate(-90")]
+    assert ylabels == metrics
+    legend = {t.text for t in root.findall("s:text", ns) if t.get("font-size") == "10"}
+    assert set(keys) <= legend
+    lines = {line.find("s:title", ns).text: line for line in root.findall("s:polyline", ns)}
+    assert set(lines) == {k for k in keys if not k.startswith("test/")}
+    points = {c.find("s:title", ns).text for c in root.findall("s:circle", ns) if c.get("class") == "point"}
+    assert points == {k for k in keys if k.startswith("test/")}  # one value: a point, not a line
+    for key, line in lines.items():  # one vertex per record, placed by value: higher value, smaller y
         values = [r[key] for r in records if key in r]
         ys = [float(p.split(",")[1]) for p in line.get("points").split()]
         xs = [float(p.split(",")[0]) for p in line.get("points").split()]

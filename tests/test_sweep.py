@@ -265,3 +265,13 @@ def test_the_summary_command_is_a_hydra_app_that_creates_nothing_for_a_wrong_dir
     assert not (tmp_path / "nope").exists()
     empty = sweep_cli(str(tmp_path))  # a dir, but no jobs in it
     assert empty.returncode == 2 and "no job dirs" in empty.stderr and not (tmp_path / ".hydra").exists()
+
+
+def test_summary_md_never_cuts_the_overrides_that_tell_jobs_apart():
+    from expkit.sweep import _md_line
+
+    common = " ".join(f"model.hidden{i}=[256,256]" for i in range(8))  # 160 characters alike
+    rows = [{"job": n, "overrides": f"{common} optim.lr={lr}", "error": "x" * 300} for n, lr in ((0, 0.1), (1, 0.01))]
+    lines = [_md_line(row, ["job", "overrides", "error"]) for row in rows]
+    assert "optim.lr=0.1 |" in lines[0] and "optim.lr=0.01 |" in lines[1]
+    assert lines[0].count("x") == 120  # an error is cut; the csv and the job's result.json hold it whole

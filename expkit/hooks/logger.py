@@ -330,11 +330,24 @@ class LoggerHook(Hook):
 
 
 def plot_curves(metrics_file: Any, path: Any) -> None:
-    """curves.svg: training loss and every val/test metric against the step."""
-    from expkit.svgplot import line_charts
+    """curves.svg: one panel per metric (the loss first), its own y range, named on its axis;
+    in it the train and val values as lines and the test value as a point, with a legend;
+    every panel on the run's step axis, from 0 to its last step."""
+    from expkit.svgplot import Panel, Series, charts
 
     with open(metrics_file, encoding="utf-8") as f:
         records = [json.loads(line) for line in f if line.strip()]
     keys = sorted({k for r in records for k in r if k.startswith(("train/loss", "val/", "test/"))})
-    if keys:
-        line_charts(path, {key: [(r["step"], r[key]) for r in records if key in r] for key in keys})
+    if not keys:
+        return
+    by_metric: dict[str, list[str]] = {}
+    for key in sorted(keys, key=lambda k: ("train/val/test/".index(k.split("/", 1)[0] + "/"), k)):
+        by_metric.setdefault(key.split("/", 1)[1], []).append(key)
+    last = max(float(r.get("step", 0)) for r in records)
+    panels = [
+        Panel(metric, [Series([(r["step"], r[key]) for r in records if key in r], key, not key.startswith("test/"))
+                       for key in members],
+              ylabel=metric, legend=True, x_range=(0.0, last))
+        for metric, members in sorted(by_metric.items(), key=lambda item: (item[0] != "loss", item[0]))
+    ]  # fmt: skip
+    charts(path, panels)
