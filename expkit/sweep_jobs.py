@@ -37,12 +37,18 @@ JOB_FILE = "job.json"  # a job's identity in a sweep; Hydra never writes it
 SWEEP_LAUNCHED_ENV = "EXPKIT_SWEEP_LAUNCHED"  # when this launch of the sweep began (set by expkit's sweepers)
 
 
-def mark_launch() -> None:
-    """Tell this launch's jobs (in this process, or in the workers it starts) when it began."""
+SWEEP_JOBS_ENV = "EXPKIT_SWEEP_JOBS"  # how many jobs this launch runs (set by expkit's sweepers)
+
+
+def mark_launch(jobs: int | None = None) -> None:
+    """Tell this launch's jobs (in this process, or in the workers it starts) when it began, and
+    how many jobs it runs (the first job projects the sweep's checkpoints against the free disk)."""
     import os
     import time
 
     os.environ[SWEEP_LAUNCHED_ENV] = repr(time.time())
+    if jobs is not None:
+        os.environ[SWEEP_JOBS_ENV] = str(jobs)
 
 
 def job_identity(overrides: list[str]) -> list[str]:

@@ -114,6 +114,8 @@ def _run_owned(
     sweep_dir = Path(hc.sweep.dir)
     if multirun:
         run_info["sweep_dir_name"] = sweep_dir.name  # wandb groups a sweep's jobs by it
+        if os.environ.get(sweep_jobs.SWEEP_JOBS_ENV, "").isdigit():  # (job number, jobs of this launch)
+            run_info["sweep_job"] = [int(hc.job.num), int(os.environ[sweep_jobs.SWEEP_JOBS_ENV])]
         # one writer per job dir: another launch of this sweep may be running this job now
         if not sweep_jobs.own_job_dir(work_dir, work_dir, run_info["command"], owned):
             return None

@@ -275,3 +275,20 @@ def test_summary_md_never_cuts_the_overrides_that_tell_jobs_apart():
     lines = [_md_line(row, ["job", "overrides", "error"]) for row in rows]
     assert "optim.lr=0.1 |" in lines[0] and "optim.lr=0.01 |" in lines[1]
     assert lines[0].count("x") == 120  # an error is cut; the csv and the job's result.json hold it whole
+
+
+def test_the_first_job_warns_once_when_the_sweeps_checkpoints_would_not_fit(tmp_path):
+    """Two jobs keeping 2 regular + 1 best checkpoint of about 0.7 MB each (4.1 MB) on a 3 MB
+    disk: the first job says so, with what to change; a sweep that fits says nothing."""
+    from conftest import small_disk
+
+    with small_disk(tmp_path / "disk", "3m") as disk:
+        command = [sys.executable, "-m", "expkit.train", "-m", f"hydra.sweep.dir={disk / 'sweep'}",
+                   "trainer.max_epochs=1", "optim.lr=0.1,0.05"]  # fmt: skip
+        proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+        output = proc.stdout + proc.stderr
+        assert output.count("The sweep's 2 jobs would keep about") == 1, output[-3000:]
+        assert "max_keep_ckpts=1" in output
+    fits = subprocess.run([*command[:4], f"hydra.sweep.dir={tmp_path / 'sweep'}", *command[5:]], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert fits.returncode == 0 and "would keep about" not in fits.stdout + fits.stderr

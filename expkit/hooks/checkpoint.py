@@ -11,6 +11,7 @@ import io
 import logging
 import os
 import re
+import shutil
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -258,12 +259,13 @@ class CheckpointHook(Hook):
             durable=self.fsync,
         )  # fmt: skip
         if self._last_saved_position is None and runner.is_main:
-            self._report_size(self.dir / name)
+            self._report_size(runner, self.dir / name)
         self._last_saved_position = runner.position
         self._delete_retired(runner)
 
-    def _report_size(self, path: Path) -> None:
-        """Once, at the first save: what one checkpoint weighs and what the run will keep."""
+    def _report_size(self, runner: Runner, path: Path) -> None:
+        """Once, at the first save: what one checkpoint weighs and what the run will keep; in the
+        first job of a sweep, a warning when the sweep's checkpoints would not fit on the disk."""
         try:
             size = path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*"))
         except OSError:
@@ -276,6 +278,28 @@ class CheckpointHook(Hook):
             else ""
         )
         log.info("Checkpoint %s: %s; keeping %s%s%s", path.name, _mb(size), kept, best, total)
+        job, jobs = runner.run_info.get("sweep_job") or (None, 0)
+        if job != 0 or jobs < 2:
+            return
+        per_run = self.max_keep_ckpts if self.max_keep_ckpts > 0 else self._saves_planned(runner)
+        projected = size * (per_run + len(self.save_best)) * jobs
+        try:
+            free = shutil.disk_usage(path.parent).free
+        except OSError:
+            return
+        if projected > free:
+            log.warning(
+                "The sweep's %d jobs would keep about %s of checkpoints (%s each, %d a job), but %s holds %s free: "
+                "keep fewer (default_hooks.checkpoint.max_keep_ckpts=1), save less often (interval=), or write "
+                "elsewhere (out_dir=)", jobs, _mb(projected), _mb(size), per_run + len(self.save_best), path.parent,
+                _mb(free),
+            )  # fmt: skip
+
+    def _saves_planned(self, runner: Runner) -> int:
+        """Regular saves of a whole run (keeping all of them)."""
+        s = runner.settings
+        total = (s.max_epochs if self.by_epoch else s.max_iters or runner.max_iters) or 1
+        return max(1, (total - self.save_begin) // max(self.interval, 1) + 1) if self.interval > 0 else 1
 
     def _delete_retired(self, runner: Runner) -> None:
         if runner.is_main:

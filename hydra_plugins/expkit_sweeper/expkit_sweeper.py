@@ -13,6 +13,7 @@ Like Hydra's own plugins, it registers its config (``hydra/sweeper=expkit``) wit
 ConfigStore, so it works in any Hydra app, not only in expkit's commands.
 """
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,9 +81,23 @@ def check_batch(hydra_context: HydraContext, config: DictConfig, batch: Sequence
             loader.load_sweep_config(config, list(overrides))
 
 
+def count_jobs(overrides: Sequence[str]) -> int | None:
+    """How many jobs a grid of `overrides` makes (the product of its sweeps' lengths); None when
+    a sweep has no finite length (an interval)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        lengths = [len(list(o.sweep_string_iterator())) for o in parsed if o.is_sweep_override()]
+    except Exception:  # Hydra says what is wrong with them when it sweeps
+        return None
+    return math.prod(lengths)
+
+
 class ExpkitSweeper(BasicSweeper):
     def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
+        self.sweep_params = dict(params or {})
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
@@ -92,7 +107,7 @@ class ExpkitSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
         from expkit.sweep_jobs import mark_launch
 
-        mark_launch()
+        mark_launch(count_jobs([*(f"{k}={v}" for k, v in self.sweep_params.items()), *arguments]))
         return super().sweep(arguments)
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
