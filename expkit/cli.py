@@ -88,6 +88,12 @@ def continue_command(argv: list[str], work_dir: Path) -> str:
     return shlex.join([*start, *kept, f"hydra.run.dir={work_dir}", "resume=true"])
 
 
+def continue_sweep_command(argv: list[str], sweep_dir: Path) -> str:
+    """The command that resumes this sweep in `sweep_dir` (its jobs found by their overrides)."""
+    kept = [a for a in argv if not a.startswith(("hydra.sweep.dir=", "resume="))]
+    return shlex.join(["python", "-m", "expkit.train", *kept, f"hydra.sweep.dir={sweep_dir}", "resume=true"])
+
+
 VALUED_FLAGS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn", "--cfg", "-c",
                  "--package", "-p", "--experimental-rerun")  # fmt: skip
 INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")

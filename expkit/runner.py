@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -290,6 +291,13 @@ class Runner:
                     if self.stop_reason is not None:
                         status = self.stop_status
                 except BaseException as exc:
+                    if isinstance(exc, KeyboardInterrupt) and self.stop_signal is not None:
+                        # a second Ctrl-C while stopping: stopped, not failed; resumable from the last
+                        # complete checkpoint (a save it cut short never got its name)
+                        status = "stopped"
+                        first = signal.Signals(self.stop_signal).name
+                        self.stop_reason = f"signal {first}, then SIGINT again before the stop completed"
+                        raise
                     status, error = "failed", results.failure_message(exc, self.run_info.get("resume_command"))
                     self.error = error
                     tb = traceback.format_exc()

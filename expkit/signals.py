@@ -9,6 +9,35 @@ from collections.abc import Iterator
 from typing import Any
 
 
+class SweepInterrupted(BaseException):  # (a stop, as KeyboardInterrupt is, not an error)
+    """A signal stopped a sweep: raised after the job it stopped has saved and recorded itself
+    (or, with a launcher that runs jobs in workers, after the launch has returned), out of
+    Hydra's launcher (which catches only Exception), so that no further job starts;
+    ``expkit.train.main`` reports the sweep and exits 128 + `signum`."""
+
+    def __init__(self, signum: int, sweep_dir: Any = None) -> None:
+        super().__init__(signum)
+        self.signum, self.sweep_dir = signum, sweep_dir
+
+
+@contextlib.contextmanager
+def raise_on_sigterm() -> Iterator[None]:
+    """Between a sweep's jobs (no run holds the signals): SIGTERM raises SweepInterrupted, as
+    Ctrl-C raises KeyboardInterrupt, instead of ending the process unreported."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise SweepInterrupted(signum)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextlib.contextmanager
 def stop_on_signals(runner: Any) -> Iterator[None]:
     """Inside: SIGTERM / SIGINT become ``runner.request_stop``: the current iteration finishes,

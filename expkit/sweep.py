@@ -27,7 +27,7 @@ from hydra.experimental.callback import Callback
 
 from expkit.atomic import write_json_atomic, write_text_atomic
 from expkit.metrics import infer_rule, rule_of_flag
-from expkit.sweep_jobs import job_order, job_target, read_job
+from expkit.sweep_jobs import finished, job_order, job_target, read_job
 
 log = logging.getLogger("expkit")
 
@@ -102,8 +102,9 @@ def job_row(work_dir: Path) -> dict[str, Any] | None:
         best = (result.get("best_metrics") or {}).get(monitor) or {}
         if not best and result.get("evaluation"):  # an evaluation (expkit.eval -m): its value is its result
             best = {"value": (result.get("final_metrics") or {}).get(monitor)}
+        status = result.get("status")
         row.update(
-            status=result.get("status"),
+            status="interrupted" if status == "stopped" and not finished(result) else status,  # (by a signal)
             best=best.get("value"),
             best_epoch=best.get("epoch"),
             final=(result.get("final_metrics") or {}).get(monitor),

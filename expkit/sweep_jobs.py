@@ -40,15 +40,48 @@ SWEEP_LAUNCHED_ENV = "EXPKIT_SWEEP_LAUNCHED"  # when this launch of the sweep be
 SWEEP_JOBS_ENV = "EXPKIT_SWEEP_JOBS"  # how many jobs this launch runs (set by expkit's sweepers)
 
 
-def mark_launch(jobs: int | None = None) -> None:
+SWEEP_PID_ENV = "EXPKIT_SWEEP_PID"  # the process that launches the jobs (the sweeper's)
+STOP_FILE = ".stop"  # in the sweep dir: a signal stopped this launch; its jobs not started yet never start
+launched_dir: Path | None = None  # this process's sweep dir, once a launch or a job began here
+
+
+def mark_launch(jobs: int | None = None, sweep_dir: Path | None = None) -> None:
     """Tell this launch's jobs (in this process, or in the workers it starts) when it began, and
     how many jobs it runs (the first job projects the sweep's checkpoints against the free disk)."""
-    import os
     import time
 
+    global launched_dir
     os.environ[SWEEP_LAUNCHED_ENV] = repr(time.time())
+    os.environ[SWEEP_PID_ENV] = str(os.getpid())
     if jobs is not None:
         os.environ[SWEEP_JOBS_ENV] = str(jobs)
+    if sweep_dir is not None:
+        launched_dir = Path(sweep_dir).resolve()
+
+
+def in_launching_process() -> bool:
+    """Whether this job runs in the process that launches the sweep's jobs (Hydra's basic
+    launcher), not in a worker (joblib, submitit)."""
+    return os.environ.get(SWEEP_PID_ENV) in (None, str(os.getpid()))
+
+
+def request_stop(sweep_dir: Path, signum: int) -> None:
+    """A signal stops this launch: no job of it that has not started yet will start."""
+    with contextlib.suppress(OSError):  # (a full disk: the jobs then stop on their own signal)
+        write_json_atomic(sweep_dir / STOP_FILE, {"signal": signum, "launch": os.environ.get(SWEEP_LAUNCHED_ENV)})
+
+
+def stop_requested(sweep_dir: Path) -> int | None:
+    """The signal that stopped this launch of the sweep, if one did (a stop file of an earlier
+    launch is stale: a resume starts everything again)."""
+    try:
+        stop = json.loads((sweep_dir / STOP_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    launch = os.environ.get(SWEEP_LAUNCHED_ENV)
+    if not isinstance(stop, dict) or launch is None or stop.get("launch") != launch:
+        return None
+    return stop.get("signal") if isinstance(stop.get("signal"), int) else None
 
 
 def job_identity(overrides: list[str]) -> list[str]:
@@ -104,6 +137,21 @@ def job_result(work_dir: Path) -> dict[str, Any] | None:
         return json.loads((job_target(work_dir) / "result.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def tally_jobs(sweep_dir: Path) -> dict[str, int]:
+    """The jobs a sweep dir holds, by how they stand: completed (finished: completed, pruned,
+    stopped by a hook), failed, interrupted (stopped by a signal, or no result yet); a job
+    that a stop kept from starting is not counted."""
+    counts = {"completed": 0, "interrupted": 0, "failed": 0}
+    for job_dir in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        job = read_job(job_dir)
+        if job is None or "alias_of" in job:
+            continue
+        result = job_result(job_dir) or {}
+        kind = "completed" if finished(result) else "failed" if result.get("status") == "failed" else "interrupted"
+        counts[kind] += 1
+    return counts
 
 
 def finished(result: dict[str, Any]) -> bool:

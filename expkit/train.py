@@ -12,7 +12,9 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ from expkit import atomic, checkpoint_io, cli, logs, run_checkpoint, sweep_jobs
 from expkit.errors import ConfigError, ExpkitError, ResumeRefused
 from expkit.metrics import worst_value
 from expkit.results import write_failure
-from expkit.signals import stop_on_signals
+from expkit.signals import SweepInterrupted, raise_on_sigterm, stop_on_signals
 from expkit.sweep import monitor_of
 
 log = logging.getLogger("expkit")
@@ -113,6 +115,9 @@ def _run_owned(
 
     sweep_dir = Path(hc.sweep.dir)
     if multirun:
+        sweep_jobs.launched_dir = sweep_jobs.launched_dir or sweep_dir.resolve()  # (for an interruption's report)
+        if not _may_start(sweep_dir):
+            return None
         run_info["sweep_dir_name"] = sweep_dir.name  # wandb groups a sweep's jobs by it
         if os.environ.get(sweep_jobs.SWEEP_JOBS_ENV, "").isdigit():  # (job number, jobs of this launch)
             run_info["sweep_job"] = [int(hc.job.num), int(os.environ[sweep_jobs.SWEEP_JOBS_ENV])]
@@ -151,8 +156,9 @@ def _run_owned(
         if trial is not None:
             run_info["optuna_trial"] = trial[1]
         runner = build_runner(cfg, work_dir, run_info)
-        if _HYDRA_RECORD_DEFERRED and not multirun:  # a resume: its checkpoint fits, .hydra/ may change now
-            run_checkpoint.check_start(runner)
+        if _HYDRA_RECORD_DEFERRED:  # a resume: its checkpoint fits, .hydra/ may change now
+            if not multirun:  # (a sweep made so by its config: its jobs check nothing more here)
+                run_checkpoint.check_start(runner)
             _write_hydra_record(cfg, work_dir)
         if not multirun:  # what building imported (torch._dynamo, with the optimizer) and built lives on too;
             _freeze_heap()  # (not in a sweep: jobs sharing a process must leave nothing frozen behind)
@@ -162,6 +168,8 @@ def _run_owned(
             runner.register_hook(search.TrialReportHook(*trial))
         if cfg.show_hooks:
             print(runner.hook_order_table())
+            return None
+        if multirun and not _may_start(sweep_dir):  # (a stop while it was being built)
             return None
         result = runner.run()
     except Exception as exc:
@@ -183,9 +191,13 @@ def _run_owned(
     summary = ", ".join(f"{k} {v:.4f}" for k, v in result["final_metrics"].items())
     log.info("Done (%s) in %.1f s: %s", result["status"], result["wall_time_s"], summary)
     log.info("Work dir: %s", work_dir.resolve())
-    if runner.stopped_by_signal and not multirun and result["status"] == "stopped":  # (not one after the end)
-        log.info("Stopped by a signal; continue with: %s", cli.continue_command(sys.argv[1:], work_dir))
-        sys.exit(128 + runner.stop_signal)  # the shell's convention: 143 after SIGTERM, 130 after Ctrl-C
+    if runner.stopped_by_signal and result["status"] == "stopped":  # (not one after the end)
+        if not multirun:
+            log.info("Stopped by a signal; continue with: %s", cli.continue_command(sys.argv[1:], work_dir))
+            sys.exit(128 + runner.stop_signal)  # the shell's convention: 143 after SIGTERM, 130 after Ctrl-C
+        sweep_jobs.request_stop(sweep_dir, runner.stop_signal)  # type: ignore[arg-type]  # no job starts now
+        if sweep_jobs.in_launching_process():  # (in a worker: the launcher's process stops the sweep)
+            raise SweepInterrupted(runner.stop_signal)  # type: ignore[arg-type]  # main reports the sweep
     value = None if best is None else float(best["value"])
     if multirun and (value is None or not math.isfinite(value)):
         return worst_value(rule)  # diverged or never validated: the worst, never NaN
@@ -196,14 +208,21 @@ _TASK_STARTED = False  # set by the task function: a SystemExit(1) before it is 
 _HYDRA_RECORD_DEFERRED = False  # a resume: .hydra/ is written by the task once the checkpoint fits
 
 
+def _sweeping(argv: list[str]) -> bool:
+    """Whether the command line makes a sweep (-m, or an Optuna search, which sets Hydra's mode)."""
+    return any(a in ("-m", "--multirun", "hydra.mode=MULTIRUN") or a.startswith("hparams_search=") for a in argv)
+
+
 def _defer_hydra_record(argv: list[str]) -> None:
     """A resume (resume=true or a path) must not rewrite the run's .hydra/ before its checkpoint
     is known to fit: Hydra is told not to write it (hydra.output_subdir=null), and the task
     writes the same three files once the checkpoint is checked (``_write_hydra_record``)."""
     global _HYDRA_RECORD_DEFERRED
     resume = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), "false")
-    if resume.strip().lower() in ("false", "null", "none", "0", "") or any(
-        a in ("-m", "--multirun") or a.startswith("hydra.output_subdir=") for a in argv
+    if (
+        resume.strip().lower() in ("false", "null", "none", "0", "")
+        or _sweeping(argv)
+        or any(a.startswith("hydra.output_subdir=") for a in argv)
     ):
         return
     sys.argv.append("hydra.output_subdir=null")
@@ -213,8 +232,10 @@ def _defer_hydra_record(argv: list[str]) -> None:
 def _show_hooks_scratch(argv: list[str]) -> str | None:
     """show_hooks=true prints the table and trains nothing: without a hydra.run.dir of the
     user's, its work dir is a scratch dir, removed afterwards (no empty run dir left behind)."""
-    if "show_hooks=true" not in argv or any(
-        a in ("-m", "--multirun") or a.startswith(("hydra.run.dir=", "hydra.output_subdir=")) for a in argv
+    if (
+        "show_hooks=true" not in argv
+        or _sweeping(argv)
+        or any(a.startswith(("hydra.run.dir=", "hydra.output_subdir=")) for a in argv)
     ):
         return None
     import tempfile
@@ -222,6 +243,45 @@ def _show_hooks_scratch(argv: list[str]) -> str | None:
     scratch = tempfile.mkdtemp(prefix="expkit-show-hooks-")
     sys.argv += [f"hydra.run.dir={scratch}", "hydra.output_subdir=null"]
     return scratch
+
+
+def _may_start(sweep_dir: Path) -> bool:
+    """Whether this sweep job may start: not once a signal stopped its launch. In a launcher's
+    worker (joblib), Ctrl-C between runs is ignored: the launcher's process tells the
+    workers through the sweep dir, and a worker's death would end the others' jobs unsaved."""
+    stopped = sweep_jobs.stop_requested(sweep_dir)
+    if stopped is not None:
+        log.info("Not started: %s stopped the sweep", signal.Signals(stopped).name)
+        return False
+    if not sweep_jobs.in_launching_process() and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the run itself stops on it: stop_on_signals)
+    return True
+
+
+def _report_interruption(signum: int, sweeping: bool, sweep_dir: Path | None = None) -> None:
+    """One short block after a signal stopped the command: for a sweep, its jobs completed,
+    interrupted and not started, and the command that resumes it; no traceback."""
+    name = signal.Signals(signum).name
+    if not sweeping:
+        print(f"\nInterrupted ({name}).", file=sys.stderr)
+        return
+    sweep_dir = sweep_dir or sweep_jobs.launched_dir
+    if sweep_dir is None:
+        print(f"\nSweep interrupted ({name}) before its first job started.", file=sys.stderr)
+        return
+    counts = sweep_jobs.tally_jobs(sweep_dir)
+    total = int(os.environ.get(sweep_jobs.SWEEP_JOBS_ENV, "0") or 0)
+    started = sum(counts.values())
+    parts = [f"{n} {status}" for status, n in counts.items() if n] + (
+        [f"{total - started} not started"] if total > started else []
+    )
+    with contextlib.suppress(Exception):  # the summary as far as it goes (never hides the report)
+        from expkit.sweep import summarize
+
+        summarize(sweep_dir)
+    print(f"\nSweep interrupted ({name}): {', '.join(parts) or 'no job recorded'}"
+          f"{f' of {total}' if total else ''}, in {sweep_dir}.\n"
+          f"Resume it with: {cli.continue_sweep_command(sys.argv[1:], sweep_dir)}", file=sys.stderr)  # fmt: skip
 
 
 def _write_hydra_record(cfg: DictConfig, work_dir: Path) -> None:
@@ -336,6 +396,7 @@ def main() -> None:
         print(f"Error: {message}", file=sys.stderr)
         sys.exit(2)
     exiting: list[Any] = []  # the code of a SystemExit, kept without the exception: its traceback holds the run
+    sweeping = _sweeping(argv)
     try:
         _share_run_dir_across_ranks()  # (joins torchrun's process group)
         message = cli.check_owner(sys.argv[1:])
@@ -349,12 +410,19 @@ def main() -> None:
         scratch = _show_hooks_scratch(sys.argv[1:])
         compose_once()
         try:
-            run()
+            with raise_on_sigterm() if sweeping else contextlib.nullcontext():
+                run()
         finally:
             if scratch is not None:
                 import shutil
 
                 shutil.rmtree(scratch, ignore_errors=True)
+    except (KeyboardInterrupt, SweepInterrupted) as exc:  # Ctrl-C, or a signal that stopped a sweep
+        for sig in (signal.SIGINT, signal.SIGTERM):  # stopping already: another Ctrl-C changes nothing now
+            signal.signal(sig, signal.SIG_IGN)
+        signum = exc.signum if isinstance(exc, SweepInterrupted) else signal.SIGINT
+        _report_interruption(signum, sweeping, getattr(exc, "sweep_dir", None))
+        exiting.append(128 + signum)
     except SystemExit as exc:
         # Hydra's own errors (an unknown key, an unparsable override) are the user's to fix, like
         # expkit's: one exit code for "fix your input"

@@ -72,6 +72,25 @@ def test_a_stored_study_continues_and_the_trial_count_adds_up(tmp_path):
     best = json.loads((tmp_path / "b" / "best.json").read_text())
     b_best = max(t.value for t in study.trials if t.number >= 6)
     assert best["value"] == pytest.approx(b_best)
+    params = [tuple(sorted(t.params.items())) for t in study.trials]
+    assert len(set(params)) == 10  # the second command's sampler continued: no trial of the first again
+
+
+@pytest.mark.slow
+def test_a_resumed_search_with_more_trials_explores_new_parameters(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = [*FAST, "hydra.sweeper.study_name=c", f"hydra.sweep.dir={sweep}"]
+    first = run_cli(*args, "hydra.sweeper.n_trials=2")
+    assert first.returncode == 0, first.output
+    more = run_cli(*args, "hydra.sweeper.n_trials=4", "resume=true")
+    assert more.returncode == 0, more.output
+    trials = _study(str(sweep / "optuna.journal"), "c").trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
+    params = [tuple(sorted(t.params.items())) for t in trials]
+    assert len(set(params)) == 4, params  # trials 2 and 3 were copies of 0 and 1 (a sampler seeded again)
+    ledger = json.loads((sweep / "optuna_trials.json").read_text())["trials"]
+    assert sorted(int(e["job"]) for e in ledger.values()) == [0, 1, 2, 3]  # a job dir each
+    assert len(_rows(sweep)) == 4  # the summary shows every trial
 
 
 @pytest.mark.slow

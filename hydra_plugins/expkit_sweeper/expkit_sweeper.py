@@ -13,9 +13,11 @@ Like Hydra's own plugins, it registers its config (``hydra/sweeper=expkit``) wit
 ConfigStore, so it works in any Hydra app, not only in expkit's commands.
 """
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra._internal.core_plugins.basic_launcher import BasicLauncher
@@ -23,6 +25,8 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
+
+log = logging.getLogger("expkit")
 
 
 @dataclass
@@ -94,6 +98,62 @@ def count_jobs(overrides: Sequence[str]) -> int | None:
     return math.prod(lengths)
 
 
+class StopBetweenJobs:
+    """A launcher whose jobs run in other processes (joblib workers, submitit), made to stop the
+    way a terminal user stops it. Ctrl-C (SIGINT to the whole process group) or SIGTERM reaches
+    the running jobs themselves, which save their interruption checkpoint and record
+    themselves as a single run does; this process, meanwhile, only writes the sweep dir's stop
+    file (jobs not started yet then never start) and waits for the launch to return, then
+    raises ``SweepInterrupted``, so no further batch starts. A second Ctrl-C quits at once.
+    Without this, the launcher's own KeyboardInterrupt handling kills its workers mid-save."""
+
+    def __init__(self, launcher: Any, sweep_dir: Any) -> None:
+        self._launcher, self._sweep_dir = launcher, Path(sweep_dir)
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
+        import signal
+        import threading
+
+        from expkit.signals import SweepInterrupted
+        from expkit.sweep_jobs import request_stop
+
+        if threading.current_thread() is not threading.main_thread():
+            return self._launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
+        got: list[int] = []
+
+        def on_signal(signum: int, frame: Any) -> None:
+            if got and signum == signal.SIGINT:
+                raise KeyboardInterrupt  # the second Ctrl-C: at once
+            if not got:
+                got.append(signum)
+                request_stop(self._sweep_dir, signum)
+                log.warning("%s: the running jobs save and stop; no other job starts (Ctrl-C again quits at once)",
+                            signal.Signals(signum).name)  # fmt: skip
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            returns = self._launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
+        except Exception:
+            if got:  # a worker the signal ended (SIGTERM between jobs): the sweep stops all the same
+                raise SweepInterrupted(got[0], self._sweep_dir) from None
+            raise
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if got:
+            raise SweepInterrupted(got[0], self._sweep_dir)
+        return returns
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._launcher, name)
+
+
+def stoppable(launcher: Any, config: DictConfig) -> Any:
+    """`launcher`, stopped by signals as a sweep should be (see ``StopBetweenJobs``); the
+    in-process BasicLauncher as it is (its jobs stop the sweep themselves)."""
+    return launcher if type(launcher) is BasicLauncher else StopBetweenJobs(launcher, config.hydra.sweep.dir)
+
+
 class ExpkitSweeper(BasicSweeper):
     def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
@@ -103,11 +163,14 @@ class ExpkitSweeper(BasicSweeper):
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         if type(self.launcher) is BasicLauncher:  # jobs composed and run in this process
             self.hydra_context = compose_once(self.launcher, hydra_context)
+        self.launcher = stoppable(self.launcher, config)
 
     def sweep(self, arguments: list[str]) -> Any:
         from expkit.sweep_jobs import mark_launch
 
-        mark_launch(count_jobs([*(f"{k}={v}" for k, v in self.sweep_params.items()), *arguments]))
+        assert self.config is not None
+        jobs = count_jobs([*(f"{k}={v}" for k, v in self.sweep_params.items()), *arguments])
+        mark_launch(jobs, self.config.hydra.sweep.dir)
         return super().sweep(arguments)
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:

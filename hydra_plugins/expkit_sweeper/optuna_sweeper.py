@@ -31,7 +31,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.expkit_sweeper.expkit_sweeper import check_batch, compose_once
+from hydra_plugins.expkit_sweeper.expkit_sweeper import check_batch, compose_once, stoppable
 
 log = logging.getLogger("expkit")
 
@@ -124,6 +124,7 @@ class OptunaSweeper(Sweeper):
         self.in_process = type(self.launcher) is BasicLauncher
         if self.in_process:
             self.hydra_context = compose_once(self.launcher, hydra_context)
+        self.launcher = stoppable(self.launcher, config)
 
     # -- the search space --------------------------------------------------------------------
     def _space(self, arguments: list[str]) -> tuple[list[str], dict[str, Any]]:
@@ -189,7 +190,7 @@ class OptunaSweeper(Sweeper):
         from expkit.sweep_jobs import mark_launch
 
         assert self.config is not None
-        mark_launch()
+        mark_launch(self.n_trials, sweep_dir)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         fixed, space = self._space(arguments)
         storage = self.storage or str(sweep_dir / "optuna.journal")  # the sweep dir keeps its own study
@@ -212,10 +213,28 @@ class OptunaSweeper(Sweeper):
         except Exception as exc:  # a bad URL, an unreachable database, a dir that does not exist
             cause = (str(exc).splitlines() or [""])[0]  # SQLAlchemy appends SQL and a link
             raise SearchConfigError(f"hydra.sweeper.storage={storage}: {type(exc).__name__}: {cause}") from None
+        study.sampler = self._continued(study, sampler, build)
         if study.direction.name.lower() != direction:
             raise SearchConfigError(f"study {self.study_name!r} in {storage} {study.direction.name.lower()}s; this search "
                              f"would {direction} (set hydra.sweeper.direction, or another study_name)")  # fmt: skip
         self._search(study, sweep_dir, storage, fixed, space, sampler, pruner, direction)
+
+    def _continued(self, study: Any, sampler: Any, build: Any) -> Any:
+        """The sampler for a study that already holds trials: a seeded sampler built again with
+        its seed would draw the earlier trials' parameters again (a resumed search, or a new
+        sweep dir on the same storage, repeated them); it is seeded from (seed, trials so far)
+        instead, so that a continued search is reproducible and explores."""
+        done = len(study.get_trials(deepcopy=False))
+        spec = OmegaConf.select(self.config, "hydra.sweeper.sampler")  # (self.sampler_cfg: built by Hydra)
+        seed = spec.get("seed") if isinstance(spec, DictConfig) and "_target_" in spec else None
+        if not done or seed is None:  # a fresh study, or a sampler seeded by the OS: nothing repeats
+            return sampler
+        import numpy as np
+
+        derived = int(np.random.SeedSequence([int(seed), done]).generate_state(1)[0])
+        log.info("Optuna: the study holds %d trials; the sampler continues with seed %d (from seed %s and %d)",
+                 done, derived, seed, done)  # fmt: skip
+        return build({**OmegaConf.to_container(spec, resolve=True), "seed": derived})  # type: ignore[dict-item]
 
     def _search(self, study: Any, sweep_dir: Path, storage: str, fixed: list[str], space: dict[str, Any],
                 sampler: Any, pruner: Any, direction: str) -> None:  # fmt: skip

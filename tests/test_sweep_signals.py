@@ -1,0 +1,167 @@
+"""A sweep stopped the way people stop it: Ctrl-C in the terminal (SIGINT to the whole process
+group) or SIGTERM (Slurm preemption), sent to real sweeps started in their own process group."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+from conftest import REPO, run_cli
+from optuna.trial import TrialState
+
+pytestmark = pytest.mark.slow
+SLOW = """
+import time
+from expkit import Hook
+
+class Slow(Hook):
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        time.sleep(0.01)
+"""
+
+
+def _command(tmp_path: Path, *args: str) -> list[str]:
+    conf = tmp_path / "conf" / "hooks"
+    conf.mkdir(parents=True, exist_ok=True)
+    (conf / "slow.yaml").write_text("slow:\n  _target_: slowhook.Slow\n")
+    (tmp_path / "slowhook.py").write_text(SLOW)
+    return [sys.executable, "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), "hooks=[slow]", *args]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(tmp_path), "HYDRA_FULL_ERROR": "0"}
+
+
+def _interrupt(tmp_path: Path, command: list[str], ready: Path, *signals: signal.Signals) -> tuple[int, str, float]:
+    """Start `command` in its own process group, send `signals` to the group once `ready`
+    exists; its exit status, its output, and the seconds from the first signal to its end."""
+    out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}.txt"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(command, cwd=REPO, env=_env(tmp_path), stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        try:
+            deadline = time.time() + 240
+            while not ready.exists():
+                assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
+                time.sleep(0.02)
+            sent = time.time()
+            for i, sig in enumerate(signals):
+                if i:
+                    time.sleep(0.05)
+                os.killpg(proc.pid, sig)
+            rc = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return rc, out.read_text(), time.time() - sent
+
+
+def _status(job: Path) -> str:
+    return json.loads((job / "result.json").read_text())["status"]
+
+
+def test_ctrl_c_stops_the_sweep_and_the_printed_command_finishes_it(tmp_path):
+    sweep = tmp_path / "sweep"
+    command = _command(tmp_path, "-m", "optim.lr=0.1,0.05,0.02", "trainer.max_epochs=3", f"hydra.sweep.dir={sweep}")
+    rc, output, took = _interrupt(tmp_path, command, sweep / "1" / "checkpoints" / "epoch_1.pth", signal.SIGINT)
+    assert rc == 130, output[-3000:]
+    assert took < 30 and "Traceback" not in output
+    assert "Sweep interrupted (SIGINT): 1 completed, 1 interrupted, 1 not started of 3" in output
+    assert not (sweep / "2").exists()  # no job started after the signal
+    result = json.loads((sweep / "1" / "result.json").read_text())
+    assert result["status"] == "stopped" and result["stop_reason"] == "signal SIGINT"  # interrupted, never failed
+    assert "| interrupted |" in (sweep / "summary.md").read_text()
+
+    resume = shlex.split(re.search(r"Resume it with: (.*)", output).group(1))
+    assert resume[:3] == ["python", "-m", "expkit.train"] and resume[-1] == "resume=true"
+    done = subprocess.run([sys.executable, *resume[1:]], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [_status(sweep / j) for j in "012"] == ["completed"] * 3
+    assert json.loads((sweep / "1" / "result.json").read_text())["resumed_in_sweep"] is True
+
+    # the interrupted job ends with the weights of an uninterrupted run of the same job
+    reference = run_cli(f"hydra.run.dir={tmp_path / 'ref'}", "optim.lr=0.05", "trainer.max_epochs=3")
+    assert reference.returncode == 0, reference.output
+    ref = torch.load(tmp_path / "ref" / "checkpoints" / "epoch_3.pth", weights_only=True)["state_dict"]
+    got = torch.load(sweep / "1" / "checkpoints" / "epoch_3.pth", weights_only=True)["state_dict"]
+    assert all(torch.equal(ref[k], got[k]) for k in ref)
+
+
+def test_sigterm_exits_143_and_a_second_ctrl_c_exits_at_once_without_a_traceback(tmp_path):
+    sweep = tmp_path / "term"
+    command = _command(tmp_path, "-m", "optim.lr=0.1,0.05", "trainer.max_epochs=3", f"hydra.sweep.dir={sweep}")
+    rc, output, _ = _interrupt(tmp_path, command, sweep / "0" / "checkpoints" / "epoch_1.pth", signal.SIGTERM)
+    assert rc == 143, output[-3000:]
+    assert "Sweep interrupted (SIGTERM): 1 interrupted, 1 not started of 2" in output and "Traceback" not in output
+    assert _status(sweep / "0") == "stopped" and not (sweep / "1").exists()
+
+    sweep = tmp_path / "twice"
+    command = _command(tmp_path, "-m", "optim.lr=0.1,0.05", "trainer.max_epochs=3", f"hydra.sweep.dir={sweep}")
+    rc, output, took = _interrupt(tmp_path, command, sweep / "0" / "checkpoints" / "epoch_1.pth",
+                                  signal.SIGINT, signal.SIGINT)  # fmt: skip
+    assert rc == 130 and took < 30, output[-3000:]
+    assert "Traceback" not in output and "Sweep interrupted (SIGINT)" in output
+    assert _status(sweep / "0") == "stopped" and not (sweep / "1").exists()  # stopped, never failed
+
+
+def test_ctrl_c_leaves_the_optuna_trial_running_for_resume_to_finish(tmp_path):
+    sweep = tmp_path / "search"
+    args = ["hparams_search=optuna", "hydra.sweeper.n_trials=3", "trainer.max_epochs=3", "hydra.sweeper.study_name=s",
+            f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    rc, output, _ = _interrupt(tmp_path, _command(tmp_path, *args), sweep / "1" / "checkpoints" / "epoch_1.pth",
+                               signal.SIGINT)  # fmt: skip
+    assert rc == 130 and "Traceback" not in output, output[-3000:]
+    assert "1 completed, 1 interrupted, 1 not started of 3" in output
+    from expkit.search import open_storage
+
+    def states() -> list[TrialState]:
+        storage = open_storage(str(sweep / "optuna.journal"))
+        return [t.state for t in optuna.load_study(study_name="s", storage=storage).trials]
+
+    assert states() == [TrialState.COMPLETE, TrialState.RUNNING]  # not told as failed, nor complete
+    done = subprocess.run([*_command(tmp_path, *args), "resume=true"], cwd=REPO, env=_env(tmp_path),
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert states() == [TrialState.COMPLETE] * 3
+    assert json.loads((sweep / "1" / "result.json").read_text())["resumed_in_sweep"] is True
+
+
+def test_ctrl_c_stops_joblib_workers_after_they_save_and_starts_no_other_job(tmp_path):
+    sweep = tmp_path / "joblib"
+    command = _command(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                       "optim.lr=0.1,0.05,0.02,0.01", "trainer.max_epochs=6", f"hydra.sweep.dir={sweep}")  # fmt: skip
+    both = tmp_path / "both_running"
+
+    # the signal goes when both workers have a checkpoint (a watcher thread makes `both`)
+    def watch() -> None:
+        deadline = time.time() + 240
+        while time.time() < deadline and not all((sweep / j / "checkpoints" / "epoch_1.pth").exists() for j in "01"):
+            time.sleep(0.02)
+        both.touch()
+
+    threading.Thread(target=watch, daemon=True).start()
+    rc, output, took = _interrupt(tmp_path, command, both, signal.SIGINT)
+    assert rc == 130 and took < 30, output[-3000:]
+    assert "Traceback" not in output
+    assert "Sweep interrupted (SIGINT): 2 interrupted, 2 not started of 4" in output
+    for job in "01":  # each worker's job saved its interruption checkpoint and recorded itself
+        result = json.loads((sweep / job / "result.json").read_text())
+        assert result["status"] == "stopped" and result["stop_reason"] == "signal SIGINT"
+    assert not any((sweep / j / "result.json").exists() or (sweep / j / "checkpoints").exists() for j in "23")
+
+    resume = shlex.split(re.search(r"Resume it with: (.*)", output).group(1))
+    done = subprocess.run([sys.executable, *resume[1:]], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [_status(sweep / j) for j in "0123"] == ["completed"] * 4
