@@ -153,6 +153,62 @@ def check_output_dirs(argv: list[str]) -> str | None:
     return None
 
 
+def sweeping(argv: list[str]) -> bool:
+    """Whether the command line makes a sweep (-m, or an Optuna search, which sets Hydra's mode)."""
+    return any(a in ("-m", "--multirun", "hydra.mode=MULTIRUN") or a.startswith("hparams_search=") for a in argv)
+
+
+NO_RUN_FLAGS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc")
+
+
+def check_rerun(argv: list[str]) -> str | None:
+    """A command aimed at a dir that already holds a run (hydra.run.dir) or sweep jobs
+    (hydra.sweep.dir with -m or an Optuna search), without resume: refused before anything
+    is written there, naming what the dir holds and the two ways on."""
+    if any(a in NO_RUN_FLAGS or a.startswith(("--cfg=", "--info=")) for a in argv) or "show_hooks=true" in argv:
+        return None  # (nothing is written)
+    resume = next((a.partition("=")[2] for a in argv if a.lstrip("+").startswith("resume=")), "false")
+    if resume.strip().strip("'\"").lower() not in ("false", "null", "none", "0", ""):
+        return None
+    if os.environ.get("RANK", "0") != "0" or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return None  # (rank 0 checks; a torchrun restart continues its run)
+    key = "hydra.sweep.dir" if sweeping(argv) else "hydra.run.dir"
+    given = next((a.partition("=")[2].strip().strip("'\"") for a in argv if a.lstrip("+").startswith(key + "=")), None)
+    if not given or "${" in given or not Path(given).is_dir():
+        return None
+    holds = _sweep_holds(Path(given)) if sweeping(argv) else _run_holds(Path(given))
+    if holds is None:
+        return None
+    fresh = "outputs/sweeps/my_sweep_2" if sweeping(argv) else "outputs/runs/my_run_2"
+    return (f"{key}={given} already holds {holds}. Nothing was changed. Add resume=true to continue it, "
+            f"or give another {key} (e.g. {key}={fresh}) for a fresh start")  # fmt: skip
+
+
+def _run_holds(run_dir: Path) -> str | None:
+    import json
+
+    try:
+        status = json.loads((run_dir / "result.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        status = None
+    checkpoints = run_dir / "checkpoints"
+    saved = checkpoints.is_dir() and any(p.suffix in (".pth", ".dcp") for p in checkpoints.iterdir())
+    if status is None and not saved and not (run_dir / "metrics.jsonl").is_file():
+        return None
+    if status is None:
+        return "a run that did not finish (no result.json)"
+    return {"completed": "a completed run", "failed": "a failed run"}.get(status, f"a run that {status}")
+
+
+def _sweep_holds(sweep_dir: Path) -> str | None:
+    from expkit.sweep_jobs import tally_jobs
+
+    counts = tally_jobs(sweep_dir)
+    if not any(counts.values()):
+        return None
+    return "sweep jobs: " + ", ".join(f"{n} {status}" for status, n in counts.items())
+
+
 def _writable(directory: Path) -> bool:
     """Whether `directory` can be created (Hydra creates it next anyway) and written."""
     try:

@@ -84,10 +84,43 @@ def stop_requested(sweep_dir: Path) -> int | None:
     return stop.get("signal") if isinstance(stop.get("signal"), int) else None
 
 
+# A sweep job is identified by what it computes. These keys (and everything under them) only
+# control how a run goes: resuming, failing, printing, logging, where files go, how many are
+# kept, how jobs are launched. They are never part of a job's identity, so that
+# `resume=true retry_failed=true` or `logger=[tensorboard]` finds the same jobs. Every key of
+# train.yaml, and every config group, is in one of the two lists (tests/test_sweep_identity.py);
+# the longest prefix decides; a key in neither (a user's own) counts as computing.
+CONTROL_KEYS = (
+    "hydra", "hydra_defaults", "resume", "retry_failed", "fail_fast", "show_hooks", "logger", "hparams_search",
+    "seed_keys",
+    "default_hooks.logger", "default_hooks.timer", "default_hooks.runtime_info", "default_hooks.checkpoint",
+    "data.num_workers", "data.pin_memory",
+)  # fmt: skip
+COMPUTE_KEYS = (
+    "monitor", "load_from", "criterion", "metrics", "trainer", "data", "model", "optim", "sched", "hooks",
+    "debug", "experiment", "default_hooks", "default_hooks.sampler_seed", "default_hooks.param_scheduler",
+    "default_hooks.checkpoint.save_best", "default_hooks.checkpoint.rule", "default_hooks.checkpoint.greater_keys",
+    "default_hooks.checkpoint.less_keys",  # (the best checkpoint is the test's weights)
+)  # fmt: skip
+
+
+def key_kind(key: str) -> str | None:
+    """``control`` or ``compute`` for a config key (``a.b.c``) or group (``hydra/launcher``), by
+    the longest listed prefix; None when no list holds it."""
+    key = key.lstrip("+~").replace("/", ".")
+    best, kind = -1, None
+    for listed, name in ((CONTROL_KEYS, "control"), (COMPUTE_KEYS, "compute")):
+        for prefix in listed:
+            if (key == prefix or key.startswith(prefix + ".")) and len(prefix) > best:
+                best, kind = len(prefix), name
+    return kind
+
+
 def job_identity(overrides: list[str]) -> list[str]:
-    """What makes a job the same job across launches: its overrides, sorted, without
-    resume= and hydra.* (so reordering values on the command line changes nothing)."""
-    return sorted(o for o in overrides if not o.lstrip("+~").startswith(("resume=", "hydra.")))
+    """What makes a job the same job across launches: its overrides, sorted, without the ones
+    that only control the run (CONTROL_KEYS); reordering values on the command line changes
+    nothing."""
+    return sorted(o for o in overrides if key_kind(o.partition("=")[0]) != "control")
 
 
 def read_job(work_dir: Path) -> dict[str, Any] | None:
@@ -98,7 +131,7 @@ def read_job(work_dir: Path) -> dict[str, Any] | None:
 
 
 INDEX_DIR = ".jobs"  # <sweep>/.jobs/<digest of an identity>: the name of the dir holding that job
-INDEX_COMPLETE = "complete"  # written once every job dir of the sweep is in the index
+INDEX_COMPLETE = "complete-2"  # every job dir is in the index (2: identities without control keys)
 
 
 def _index_key(identity: list[str]) -> str:
@@ -161,6 +194,12 @@ def finished(result: dict[str, Any]) -> bool:
     return status in ("completed", "pruned") or (status == "stopped" and not reason.startswith("signal"))
 
 
+def _identity_of(job: dict[str, Any]) -> list[str] | None:
+    """A recorded job's identity, by today's rule (an older expkit kept some control keys)."""
+    overrides = job.get("overrides")
+    return job_identity([str(o) for o in overrides]) if isinstance(overrides, list) else None
+
+
 def find_job(sweep_dir: Path, identity: list[str]) -> Path | None:
     """The dir in `sweep_dir` that holds the job with this identity, if any: one lookup in the
     sweep's index. A sweep dir whose index is not known complete (made by an older expkit, or
@@ -170,7 +209,7 @@ def find_job(sweep_dir: Path, identity: list[str]) -> Path | None:
         entry = index / _index_key(identity)
         candidate = confine.confined(sweep_dir, entry.read_text().strip(), entry, "job dir of this sweep")
         job = read_job(candidate) if candidate is not None and candidate.is_dir() else None
-        if candidate is not None and job is not None and job.get("overrides") == identity and "alias_of" not in job:
+        if candidate is not None and job is not None and _identity_of(job) == identity and "alias_of" not in job:
             return candidate
     except OSError:
         pass
@@ -182,8 +221,8 @@ def find_job(sweep_dir: Path, identity: list[str]) -> Path | None:
         job = read_job(candidate)
         if job is None or "alias_of" in job or not isinstance(job.get("overrides"), list):
             continue
-        write_text_atomic(index / _index_key(job["overrides"]), candidate.name)
-        if found is None and job["overrides"] == identity:
+        write_text_atomic(index / _index_key(_identity_of(job)), candidate.name)
+        if found is None and _identity_of(job) == identity:
             found = candidate
     write_text_atomic(index / INDEX_COMPLETE, "")
     return found
@@ -218,7 +257,7 @@ def place_job(cfg: DictConfig, overrides: list[str], hydra_dir: Path, sweep_dir:
         record_job(hydra_dir, identity)
         return hydra_dir
     own = read_job(hydra_dir)
-    if own is not None and own.get("overrides") == identity:
+    if own is not None and _identity_of(own) == identity:
         return hydra_dir
     target = find_job(sweep_dir, identity)
     if own is None:  # a new dir

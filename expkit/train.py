@@ -208,11 +208,6 @@ _TASK_STARTED = False  # set by the task function: a SystemExit(1) before it is 
 _HYDRA_RECORD_DEFERRED = False  # a resume: .hydra/ is written by the task once the checkpoint fits
 
 
-def _sweeping(argv: list[str]) -> bool:
-    """Whether the command line makes a sweep (-m, or an Optuna search, which sets Hydra's mode)."""
-    return any(a in ("-m", "--multirun", "hydra.mode=MULTIRUN") or a.startswith("hparams_search=") for a in argv)
-
-
 def _defer_hydra_record(argv: list[str]) -> None:
     """A resume (resume=true or a path) must not rewrite the run's .hydra/ before its checkpoint
     is known to fit: Hydra is told not to write it (hydra.output_subdir=null), and the task
@@ -221,7 +216,7 @@ def _defer_hydra_record(argv: list[str]) -> None:
     resume = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), "false")
     if (
         resume.strip().lower() in ("false", "null", "none", "0", "")
-        or _sweeping(argv)
+        or cli.sweeping(argv)
         or any(a.startswith("hydra.output_subdir=") for a in argv)
     ):
         return
@@ -234,7 +229,7 @@ def _show_hooks_scratch(argv: list[str]) -> str | None:
     user's, its work dir is a scratch dir, removed afterwards (no empty run dir left behind)."""
     if (
         "show_hooks=true" not in argv
-        or _sweeping(argv)
+        or cli.sweeping(argv)
         or any(a.startswith(("hydra.run.dir=", "hydra.output_subdir=")) for a in argv)
     ):
         return None
@@ -396,10 +391,10 @@ def main() -> None:
         print(f"Error: {message}", file=sys.stderr)
         sys.exit(2)
     exiting: list[Any] = []  # the code of a SystemExit, kept without the exception: its traceback holds the run
-    sweeping = _sweeping(argv)
+    sweeping = cli.sweeping(argv)
     try:
         _share_run_dir_across_ranks()  # (joins torchrun's process group)
-        message = cli.check_owner(sys.argv[1:])
+        message = cli.check_owner(sys.argv[1:]) or cli.check_rerun(sys.argv[1:])  # (in use, else already run)
         if message:
             print(f"Error: {message}", file=sys.stderr)
             sys.exit(2)

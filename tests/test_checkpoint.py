@@ -147,7 +147,7 @@ def test_resume_from_an_older_checkpoint_keeps_the_true_best_and_one_file(tmp_pa
             metrics["val/acc"] = self.values.pop(0)
 
     def runner(values, epochs, resume=False):
-        hooks = {"checkpoint": CheckpointHook(save_best="val/acc")}
+        hooks = {"checkpoint": CheckpointHook(save_best="val/acc", max_keep_ckpts=-1)}  # (epoch_1.pth stays)
         return toy_runner(tmp_path, default_hooks=hooks, hooks=[ScriptedAcc(values)], max_epochs=epochs, resume=resume)
 
     runner([0.5, 0.6, 0.7], 3).run()
@@ -299,7 +299,7 @@ def test_default_hooks_helper_replaces_and_drops():
 
 
 def test_iteration_based_save_begin_and_best_names(tmp_path):
-    hook = CheckpointHook(interval=2, by_epoch=False, save_begin=3, save_best="val/acc")
+    hook = CheckpointHook(interval=2, by_epoch=False, save_begin=3, save_best="val/acc", max_keep_ckpts=-1)
     runner = toy_runner(tmp_path, default_hooks={"checkpoint": hook}, max_epochs=None, max_iters=8, val_interval=4)
     result = runner.run()
     regular = [n for n in _names(tmp_path) if n.startswith("iter_")]

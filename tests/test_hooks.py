@@ -28,13 +28,13 @@ def test_interval_5_max_keep_2_over_20_epochs_leaves_15_and_20(tmp_path):
 
 @pytest.mark.parametrize("save_last, expected", [(False, [5, 7, 9]), (True, [5, 7, 9, 10])])
 def test_interval_2_save_begin_5(tmp_path, save_last, expected):
-    hooks = {"checkpoint": CheckpointHook(interval=2, save_begin=5, save_last=save_last)}
+    hooks = {"checkpoint": CheckpointHook(interval=2, save_begin=5, save_last=save_last, max_keep_ckpts=-1)}
     toy_runner(tmp_path, default_hooks=hooks, max_epochs=10).run()
     assert _ckpts(tmp_path) == [f"epoch_{n}.pth" for n in expected]
 
 
 def test_iteration_checkpoints_and_last(tmp_path):
-    hooks = {"checkpoint": CheckpointHook(interval=3, by_epoch=False)}
+    hooks = {"checkpoint": CheckpointHook(interval=3, by_epoch=False, max_keep_ckpts=-1)}
     toy_runner(tmp_path, default_hooks=hooks, max_epochs=None, max_iters=7).run()
     assert _ckpts(tmp_path) == ["iter_3.pth", "iter_6.pth", "iter_7.pth"]
     meta = torch.load(tmp_path / "checkpoints" / "iter_3.pth", weights_only=False)["meta"]

@@ -60,6 +60,7 @@ def test_steps_drive_logs_schedulers_and_checkpoints(tmp_path):
         "default_hooks.logger.interval=5",
         "default_hooks.checkpoint.by_epoch=false",
         "default_hooks.checkpoint.interval=7",
+        "default_hooks.checkpoint.max_keep_ckpts=-1",  # (iter_7.pth is read below)
     )
     steps_per_epoch = math.ceil(math.ceil(1258 / 16) / 4)  # 79 batches -> 20 steps
     assert result["iter"] == 2 * steps_per_epoch

@@ -1,0 +1,65 @@
+"""A sweep job is identified by what it computes, never by the keys that only control the run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from expkit.sweep_jobs import COMPUTE_KEYS, CONTROL_KEYS, job_identity, key_kind
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "expkit" / "conf"
+
+
+def _leaves(node: object, prefix: str = "") -> list[str]:
+    if isinstance(node, dict) and node and "_target_" not in node:
+        return [k for key, value in node.items() for k in _leaves(value, f"{prefix}{key}.")]
+    if isinstance(node, dict):  # an object: its own settings too
+        return [prefix.rstrip(".")] + [f"{prefix}{k}" for k in node if k != "_target_"]
+    return [prefix.rstrip(".")]
+
+
+def test_every_key_of_train_yaml_and_every_group_is_classified():
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["hooks=[ema]", "logger=[tensorboard]"], return_hydra_config=True)
+    keys = _leaves(OmegaConf.to_container(cfg, resolve=False))
+    groups = [p.name for p in CONF_DIR.iterdir() if p.is_dir() and not p.name.startswith("_")]
+    groups += ["hydra/launcher", "hydra/sweeper", "hydra/job_logging"]
+    unclassified = [k for k in keys + groups if key_kind(k) is None]
+    assert not unclassified
+    assert not set(CONTROL_KEYS) & set(COMPUTE_KEYS)
+    assert key_kind("trainer.max_epochs") == key_kind("model") == key_kind("hooks.ema.momentum") == "compute"
+    assert key_kind("retry_failed") == key_kind("hydra.launcher.n_jobs") == key_kind("hydra/launcher") == "control"
+    assert key_kind("default_hooks.checkpoint.max_keep_ckpts") == "control"
+    assert key_kind("default_hooks.checkpoint.save_best") == "compute"  # (the best checkpoint is tested)
+
+
+def test_control_keys_never_make_another_job():
+    job = ["optim.lr=0.1", "model=cnn"]
+    assert job_identity([*job, "resume=true", "retry_failed=true", "fail_fast=true", "logger=[tensorboard]",
+                         "default_hooks.logger.interval=5", "+hydra.job.env_set.X=1", "hydra/launcher=joblib",
+                         "hparams_search=optuna"]) == sorted(job)  # fmt: skip
+    assert job_identity([*job, "trainer.seed=1"]) != job_identity(job)
+
+
+@pytest.mark.slow
+def test_retry_failed_runs_again_only_the_failed_job_in_its_own_dir(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "optim.lr=0.1,-1,0.05", "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}"]
+    first = run_cli(*args)
+    assert first.returncode == 0, first.output  # a failed job is recorded; the sweep goes on
+    results = {j: json.loads((sweep / j / "result.json").read_text()) for j in "012"}
+    assert [results[j]["status"] for j in "012"] == ["completed", "failed", "completed"]
+    stamps = {j: (sweep / j / "result.json").stat().st_mtime_ns for j in "02"}
+
+    again = run_cli(*args, "resume=true", "retry_failed=true")
+    assert again.returncode == 0, again.output
+    assert sorted(p.name for p in sweep.iterdir() if not p.name.startswith(".") and p.is_dir()) == ["0", "1", "2"]
+    assert (sweep / "0" / "result.json").stat().st_mtime_ns == stamps["0"]  # completed: not trained again
+    assert (sweep / "2" / "result.json").stat().st_mtime_ns == stamps["2"]
+    assert (sweep / "1" / "train.log").read_text().count("Invalid learning rate") == 2  # the failed one ran again
+    assert json.loads((sweep / "1" / "result.json").read_text())["status"] == "failed"  # (lr=-1 fails again)
