@@ -29,13 +29,15 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e3
 
 class Series:
     """Points of one line (``line=True``) or one set of markers; ``label`` goes in the legend
-    and in the element's tooltip. (Plain classes, not dataclasses: making the two dataclasses
-    cost 2 ms of each run's end, where curves.svg is drawn.)"""
+    and in the element's tooltip; ``errors``: a half-width per point, drawn as an error bar
+    (y - e to y + e). (Plain classes, not dataclasses: making the two dataclasses cost 2 ms of
+    each run's end, where curves.svg is drawn.)"""
 
-    __slots__ = ("label", "line", "points")
+    __slots__ = ("errors", "label", "line", "points")
 
-    def __init__(self, points: Sequence[tuple[float, float]], label: str = "", line: bool = True) -> None:
-        self.points, self.label, self.line = points, label, line
+    def __init__(self, points: Sequence[tuple[float, float]], label: str = "", line: bool = True,
+                 errors: Sequence[float] | None = None) -> None:  # fmt: skip
+        self.points, self.label, self.line, self.errors = points, label, line, errors
 
 
 class Panel:
@@ -86,6 +88,16 @@ def _finite(points: Sequence[tuple[float, float]], log_x: bool) -> list[tuple[fl
     return out
 
 
+def _error_bars(series: Series, log_x: bool) -> list[tuple[float, float, float]]:
+    """(x, y, half-width) of each finite point with a finite, positive error."""
+    kept = []
+    for (x, y), e in zip(series.points, series.errors or ()):
+        usable = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (x, y, e)) and e > 0
+        if usable and (x > 0 or not log_x):
+            kept.append((math.log10(x) if log_x else float(x), float(y), float(e)))
+    return kept
+
+
 def _x_ticks(panel: Panel, xs: list[float]) -> tuple[list[float], list[str]]:
     if panel.categories is not None:
         ticks = [float(i) for i in range(len(panel.categories))]
@@ -104,7 +116,9 @@ def _x_ticks(panel: Panel, xs: list[float]) -> tuple[list[float], list[str]]:
 
 
 def _panel(panel: Panel, x0: int, single_color: str) -> list[str]:
+    bars = {id(s): _error_bars(s, panel.log_x) for s in panel.series if s.errors is not None}
     series = [Series(_finite(s.points, panel.log_x), s.label, s.line) for s in panel.series]
+    whiskers = [bars.get(id(s), []) for s in panel.series]
     out = [f'<text x="{x0 + PANEL_W / 2:.0f}" y="16" text-anchor="middle" font-size="13">{escape(panel.title)}</text>']
     plot_w, plot_h = PANEL_W - LEFT - RIGHT, PANEL_H - TOP - BOTTOM
     left, top = x0 + LEFT, TOP
@@ -115,7 +129,9 @@ def _panel(panel: Panel, x0: int, single_color: str) -> list[str]:
                    'font-size="11" fill="#888">no finite values</text>')  # fmt: skip
         return out
     xt, xlabels = _x_ticks(panel, [p[0] for p in points])
-    yt = nice_ticks(min(p[1] for p in points), max(p[1] for p in points))
+    spans = [(y - e, y + e) for bar in whiskers for _, y, e in bar]
+    yt = nice_ticks(min([p[1] for p in points] + [lo for lo, _ in spans]),
+                    max([p[1] for p in points] + [hi for _, hi in spans]))  # fmt: skip
 
     def px(x: float) -> float:
         return left + (x - xt[0]) / (xt[-1] - xt[0]) * plot_w
@@ -138,8 +154,12 @@ def _panel(panel: Panel, x0: int, single_color: str) -> list[str]:
         out.append(f'<text x="{x0 + 10}" y="{top + plot_h / 2:.0f}" text-anchor="middle" font-size="11" '
                    f'transform="rotate(-90 {x0 + 10} {top + plot_h / 2:.0f})">{escape(panel.ylabel)}</text>')  # fmt: skip
     colors = [single_color] if len(series) == 1 else [COLORS[i % len(COLORS)] for i in range(len(series))]
-    for s, color in zip(series, colors):
+    for s, color, bar in zip(series, colors, whiskers):
         tip = f"<title>{escape(s.label)}</title>" if s.label else ""
+        for x, y, e in bar:
+            X, lo, hi = px(x), py(y - e), py(y + e)
+            out.append(f'<path class="errorbar" d="M{X:.1f},{lo:.1f}V{hi:.1f}M{X - 4:.1f},{lo:.1f}h8M{X - 4:.1f},'
+                       f'{hi:.1f}h8" stroke="{color}" stroke-width="1.2" fill="none">{tip}</path>')  # fmt: skip
         if s.line and s.points:
             coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in s.points)
             out.append(f'<polyline class="series" points="{coords}" fill="none" stroke="{color}" '

@@ -9,6 +9,12 @@ the sweep dir:
   best.json                 the best job: metric, value, epoch, work dir, checkpoint, overrides
   sweep.svg                 the monitored metric over epochs per job, and the best value
                             against each swept hyperparameter
+
+Jobs that differ only in their seed (``seed_keys``, default ``[trainer.seed]``) form a group:
+summary.csv and summary.md then hold one row per group (mean, std, n, min, max of the best and
+of the final value, and its member jobs), best first by mean; jobs.csv and the second table of
+summary.md keep one row per job; best.json names the best group and its best member; sweep.svg
+draws each group's mean with its standard deviation.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import io
 import json
 import logging
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,7 +34,7 @@ from hydra.experimental.callback import Callback
 
 from expkit.atomic import write_json_atomic, write_text_atomic
 from expkit.metrics import infer_rule, rule_of_flag
-from expkit.sweep_jobs import finished, job_order, job_target, read_job
+from expkit.sweep_jobs import finished, job_order, job_target, key_kind, read_job
 
 log = logging.getLogger("expkit")
 
@@ -196,6 +203,79 @@ def _best_json(top: dict[str, Any], jobs: int, statuses: dict[str, int], resumed
     }
 
 
+# -- seed groups -------------------------------------------------------------------------------------
+DEFAULT_SEED_KEYS = ["trainer.seed"]
+GROUP_COLUMNS = ["group", "monitor", "mean", "std", "n", "min", "max", "final_mean", "final_std", "best_job", "jobs",
+                 "statuses", "overrides"]  # fmt: skip
+
+
+def seed_keys_of(sweep_dir: Path) -> list[str]:
+    """The sweep's ``seed_keys`` (its multirun.yaml, as the sweep was composed), else the default."""
+    config = _read_yaml(sweep_dir / "multirun.yaml")
+    keys = config.get("seed_keys") if isinstance(config, dict) else None
+    return [str(k) for k in keys] if isinstance(keys, list) else list(DEFAULT_SEED_KEYS)
+
+
+def _stats(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def group_rows(rows: list[dict[str, Any]], seed_keys: list[str]) -> list[dict[str, Any]] | None:
+    """The sweep's seed groups, best mean first; None when no two jobs differ only in a seed key
+    (the summary then stays one row per job). A failed or diverged member counts in the group's
+    statuses, not in its statistics."""
+    if not any(k in r["override_values"] for r in rows for k in seed_keys):
+        return None
+    groups: dict[tuple[tuple[str, str], ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        key = tuple(sorted((k, str(v)) for k, v in r["override_values"].items()
+                           if k not in seed_keys and key_kind(k) != "control"))  # fmt: skip
+        groups.setdefault(key, []).append(r)
+    if all(len(members) < 2 for members in groups.values()):
+        return None
+    out = []
+    for key, members in groups.items():
+        members.sort(key=lambda r: job_order(Path(r["job"])))
+        values = [float(m["best"]) for m in members if _usable(m)]
+        finals = [float(m["final"]) for m in members
+                  if isinstance(m.get("final"), (int, float)) and math.isfinite(m["final"])]  # fmt: skip
+        mean, std = _stats(values)
+        final_mean, final_std = _stats(finals)
+        top = min(members, key=_sort_key)
+        statuses: dict[str, int] = {}
+        for m in members:
+            statuses[str(m.get("status"))] = statuses.get(str(m.get("status")), 0) + 1
+        out.append({
+            "monitor": members[0]["monitor"], "rule": members[0]["rule"], "mean": mean, "std": std, "n": len(values),
+            "min": min(values, default=None), "max": max(values, default=None), "final_mean": final_mean,
+            "final_std": final_std, "best_job": top["job"] if _usable(top) else None,
+            "jobs": " ".join(m["job"] for m in members), "members": members,
+            "statuses": " ".join(f"{n} {s}" for s, n in sorted(statuses.items())),
+            "overrides": " ".join(f"{k}={v}" for k, v in key), "override_values": dict(key),
+        })  # fmt: skip
+    sign = -1 if out[0]["rule"] == "greater" else 1
+    out.sort(key=lambda g: (g["mean"] is None, sign * (g["mean"] or 0.0), g["jobs"]))
+    for i, g in enumerate(out):
+        g["group"] = i
+    return out
+
+
+def _best_group_json(groups: list[dict[str, Any]], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """best.json of a grouped sweep: the best group by mean (n, std), and its best member."""
+    top = groups[0]
+    member = next((m for m in top["members"] if m["job"] == top["best_job"]), None)
+    statuses: dict[str, int] = {}
+    for r in rows:
+        statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1
+    best = _best_json(member or top["members"][0], len(rows), statuses, [r["job"] for r in rows if r.get("resumed")])
+    best.update(value=top["mean"], mean=top["mean"], std=top["std"], n=top["n"], min=top["min"], max=top["max"],
+                group=top["overrides"], members=top["jobs"].split(), groups=len(groups),
+                member_value=member["best"] if member else None)  # fmt: skip
+    return best
+
+
 def _mtime(path: Path) -> float | None:
     try:
         return path.stat().st_mtime
@@ -227,18 +307,21 @@ class _Locked:
         self.file.close()  # releases the lock
 
 
-def summarize(sweep_dir: str | Path, plot: bool = True, fresh: bool = False) -> dict[str, Any] | None:
+def summarize(sweep_dir: str | Path, plot: bool = True, fresh: bool = False,
+              seed_keys: list[str] | None = None) -> dict[str, Any] | None:  # fmt: skip
     """Write summary.csv, summary.md, best.json (and sweep.svg) for `sweep_dir`, best first;
     returns best.json's content. A job's row comes from its cached row (written when it
-    ended), else from its files; `fresh` reads every job's files and renews the cache."""
+    ended), else from its files; `fresh` reads every job's files and renews the cache.
+    `seed_keys`: what makes seed groups (None: the sweep's own setting)."""
     sweep_dir = Path(sweep_dir)
+    seed_keys = seed_keys_of(sweep_dir) if seed_keys is None else seed_keys
     with _Locked(sweep_dir):  # no job's end interleaves with this rebuild
         rows = _all_rows(sweep_dir, fresh)
         if not rows:
             return None
-        best = _write_summary(sweep_dir, rows)
+        best = _write_summary(sweep_dir, rows, seed_keys)
     if plot:
-        plot_sweep(rows, sweep_dir / "sweep.svg")
+        plot_sweep(rows, sweep_dir / "sweep.svg", seed_keys)
     return best
 
 
@@ -259,10 +342,13 @@ def _all_rows(sweep_dir: Path, fresh: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def _write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _write_summary(sweep_dir: Path, rows: list[dict[str, Any]], seed_keys: list[str]) -> dict[str, Any]:
     rows.sort(key=_sort_key)
     columns = _columns(rows)
     shown = _md_columns(columns)
+    groups = group_rows(rows, seed_keys)
+    if groups is not None:
+        return _write_group_summary(sweep_dir, rows, groups, columns, seed_keys)
     lines = _md_header(f"{len(rows)} jobs, best first by {rows[0]['monitor']} ({rows[0]['rule']})", sweep_dir, shown)
     lines += [_md_line(r, shown) for r in rows]
     statuses: dict[str, int] = {}
@@ -270,6 +356,26 @@ def _write_summary(sweep_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any
         statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1
     best = _best_json(rows[0], len(rows), statuses, [r["job"] for r in rows if r.get("resumed")])
     write_text_atomic(sweep_dir / "summary.csv", _csv_text(rows, columns))
+    write_text_atomic(sweep_dir / "summary.md", "\n".join(lines) + "\n")
+    write_json_atomic(sweep_dir / "best.json", best)
+    return best
+
+
+def _write_group_summary(sweep_dir: Path, rows: list[dict[str, Any]], groups: list[dict[str, Any]],
+                         columns: list[str], seed_keys: list[str]) -> dict[str, Any]:  # fmt: skip
+    """summary.csv/.md by seed group (best mean first), jobs.csv and a jobs table below."""
+    top = groups[0]
+    title = (f"{len(groups)} groups of jobs that differ only in {', '.join(seed_keys)}, best first by mean "
+             f"{top['monitor']} ({top['rule']})")  # fmt: skip
+    lines = [f"# Sweep {sweep_dir.name}: {title}", "", "| " + " | ".join(GROUP_COLUMNS) + " |",
+             "|" + "---|" * len(GROUP_COLUMNS)]  # fmt: skip
+    lines += [_md_line(g, GROUP_COLUMNS) for g in groups]
+    shown = _md_columns(columns)
+    lines += ["", f"## {len(rows)} jobs, best first", "", "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    lines += [_md_line(r, shown) for r in rows]
+    best = _best_group_json(groups, rows)
+    write_text_atomic(sweep_dir / "summary.csv", _csv_text(groups, GROUP_COLUMNS))
+    write_text_atomic(sweep_dir / "jobs.csv", _csv_text(rows, columns))
     write_text_atomic(sweep_dir / "summary.md", "\n".join(lines) + "\n")
     write_json_atomic(sweep_dir / "best.json", best)
     return best
@@ -285,11 +391,15 @@ def record_job_end(sweep_dir: Path, work_dir: Path) -> None:
     if row["status"] == "running":  # a job this launch skipped (another launch runs it)
         return
     row = json.loads(json.dumps(row))  # as cached (tuples become lists)
+    seed_keys = seed_keys_of(sweep_dir)
     with _Locked(sweep_dir):
         old = _cached_row(sweep_dir, row["job"])
         if json.dumps(old, sort_keys=True) == json.dumps(row, sort_keys=True):  # (NaN == NaN here)
             return
         write_json_atomic(sweep_dir / ROWS_DIR / f"{row['job']}.json", row)
+        if any(k in row["override_values"] for k in seed_keys):  # seeds: a group's row changes with each member
+            _write_summary(sweep_dir, _all_rows(sweep_dir, False), seed_keys)  # (cached rows: a small file per job)
+            return
         csv_path, md_path, best_path = (sweep_dir / n for n in ("summary.csv", "summary.md", "best.json"))
         new_file = not csv_path.is_file() or csv_path.stat().st_size == 0
         if new_file:
@@ -332,28 +442,30 @@ def record_job_end(sweep_dir: Path, work_dir: Path) -> None:
         summarize(sweep_dir, plot=False)
 
 
-def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
+def plot_sweep(rows: list[dict[str, Any]], path: Path, seed_keys: list[str] | None = None) -> None:
     """Left: the monitored metric over epochs, one line per job. Then one panel per swept
     hyperparameter: each job's best value against its value (a log axis when positive
-    values span 20x or more; names in order for values that are not numbers)."""
+    values span 20x or more; names in order for values that are not numbers). With seed
+    groups, each group's mean best value with its standard deviation, instead of each job's."""
     from expkit.svgplot import Panel, Series, charts
 
-    keys = {k for r in rows for k in r["override_values"]} - {"hydra.sweep.dir", "hydra.run.dir"}
+    groups = group_rows(rows, seed_keys or DEFAULT_SEED_KEYS) if rows else None
+    keys = {k for r in rows for k in r["override_values"] if key_kind(k) != "control"}
+    if groups is not None:
+        keys -= set(seed_keys or DEFAULT_SEED_KEYS)
     swept = sorted(k for k in keys if len({r["override_values"].get(k) for r in rows}) > 1)  # values that vary
     monitor = rows[0]["monitor"] if rows else "value"
     jobs = sorted(rows, key=lambda r: (len(r["job"]), r["job"]))
     curves = [Series(r["curve"], label=f"{r['job']}: {r['overrides']}") for r in jobs if r["curve"]]
     panels = [Panel(f"{monitor} per job", curves, xlabel="epoch", ylabel=monitor, legend=True)]
     for key in swept or [""]:
+        if groups is not None:
+            panels.append(_group_panel(groups, key, monitor))
+            continue
         points = [(r["override_values"].get(key), r.get("best"), r["job"]) for r in jobs]
         points = [p for p in points if p[0] is not None and isinstance(p[1], (int, float)) and math.isfinite(p[1])]
         panel = Panel(f"best {monitor}", [], xlabel=key or "(nothing swept)", ylabel=f"best {monitor}")
-        try:
-            xs = [float(x) for x, _, _ in points]
-            panel.log_x = bool(xs) and min(xs) > 0 and max(xs) / min(xs) >= 20
-        except ValueError:  # categorical values
-            panel.categories = sorted({str(x) for x, _, _ in points})
-            xs = [float(panel.categories.index(str(x))) for x, _, _ in points]
+        xs = _axis(panel, [x for x, _, _ in points])
         panel.series = [Series([(x, y)], label=f"job {job}: {key}={raw}", line=False)
                         for x, (raw, y, job) in zip(xs, points)]  # fmt: skip
         panels.append(panel)
@@ -373,6 +485,71 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
         series = [Series(so_far, label="best so far")] if so_far else []
         panels.append(Panel(f"search progress: best {monitor}", series + done, xlabel="trial", ylabel=monitor))
     charts(path, panels)
+
+
+def _group_panel(groups: list[dict[str, Any]], key: str, monitor: str) -> Any:
+    """Each seed group's mean best value against its value of `key`, with its standard deviation."""
+    from expkit.svgplot import Panel, Series
+
+    points = [(g["override_values"].get(key), g) for g in groups if g["mean"] is not None]
+    points = [(x, g) for x, g in points if x is not None]
+    panel = Panel(f"mean best {monitor} (± std)", [], xlabel=key or "(nothing swept)", ylabel=f"best {monitor}")
+    xs = _axis(panel, [x for x, _ in points])
+    panel.series = [Series([(x, g["mean"])], label=f"group {g['group']} (n={g['n']}): {key}={raw}", line=False,
+                           errors=[g["std"] or 0.0]) for x, (raw, g) in zip(xs, points)]  # fmt: skip
+    return panel
+
+
+def _axis(panel: Any, raw: list[Any]) -> list[float]:
+    """x positions of `raw` values: numbers (a log axis when positive values span 20x or more),
+    else categories (choice lists, strings, model names) in order, never read as numbers."""
+    try:
+        xs = [float(x) for x in raw]
+        panel.log_x = bool(xs) and min(xs) > 0 and max(xs) / min(xs) >= 20
+        return xs
+    except ValueError:
+        panel.categories = sorted({str(x) for x in raw})
+        return [float(panel.categories.index(str(x))) for x in raw]
+
+
+def _clock(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def progress_line(sweep_dir: Path, job: str) -> str:
+    """One line when a job ends: jobs done of this launch's total, this job's value, the best so
+    far (a group mean where seed groups exist), the time since the launch and an estimate of
+    the time left (from this launch's finished jobs). Reads the cached rows and best.json."""
+    import os
+    import time
+
+    from expkit.sweep_jobs import SWEEP_JOBS_ENV, SWEEP_LAUNCHED_ENV
+
+    rows = [r for r in (_cached_row(sweep_dir, p.stem) for p in (sweep_dir / ROWS_DIR).glob("*.json")) if r]
+    done = [r for r in rows if r.get("status") != "running"]
+    launched = float(os.environ.get(SWEEP_LAUNCHED_ENV, "0") or 0) or None
+    total = int(os.environ.get(SWEEP_JOBS_ENV, "0") or 0) or None
+    row = next((r for r in rows if r["job"] == job), None)
+    parts = [f"Sweep: {len(done)}/{total} jobs done" if total else f"Sweep: {len(done)} jobs done"]
+    if row is not None:
+        value = row.get("best")
+        shown = f"{value:.4f}" if isinstance(value, (int, float)) and math.isfinite(value) else "no value"
+        parts.append(f"job {job} ({row.get('status')}) {row['monitor']} {shown}")
+    try:
+        best = json.loads((sweep_dir / "best.json").read_text())
+    except (OSError, ValueError):
+        best = {}
+    if isinstance(best.get("value"), (int, float)):
+        where = f"group mean, n={best.get('n')}" if best.get("group") is not None else f"job {best.get('job')}"
+        parts.append(f"best {best['value']:.4f} ({where})")
+    if launched is not None:
+        elapsed = time.time() - launched
+        parts.append(f"{_clock(elapsed)} elapsed")
+        this_launch = sum(1 for r in done if (r.get("result_mtime") or 0) >= launched)
+        if total and this_launch and total > len(done):
+            parts.append(f"about {_clock(elapsed / this_launch * (total - len(done)))} left")
+    return "; ".join(parts)
 
 
 class SweepSummaryCallback(Callback):
@@ -395,6 +572,7 @@ class SweepSummaryCallback(Callback):
             return
         try:
             record_job_end(Path(hc.sweep.dir), Path(hc.runtime.output_dir))
+            log.info("%s", progress_line(Path(hc.sweep.dir), job_target(Path(hc.runtime.output_dir)).name))
         except Exception as exc:  # a summary must never fail the sweep
             log.warning("Could not record the job in %s: %s", hc.sweep.dir, exc)
 
@@ -405,7 +583,11 @@ class SweepSummaryCallback(Callback):
             best = json.loads((sweep_dir / "best.json").read_text())
         else:
             best = self._summarize(sweep_dir, plot=True)
-        if best and best["job"] is not None:
+        if best and best.get("group") is not None and best["value"] is not None:
+            spread = f" ± {best['std']:.4f}" if best.get("std") is not None else ""
+            log.info("Sweep best: %s, mean %s = %.4f%s over %d seeds; its best job %s (%s)", best["group"] or "(one group)",
+                     best["metric"], best["value"], spread, best["n"], best["job"], best["work_dir"])  # fmt: skip
+        elif best and best["job"] is not None:
             log.info("Sweep best: job %s, %s = %.4f, %s", best["job"], best["metric"], best["value"], best["work_dir"])
 
     def _summarize(self, sweep_dir: Path, plot: bool) -> dict[str, Any] | None:
@@ -416,9 +598,9 @@ class SweepSummaryCallback(Callback):
             return None
 
 
-def rebuild(sweep_dir: Path, plot: bool = True, quiet: bool = False) -> int:
+def rebuild(sweep_dir: Path, plot: bool = True, quiet: bool = False, seed_keys: list[str] | None = None) -> int:
     """Rebuild `sweep_dir`'s summary from disk and print it; the exit status (2: nothing to summarise)."""
-    best = summarize(sweep_dir, plot=plot, fresh=True)
+    best = summarize(sweep_dir, plot=plot, fresh=True, seed_keys=seed_keys)
     if best is None:
         print(f"Error: no job dirs (with .hydra/) in {sweep_dir}", file=sys.stderr)
         return 2
@@ -458,7 +640,9 @@ def main() -> None:
             print(f"Error: sweep_dir={sweep_dir} is not a directory; give a sweep dir (outputs/sweeps/<sweep>)",
                   file=sys.stderr)  # fmt: skip
             sys.exit(2)
-        code = rebuild(sweep_dir, plot=bool(cfg.plot), quiet=bool(cfg.quiet))
+        keys = cfg.get("seed_keys")
+        code = rebuild(sweep_dir, plot=bool(cfg.plot), quiet=bool(cfg.quiet),
+                       seed_keys=None if keys is None else [str(k) for k in keys])  # fmt: skip
         if code:
             sys.exit(code)
 

@@ -23,8 +23,9 @@ from typing import Any
 from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
+from hydra.errors import CompactHydraException
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 log = logging.getLogger("expkit")
 
@@ -98,6 +99,25 @@ def count_jobs(overrides: Sequence[str]) -> int | None:
     return math.prod(lengths)
 
 
+class SweepConfigError(CompactHydraException):
+    """Bad sweep settings: Hydra prints the message alone (no traceback) and expkit exits 2."""
+
+
+def check_seed_keys(config: DictConfig) -> None:
+    """``seed_keys`` (what makes seed groups): a list of keys of the config, checked before any
+    job starts."""
+    keys = config.get("seed_keys")
+    if keys is None:
+        return
+    if not isinstance(keys, ListConfig) or not all(isinstance(k, str) for k in keys):
+        raise SweepConfigError(f"seed_keys={keys}: give a list of config keys, e.g. seed_keys=[trainer.seed]")
+    missing = object()
+    for key in keys:
+        if OmegaConf.select(config, key, default=missing) is missing:
+            raise SweepConfigError(f"seed_keys: {key} is not a key of the config; give the keys that hold a seed, "
+                                   f"e.g. seed_keys=[trainer.seed] (see --cfg job)")  # fmt: skip
+
+
 class StopBetweenJobs:
     """A launcher whose jobs run in other processes (joblib workers, submitit), made to stop the
     way a terminal user stops it. Ctrl-C (SIGINT to the whole process group) or SIGTERM reaches
@@ -169,6 +189,7 @@ class ExpkitSweeper(BasicSweeper):
         from expkit.sweep_jobs import mark_launch
 
         assert self.config is not None
+        check_seed_keys(self.config)
         jobs = count_jobs([*(f"{k}={v}" for k, v in self.sweep_params.items()), *arguments])
         mark_launch(jobs, self.config.hydra.sweep.dir)
         return super().sweep(arguments)

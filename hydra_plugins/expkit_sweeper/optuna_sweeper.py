@@ -26,19 +26,24 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
-from hydra.errors import CompactHydraException
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.expkit_sweeper.expkit_sweeper import check_batch, compose_once, stoppable
+from hydra_plugins.expkit_sweeper.expkit_sweeper import (
+    SweepConfigError,
+    check_batch,
+    check_seed_keys,
+    compose_once,
+    stoppable,
+)
 
 log = logging.getLogger("expkit")
 
 LEDGER = "optuna_trials.json"
 
 
-class SearchConfigError(CompactHydraException):
+class SearchConfigError(SweepConfigError):
     """Bad sweeper settings: Hydra prints the message alone (no traceback) and expkit exits 2."""
 
 
@@ -171,6 +176,7 @@ class OptunaSweeper(Sweeper):
         from expkit.ownership import WorkDirBusy, WorkDirLock
 
         assert self.config is not None and self.launcher is not None
+        check_seed_keys(self.config)
         sweep_dir = Path(self.config.hydra.sweep.dir)
         try:  # one launch at a time: its trials are numbered, launched and told by this process
             owned = WorkDirLock(sweep_dir, "python -m expkit.train (Optuna sweep)").acquire()
