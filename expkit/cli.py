@@ -167,13 +167,15 @@ def check_rerun(argv: list[str]) -> str | None:
     is written there, naming what the dir holds and the two ways on."""
     if any(a in NO_RUN_FLAGS or a.startswith(("--cfg=", "--info=")) for a in argv) or "show_hooks=true" in argv:
         return None  # (nothing is written)
-    resume = next((a.partition("=")[2] for a in argv if a.lstrip("+").startswith("resume=")), "false")
+    resume = next((a.partition("=")[2] for a in reversed(argv) if a.lstrip("+").startswith("resume=")), "false")
     if resume.strip().strip("'\"").lower() not in ("false", "null", "none", "0", ""):
         return None
     if os.environ.get("RANK", "0") != "0" or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return None  # (rank 0 checks; a torchrun restart continues its run)
     key = "hydra.sweep.dir" if sweeping(argv) else "hydra.run.dir"
-    given = next((a.partition("=")[2].strip().strip("'\"") for a in argv if a.lstrip("+").startswith(key + "=")), None)
+    given = next(
+        (a.partition("=")[2].strip().strip("'\"") for a in reversed(argv) if a.lstrip("+").startswith(key + "=")), None
+    )  # (the last one wins, as in Hydra)
     if not given or "${" in given or not Path(given).is_dir():
         return None
     holds = _sweep_holds(Path(given)) if sweeping(argv) else _run_holds(Path(given))

@@ -291,3 +291,25 @@ def test_custom_search_space_adds_conditional_parameters_to_the_overrides():
         seen.add(trial.params["optim"])
         study.tell(trial, 0.0)
     assert seen == {"sgd", "adam"}
+
+
+@pytest.mark.slow
+def test_seeds_per_trial_runs_each_trial_with_n_seeds_and_tells_their_mean(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = [*FAST, "hydra.sweeper.study_name=m", f"hydra.sweep.dir={sweep}", "hydra.sweeper.n_trials=2"]
+    proc = run_cli(*args, "hydra.sweeper.seeds_per_trial=2")
+    assert proc.returncode == 0, proc.output
+    results = {j: json.loads((sweep / j / "result.json").read_text()) for j in "0123"}  # every seed's dir kept
+    assert [results[j]["optuna_trial"] for j in "0123"] == [0, 0, 1, 1]
+    study = _study(str(sweep / "optuna.journal"), "m")
+    for trial, jobs in ((0, "01"), (1, "23")):
+        values = [results[j]["best_metrics"]["val/acc"]["value"] for j in jobs]
+        assert study.trials[trial].value == pytest.approx(sum(values) / 2)  # the mean, not one seed
+        seeds = {json.loads((sweep / j / "job.json").read_text())["overrides"][-1] for j in jobs}
+        assert seeds == {"trainer.seed=0", "trainer.seed=1"}
+    groups = _rows(sweep)
+    assert len(groups) == 2 and {g["n"] for g in groups} == {"2"}
+
+    refused = run_cli(*args, "hydra.sweeper.seeds_per_trial=0", f"hydra.sweep.dir={tmp_path / 'bad'}")
+    assert refused.returncode == 2 and "hydra.sweeper.seeds_per_trial=0" in refused.output
+    assert not (tmp_path / "bad" / "0").exists()

@@ -61,6 +61,7 @@ class OptunaSweeperConf:  # OmegaConf reads these annotations at run time (hence
     pruner: Any = None  # {_target_: optuna.pruners.MedianPruner, ...}; null: no pruning
     params: dict[str, Any] | None = None  # name -> interval(..), tag(log, interval(..)), choice(..), range(..)
     custom_search_space: str | None = None  # "module.function": function(cfg, trial) suggests more
+    seeds_per_trial: int = 1  # N: each trial runs N jobs (seeds from seed_keys[0]); the study gets their mean
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="expkit")
@@ -104,14 +105,15 @@ def override_value(value: Any) -> str:
 class OptunaSweeper(Sweeper):
     def __init__(self, direction: str | None = None, study_name: str | None = "expkit", storage: str | None = None,
                  n_trials: int = 20, n_jobs: int = 1, sampler: Any = None, pruner: Any = None,
-                 params: dict[str, Any] | None = None, custom_search_space: str | None = None) -> None:  # fmt: skip
+                 params: dict[str, Any] | None = None, custom_search_space: str | None = None,
+                 seeds_per_trial: int = 1) -> None:  # fmt: skip
         if direction not in (None, "maximize", "minimize"):
             raise ValueError(f"hydra.sweeper.direction={direction}: use maximize, minimize, or null (from monitor)")
-        for key, number in (("n_trials", n_trials), ("n_jobs", n_jobs)):
+        for key, number in (("n_trials", n_trials), ("n_jobs", n_jobs), ("seeds_per_trial", seeds_per_trial)):
             if isinstance(number, bool) or not isinstance(number, int) or number < 1:
                 raise ValueError(f"hydra.sweeper.{key}={number}: a whole number >= 1")
         self.direction, self.study_name, self.storage = direction, study_name or "expkit", storage
-        self.n_trials, self.n_jobs = n_trials, n_jobs
+        self.n_trials, self.n_jobs, self.seeds_per_trial = n_trials, n_jobs, seeds_per_trial
         self.sampler_cfg, self.pruner_cfg = sampler, pruner
         self.params, self.custom_search_space = dict(params or {}), custom_search_space
         self.config: DictConfig | None = None
@@ -196,7 +198,7 @@ class OptunaSweeper(Sweeper):
         from expkit.sweep_jobs import mark_launch
 
         assert self.config is not None
-        mark_launch(self.n_trials, sweep_dir)
+        mark_launch(self.n_trials * self.seeds_per_trial, sweep_dir)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         fixed, space = self._space(arguments)
         storage = self.storage or str(sweep_dir / "optuna.journal")  # the sweep dir keeps its own study
@@ -255,13 +257,30 @@ class OptunaSweeper(Sweeper):
         if resume:
             self._resume(study, ledger, storage)
         todo = max(self.n_trials - len(ledger.trials), 0) if resume else self.n_trials
+        seeds = self._seeds(fixed)
         while todo > 0:
             trials = [study.ask(fixed_distributions=space) for _ in range(min(self.n_jobs, todo))]
-            jobs = [fixed + self._overrides(trial, space) + search.job_env(trial, self.study_name, storage)
-                    for trial in trials]  # fmt: skip
+            jobs = [[[*fixed, *self._overrides(trial, space), *seed, *search.job_env(trial, self.study_name, storage)]
+                     for seed in seeds] for trial in trials]  # fmt: skip
             self._run(study, ledger, trials, jobs, first=ledger.next_job(sweep_dir))
             todo -= len(trials)
         self._write_results(study, sweep_dir)
+
+    def _seeds(self, fixed: list[str]) -> list[list[str]]:
+        """Each trial's seed overrides: [[]] for one seed; else `seeds_per_trial` values of the
+        first ``seed_keys`` key, from its configured value (0, 1, 2 for trainer.seed=0)."""
+        if self.seeds_per_trial == 1:
+            return [[]]
+        assert self.config is not None
+        key = str((self.config.get("seed_keys") or ["trainer.seed"])[0])
+        if any(f.lstrip("+").partition("=")[0] == key for f in fixed):
+            raise SearchConfigError(f"hydra.sweeper.seeds_per_trial={self.seeds_per_trial} sets {key} itself; "
+                                    f"leave {key} out of the command line and the search space")  # fmt: skip
+        base = OmegaConf.select(self.config, key)
+        if isinstance(base, bool) or not isinstance(base, int):
+            raise SearchConfigError(f"hydra.sweeper.seeds_per_trial: {key} (the first of seed_keys) is {base!r}, "
+                                    "not a whole number to count seeds from")  # fmt: skip
+        return [[f"{key}={base + i}"] for i in range(self.seeds_per_trial)]
 
     def _overrides(self, trial: Any, space: dict[str, Any]) -> list[str]:
         if self.custom_search_space:
@@ -269,40 +288,52 @@ class OptunaSweeper(Sweeper):
             getattr(importlib.import_module(module), name)(self.config, trial)  # suggests more params
         return [f"{k}={override_value(v)}" for k, v in trial.params.items()]
 
-    def _run(self, study: Any, ledger: "Ledger", trials: list[Any], jobs: list[list[str]], first: int) -> None:
-        for i, (trial, job) in enumerate(zip(trials, jobs)):
-            ledger.add(trial, job, first + i)
-        self.validate_batch_is_legal(jobs)
-        returns = self.launcher.launch(jobs, initial_job_idx=first)
-        for trial, ret in zip(trials, returns):
-            self._tell(study, ledger, trial, ret)
+    def _run(self, study: Any, ledger: "Ledger", trials: list[Any], jobs: list[list[list[str]]], first: int) -> None:
+        """Launch every job of `trials` (``jobs[i]``: trial i's jobs, one per seed) as one batch,
+        numbered from `first`, then tell the study how each trial ended."""
+        flat: list[list[str]] = []
+        for trial, own in zip(trials, jobs):
+            ledger.add(trial, own, first + len(flat))
+            flat += own
+        self.validate_batch_is_legal(flat)
+        returns = iter(self.launcher.launch(flat, initial_job_idx=first))
+        for trial, own in zip(trials, jobs):
+            self._tell(study, ledger, trial, [next(returns) for _ in own])
 
-    def _tell(self, study: Any, ledger: "Ledger", trial: Any, ret: Any) -> None:
+    def _tell(self, study: Any, ledger: "Ledger", trial: Any, rets: list[Any]) -> None:
+        """The trial's value: its job's (with several seeds, their mean, once every seed finished);
+        pruned if a seed was pruned; left running if a seed was interrupted (resume=true)."""
         from hydra.core.utils import JobStatus
         from optuna.trial import TrialState
 
         from expkit.sweep_jobs import finished, job_result
 
-        output_dir = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir") if ret.hydra_cfg else None
-        result = (job_result(Path(output_dir)) if output_dir else None) or {}
-        status, monitor = result.get("status"), result.get("monitor")
-        best = (result.get("best_metrics") or {}).get(monitor or "", {}).get("value")
-        value = ret.return_value if ret.status == JobStatus.COMPLETED else None
-        if status == "stopped" and not finished(result):  # preempted: left running in the study, for resume=true
-            ledger.finish(trial, "interrupted")
+        ends = []
+        for ret in rets:
+            output_dir = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir") if ret.hydra_cfg else None
+            result = (job_result(Path(output_dir)) if output_dir else None) or {}
+            monitor = result.get("monitor")
+            best = (result.get("best_metrics") or {}).get(monitor or "", {}).get("value")
+            value = ret.return_value if ret.status == JobStatus.COMPLETED else None
+            usable = finished(result) and all(isinstance(v, (int, float)) and math.isfinite(v) for v in (best, value))
+            ends.append((result, value if usable else None))
+            rule = result.get("monitor_rule")
+            if rule in ("greater", "less") and rule != ("greater" if study.direction.name == "MAXIMIZE" else "less"):
+                raise SearchConfigError(f"the study {study.direction.name.lower()}s, but {monitor} is better when "
+                                        f"{rule} (the run's rule); set hydra.sweeper.direction")  # fmt: skip
+        statuses = [r.get("status") for r, _ in ends]
+        if any(r.get("status") == "stopped" and not finished(r) for r, _ in ends):
+            ledger.finish(trial, "interrupted")  # preempted: left running in the study, for resume=true
             return
-        rule = result.get("monitor_rule")
-        if rule in ("greater", "less") and rule != ("greater" if study.direction.name == "MAXIMIZE" else "less"):
-            raise SearchConfigError(f"the study {study.direction.name.lower()}s, but {monitor} is better when "
-                                    f"{rule} (the run's rule); set hydra.sweeper.direction")  # fmt: skip
-        if status == "pruned":
+        if "pruned" in statuses:
             study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
-        elif finished(result) and isinstance(best, (int, float)) and math.isfinite(best) \
-                and isinstance(value, (int, float)) and math.isfinite(value):  # fmt: skip
-            study.tell(trial, float(value), skip_if_finished=True)
+            status = "pruned"
+        elif all(v is not None for _, v in ends):
+            study.tell(trial, math.fsum(v for _, v in ends) / len(ends), skip_if_finished=True)  # type: ignore[misc]
+            status = "completed" if len(set(statuses)) > 1 else str(statuses[0])
         else:  # failed, diverged (no finite best), or never ran
             study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
-            status = status if status not in (None, "completed", "stopped") else "failed"
+            status = next((s for s in statuses if s not in (None, "completed", "stopped")), "failed")
         ledger.finish(trial, status)
 
     def _resume(self, study: Any, ledger: "Ledger", storage: str) -> None:
@@ -319,12 +350,13 @@ class OptunaSweeper(Sweeper):
             if states.get(int(number)) != TrialState.RUNNING:
                 continue
             trial = optuna.trial.Trial(study, entry["trial_id"])
-            job = [o for o in entry["overrides"] if not o.startswith("+hydra.job.env_set.")]
-            job += search.job_env(trial, self.study_name, storage)
-            if "resume=true" not in job:
-                job.append("resume=true")
+            jobs = []
+            for overrides in entry.get("seed_overrides") or [entry["overrides"]]:
+                job = [o for o in overrides if not o.startswith("+hydra.job.env_set.")]
+                job += search.job_env(trial, self.study_name, storage)
+                jobs.append(job if "resume=true" in job else [*job, "resume=true"])
             log.info("Optuna: trial %s was left running; resuming it in job %s", number, entry["job"])
-            self._run(study, ledger, [trial], [job], first=int(entry["job"]))
+            self._run(study, ledger, [trial], [jobs], first=int(entry["job"]))
 
     def _write_results(self, study: Any, sweep_dir: Path) -> None:
         """optimization_results.yaml, as hydra-optuna-sweeper wrote it: the study's best trial."""
@@ -356,9 +388,12 @@ class Ledger:
         except (OSError, ValueError, KeyError):
             self.trials = {}
 
-    def add(self, trial: Any, overrides: list[str], job: int) -> None:
-        self.trials[str(trial.number)] = {"trial_id": trial._trial_id, "job": str(job), "overrides": overrides,
-                                          "status": "running"}  # fmt: skip
+    def add(self, trial: Any, jobs: list[list[str]], first: int) -> None:
+        """The trial's jobs (one per seed), numbered from `first`."""
+        entry = {"trial_id": trial._trial_id, "job": str(first), "overrides": jobs[0], "status": "running"}
+        if len(jobs) > 1:
+            entry.update(jobs=[str(first + i) for i in range(len(jobs))], seed_overrides=jobs)
+        self.trials[str(trial.number)] = entry
         self._save()
 
     def finish(self, trial: Any, status: str) -> None:
@@ -368,7 +403,7 @@ class Ledger:
     def next_job(self, sweep_dir: Path) -> int:
         """The first job number after every job dir and every job of this ledger."""
         taken = [int(p.name) for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
-        taken += [int(e["job"]) for e in self.trials.values()]
+        taken += [int(j) for e in self.trials.values() for j in e.get("jobs") or [e["job"]]]
         return max(taken, default=-1) + 1
 
     def _save(self) -> None:
