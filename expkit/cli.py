@@ -170,8 +170,11 @@ def check_rerun(argv: list[str]) -> str | None:
     resume = next((a.partition("=")[2] for a in reversed(argv) if a.lstrip("+").startswith("resume=")), "false")
     if resume.strip().strip("'\"").lower() not in ("false", "null", "none", "0", ""):
         return None
-    if os.environ.get("RANK", "0") != "0" or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        return None  # (rank 0 checks; a torchrun restart continues its run)
+    restarted = any(
+        os.environ.get(v, "0") not in ("0", "") for v in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
+    )
+    if os.environ.get("RANK", "0") != "0" or restarted:
+        return None  # (rank 0 checks; a torchrun restart or a Slurm requeue continues its run)
     key = "hydra.sweep.dir" if sweeping(argv) else "hydra.run.dir"
     given = next(
         (a.partition("=")[2].strip().strip("'\"") for a in reversed(argv) if a.lstrip("+").startswith(key + "=")), None

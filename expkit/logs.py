@@ -52,6 +52,14 @@ def log_to_rank_file(work_dir: Path, rank: int) -> None:
             handler.setFormatter(logging.Formatter(LOG_FORMAT[0].replace("] ", f"] [rank {rank}] ", 1), LOG_FORMAT[1]))
 
 
+def quiet_terminal() -> None:
+    """A sweep job's terminal shows only its warnings and errors (its train.log keeps every
+    line): the sweep prints one progress line per finished job instead."""
+    for handler in logging.getLogger().handlers:
+        if type(handler) is logging.StreamHandler:  # the terminal (a FileHandler is a subclass)
+            handler.setLevel(max(handler.level, logging.WARNING))
+
+
 def errors_in_one_line() -> None:
     """A log file that cannot be written (a full disk) is said once, in one line, instead of
     logging's "--- Logging error ---" traceback for every record after it; the same for a

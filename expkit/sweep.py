@@ -26,6 +26,7 @@ import logging
 import math
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -522,7 +523,6 @@ def progress_line(sweep_dir: Path, job: str) -> str:
     far (a group mean where seed groups exist), the time since the launch and an estimate of
     the time left (from this launch's finished jobs). Reads the cached rows and best.json."""
     import os
-    import time
 
     from expkit.sweep_jobs import SWEEP_JOBS_ENV, SWEEP_LAUNCHED_ENV
 
@@ -572,7 +572,10 @@ class SweepSummaryCallback(Callback):
             return
         try:
             record_job_end(Path(hc.sweep.dir), Path(hc.runtime.output_dir))
-            log.info("%s", progress_line(Path(hc.sweep.dir), job_target(Path(hc.runtime.output_dir)).name))
+            line = progress_line(Path(hc.sweep.dir), job_target(Path(hc.runtime.output_dir)).name)
+            log.info("%s", line)  # (the job's train.log; the terminal too with sweep_output=full)
+            if config.get("sweep_output", "progress") != "full":
+                print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
         except Exception as exc:  # a summary must never fail the sweep
             log.warning("Could not record the job in %s: %s", hc.sweep.dir, exc)
 

@@ -92,7 +92,7 @@ def stop_requested(sweep_dir: Path) -> int | None:
 # the longest prefix decides; a key in neither (a user's own) counts as computing.
 CONTROL_KEYS = (
     "hydra", "hydra_defaults", "resume", "retry_failed", "fail_fast", "show_hooks", "logger", "hparams_search",
-    "seed_keys",
+    "seed_keys", "sweep_output",
     "default_hooks.logger", "default_hooks.timer", "default_hooks.runtime_info", "default_hooks.checkpoint",
     "data.num_workers", "data.pin_memory",
 )  # fmt: skip

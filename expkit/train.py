@@ -66,6 +66,8 @@ def run(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     work_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
+    if multirun and cfg.get("sweep_output", "progress") != "full":
+        logs.quiet_terminal()  # (every line still goes to the job's train.log)
     joins = distributed.world_size() > 1 and not distributed.is_distributed()  # (torchrun joined in main already)
     if distributed.init():  # a submitit job with several tasks
         logs.log_to_rank_file(work_dir, distributed.rank())

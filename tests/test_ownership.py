@@ -129,13 +129,15 @@ def test_two_launches_of_one_sweep_run_each_job_once(tmp_path):
     (tmp_path / "slowhook.py").write_text(SLOW_HOOK)
     sweep = tmp_path / "sweep"
     command = [sys.executable, "-m", "expkit.train", "-m", "optim.lr=0.1,0.05,0.02,0.01", "trainer.max_epochs=2",
-               "+hooks.slow._target_=slowhook.Slow", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+               "+hooks.slow._target_=slowhook.Slow", f"hydra.sweep.dir={sweep}", "sweep_output=full",
+               "resume=true"]  # fmt: skip  # (two launches of one sweep: each may find the other's jobs)
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     launches = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                 for _ in range(2)]  # fmt: skip
     outputs = [p.communicate(timeout=300)[0] for p in launches]
     assert [p.returncode for p in launches] == [0, 0], outputs
-    skipped = sum(o.count("this launch skips it") + o.count("this launch does not run it again") for o in outputs)
+    skipped = sum(o.count("this launch skips it") + o.count("this launch does not run it again")
+                  + o.count("is already completed; not trained again") for o in outputs)  # fmt: skip
     assert skipped >= 4, outputs  # every job ran in one launch and was skipped by the other
     for job in range(4):
         work = sweep / str(job)

@@ -240,7 +240,8 @@ def test_a_requeued_slurm_job_resumes_its_own_dir_and_ends_as_an_uninterrupted_o
     sweep = tmp_path / "sweep"
     proc = run_cli("-m", f"hydra.sweep.dir={sweep}", *common, cwd=tmp_path, env=env)
     assert proc.returncode != 0 and (sweep / "0" / "killed").is_file()
-    proc = run_cli("-m", f"hydra.sweep.dir={sweep}", *common, cwd=tmp_path, env={**env, "SLURM_RESTART_COUNT": "1"})
+    proc = run_cli("-m", f"hydra.sweep.dir={sweep}", *common, "sweep_output=full", cwd=tmp_path,
+                   env={**env, "SLURM_RESTART_COUNT": "1"})  # fmt: skip
     assert proc.returncode == 0, proc.output[-3000:]
     result = json.loads((sweep / "0" / "result.json").read_text())
     assert result["status"] == "completed" and result["requeues"] == 1

@@ -22,8 +22,8 @@ def _commands() -> list[tuple[list[str], int]]:
     for block in re.findall(r"```bash\n(.*?)```", PAGE.read_text(), flags=re.DOTALL):
         for line in block.splitlines():
             command, _, status = line.partition("  # exit ")
-            if command.startswith(".venv/bin/python"):
-                commands.append((shlex.split(command), int(status.split()[0])))
+            if command.startswith(".venv/bin/python"):  # (`<seeds>`: the page's seeds sweep)
+                commands.append((shlex.split(command.replace("<seeds>", "seeds")), int(status.split()[0])))
     return commands
 
 

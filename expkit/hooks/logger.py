@@ -38,7 +38,11 @@ def _terminal_handlers() -> list[logging.StreamHandler]:
     handlers = []
     for logger in (logging.getLogger(), log):
         for h in logger.handlers:
-            if type(h) is logging.StreamHandler and getattr(h.stream, "isatty", lambda: False)():
+            if (
+                type(h) is logging.StreamHandler
+                and h.level <= logging.INFO
+                and getattr(h.stream, "isatty", lambda: False)()
+            ):
                 handlers.append(h)
     return handlers
 
