@@ -40,6 +40,7 @@ cannot fail the run): if it holds nothing, the backend's one warning then says s
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import shlex
@@ -56,6 +57,8 @@ from expkit.errors import ConfigError
 
 if TYPE_CHECKING:
     from expkit.runner import Runner
+
+log = logging.getLogger("expkit")
 
 PARAM_VALUE_LIMIT = 6000  # MLflow's longest param value
 BATCH = 100  # params per log_batch request (MLflow's limit)
@@ -249,6 +252,10 @@ class MLflowBackend(Backend):
         uri_file = id_file.with_name("tracking_uri")  # the store the run lives in, read again by a resume
         resuming = bool(runner.resume_from) and id_file.is_file()
         saved = uri_file.read_text().strip() if resuming and uri_file.is_file() else None
+        if saved is not None and (db := sqlite_file(saved)) is not None and not db.is_file():
+            # a record is data: a store it names must be the one the run made, never a new file elsewhere
+            log.warning("Ignoring %r recorded in %s: no such MLflow store; logging to the default store", saved, uri_file)
+            saved = None
         uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or saved or default_tracking_uri()
         db = sqlite_file(uri)
         if db is not None:

@@ -198,6 +198,9 @@ def _replace_dir(new: Path, path: Path) -> None:
     """Give `new` the name `path`; an existing checkpoint of that name (saved again at the same
     count) is moved aside first and deleted after: a kill in between leaves a temporary name."""
     old = None
+    if path.is_symlink() or (path.exists() and not is_checkpoint_dir(path)):
+        raise FileExistsError(f"{path} is in the way of the checkpoint to be saved there and is not one of "
+                              "expkit's sharded checkpoints; move it out of the checkpoints dir")  # fmt: skip
     if path.exists():
         old = path.with_name(f".{path.name}.tmp{os.getpid()}old")
         shutil.rmtree(old, ignore_errors=True)

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 from hydra.experimental.callback import Callback
 
+from expkit import confine
 from expkit.atomic import write_json_atomic, write_text_atomic
 from expkit.metrics import infer_rule, rule_of_flag
 from expkit.sweep_jobs import finished, job_order, job_target, key_kind, read_job
@@ -285,8 +286,12 @@ def _mtime(path: Path) -> float | None:
 
 
 def _cached_row(sweep_dir: Path, job: str) -> dict[str, Any] | None:
+    """The cached summary row of `job` (a job dir's name, read from best.json too: confined)."""
+    path = confine.confined(sweep_dir / ROWS_DIR, f"{job}.json", sweep_dir / "best.json", "cached row")
+    if path is None:
+        return None
     try:
-        return json.loads((sweep_dir / ROWS_DIR / f"{job}.json").read_text())
+        return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
 

@@ -150,8 +150,18 @@ def record_job(work_dir: Path, identity: list[str]) -> None:
 
 
 def restore_hydra_record(work_dir: Path, job: dict[str, Any]) -> None:
-    for name, text in job.get("hydra", {}).items():
-        write_text_atomic(work_dir / ".hydra" / name, text)
+    """Put back the .hydra files a job.json copied: each name recorded there must be one
+    ``.yaml`` name directly inside the job's own .hydra/ (the record is data: a crafted name
+    is ignored with a warning, never written through)."""
+    hydra_dir = work_dir / ".hydra"
+    files = job.get("hydra")
+    for name, text in (files.items() if isinstance(files, dict) else ()):
+        target = confine.confined(hydra_dir, name, work_dir / JOB_FILE, ".hydra file")
+        if target is None or not isinstance(text, str) or target.suffix != ".yaml":
+            if target is not None:
+                log.warning("Ignoring %r recorded in %s: not a .hydra/*.yaml record", name, work_dir / JOB_FILE)
+            continue
+        write_text_atomic(target, text)
 
 
 def job_target(work_dir: Path) -> Path:

@@ -312,7 +312,11 @@ def _share_run_dir_across_ranks() -> None:
         Path("outputs/.torchrun") / os.environ["TORCHELASTIC_RUN_ID"] if "TORCHELASTIC_RUN_ID" in os.environ else None
     )
     if given is None and restarts > 0 and record is not None and record.is_file():
-        given = record.read_text().strip()  # the dir the first attempt picked
+        given = record.read_text().strip()  # the dir the first attempt picked (data: it must hold a run)
+        if not (Path(given) / ".lock").is_file():
+            print(f"Error: {record} names {given!r}, which holds no run; remove {record} and start torchrun "
+                  "again with hydra.run.dir=<the run to continue>", file=sys.stderr)  # fmt: skip
+            sys.exit(2)
     default = time.strftime("outputs/runs/%Y-%m-%d_%H-%M-%S-") + f"{time.time_ns() // 1000 % 10**6:06d}"
     run_dir = str(Path(distributed.broadcast_object(given or default)).resolve())
     if distributed.rank() == 0 and record is not None and restarts == 0:

@@ -18,7 +18,8 @@ import torch
 from conftest import run_cli
 
 from expkit import checkpoint_io, confine
-from expkit.sweep_jobs import JOB_FILE, job_target
+from expkit.sweep import ROWS_DIR, _cached_row
+from expkit.sweep_jobs import JOB_FILE, job_target, restore_hydra_record
 
 pytestmark = pytest.mark.slow
 
@@ -182,6 +183,53 @@ def test_a_sweep_job_record_cannot_point_a_job_outside_its_sweep(tmp_path):
     (sweep / "1").mkdir()
     (job / JOB_FILE).write_text(json.dumps({"alias_of": str(sweep / "1"), "overrides": []}))
     assert job_target(job) == sweep / "1"
+
+
+def test_a_sweep_job_record_cannot_write_outside_its_hydra_dir(tmp_path):
+    """job.json keeps a copy of the job's .hydra files by name; a crafted name is not a path."""
+    job = tmp_path / "sweep" / "0"
+    (job / ".hydra").mkdir(parents=True)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    crafted = {"../../../victim.txt": "pwned", str(victim): "pwned", "../config.yaml": "pwned",
+               "config.yaml": "a: 1", "notes.txt": "pwned"}  # fmt: skip
+    restore_hydra_record(job, {"hydra": crafted})
+    assert victim.read_text() == "keep me"
+    assert not (job / "config.yaml").exists() and not (job / ".hydra" / "notes.txt").exists()
+    assert (job / ".hydra" / "config.yaml").read_text() == "a: 1"
+
+
+def test_a_cached_row_named_in_best_json_stays_in_the_sweep(tmp_path):
+    sweep = tmp_path / "sweep"
+    (sweep / ROWS_DIR).mkdir(parents=True)
+    (tmp_path / "secret.json").write_text(json.dumps({"job": "x", "value": 1}))
+    (sweep / ROWS_DIR / "0.json").write_text(json.dumps({"job": "0"}))
+    assert _cached_row(sweep, "../../secret") is None
+    assert _cached_row(sweep, "0") == {"job": "0"}
+
+
+def test_resume_keeps_the_best_file_of_a_key_that_extends_another(tmp_path, finished_run):
+    """best_val_acc_top5_*.pth belongs to key val/acc_top5, not to val/acc: resuming must not rank it
+    among val/acc's best files (and delete it as a stale one)."""
+    run, _ = _area(tmp_path, finished_run)
+    best = next((run / "checkpoints").glob("best_val_acc_epoch_*.pth"))
+    other = run / "checkpoints" / "best_val_acc_top5_epoch_1.pth"
+    shutil.copy(best, other)
+    proc = _resume("true", run)
+    assert proc.returncode == 0, proc.output
+    assert other.is_file(), proc.output
+
+
+def test_a_sharded_save_never_replaces_a_tree_that_is_not_a_checkpoint(tmp_path):
+    from expkit.sharding import _replace_dir
+
+    mine, new = tmp_path / "epoch_1.dcp", tmp_path / ".epoch_1.dcp.tmp1"
+    mine.mkdir()
+    (mine / "data.txt").write_text("mine")
+    new.mkdir()
+    with pytest.raises(FileExistsError, match="epoch_1.dcp"):
+        _replace_dir(new, mine)
+    assert (mine / "data.txt").read_text() == "mine"
 
 
 # -- a refused resume changes nothing in the run it refuses (issue 43 A) ---------------------------

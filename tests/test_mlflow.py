@@ -205,3 +205,17 @@ def test_a_half_made_store_that_holds_runs_is_kept_and_its_repair_keeps_them(tmp
     client = _client(tmp_path)
     assert client.get_run("0123456789abcdef0123456789abcdef").info.run_name == "kept"
     assert len(client.search_runs([client.get_experiment_by_name("expkit").experiment_id])) == 1
+
+
+def test_a_resume_does_not_make_a_store_where_a_crafted_record_points(tmp_path):
+    """<work dir>/mlflow/tracking_uri is data: a resume uses the store it names only if that store
+    exists (the one the run made), never creating a database (or its dir) elsewhere."""
+    work = tmp_path / "run"
+    proc = run_cli("logger=[mlflow]", f"hydra.run.dir={work}", "trainer.max_epochs=1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.output
+    elsewhere = tmp_path / "elsewhere" / "made.db"
+    (work / "mlflow" / "tracking_uri").write_text(f"sqlite:///{elsewhere}")
+    proc = run_cli("logger=[mlflow]", f"hydra.run.dir={work}", "trainer.max_epochs=2", "resume=true", cwd=tmp_path)
+    assert proc.returncode == 0, proc.output
+    assert not elsewhere.parent.exists()
+    assert "no such MLflow store" in proc.output

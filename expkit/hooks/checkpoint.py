@@ -366,8 +366,9 @@ class CheckpointHook(Hook):
             return
         self._delete_retired(runner)
         for key in self.save_best:
+            own = confine.name_pattern(f"best_{key.replace('/', '_')}_{self.filename_tmpl}")  # not best_<key>_top5_*
             files = sorted(p for p in self.dir.glob(f"best_{key.replace('/', '_')}_*")
-                           if p.suffix in (".pth", ".dcp") and confine.inside(self.dir, p))  # fmt: skip
+                           if own.fullmatch(p.name) and confine.inside(self.dir, p))  # fmt: skip
             scored = []
             for path in files:
                 try:
