@@ -165,3 +165,31 @@ def test_ctrl_c_stops_joblib_workers_after_they_save_and_starts_no_other_job(tmp
     done = subprocess.run([sys.executable, *resume[1:]], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert [_status(sweep / j) for j in "0123"] == ["completed"] * 4
+
+
+def test_ctrl_c_stops_submitit_local_jobs_after_they_save_and_starts_no_other_job(tmp_path):
+    sweep = tmp_path / "submitit"
+    command = _command(tmp_path, "-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
+                       "optim.lr=0.1,0.05,0.02", "trainer.max_epochs=6", f"hydra.sweep.dir={sweep}")  # fmt: skip
+    started = tmp_path / "started"
+
+    def watch() -> None:  # submitit_local runs a batch's jobs side by side: signal once all three saved
+        deadline = time.time() + 240
+        while time.time() < deadline and not all((sweep / j / "checkpoints" / "epoch_1.pth").exists() for j in "012"):
+            time.sleep(0.02)
+        started.touch()
+
+    threading.Thread(target=watch, daemon=True).start()
+    rc, output, took = _interrupt(tmp_path, command, started, signal.SIGINT)
+    assert rc == 130 and took < 60, output[-3000:]
+    assert "Traceback" not in output
+    assert "SIGINT: the running jobs save and stop" in output
+    assert "Sweep interrupted (SIGINT): 3 interrupted of 3" in output, output[-3000:]
+    for job in "012":
+        result = json.loads((sweep / job / "result.json").read_text())
+        assert result["status"] == "stopped" and result["stop_reason"] == "signal SIGINT"
+
+    resume = shlex.split(re.search(r"Resume it with: (.*)", output).group(1))
+    done = subprocess.run([sys.executable, *resume[1:]], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [_status(sweep / j) for j in "012"] == ["completed"] * 3

@@ -151,21 +151,95 @@ class StopBetweenJobs:
                             signal.Signals(signum).name)  # fmt: skip
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        watcher = None
         try:
+            if _local_submitit(self._launcher):
+                watcher = _StopWatcher(self._sweep_dir)  # hears Ctrl-C for this process, which ignores it
             returns = self._launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
         except Exception:
+            if watcher is not None and watcher.heard():
+                got.append(watcher.heard())  # type: ignore[arg-type]
             if got:  # a worker the signal ended (SIGTERM between jobs): the sweep stops all the same
                 raise SweepInterrupted(got[0], self._sweep_dir) from None
             raise
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if watcher is not None:
+                watcher.close()
+        if watcher is not None and not got and watcher.heard():
+            got.append(watcher.heard())  # type: ignore[arg-type]
         if got:
             raise SweepInterrupted(got[0], self._sweep_dir)
         return returns
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._launcher, name)
+
+
+def _local_submitit(launcher: Any) -> bool:
+    """Whether `launcher` is submitit's local executor: its job controllers are started from this
+    process, in the terminal's process group."""
+    return type(launcher).__name__ == "LocalLauncher" and "submitit" in type(launcher).__module__
+
+
+# A process that hears the terminal's Ctrl-C (or SIGTERM) for the sweep and writes the stop file
+# (sweep_jobs.request_stop's record), started with the standard library only.
+_WATCHER = """
+import json, os, signal, sys
+path, launch = sys.argv[1], sys.argv[2] or None
+def on_signal(signum, frame):
+    tmp = path + ".tmp%d" % os.getpid()
+    with open(tmp, "w") as f:
+        json.dump({"signal": signum, "launch": launch}, f)
+    os.replace(tmp, path)
+    sys.stderr.write("%s: the running jobs save and stop; no other job starts\\n" % signal.Signals(signum).name)
+    os._exit(0)
+signal.signal(signal.SIGINT, on_signal)
+signal.signal(signal.SIGTERM, on_signal)
+print("ready", flush=True)
+while True:
+    signal.pause()
+"""
+
+
+class _StopWatcher:
+    """submitit's local job controllers are processes of the terminal's process group started
+    while the sweep launches: one that gets Ctrl-C dies with a KeyboardInterrupt traceback and
+    then interrupts its job a second time and kills it a second later, even mid-save. They
+    inherit an ignored SIGINT, so the sweep ignores SIGINT while it launches them; this
+    process hears the signal instead and records it in the sweep's stop file (jobs not
+    started yet then do not start, and the sweep stops after the launch). The jobs hear
+    Ctrl-C themselves, as in any sweep."""
+
+    def __init__(self, sweep_dir: Path) -> None:
+        import os
+        import signal
+        import subprocess
+        import sys
+
+        from expkit.sweep_jobs import SWEEP_LAUNCHED_ENV, STOP_FILE
+
+        self._sweep_dir = sweep_dir
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        self._proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHER, str(sweep_dir / STOP_FILE),
+                                       os.environ.get(SWEEP_LAUNCHED_ENV, "")],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert self._proc.stdout is not None
+        self._proc.stdout.readline()  # its handlers are in place
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controllers started now inherit this
+
+    def heard(self) -> int | None:
+        from expkit.sweep_jobs import stop_requested
+
+        return stop_requested(self._sweep_dir)
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
 
 
 def stoppable(launcher: Any, config: DictConfig) -> Any:
