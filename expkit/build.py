@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
@@ -25,6 +24,7 @@ from expkit.data_info import DATA_INFO
 from expkit.devices import run_device
 from expkit.errors import ConfigError, ExpkitError
 from expkit.hooks.base import Hook
+from expkit.hydra_compat import instantiate, locate
 from expkit.metrics import MetricSlot
 from expkit.models import submodule
 from expkit.param_groups import build_param_groups
@@ -39,11 +39,9 @@ _RESERVED = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
 
 
 def _locate_target(node: DictConfig, key: str) -> Any:
-    from hydra._internal.utils import _locate
-
     target = node.get("_target_")
     try:
-        return _locate(target)
+        return locate(target)
     except Exception as exc:  # ImportError, AttributeError, ...
         cause = exc.__cause__ or exc
         raise ConfigError(
@@ -84,6 +82,10 @@ def instantiate_node(node: Any, key: str, **kwargs: Any) -> Any:
             raise cause from None
         detail = f"{type(cause).__name__}: {cause}" if cause else str(exc)
         raise ConfigError(f"{key} ({node._target_}) could not be built: {detail}") from None
+    except ExpkitError:
+        raise
+    except Exception as exc:  # Hydra 1.4 lets the target's own error through (1.3 wrapped it, above)
+        raise ConfigError(f"{key} ({node._target_}) could not be built: {type(exc).__name__}: {exc}") from None
 
 
 def _accepted(target: Any, names: Mapping[str, Any]) -> dict[str, Any]:

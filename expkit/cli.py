@@ -153,6 +153,16 @@ def check_output_dirs(argv: list[str]) -> str | None:
     return None
 
 
+def search_is_multirun(argv: list[str]) -> list[str]:
+    """`argv` with ``--multirun`` added when it picks a search (``hparams_search=optuna``) without
+    ``-m``: a search is a sweep. (Hydra 1.4 takes ``hydra.mode`` only from the primary config or
+    the command line, so the search's config cannot set it.)"""
+    search = any(a.startswith("hparams_search=") and a.partition("=")[2] not in ("", "null") for a in argv)
+    if search and not any(a in ("-m", "--multirun") or a.startswith("hydra.mode=") for a in argv):
+        return ["--multirun", *argv]
+    return argv
+
+
 def sweeping(argv: list[str]) -> bool:
     """Whether the command line makes a sweep (-m, or an Optuna search, which sets Hydra's mode)."""
     return any(a in ("-m", "--multirun", "hydra.mode=MULTIRUN") or a.startswith("hparams_search=") for a in argv)

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from expkit.errors import ConfigError
+from expkit.hydra_compat import register_resolver
 
 __all__ = ["DATA_INFO"]
 
@@ -30,4 +29,4 @@ def _data_info(key: str) -> Any:
     return DATA_INFO[key]
 
 
-OmegaConf.register_new_resolver("data_info", _data_info, replace=True)
+register_resolver("data_info", _data_info)

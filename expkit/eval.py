@@ -33,9 +33,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from expkit import checkpoint_io, confine
+from expkit import checkpoint_io, confine, versions
 from expkit.cli import config_dirs_of, flags_first, hydra_quoted
 from expkit.errors import ConfigError, ExpkitError
+from expkit.hydra_compat import MAIN_KWARGS
 from expkit.results import write_failure
 from expkit.trust import TrustPolicy
 
@@ -199,7 +200,7 @@ def evaluate(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] 
 _STARTED = False
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="eval")
+@hydra.main(**MAIN_KWARGS, config_path="conf", config_name="eval")
 def run(cfg: DictConfig) -> float | None:
     """Hydra's task function: evaluates one checkpoint; returns the monitored value (sweeps)."""
     from hydra.core.hydra_config import HydraConfig
@@ -264,6 +265,10 @@ def command_main(run: Callable[[], Any], options: Sequence[str], started: Callab
     """The entry point of a command over a checkpoint (eval, predict, export): the command line
     made Hydra's (``hydra_argv``, flags first), then the Hydra app `run`. Hydra's own errors
     before the task `started` (a missing key, an unknown one) are the user's to fix: exit 2."""
+    too_old = versions.check_installed()
+    if too_old:
+        print(f"Error: {too_old}", file=sys.stderr)
+        sys.exit(2)
     sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:], options))  # (Hydra's parser takes flags before overrides)
     try:
         run()

@@ -31,6 +31,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from expkit.errors import ConfigError, ExpkitError
+from expkit.hydra_compat import MAIN_KWARGS
 
 log = logging.getLogger("expkit")
 
@@ -159,7 +160,7 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
 _STARTED = False
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="export")
+@hydra.main(**MAIN_KWARGS, config_path="conf", config_name="export")
 def run(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 

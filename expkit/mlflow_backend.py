@@ -254,7 +254,9 @@ class MLflowBackend(Backend):
         saved = uri_file.read_text().strip() if resuming and uri_file.is_file() else None
         if saved is not None and (db := sqlite_file(saved)) is not None and not db.is_file():
             # a record is data: a store it names must be the one the run made, never a new file elsewhere
-            log.warning("Ignoring %r recorded in %s: no such MLflow store; logging to the default store", saved, uri_file)
+            log.warning(
+                "Ignoring %r recorded in %s: no such MLflow store; logging to the default store", saved, uri_file
+            )
             saved = None
         uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or saved or default_tracking_uri()
         db = sqlite_file(uri)

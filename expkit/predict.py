@@ -33,6 +33,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from expkit.errors import ConfigError, ExpkitError
+from expkit.hydra_compat import MAIN_KWARGS
 
 log = logging.getLogger("expkit")
 
@@ -274,7 +275,7 @@ def _write(output: Path, rows: list[dict[str, Any]]) -> None:
 _STARTED = False
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="predict")
+@hydra.main(**MAIN_KWARGS, config_path="conf", config_name="predict")
 def run(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 

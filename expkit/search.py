@@ -72,7 +72,8 @@ def _sweeper_pruner() -> Any:
     it), built in this job; a study loaded from storage does not carry its pruner."""
     import optuna
     from hydra.core.hydra_config import HydraConfig
-    from hydra.utils import instantiate
+
+    from expkit.hydra_compat import instantiate
 
     spec = HydraConfig.get().sweeper.get("pruner") if HydraConfig.initialized() else None
     return instantiate(spec) if spec else optuna.pruners.NopPruner()

@@ -35,6 +35,7 @@ from hydra.experimental.callback import Callback
 
 from expkit import confine
 from expkit.atomic import write_json_atomic, write_text_atomic
+from expkit.hydra_compat import MAIN_KWARGS
 from expkit.metrics import infer_rule, rule_of_flag
 from expkit.sweep_jobs import finished, job_order, job_target, key_kind, read_job
 
@@ -635,13 +636,19 @@ def main() -> None:
     """``python -m expkit.sweep``: a Hydra app over conf/sweep.yaml (``--help``, ``--cfg job``)."""
     import hydra
 
+    from expkit import versions
+
+    too_old = versions.check_installed()
+    if too_old:
+        print(f"Error: {too_old}", file=sys.stderr)
+        sys.exit(2)
     sys.argv[1:] = argv = _hydra_argv(sys.argv[1:])
     asks_hydra = any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c") for a in argv)
     if not asks_hydra and not any(a.startswith("sweep_dir=") for a in argv):
         print("Error: which sweep? python -m expkit.sweep sweep_dir=outputs/sweeps/<sweep>", file=sys.stderr)
         sys.exit(2)
 
-    @hydra.main(version_base="1.3", config_path="conf", config_name="sweep")
+    @hydra.main(**MAIN_KWARGS, config_path="conf", config_name="sweep")
     def run(cfg: Any) -> None:
         sweep_dir = Path(cfg.sweep_dir)
         if not sweep_dir.is_dir():  # (Hydra parsed it: quotes, interpolations, the last of several)

@@ -155,7 +155,7 @@ def restore_hydra_record(work_dir: Path, job: dict[str, Any]) -> None:
     is ignored with a warning, never written through)."""
     hydra_dir = work_dir / ".hydra"
     files = job.get("hydra")
-    for name, text in (files.items() if isinstance(files, dict) else ()):
+    for name, text in files.items() if isinstance(files, dict) else ():
         target = confine.confined(hydra_dir, name, work_dir / JOB_FILE, ".hydra file")
         if target is None or not isinstance(text, str) or target.suffix != ".yaml":
             if target is not None:

@@ -24,8 +24,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from expkit import atomic, checkpoint_io, cli, logs, run_checkpoint, sweep_jobs
+from expkit import atomic, checkpoint_io, cli, logs, run_checkpoint, sweep_jobs, versions
 from expkit.errors import ConfigError, ExpkitError, ResumeRefused
+from expkit.hydra_compat import MAIN_KWARGS
 from expkit.metrics import worst_value
 from expkit.results import write_failure
 from expkit.signals import SweepInterrupted, raise_on_sigterm, stop_on_signals
@@ -52,7 +53,7 @@ def _fail(exc: BaseException, work_dir: Path) -> None:
     sys.exit(2 if isinstance(exc, ConfigError) else 1)  # 2: fix the input; 1: the run failed
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+@hydra.main(**MAIN_KWARGS, config_path="conf", config_name="train")
 def run(cfg: DictConfig) -> float | None:
     """Hydra's task function: returns the best value of ``monitor`` for sweepers (never NaN:
     a failed or diverged job in a sweep returns the worst value)."""
@@ -330,54 +331,6 @@ def _share_run_dir_across_ranks() -> None:
         sys.argv += ["hydra.output_subdir=null"]  # rank 0 writes .hydra/; run() gives this rank its own log
 
 
-def compose_once() -> None:
-    """Hydra composes the whole config twice per run: once in ``get_mode`` only to read
-    ``hydra.mode`` (composed for a multirun), then again to run (about 0.24 s each here, half
-    of expkit's start-up). A run that is not a sweep composes once: ``get_mode`` composes for
-    a run and keeps the config, which ``run`` then takes. Anything else (``-m``, a sweep
-    override, a config that sets ``hydra.mode``, a failed composition) goes Hydra's own way."""
-    import hydra._internal.hydra as hydra_module
-    from hydra._internal.hydra import Hydra
-    from hydra.core.utils import configure_log
-    from hydra.types import RunMode
-
-    if getattr(Hydra.get_mode, "_expkit", False) or not hasattr(Hydra, "compose_config"):
-        return
-    original_get_mode, original_compose = Hydra.get_mode, Hydra.compose_config
-    kept: dict[tuple[Any, ...], Any] = {}
-
-    def get_mode(self: Any, config_name: str | None, overrides: list[str]) -> Any:
-        if any(a in ("-m", "--multirun") for a in sys.argv[1:]):
-            return original_get_mode(self, config_name, overrides)
-        try:
-            cfg = original_compose(self, config_name=config_name, overrides=overrides, run_mode=RunMode.RUN)
-        except Exception:
-            return original_get_mode(self, config_name, overrides)
-        if cfg.hydra.mode is None:  # a run: Hydra adds hydra.mode=RUN to the overrides and composes again;
-            cfg.hydra.mode = RunMode.RUN  # this is what that override does to the config
-            cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
-            kept[(config_name, (*overrides, "hydra.mode=RUN"))] = cfg
-            return None
-        return cfg.hydra.mode
-
-    def compose_config(self: Any, config_name: str | None, overrides: list[str], run_mode: Any,
-                       with_log_configuration: bool = False, from_shell: bool = True,
-                       validate_sweep_overrides: bool = True) -> Any:  # fmt: skip
-        cfg = kept.pop((config_name, tuple(overrides)), None)
-        if cfg is None or run_mode != RunMode.RUN or not from_shell or not validate_sweep_overrides:
-            return original_compose(self, config_name=config_name, overrides=overrides, run_mode=run_mode,
-                                    with_log_configuration=with_log_configuration, from_shell=from_shell,
-                                    validate_sweep_overrides=validate_sweep_overrides)  # fmt: skip
-        if with_log_configuration:  # what Hydra's compose_config does with it
-            configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
-            hydra_module.log = logging.getLogger(hydra_module.__name__)
-            self._print_debug_info(config_name, overrides, run_mode)
-        return cfg
-
-    get_mode._expkit = True  # type: ignore[attr-defined]
-    Hydra.get_mode, Hydra.compose_config = get_mode, compose_config  # type: ignore[method-assign]
-
-
 def _freeze_heap() -> None:
     """Move every object alive now (torch's, Hydra's: modules, functions, classes, which live
     as long as the process) out of the garbage collector's sight. Each full collection
@@ -390,9 +343,14 @@ def _freeze_heap() -> None:
 
 def main() -> None:
     _freeze_heap()  # torch and Hydra are imported (by expkit's import)
-    sys.argv[1:] = cli.flags_first(sys.argv[1:])
+    sys.argv[1:] = cli.search_is_multirun(cli.flags_first(sys.argv[1:]))
     argv = sys.argv[1:]
-    message = cli.check_keys(argv) or cli.check_group_choices(argv) or cli.check_output_dirs(argv)
+    message = (
+        versions.check_installed()
+        or cli.check_keys(argv)
+        or cli.check_group_choices(argv)
+        or cli.check_output_dirs(argv)
+    )
     if message:
         print(f"Error: {message}", file=sys.stderr)
         sys.exit(2)
@@ -409,7 +367,6 @@ def main() -> None:
         if distributed.rank() == 0:
             _defer_hydra_record(sys.argv[1:])
         scratch = _show_hooks_scratch(sys.argv[1:])
-        compose_once()
         try:
             with raise_on_sigterm() if sweeping else contextlib.nullcontext():
                 run()

@@ -12,12 +12,13 @@ from omegaconf import OmegaConf
 from expkit.build import build_runner
 from expkit.cli import CONF_DIR, check_group_choices
 from expkit.hooks import EMAHook
+from expkit.hydra_compat import INIT_KWARGS
 
 FAST = ["trainer.max_epochs=null", "trainer.max_iters=2", "trainer.val_interval=2", "trainer.device=cpu"]
 
 
 def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), **INIT_KWARGS):
         return compose(config_name="train", overrides=list(overrides))
 
 

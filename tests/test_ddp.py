@@ -12,6 +12,8 @@ import pytest
 import torch
 from conftest import run_cli
 
+from expkit.hydra_compat import INIT_KWARGS
+
 pytestmark = pytest.mark.slow
 
 PROBE = '''
@@ -144,7 +146,7 @@ def test_accumulation_under_ddp_syncs_once_per_step_and_equals_one_big_batch(tmp
     from expkit.build import build_runner
     from expkit.cli import CONF_DIR
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), **INIT_KWARGS):
         cfg = compose(config_name="train", overrides=["trainer.max_epochs=2", "data.batch_size=128"])
     single = build_runner(cfg, tmp_path / "single")
     single.run()

@@ -16,10 +16,11 @@ from hydra import compose, initialize_config_dir
 from expkit.build import build_runner
 from expkit.cli import CONF_DIR
 from expkit.eval import load_model
+from expkit.hydra_compat import INIT_KWARGS
 
 
 def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), **INIT_KWARGS):
         return compose(config_name="train", overrides=list(overrides))
 
 

@@ -14,6 +14,7 @@ from expkit import ConfigError, Hook, default_hooks
 from expkit.build import build_hook
 from expkit.cli import CONF_DIR
 from expkit.hooks import CheckpointHook, EMAHook, IterTimerHook, LoggerHook, ParamSchedulerHook
+from expkit.hydra_compat import INIT_KWARGS
 
 
 def _ckpts(work_dir: Path) -> list[str]:
@@ -250,7 +251,7 @@ def test_ema_rejects_bad_settings(kwargs):
 
 # -- every shipped hook, built from its YAML -----------------------------------------------------
 def _shipped_hook_nodes():
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), **INIT_KWARGS):
         hook_names = sorted(p.stem for p in (CONF_DIR / "hooks").glob("*.yaml"))
         cfg = compose(config_name="train", overrides=[f"hooks=[{','.join(hook_names)}]"])
     nodes = [(f"default_hooks.{k}", v) for k, v in cfg.default_hooks.items()]

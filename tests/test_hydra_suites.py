@@ -26,3 +26,11 @@ class TestExpkitSweeperInBatches(BatchedSweeperTestSuite):
                          [({}, ["-m", "hydra/sweeper=expkit", "hydra/launcher=basic"])])  # fmt: skip
 class TestExpkitSweeperIntegration(IntegrationTestSuite):
     pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("task_launcher_cfg", "extra_flags"),
+                         [({"defaults": [{"override hydra/sweeper": "expkit"}, "_self_"]}, ["-m"])])  # fmt: skip
+class TestExpkitSweeperChosenInAPlainAppsConfig(IntegrationTestSuite):
+    """The sweeper chosen the way a plain Hydra app's own config chooses one (its defaults list),
+    not on expkit's command line: the jobs must still honour hydra.sweep.dir and subdir."""

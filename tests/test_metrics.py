@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from expkit.build import build_metrics, build_runner
 from expkit.cli import CONF_DIR
 from expkit.errors import ConfigError
+from expkit.hydra_compat import INIT_KWARGS
 from expkit.metrics import Accuracy, Directions, MetricSlot, better
 
 torchmetrics = pytest.importorskip("torchmetrics")
@@ -24,7 +25,7 @@ F1 = "+metrics.f1={_target_:torchmetrics.classification.MulticlassF1Score,num_cl
 
 
 def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), **INIT_KWARGS):
         return compose(config_name="train", overrides=list(overrides))
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -232,7 +234,8 @@ def test_optuna_dashboard_serves_the_study(tmp_path):
                    f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
     assert proc.returncode == 0, proc.output
     port = _free_port()
-    dashboard = Path(sys.executable).parent / "optuna-dashboard"
+    dashboard = shutil.which("optuna-dashboard", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    assert dashboard is not None, "optuna-dashboard is not installed beside this Python or on PATH"
     server = subprocess.Popen([str(dashboard), storage, "--host", "127.0.0.1", "--port", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:

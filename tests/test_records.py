@@ -15,13 +15,14 @@ from hydra import compose, initialize_config_dir
 from expkit import Hook
 from expkit.build import build_runner
 from expkit.cli import CONF_DIR
+from expkit.hydra_compat import INIT_KWARGS
 
 TIMING = ("train/time", "train/data_time")
 COMMON = ["trainer.max_epochs=3", "default_hooks.logger.interval=5", "logger=[tensorboard]"]
 
 
 def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), **INIT_KWARGS):
         return compose(config_name="train", overrides=list(overrides))
 
 

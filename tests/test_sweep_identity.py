@@ -10,6 +10,7 @@ from conftest import run_cli
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from expkit.hydra_compat import INIT_KWARGS
 from expkit.sweep_jobs import COMPUTE_KEYS, CONTROL_KEYS, job_identity, key_kind
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "expkit" / "conf"
@@ -24,7 +25,7 @@ def _leaves(node: object, prefix: str = "") -> list[str]:
 
 
 def test_every_key_of_train_yaml_and_every_group_is_classified():
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), **INIT_KWARGS):
         cfg = compose(config_name="train", overrides=["hooks=[ema]", "logger=[tensorboard]"], return_hydra_config=True)
     keys = _leaves(OmegaConf.to_container(cfg, resolve=False))
     groups = [p.name for p in CONF_DIR.iterdir() if p.is_dir() and not p.name.startswith("_")]

@@ -18,6 +18,7 @@ from expkit.build import build_runner
 from expkit.cli import CONF_DIR, available_options
 from expkit.errors import ConfigError
 from expkit.eval import load_model
+from expkit.hydra_compat import INIT_KWARGS
 from expkit.trust import TrustPolicy, UntrustedTargetError
 
 PROJECT = REPO / "examples" / "my_project"
@@ -34,7 +35,7 @@ class _Payload:
 
 
 def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), **INIT_KWARGS):
         return compose(config_name="train", overrides=list(overrides))
 
 

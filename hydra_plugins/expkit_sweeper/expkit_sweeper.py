@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra._internal.core_plugins.basic_launcher import BasicLauncher
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 from hydra.errors import CompactHydraException
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from expkit.hydra_compat import BasicLauncher, BasicSweeper
 
 log = logging.getLogger("expkit")
 
@@ -218,7 +218,7 @@ class _StopWatcher:
         import subprocess
         import sys
 
-        from expkit.sweep_jobs import SWEEP_LAUNCHED_ENV, STOP_FILE
+        from expkit.sweep_jobs import STOP_FILE, SWEEP_LAUNCHED_ENV
 
         self._sweep_dir = sweep_dir
         sweep_dir.mkdir(parents=True, exist_ok=True)

@@ -108,10 +108,11 @@ class OptunaSweeper(Sweeper):
                  params: dict[str, Any] | None = None, custom_search_space: str | None = None,
                  seeds_per_trial: int = 1) -> None:  # fmt: skip
         if direction not in (None, "maximize", "minimize"):
-            raise ValueError(f"hydra.sweeper.direction={direction}: use maximize, minimize, or null (from monitor)")
+            raise SearchConfigError(f"hydra.sweeper.direction={direction}: use maximize, minimize, or null "
+                                    "(from monitor)")  # fmt: skip
         for key, number in (("n_trials", n_trials), ("n_jobs", n_jobs), ("seeds_per_trial", seeds_per_trial)):
             if isinstance(number, bool) or not isinstance(number, int) or number < 1:
-                raise ValueError(f"hydra.sweeper.{key}={number}: a whole number >= 1")
+                raise SearchConfigError(f"hydra.sweeper.{key}={number}: a whole number >= 1")
         self.direction, self.study_name, self.storage = direction, study_name or "expkit", storage
         self.n_trials, self.n_jobs, self.seeds_per_trial = n_trials, n_jobs, seeds_per_trial
         self.sampler_cfg, self.pruner_cfg = sampler, pruner
@@ -122,7 +123,7 @@ class OptunaSweeper(Sweeper):
         self.in_process = False
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+        from expkit.hydra_compat import BasicLauncher
 
         self.config, self.hydra_context = config, hydra_context
         self.launcher = Plugins.instance().instantiate_launcher(
@@ -192,9 +193,9 @@ class OptunaSweeper(Sweeper):
 
     def _open_and_search(self, arguments: list[str], sweep_dir: Path) -> None:
         import optuna
-        from hydra.utils import instantiate
 
         from expkit import search
+        from expkit.hydra_compat import instantiate
         from expkit.sweep_jobs import mark_launch
 
         assert self.config is not None

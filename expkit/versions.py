@@ -1,0 +1,45 @@
+"""The lowest versions of torch, Hydra and OmegaConf that expkit runs on, checked when a command
+starts: an environment with an older one (installed before expkit, or downgraded since) gets one
+line naming the package, the version found and the version needed, and exit 2, instead of an
+AttributeError deep in a run. pyproject.toml declares the same bounds (a test checks)."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["MINIMUM", "check_installed", "parse"]
+
+# package -> (lowest version, why): torch.distributed.fsdp.fully_shard (FSDP2) is public from 2.6
+MINIMUM: dict[str, tuple[str, str]] = {
+    "torch": ("2.6", "trainer.strategy=fsdp uses torch.distributed.fsdp.fully_shard"),
+    "hydra-core": ("1.3.2", "expkit's commands are Hydra 1.3 apps"),
+    "omegaconf": ("2.3", "Hydra 1.3's config library"),
+}
+
+
+def parse(version: str) -> tuple[int, ...]:
+    """The release numbers of a version string: '2.14.1+cu130' -> (2, 14, 1), '1.4.0rc3' -> (1, 4, 0)."""
+    numbers = []
+    for part in version.split("+")[0].split("."):
+        match = re.match(r"\d+", part)
+        if match is None:
+            break
+        numbers.append(int(match.group()))
+        if match.end() < len(part):  # 0rc3: a pre-release of 0
+            break
+    return tuple(numbers)
+
+
+def check_installed() -> str | None:
+    """A message for the first installed package older than expkit needs, else None. Reads the
+    versions of the already imported modules (no package metadata scan: start-up stays cheap)."""
+    import hydra
+    import omegaconf
+    import torch
+
+    found = {"torch": torch.__version__, "hydra-core": hydra.__version__, "omegaconf": omegaconf.__version__}
+    for package, (lowest, why) in MINIMUM.items():
+        if parse(found[package]) < parse(lowest):
+            return (f"{package} {found[package]} is installed; expkit needs {package}>={lowest} ({why}). "
+                    f"Upgrade it: pip install '{package}>={lowest}'")  # fmt: skip
+    return None
