@@ -21,8 +21,8 @@ __all__ = [
     "HYDRA_VERSION",
     "INIT_KWARGS",
     "MAIN_KWARGS",
-    "BasicLauncher",
-    "BasicSweeper",
+    "basic_launcher",
+    "basic_sweeper",
     "instantiate",
     "locate",
     "register_resolver",
@@ -91,6 +91,19 @@ def locate(path: str) -> Any:
 
 
 # Hydra's in-process launcher and its grid sweeper: private modules on both lines, the same
-# classes and constructor arguments on both (tests/test_hydra_compat.py checks).
-from hydra._internal.core_plugins.basic_launcher import BasicLauncher
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+# classes and constructor arguments on both (tests/test_hydra_compat.py checks). Looked up at each
+# call, never kept: Hydra 1.3's plugin scan executes its plugin modules again, in place, so a
+# class kept from an earlier import is no longer the one Hydra's own code names (BasicSweeper's
+# __init__ calls super(BasicSweeper, self) with the module's current class).
+def basic_launcher() -> type:
+    """Hydra's in-process launcher class, as its module holds it now."""
+    from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+
+    return BasicLauncher
+
+
+def basic_sweeper() -> type:
+    """Hydra's grid sweeper class, as its module holds it now."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    return BasicSweeper

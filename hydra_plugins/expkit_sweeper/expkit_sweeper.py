@@ -25,7 +25,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from expkit.hydra_compat import BasicLauncher, BasicSweeper
+from expkit.hydra_compat import basic_launcher, basic_sweeper
 
 log = logging.getLogger("expkit")
 
@@ -245,17 +245,17 @@ class _StopWatcher:
 def stoppable(launcher: Any, config: DictConfig) -> Any:
     """`launcher`, stopped by signals as a sweep should be (see ``StopBetweenJobs``); the
     in-process BasicLauncher as it is (its jobs stop the sweep themselves)."""
-    return launcher if type(launcher) is BasicLauncher else StopBetweenJobs(launcher, config.hydra.sweep.dir)
+    return launcher if type(launcher) is basic_launcher() else StopBetweenJobs(launcher, config.hydra.sweep.dir)
 
 
-class ExpkitSweeper(BasicSweeper):
+class ExpkitSweeper(basic_sweeper()):  # type: ignore[misc]  # (the class this module's execution finds)
     def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.sweep_params = dict(params or {})
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
-        if type(self.launcher) is BasicLauncher:  # jobs composed and run in this process
+        if type(self.launcher) is basic_launcher():  # jobs composed and run in this process
             self.hydra_context = compose_once(self.launcher, hydra_context)
         self.launcher = stoppable(self.launcher, config)
 

@@ -123,13 +123,13 @@ class OptunaSweeper(Sweeper):
         self.in_process = False
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        from expkit.hydra_compat import BasicLauncher
+        from expkit.hydra_compat import basic_launcher
 
         self.config, self.hydra_context = config, hydra_context
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config
         )
-        self.in_process = type(self.launcher) is BasicLauncher
+        self.in_process = type(self.launcher) is basic_launcher()
         if self.in_process:
             self.hydra_context = compose_once(self.launcher, hydra_context)
         self.launcher = stoppable(self.launcher, config)
