@@ -158,7 +158,8 @@ def search_is_multirun(argv: list[str]) -> list[str]:
     ``-m``: a search is a sweep. (Hydra 1.4 takes ``hydra.mode`` only from the primary config or
     the command line, so the search's config cannot set it.)"""
     search = any(a.startswith("hparams_search=") and a.partition("=")[2] not in ("", "null") for a in argv)
-    if search and not any(a in ("-m", "--multirun") or a.startswith("hydra.mode=") for a in argv):
+    asks_hydra = any(a in NO_RUN_FLAGS for a in argv)  # --cfg, --help, --info: Hydra allows no -m beside them
+    if search and not asks_hydra and not any(a in ("-m", "--multirun") or a.startswith("hydra.mode=") for a in argv):
         return ["--multirun", *argv]
     return argv
 
