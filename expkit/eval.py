@@ -265,10 +265,7 @@ def command_main(run: Callable[[], Any], options: Sequence[str], started: Callab
     """The entry point of a command over a checkpoint (eval, predict, export): the command line
     made Hydra's (``hydra_argv``, flags first), then the Hydra app `run`. Hydra's own errors
     before the task `started` (a missing key, an unknown one) are the user's to fix: exit 2."""
-    too_old = versions.check_installed()
-    if too_old:
-        print(f"Error: {too_old}", file=sys.stderr)
-        sys.exit(2)
+    versions.require()
     sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:], options))  # (Hydra's parser takes flags before overrides)
     try:
         run()

@@ -17,6 +17,8 @@ import hydra
 import omegaconf
 from omegaconf import OmegaConf
 
+from expkit import versions
+
 __all__ = [
     "HYDRA_VERSION",
     "INIT_KWARGS",
@@ -29,13 +31,8 @@ __all__ = [
 ]
 
 
-def _version(text: str) -> tuple[int, int]:
-    major, minor = text.split(".")[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
-
-
-HYDRA_VERSION = _version(hydra.__version__)
-OMEGACONF_VERSION = _version(omegaconf.__version__)
+HYDRA_VERSION = versions.parse(hydra.__version__)[:2]
+OMEGACONF_VERSION = versions.parse(omegaconf.__version__)[:2]
 
 # Hydra 1.4 builds a config-named ``_target_`` only where trusted code allows it (its execution
 # whitelist; without one it warns, and Hydra 1.5 will refuse). expkit decides what a config may

@@ -638,10 +638,7 @@ def main() -> None:
 
     from expkit import versions
 
-    too_old = versions.check_installed()
-    if too_old:
-        print(f"Error: {too_old}", file=sys.stderr)
-        sys.exit(2)
+    versions.require()
     sys.argv[1:] = argv = _hydra_argv(sys.argv[1:])
     asks_hydra = any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c") for a in argv)
     if not asks_hydra and not any(a.startswith("sweep_dir=") for a in argv):

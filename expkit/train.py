@@ -342,15 +342,11 @@ def _freeze_heap() -> None:
 
 
 def main() -> None:
+    versions.require()
     _freeze_heap()  # torch and Hydra are imported (by expkit's import)
     sys.argv[1:] = cli.search_is_multirun(cli.flags_first(sys.argv[1:]))
     argv = sys.argv[1:]
-    message = (
-        versions.check_installed()
-        or cli.check_keys(argv)
-        or cli.check_group_choices(argv)
-        or cli.check_output_dirs(argv)
-    )
+    message = cli.check_keys(argv) or cli.check_group_choices(argv) or cli.check_output_dirs(argv)
     if message:
         print(f"Error: {message}", file=sys.stderr)
         sys.exit(2)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["MINIMUM", "check_installed", "parse"]
+__all__ = ["MINIMUM", "check_installed", "parse", "require"]
 
 # package -> (lowest version, why): torch.distributed.fsdp.fully_shard (FSDP2) is public from 2.6
 MINIMUM: dict[str, tuple[str, str]] = {
@@ -43,3 +43,14 @@ def check_installed() -> str | None:
             return (f"{package} {found[package]} is installed; expkit needs {package}>={lowest} ({why}). "
                     f"Upgrade it: pip install '{package}>={lowest}'")  # fmt: skip
     return None
+
+
+def require() -> None:
+    """What each command does first: one line and exit 2 when ``check_installed`` finds a
+    package older than expkit needs."""
+    too_old = check_installed()
+    if too_old:
+        import sys
+
+        print(f"Error: {too_old}", file=sys.stderr)
+        sys.exit(2)

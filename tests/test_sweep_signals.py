@@ -68,6 +68,18 @@ def _interrupt(tmp_path: Path, command: list[str], ready: Path, *signals: signal
     return rc, out.read_text(), time.time() - sent
 
 
+def _when_saved(jobs: list[Path], ready: Path) -> None:
+    """Make `ready` (from a watcher thread) once every one of `jobs` has its first checkpoint."""
+
+    def watch() -> None:
+        deadline = time.time() + 240
+        while time.time() < deadline and not all((job / "checkpoints" / "epoch_1.pth").exists() for job in jobs):
+            time.sleep(0.02)
+        ready.touch()
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def _status(job: Path) -> str:
     return json.loads((job / "result.json").read_text())["status"]
 
@@ -143,15 +155,7 @@ def test_ctrl_c_stops_joblib_workers_after_they_save_and_starts_no_other_job(tmp
     command = _command(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
                        "optim.lr=0.1,0.05,0.02,0.01", "trainer.max_epochs=6", f"hydra.sweep.dir={sweep}")  # fmt: skip
     both = tmp_path / "both_running"
-
-    # the signal goes when both workers have a checkpoint (a watcher thread makes `both`)
-    def watch() -> None:
-        deadline = time.time() + 240
-        while time.time() < deadline and not all((sweep / j / "checkpoints" / "epoch_1.pth").exists() for j in "01"):
-            time.sleep(0.02)
-        both.touch()
-
-    threading.Thread(target=watch, daemon=True).start()
+    _when_saved([sweep / j for j in "01"], both)  # the signal goes when both workers have a checkpoint
     rc, output, took = _interrupt(tmp_path, command, both, signal.SIGINT)
     assert rc == 130 and took < 30, output[-3000:]
     assert "Traceback" not in output
@@ -172,14 +176,7 @@ def test_ctrl_c_stops_submitit_local_jobs_after_they_save_and_starts_no_other_jo
     command = _command(tmp_path, "-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
                        "optim.lr=0.1,0.05,0.02", "trainer.max_epochs=6", f"hydra.sweep.dir={sweep}")  # fmt: skip
     started = tmp_path / "started"
-
-    def watch() -> None:  # submitit_local runs a batch's jobs side by side: signal once all three saved
-        deadline = time.time() + 240
-        while time.time() < deadline and not all((sweep / j / "checkpoints" / "epoch_1.pth").exists() for j in "012"):
-            time.sleep(0.02)
-        started.touch()
-
-    threading.Thread(target=watch, daemon=True).start()
+    _when_saved([sweep / j for j in "012"], started)  # submitit_local runs the batch's jobs side by side
     rc, output, took = _interrupt(tmp_path, command, started, signal.SIGINT)
     assert rc == 130 and took < 60, output[-3000:]
     assert "Traceback" not in output
