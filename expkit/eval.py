@@ -27,16 +27,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import hydra
 import torch
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from expkit import checkpoint_io, confine, versions
+from expkit import checkpoint_io, confine, hydra_compat, versions
 from expkit.cli import config_dirs_of, flags_first, hydra_quoted
 from expkit.errors import ConfigError, ExpkitError
-from expkit.hydra_compat import MAIN_KWARGS
 from expkit.results import write_failure
 from expkit.trust import TrustPolicy
 
@@ -200,7 +198,7 @@ def evaluate(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] 
 _STARTED = False
 
 
-@hydra.main(**MAIN_KWARGS, config_path="conf", config_name="eval")
+@hydra_compat.main(config_path="conf", config_name="eval")
 def run(cfg: DictConfig) -> float | None:
     """Hydra's task function: evaluates one checkpoint; returns the monitored value (sweeps)."""
     from hydra.core.hydra_config import HydraConfig

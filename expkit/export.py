@@ -27,11 +27,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from expkit import hydra_compat
 from expkit.errors import ConfigError, ExpkitError
-from expkit.hydra_compat import MAIN_KWARGS
 
 log = logging.getLogger("expkit")
 
@@ -160,7 +159,7 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
 _STARTED = False
 
 
-@hydra.main(**MAIN_KWARGS, config_path="conf", config_name="export")
+@hydra_compat.main(config_path="conf", config_name="export")
 def run(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 

@@ -2,14 +2,16 @@
 
 expkit runs on Hydra 1.3 (OmegaConf 2.3) and Hydra 1.4 (OmegaConf 2.4). Everything else in
 expkit uses their public API; what is here is either public API that one line deprecates or
-lacks, or the two private names Hydra offers no public form of (its basic launcher and
-sweeper, which expkit's sweeper builds on). Each has a branch per line, and
+lacks, or private API Hydra offers no public form of: its basic launcher and sweeper (which
+expkit's sweeper builds on), and on Hydra 1.3 the steps of ``hydra.main``'s run, taken so
+that a run composes its config once (``main``). Each has a branch per line, and
 ``tests/test_hydra_compat.py`` runs on each line CI installs. Nothing here replaces or wraps
 an attribute of Hydra, OmegaConf or torch: expkit never patches another library.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +29,7 @@ __all__ = [
     "basic_sweeper",
     "instantiate",
     "locate",
+    "main",
     "register_resolver",
 ]
 
@@ -104,3 +107,107 @@ def basic_sweeper() -> type:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
     return BasicSweeper
+
+
+# -- hydra.main, composing once ---------------------------------------------------------------
+# A run composes its config once. Hydra 1.4 does so itself: it reads ``hydra.mode`` from the
+# command line and the primary config file alone. Hydra 1.3's ``hydra.main`` composes the whole
+# config twice for a run: once to read ``hydra.mode`` (Hydra.get_mode), once to run it, about
+# 0.1 s of expkit's 0.3 s start-up share here (benchmarks/startup.py). So on 1.3 a plain run
+# (overrides only, none a sweep, no --help/--cfg/--info/-m) takes the steps of Hydra 1.3's own
+# run path (hydra/_internal/utils.py `_run_hydra`, Hydra.run) with one composition, and learns
+# the mode from it; anything else, or a config that asks for a multirun, is Hydra's as before.
+def main(config_path: str, config_name: str) -> Callable[[Callable[[Any], Any]], Callable[..., Any]]:
+    """``hydra.main`` for expkit's commands: the same app on every Hydra line, composing a run's
+    config once."""
+
+    def decorator(task_function: Callable[[Any], Any]) -> Callable[..., Any]:
+        hydra_app = hydra.main(**MAIN_KWARGS, config_path=config_path, config_name=config_name)(task_function)
+        if HYDRA_VERSION >= (1, 4):
+            return hydra_app
+
+        @functools.wraps(task_function)
+        def app(cfg_passthrough: Any = None) -> Any:
+            if cfg_passthrough is None and _run_composing_once(task_function, config_path, config_name):
+                return None
+            return hydra_app(cfg_passthrough)
+
+        return app
+
+    return decorator
+
+
+def _run_composing_once(task_function: Callable[[Any], Any], config_path: str, config_name: str) -> bool:
+    """Hydra 1.3: run a plain run as ``hydra.main`` would, composing once; False (nothing done)
+    for any other command line, which Hydra's own path then takes."""
+    import os
+
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import (
+        create_automatic_config_search_path,
+        detect_calling_file_or_module_from_task_function,
+        detect_task_name,
+        get_args_parser,
+        run_and_report,
+    )
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.utils import run_job
+    from hydra.errors import SearchPathException
+    from hydra.types import HydraContext, RunMode
+    from omegaconf import open_dict
+
+    args = get_args_parser().parse_args()  # (sys.argv; a bad flag exits 2 here as in Hydra's path)
+    if (args.help or args.hydra_help or args.cfg is not None or args.resolve or args.multirun or args.shell_completion
+            or args.info is not None or args.experimental_rerun is not None):  # fmt: skip
+        return False
+    try:
+        if any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(args.overrides)):
+            return False  # (a sweep without -m: Hydra's path says what to do)
+    except Exception:  # an override Hydra cannot parse: its own path reports it
+        return False
+    calling_file, calling_module = detect_calling_file_or_module_from_task_function(task_function)
+    if calling_file is None and calling_module is None:
+        return False
+    config_name = args.config_name if args.config_name is not None else config_name
+    config_path = args.config_path if args.config_path is not None else config_path
+    search_path = create_automatic_config_search_path(calling_file, calling_module, config_path)
+
+    def add_config_dir() -> None:
+        if args.config_dir is not None:
+            config_dir = os.path.abspath(args.config_dir)
+            if not os.path.isdir(config_dir):
+                raise SearchPathException(f"Additional config directory '{config_dir}' not found")
+            search_path.prepend(provider="command-line", path=f"file://{config_dir}", anchor="schema")
+
+    run_and_report(add_config_dir)
+    task_name = detect_task_name(calling_file, calling_module)
+    app = run_and_report(lambda: Hydra.create_main_hydra2(task_name=task_name, config_search_path=search_path))
+    overrides = list(args.overrides)
+    try:
+        cfg = run_and_report(
+            lambda: app.compose_config(config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=True)
+        )
+        if cfg.hydra.mode == RunMode.MULTIRUN:  # the config asks for a sweep: Hydra's multirun
+            run_and_report(lambda: app.multirun(config_name=config_name, task_function=task_function,
+                                                overrides=overrides))  # fmt: skip
+            return True
+        if cfg.hydra.mode is None:  # as Hydra's path records it: a run by default, hydra.mode=RUN
+            cfg.hydra.mode = RunMode.RUN
+            with open_dict(cfg.hydra.overrides):
+                cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
+
+        def run() -> None:
+            callbacks = Callbacks(cfg)
+            callbacks.on_run_start(config=cfg, config_name=config_name)
+            ret = run_job(hydra_context=HydraContext(config_loader=app.config_loader, callbacks=callbacks),
+                          task_function=task_function, config=cfg, job_dir_key="hydra.run.dir",
+                          job_subdir_key=None, configure_logging=True)  # fmt: skip
+            callbacks.on_run_end(config=cfg, config_name=config_name, job_return=ret)
+            _ = ret.return_value  # (raises the job's exception)
+
+        run_and_report(run)
+    finally:
+        GlobalHydra.instance().clear()
+    return True

@@ -28,12 +28,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from expkit import hydra_compat
 from expkit.errors import ConfigError, ExpkitError
-from expkit.hydra_compat import MAIN_KWARGS
 
 log = logging.getLogger("expkit")
 
@@ -275,7 +274,7 @@ def _write(output: Path, rows: list[dict[str, Any]]) -> None:
 _STARTED = False
 
 
-@hydra.main(**MAIN_KWARGS, config_path="conf", config_name="predict")
+@hydra_compat.main(config_path="conf", config_name="predict")
 def run(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 

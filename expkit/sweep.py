@@ -33,9 +33,8 @@ from typing import Any
 import yaml
 from hydra.experimental.callback import Callback
 
-from expkit import confine
+from expkit import confine, hydra_compat
 from expkit.atomic import write_json_atomic, write_text_atomic
-from expkit.hydra_compat import MAIN_KWARGS
 from expkit.metrics import infer_rule, rule_of_flag
 from expkit.sweep_jobs import finished, job_order, job_target, key_kind, read_job
 
@@ -634,7 +633,6 @@ def _hydra_argv(argv: list[str]) -> list[str]:
 
 def main() -> None:
     """``python -m expkit.sweep``: a Hydra app over conf/sweep.yaml (``--help``, ``--cfg job``)."""
-    import hydra
 
     from expkit import versions
 
@@ -645,7 +643,7 @@ def main() -> None:
         print("Error: which sweep? python -m expkit.sweep sweep_dir=outputs/sweeps/<sweep>", file=sys.stderr)
         sys.exit(2)
 
-    @hydra.main(**MAIN_KWARGS, config_path="conf", config_name="sweep")
+    @hydra_compat.main(config_path="conf", config_name="sweep")
     def run(cfg: Any) -> None:
         sweep_dir = Path(cfg.sweep_dir)
         if not sweep_dir.is_dir():  # (Hydra parsed it: quotes, interpolations, the last of several)

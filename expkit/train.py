@@ -19,14 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from expkit import atomic, checkpoint_io, cli, logs, run_checkpoint, sweep_jobs, versions
+from expkit import atomic, checkpoint_io, cli, hydra_compat, logs, run_checkpoint, sweep_jobs, versions
 from expkit.errors import ConfigError, ExpkitError, ResumeRefused
-from expkit.hydra_compat import MAIN_KWARGS
 from expkit.metrics import worst_value
 from expkit.results import write_failure
 from expkit.signals import SweepInterrupted, raise_on_sigterm, stop_on_signals
@@ -53,7 +51,7 @@ def _fail(exc: BaseException, work_dir: Path) -> None:
     sys.exit(2 if isinstance(exc, ConfigError) else 1)  # 2: fix the input; 1: the run failed
 
 
-@hydra.main(**MAIN_KWARGS, config_path="conf", config_name="train")
+@hydra_compat.main(config_path="conf", config_name="train")
 def run(cfg: DictConfig) -> float | None:
     """Hydra's task function: returns the best value of ``monitor`` for sweepers (never NaN:
     a failed or diverged job in a sweep returns the worst value)."""

@@ -195,3 +195,116 @@ def test_an_older_torch_than_expkit_needs_is_named_with_the_version_it_needs(mon
     message = versions.check_installed()
     assert message is not None and message.startswith("torch 2.5.1+cpu is installed; expkit needs torch>=2.6")
     assert "pip install 'torch>=2.6'" in message
+
+
+# A plain Hydra app, run through expkit's hydra_compat.main or through hydra.main itself; the
+# test's own spy counts the compositions (ConfigLoaderImpl.load_configuration) in that process.
+APP = r"""
+import sys
+
+import hydra
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra.core.hydra_config import HydraConfig
+
+from expkit import hydra_compat
+
+COMPOSED = []
+real_load = ConfigLoaderImpl.load_configuration
+
+def counting_load(self, *args, **kwargs):
+    COMPOSED.append(1)
+    return real_load(self, *args, **kwargs)
+
+ConfigLoaderImpl.load_configuration = counting_load  # (this test's spy; expkit patches nothing)
+
+def task(cfg):
+    print(f"TASK x={cfg.x} mode={HydraConfig.get().mode.name} job={HydraConfig.get().job.name}", flush=True)
+    if cfg.x == "fail":
+        raise ValueError("the task failed")
+
+via = sys.argv.pop(1)
+if via == "expkit":
+    app = hydra_compat.main(config_path="conf", config_name="config")(task)
+else:
+    app = hydra.main(**hydra_compat.MAIN_KWARGS, config_path="conf", config_name="config")(task)
+try:
+    app()
+finally:
+    print(f"COMPOSED {len(COMPOSED)}", flush=True)
+"""
+
+
+def _run_app(tmp_path, via: str, *args: str) -> tuple[subprocess.CompletedProcess, int]:
+    work = tmp_path / via
+    if not work.exists():
+        (work / "conf" / "extra").mkdir(parents=True)
+        (work / "app.py").write_text(APP)
+        (work / "conf" / "config.yaml").write_text(
+            "x: 1\ny: 2\nhydra:\n  run:\n    dir: out\n  sweep:\n    dir: multi\n"
+        )
+        (work / "conf" / "sweeping.yaml").write_text("defaults:\n  - config\n  - _self_\nhydra:\n  mode: MULTIRUN\n")
+        (work / "mine").mkdir()
+        (work / "mine" / "config.yaml").write_text("x: mine\n")
+    proc = subprocess.run([sys.executable, "app.py", via, *args], cwd=work, capture_output=True, text=True,
+                          timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    composed = re.search(r"COMPOSED (\d+)", proc.stdout)
+    return proc, int(composed.group(1)) if composed else -1
+
+
+def _records(work_dir, root) -> dict[str, str]:
+    return {p.name: p.read_text().replace(str(root), "ROOT") for p in sorted((work_dir / ".hydra").glob("*.yaml"))}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],  # a plain run
+        ["x=3", "+z=[1,2]", "hydra.job.name=named"],
+        ["--config-dir", "mine"],  # the user's config dir comes first
+        ["--config-name", "sweeping"],  # the config asks for a multirun itself
+        ["x=4", "-m"],
+        ["x=5,6", "--config-name", "sweeping"],  # a sweep without -m
+        ["x=fail"],  # the task raises
+        ["nokey=1"],  # Hydra's own error
+        ["x=5,6"],  # a sweep in a run: Hydra's own error
+        ["--config-dir", "nowhere"],
+        ["--cfg", "job"],
+    ],
+    ids=[
+        "plain",
+        "overrides",
+        "config-dir",
+        "config-asks-multirun",
+        "m",
+        "sweep-no-m",
+        "task-fails",
+        "bad-key",
+        "sweep-in-run",
+        "no-config-dir",
+        "cfg",
+    ],
+)
+def test_a_run_composes_its_config_once_and_does_what_hydras_own_path_does(tmp_path, args):
+    """Hydra 1.3's hydra.main composes a run's config twice (once for its mode); expkit's commands
+    compose it once on every line (hydra_compat.main) and otherwise behave as hydra.main does:
+    the same output, exit status, job dirs and .hydra records."""
+    ours, ours_composed = _run_app(tmp_path, "expkit", *args)
+    hydras, hydras_composed = _run_app(tmp_path, "hydra", *args)
+    assert ours.returncode == hydras.returncode, ours.stderr + hydras.stderr
+    clean = re.compile(r"COMPOSED \d+|\[[\d:, -]+\]")
+    assert clean.sub("", ours.stdout) == clean.sub("", hydras.stdout)
+    assert ours.stderr.replace(str(tmp_path / "expkit"), "ROOT") == hydras.stderr.replace(
+        str(tmp_path / "hydra"), "ROOT"
+    )
+    for run_dir in ("out", "multi/0", "multi/1"):
+        mine, theirs = tmp_path / "expkit" / run_dir, tmp_path / "hydra" / run_dir
+        assert mine.exists() == theirs.exists(), run_dir
+        if mine.exists():
+            assert _records(mine, tmp_path / "expkit") == _records(theirs, tmp_path / "hydra"), run_dir
+    if ours.returncode == 0 and "--cfg" not in args:
+        runs = ours.stdout.count("TASK ")
+        assert runs >= 1
+        if runs == 1 and "-m" not in args and "sweeping" not in args:  # a run: composed once, on each line
+            assert ours_composed == 1, ours.stdout
+            assert hydras_composed == (2 if hydra_compat.HYDRA_VERSION < (1, 4) else 1)
