@@ -223,6 +223,7 @@ _METADATA_CLASSES = {
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch.serialization": {"_get_layout"},
     "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+    "pathlib._local": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},  # (Python 3.13's name)
     "collections": {"OrderedDict"},
 }  # fmt: skip
 
@@ -233,8 +234,12 @@ class _MetadataUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         if "." not in name and name in _METADATA_CLASSES.get(module, ()):
+            if module.startswith("pathlib"):  # an index written by any Python reads on any other
+                import pathlib
+
+                return getattr(pathlib, name)
             found = super().find_class(module, name)
-            if getattr(found, "__module__", None) == module or module == "pathlib":
+            if getattr(found, "__module__", None) == module:
                 return found
         if (
             module == "torch"
@@ -264,7 +269,8 @@ def _reader(path: Path) -> Any:
 
     class SafeReader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            with open(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
+            rank = kwargs.get("rank")  # (torch 2.9 and later may ask for a rank's own index)
+            with open(Path(path) / (".metadata" if rank is None else f"__{rank}.metadata"), "rb") as f:
                 data = f.read()
             try:
                 metadata = _MetadataUnpickler(io.BytesIO(data)).load()

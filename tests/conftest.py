@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra.core.plugins import Plugins
 from torch import nn
 
 from expkit.metrics import Metric
@@ -18,6 +19,12 @@ from expkit.testing import toy_loaders, toy_runner  # noqa: F401 (used by the te
 
 REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
+
+# Hydra's plugins, found once before any test runs: Hydra's test suites restore Hydra's singletons
+# after each test, and on Hydra 1.4 a plugin scan first made inside one of them left the core
+# plugins' configs (hydra/launcher/basic) out of the restored ConfigStore, for every later
+# in-process compose of that pytest worker (1.3 executes its plugin modules again at each scan)
+Plugins.instance()
 
 
 class Twin(nn.Module):

@@ -4,6 +4,7 @@ would run code is refused."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -192,6 +193,22 @@ def test_a_sharded_checkpoint_whose_index_would_run_code_is_refused(tmp_path):
         with pytest.raises(ConfigError, match="refused, its index"):
             checkpoint_io.load_checkpoint(ckpt)
         assert not marker.exists()
+
+
+def test_an_index_naming_paths_as_any_python_writes_them_reads_on_this_one():
+    """DCP's index may hold a path: Python 3.13 pickles it as pathlib._local.PosixPath, older
+    ones as pathlib.PosixPath. Both read on every Python; nothing else of pathlib does."""
+    from expkit import sharding
+
+    def text(value: str) -> bytes:  # pickle's SHORT_BINUNICODE
+        return b"\x8c" + bytes([len(value)]) + value.encode()
+
+    for module in ("pathlib", "pathlib._local"):
+        data = b"\x80\x04" + text(module) + text("PosixPath") + b"\x93" + text("ckpt") + b"\x85R."
+        assert sharding._MetadataUnpickler(io.BytesIO(data)).load() == Path("ckpt")
+    sneaky = b"\x80\x04" + text("pathlib._local") + text("os") + b"\x93."
+    with pytest.raises(pickle.UnpicklingError, match="not part of a checkpoint index"):
+        sharding._MetadataUnpickler(io.BytesIO(sneaky)).load()
 
 
 @pytest.mark.slow

@@ -108,8 +108,9 @@ def test_a_failing_mlflow_store_warns_once_and_the_run_goes_on(tmp_path):
     assert json.loads((tmp_path / "r" / "result.json").read_text())["status"] == "completed"
 
 
-# python -c KILLER PATTERN MODULE ARGS...: runs `python -m MODULE ARGS`, SIGKILLed right after MLflow's
-# database runs a statement containing PATTERN (a SQLAlchemy event listener: no library is patched).
+# python -c KILLER PATTERN MODULE ARGS...: runs `python -m MODULE ARGS` (MODULE "-c": `python -c ARGS[0]`),
+# SIGKILLed right after MLflow's database runs a statement containing PATTERN (a SQLAlchemy event
+# listener: no library is patched).
 KILLER = """
 import os, runpy, signal, sys
 from sqlalchemy import event
@@ -119,8 +120,11 @@ def kill(conn, cursor, statement, *rest):
     if pattern in statement:
         os.kill(os.getpid(), signal.SIGKILL)
 event.listen(Engine, "after_cursor_execute", kill)
-sys.argv = [module, *sys.argv[3:]]
-runpy.run_module(module, run_name="__main__", alter_sys=True)
+if module == "-c":
+    exec(sys.argv[3])
+else:
+    sys.argv = [module, *sys.argv[3:]]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
 """
 # the batch migration that rebuilds `datasets` in a scratch copy: a kill here left the store of issue 43 (D)
 SCRATCH_MADE = "CREATE TABLE _alembic_tmp_datasets"
@@ -135,10 +139,12 @@ def _killed(cwd: Path, module: str, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def half_made_store(tmp_path_factory) -> Path:
-    """A store left half made the way issue 43 (D) found it: MLflow (here `mlflow db upgrade`, as
-    expkit's backend did before) making it in place, SIGKILLed in its migrations."""
+    """A store left half made the way issue 43 (D) found it: MLflow making it in place (here its own
+    store, SqlAlchemyStore, as expkit's backend did before: `mlflow db upgrade` cannot make a new
+    store with MLflow 3.0 to 3.4), SIGKILLed in its migrations."""
     db = tmp_path_factory.mktemp("half_made") / "mlflow.db"
-    _killed(db.parent, "mlflow", "db", "upgrade", f"sqlite:///{db}")
+    make = "from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore as S; S(sys.argv[4], sys.argv[5])"
+    _killed(db.parent, "-c", make, f"sqlite:///{db}", str(db.parent / "artifacts"))
     with contextlib.closing(sqlite3.connect(db)) as conn:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert "_alembic_tmp_datasets" in tables and "runs" in tables
