@@ -157,11 +157,16 @@ def search_is_multirun(argv: list[str]) -> list[str]:
     """`argv` with ``--multirun`` added when it picks a search (``hparams_search=optuna``) without
     ``-m``: a search is a sweep. (Hydra 1.4 takes ``hydra.mode`` only from the primary config or
     the command line, so the search's config cannot set it.)"""
-    search = any(a.startswith("hparams_search=") and a.partition("=")[2] not in ("", "null") for a in argv)
+    search = searching(argv)
     asks_hydra = any(a in NO_RUN_FLAGS for a in argv)  # --cfg, --help, --info: Hydra allows no -m beside them
     if search and not asks_hydra and not any(a in ("-m", "--multirun") or a.startswith("hydra.mode=") for a in argv):
         return ["--multirun", *argv]
     return argv
+
+
+def searching(argv: list[str]) -> bool:
+    """Whether the command line picks a search (``hparams_search=optuna``)."""
+    return any(a.startswith("hparams_search=") and a.partition("=")[2] not in ("", "null") for a in argv)
 
 
 def sweeping(argv: list[str]) -> bool:
@@ -192,7 +197,7 @@ def check_rerun(argv: list[str]) -> str | None:
     )  # (the last one wins, as in Hydra)
     if not given or "${" in given or not Path(given).is_dir():
         return None
-    holds = _sweep_holds(Path(given)) if sweeping(argv) else _run_holds(Path(given))
+    holds = _sweep_holds(Path(given), searching(argv)) if sweeping(argv) else _run_holds(Path(given))
     if holds is None:
         return None
     fresh = "outputs/sweeps/my_sweep_2" if sweeping(argv) else "outputs/runs/my_run_2"
@@ -216,9 +221,12 @@ def _run_holds(run_dir: Path) -> str | None:
     return {"completed": "a completed run", "failed": "a failed run"}.get(status, f"a run that {status}")
 
 
-def _sweep_holds(sweep_dir: Path) -> str | None:
+def _sweep_holds(sweep_dir: Path, search: bool) -> str | None:
+    from expkit.search import live_workers
     from expkit.sweep_jobs import tally_jobs
 
+    if search and live_workers(sweep_dir):  # an Optuna search runs there: this command is one more worker of it
+        return None
     counts = tally_jobs(sweep_dir)
     if not any(counts.values()):
         return None

@@ -28,6 +28,16 @@ STUDY_ENV = "EXPKIT_OPTUNA_STUDY"
 STORAGE_ENV = "EXPKIT_OPTUNA_STORAGE"
 
 JOURNAL_SUFFIXES = (".journal", ".log", ".jsonl")
+WORKERS = ".workers"  # <sweep dir>/.workers/<host>-<pid>-<token>/.lock: one per worker of a search
+
+
+def live_workers(sweep_dir: Path) -> int:
+    """How many workers of an Optuna search run in `sweep_dir` now (here, or on other hosts that
+    share the dir): the sweeper's processes, each holding the lock of its dir under .workers/."""
+    from expkit.ownership import live_owner
+
+    workers = Path(sweep_dir) / WORKERS
+    return sum(live_owner(d) is not None for d in workers.iterdir()) if workers.is_dir() else 0
 
 
 def open_storage(spec: str) -> Any:
@@ -35,9 +45,23 @@ def open_storage(spec: str) -> Any:
     (``sqlite:///study.db``, ``postgresql://...``: Optuna's RDB storage) or a file path ending
     in .journal / .log / .jsonl (Optuna's journal file: no database server, fine on NFS)."""
     if "://" in spec:
-        import optuna
+        import time
 
-        return optuna.storages.RDBStorage(spec)
+        import optuna
+        from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+        for attempt in range(6):
+            try:
+                return optuna.storages.RDBStorage(database_url(spec))
+            except (IntegrityError, ProgrammingError, OperationalError) as exc:
+                # workers started together all create the tables (PostgreSQL: a unique violation;
+                # SQLite: "table ... already exists", "database is locked"): the first one wins
+                racing = not isinstance(exc, OperationalError) or any(
+                    s in str(exc) for s in ("already exists", "database is locked")
+                )
+                if not racing or attempt == 5:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
     if spec.endswith(JOURNAL_SUFFIXES):
         from optuna.storages import JournalStorage
         from optuna.storages.journal import JournalFileBackend
@@ -46,6 +70,30 @@ def open_storage(spec: str) -> Any:
         return JournalStorage(JournalFileBackend(spec))
     raise ValueError(f"storage={spec!r}: give a database URL (sqlite:///study.db) or a journal file "
                      f"(a path ending in {', '.join(JOURNAL_SUFFIXES)})")  # fmt: skip
+
+
+def database_url(spec: str) -> str:
+    """A database URL as SQLAlchemy takes it: ``postgresql://`` goes through psycopg (3, the
+    postgres extra) when psycopg2, SQLAlchemy's default driver for it, is not installed."""
+    import importlib.util
+
+    scheme, _, rest = spec.partition("://")
+    if (scheme in ("postgresql", "postgres") and importlib.util.find_spec("psycopg2") is None
+            and importlib.util.find_spec("psycopg") is not None):  # fmt: skip
+        return f"postgresql+psycopg://{rest}"
+    return spec
+
+
+def shown_url(spec: str) -> str:
+    """`spec` for a message: a database URL without its password."""
+    if "://" not in spec:
+        return spec
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(spec).render_as_string(hide_password=True)
+    except Exception:
+        return spec
 
 
 def job_env(trial: Any, study_name: str, storage: str) -> list[str]:

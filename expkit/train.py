@@ -275,8 +275,14 @@ def _report_interruption(signum: int, sweeping: bool, sweep_dir: Path | None = N
         from expkit.sweep import summarize
 
         summarize(sweep_dir)
+    from expkit.search import live_workers
+
+    others = live_workers(sweep_dir)  # (this worker of an Optuna search has let go of its lock)
+    going_on = (f"This worker stopped; {others} other worker{'s' if others > 1 else ''} of the search "
+                f"{'go' if others > 1 else 'goes'} on and finish{'' if others > 1 else 'es'} its trials.\n"
+                if others else "")  # fmt: skip
     print(f"\nSweep interrupted ({name}): {', '.join(parts) or 'no job recorded'}"
-          f"{f' of {total}' if total else ''}, in {sweep_dir}.\n"
+          f"{f' of {total}' if total else ''}, in {sweep_dir}.\n{going_on}"
           f"Resume it with: {cli.continue_sweep_command(sys.argv[1:], sweep_dir)}", file=sys.stderr)  # fmt: skip
 
 

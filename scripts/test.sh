@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh), then run the whole test suite on two pytest workers (pytest-xdist;
+# Set up (scripts/setup.sh, scripts/setup_postgres.sh), then run the whole test suite on two pytest workers (pytest-xdist;
 # -n 0 runs it in one process). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/setup_postgres.sh   # (the server programs for the PostgreSQL tests; apt-get as root)
 exec .venv/bin/python -m pytest -n 2 "$@"

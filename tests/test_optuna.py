@@ -198,11 +198,11 @@ def test_direction_follows_monitor_and_a_bad_setting_is_named(tmp_path):
     )
     assert mse.returncode == 0, mse.output  # val/mse: torchmetrics' MeanSquaredError says lower is better
     assert _study(storage, "mse").direction == optuna.study.StudyDirection.MINIMIZE
-    from expkit.ownership import WorkDirLock
-
-    with WorkDirLock(tmp_path / "busy", "another search", heartbeat=0):  # a live launch into the same sweep dir
-        second = run_cli(*FAST, "hydra.sweeper.n_trials=1", f"hydra.sweep.dir={tmp_path / 'busy'}")
-    assert second.returncode == 2 and "is in use by" in second.stderr and "another search" in second.stderr
+    # a sweep dir holds one study's trials: another study aimed at it stops (the same study: one more worker)
+    second = run_cli(*FAST, "hydra.sweeper.n_trials=1", "monitor=val/loss", f"hydra.sweeper.storage={storage}",
+                     "hydra.sweeper.study_name=other", f"hydra.sweep.dir={tmp_path / 'a'}", "resume=true")  # fmt: skip
+    assert second.returncode == 2 and "Traceback" not in second.stderr, second.output
+    assert "holds the trials of study 'loss'" in second.stderr and "searches study 'other'" in second.stderr
     bad = run_cli(*FAST, "hydra.sweeper.direction=up", f"hydra.sweep.dir={tmp_path / 'b'}")
     assert bad.returncode == 2, bad.output
     assert "hydra.sweeper.direction=up" in bad.stderr and "Traceback" not in bad.stderr

@@ -250,6 +250,7 @@ def test_overhead_benchmark_runs(workload):
 @pytest.mark.slow
 @pytest.mark.parametrize(("script", "label"), [("benchmarks/startup.py", r"expkit\.train +min"),
                                                ("benchmarks/sweep_overhead.py", r"overhead per job"),
+                                               ("benchmarks/sweep_async.py", r"optuna slots +against the ideal: min"),
                                                ("benchmarks/memory.py", r"ratio"),
                                                ("benchmarks/peers.py", r"\| expkit +\|"),
                                                ("benchmarks/run_costs.py", r"\| whole run +\|")])  # fmt: skip

@@ -190,3 +190,33 @@ def test_ctrl_c_stops_submitit_local_jobs_after_they_save_and_starts_no_other_jo
     done = subprocess.run([sys.executable, *resume[1:]], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert [_status(sweep / j) for j in "012"] == ["completed"] * 3
+
+
+def test_ctrl_c_stops_an_optuna_search_in_slots_and_resume_finishes_its_trials(tmp_path):
+    """Two trials in flight in joblib workers (no batch: each slot asks for its next trial):
+    Ctrl-C lets both save and stop, asks the study for nothing more, leaves both running for
+    resume=true, which finishes them and the trials still missing."""
+    sweep = tmp_path / "slots"
+    args = ["hparams_search=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2", "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2", "trainer.max_epochs=6", "hydra.sweeper.study_name=s", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    both = tmp_path / "both_running"
+    _when_saved([sweep / j for j in "01"], both)
+    rc, output, took = _interrupt(tmp_path, _command(tmp_path, *args), both, signal.SIGINT)
+    assert rc == 130 and took < 30, output[-3000:]
+    assert "Traceback" not in output
+    assert "2 interrupted" in output and "of 4" in output, output[-3000:]
+    for job in "01":
+        assert _status(sweep / job) == "stopped"
+    assert not (sweep / "2").exists()
+    from expkit.search import open_storage
+
+    def states() -> list[TrialState]:
+        storage = open_storage(str(sweep / "optuna.journal"))
+        return [t.state for t in optuna.load_study(study_name="s", storage=storage).trials]
+
+    assert states() == [TrialState.RUNNING] * 2  # no trial asked after the signal, none told failed
+    done = subprocess.run([*_command(tmp_path, *args), "resume=true"], cwd=REPO, env=_env(tmp_path),
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert states() == [TrialState.COMPLETE] * 4
+    assert [_status(sweep / j) for j in "0123"] == ["completed"] * 4

@@ -15,10 +15,10 @@ ConfigStore, so it works in any Hydra app, not only in expkit's commands.
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hydra.core.config_store import ConfigStore
 from hydra.errors import CompactHydraException
@@ -28,6 +28,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from expkit.hydra_compat import basic_launcher, basic_sweeper
 
 log = logging.getLogger("expkit")
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -131,6 +133,15 @@ class StopBetweenJobs:
         self._launcher, self._sweep_dir = launcher, Path(sweep_dir)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
+        return self.guarded(lambda: self._launcher.launch(job_overrides, initial_job_idx=initial_job_idx))
+
+    def launch_unguarded(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
+        """The launcher's own launch: for the threads of a sweep whose main thread is ``guarded``."""
+        return self._launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
+
+    def guarded(self, work: Callable[[], T]) -> T:
+        """``work()`` (which launches jobs, in this thread or in others), with the signals handled
+        as above; raises ``SweepInterrupted`` after it returned if a signal came."""
         import signal
         import threading
 
@@ -138,7 +149,7 @@ class StopBetweenJobs:
         from expkit.sweep_jobs import request_stop
 
         if threading.current_thread() is not threading.main_thread():
-            return self._launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
+            return work()
         got: list[int] = []
 
         def on_signal(signum: int, frame: Any) -> None:
@@ -155,7 +166,7 @@ class StopBetweenJobs:
         try:
             if _local_submitit(self._launcher):
                 watcher = _StopWatcher(self._sweep_dir)  # hears Ctrl-C for this process, which ignores it
-            returns = self._launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
+            returns = work()
         except Exception:
             if watcher is not None and watcher.heard():
                 got.append(watcher.heard())  # type: ignore[arg-type]

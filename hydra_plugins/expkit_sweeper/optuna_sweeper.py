@@ -3,10 +3,12 @@ current Optuna (>= 4), with the settings hydra-optuna-sweeper users know: ``dire
 ``study_name``, ``storage``, ``n_trials``, ``n_jobs``, ``sampler``, ``params`` and
 ``custom_search_space``, plus ``pruner``.
 
-Each round asks the study for ``n_jobs`` trials, launches one job per trial through the
-configured launcher (basic, joblib, submitit...), and tells the study how each ended:
-its returned value (the best ``monitor`` of the run), ``pruned`` (the job's
-``TrialReportHook`` stopped it on the pruner's word) or ``failed``. Jobs learn their
+Each trial is asked for when a slot is free, launched as one job (one per seed) through the
+configured launcher (basic, joblib, submitit...), and told to the study when it ends: its
+returned value (the best ``monitor`` of the run), ``pruned`` (the job's ``TrialReportHook``
+stopped it on the pruner's word) or ``failed``. With ``n_jobs`` K > 1 and a launcher whose
+jobs run elsewhere, K threads of this process each launch one trial at a time: no batch
+barrier (Hydra's launchers are batch-synchronous; a launch of one job is not). Jobs learn their
 trial through ``hydra.job.env_set`` and reach the study through its storage, so pruning
 works in any process. ``<sweep dir>/optuna_trials.json`` maps each trial of this sweep to
 its job dir; ``resume=true`` runs again the trials a dead sweep left running (each resumes
@@ -16,10 +18,17 @@ Optuna is imported when the sweep starts, not when Hydra scans plugins (every co
 for a scan).
 """
 
+import contextlib
 import importlib
+import json
 import logging
 import math
-from collections.abc import Sequence
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +39,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from expkit.search import WORKERS, live_workers
 from hydra_plugins.expkit_sweeper.expkit_sweeper import (
     SweepConfigError,
     check_batch,
@@ -121,6 +131,7 @@ class OptunaSweeper(Sweeper):
         self.launcher: Any = None
         self.hydra_context: HydraContext | None = None
         self.in_process = False
+        self.checked: set[tuple[str, str]] = set()  # the choices a composed job has held
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         from expkit.hydra_compat import basic_launcher
@@ -176,16 +187,17 @@ class OptunaSweeper(Sweeper):
 
     # -- the sweep -------------------------------------------------------------------------------
     def sweep(self, arguments: list[str]) -> None:
-        from expkit.ownership import WorkDirBusy, WorkDirLock
+        from expkit.ownership import WorkDirLock
 
         assert self.config is not None and self.launcher is not None
         check_seed_keys(self.config)
         sweep_dir = Path(self.config.hydra.sweep.dir)
-        try:  # one launch at a time: its trials are numbered, launched and told by this process
-            owned = WorkDirLock(sweep_dir, "python -m expkit.train (Optuna sweep)").acquire()
-        except WorkDirBusy as exc:
-            raise SearchConfigError(f"{exc}. Several searches can share a study through hydra.sweeper.storage, "
-                                    "each in a hydra.sweep.dir of its own") from None  # fmt: skip
+        # this process is one worker of the search in this sweep dir; others (this command started
+        # again, here or on another host that shares the dir) may join it: each holds the lock of
+        # its own dir under .workers/, so a trial whose worker is gone is told from a running one
+        self.worker = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.peers = live_workers(sweep_dir)  # (before this one: its ordinal among the live workers)
+        owned = WorkDirLock(sweep_dir / WORKERS / self.worker, "python -m expkit.train (Optuna worker)").acquire()
         try:
             self._open_and_search(arguments, sweep_dir)
         finally:
@@ -220,13 +232,29 @@ class OptunaSweeper(Sweeper):
                 load_if_exists=True,
             )
         except Exception as exc:  # a bad URL, an unreachable database, a dir that does not exist
-            cause = (str(exc).splitlines() or [""])[0]  # SQLAlchemy appends SQL and a link
-            raise SearchConfigError(f"hydra.sweeper.storage={storage}: {type(exc).__name__}: {cause}") from None
+            raise SearchConfigError(_storage_error(storage, exc)) from None
         study.sampler = self._continued(study, sampler, build)
         if study.direction.name.lower() != direction:
             raise SearchConfigError(f"study {self.study_name!r} in {storage} {study.direction.name.lower()}s; this search "
                              f"would {direction} (set hydra.sweeper.direction, or another study_name)")  # fmt: skip
+        self._same_search(study, storage, space)
+        bind_sweep_dir(sweep_dir, storage, self.study_name)
         self._search(study, sweep_dir, storage, fixed, space, sampler, pruner, direction)
+
+    def _same_search(self, study: Any, storage: str, space: dict[str, Any]) -> None:
+        """A study is one search: its space (and custom_search_space) is recorded in the study by
+        the first search; another search pointed at the same study name stops here (exit 2)."""
+        from optuna.distributions import distribution_to_json
+
+        mine = {"params": {k: json.loads(distribution_to_json(d)) for k, d in sorted(space.items())},
+                "custom_search_space": self.custom_search_space}  # fmt: skip
+        theirs = study.user_attrs.get(SEARCH_ATTR)
+        if theirs is None:
+            study.set_user_attr(SEARCH_ATTR, mine)
+        elif theirs != mine:
+            raise SearchConfigError(f"study {self.study_name!r} in {storage} is another search: its space is "
+                                    f"{_space_text(theirs)}; this one's is {_space_text(mine)}. Give this search "
+                                    "another hydra.sweeper.study_name (or the same space)")  # fmt: skip
 
     def _continued(self, study: Any, sampler: Any, build: Any) -> Any:
         """The sampler for a study that already holds trials: a seeded sampler built again with
@@ -236,36 +264,121 @@ class OptunaSweeper(Sweeper):
         done = len(study.get_trials(deepcopy=False))
         spec = OmegaConf.select(self.config, "hydra.sweeper.sampler")  # (self.sampler_cfg: built by Hydra)
         seed = spec.get("seed") if isinstance(spec, DictConfig) and "_target_" in spec else None
-        if not done or seed is None:  # a fresh study, or a sampler seeded by the OS: nothing repeats
+        peers = getattr(self, "peers", 0)  # workers of this search already running: each draws its own trials
+        if (not done and not peers) or seed is None:  # a fresh study, or a sampler seeded by the OS: nothing repeats
             return sampler
         import numpy as np
 
-        derived = int(np.random.SeedSequence([int(seed), done]).generate_state(1)[0])
+        derived = int(np.random.SeedSequence([int(seed), done, *([peers] if peers else [])]).generate_state(1)[0])
         log.info("Optuna: the study holds %d trials; the sampler continues with seed %d (from seed %s and %d)",
                  done, derived, seed, done)  # fmt: skip
         return build({**OmegaConf.to_container(spec, resolve=True), "seed": derived})  # type: ignore[dict-item]
 
     def _search(self, study: Any, sweep_dir: Path, storage: str, fixed: list[str], space: dict[str, Any],
                 sampler: Any, pruner: Any, direction: str) -> None:  # fmt: skip
+        from optuna.trial import TrialState
+
         from expkit import search
+        from expkit.sweep_jobs import stop_requested
 
         assert self.config is not None
         ledger = Ledger(sweep_dir / LEDGER)
-        resume = bool(self.config.get("resume"))
         log.info("Optuna study %s (%s, %s): %d trials, %d at once; sampler %s, pruner %s", self.study_name,
                  storage, direction, self.n_trials, self.n_jobs, type(sampler).__name__,
                  type(pruner).__name__)  # fmt: skip
-        if resume:
-            self._resume(study, ledger, storage)
-        todo = max(self.n_trials - len(ledger.trials), 0) if resume else self.n_trials
         seeds = self._seeds(fixed)
-        while todo > 0:
-            trials = [study.ask(fixed_distributions=space) for _ in range(min(self.n_jobs, todo))]
-            jobs = [[[*fixed, *self._overrides(trial, space), *seed, *search.job_env(trial, self.study_name, storage)]
-                     for seed in seeds] for trial in trials]  # fmt: skip
-            self._run(study, ledger, trials, jobs, first=ledger.next_job(sweep_dir))
-            todo -= len(trials)
+        lock = threading.Lock()  # this process's asks and tells
+
+        def take() -> tuple[Any, list[list[str]], int] | str | None:
+            """The next trial for a free slot, its jobs and the first job's number: a trial a gone
+            worker left running (resumed from its checkpoint), else a new one (asked now); WAIT
+            while the sweep dir has its trials but other workers' trials still run (one may die);
+            None when every trial is done, or a signal stopped this worker."""
+            with lock, ledger.locked():
+                if stop_requested(sweep_dir) is not None:
+                    return None
+                running = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+                for number, entry in sorted(ledger.trials.items(), key=lambda kv: int(kv[0])):
+                    if int(number) in running and entry.get("worker") != self.worker and not _alive(sweep_dir, entry):
+                        return self._take_over(study, ledger, storage, entry, number)
+                if len(ledger.trials) < self.n_trials:
+                    trial = study.ask(fixed_distributions=space)
+                    jobs = [[*fixed, *self._overrides(trial, space), *seed,
+                             *search.job_env(trial, self.study_name, storage)] for seed in seeds]  # fmt: skip
+                    first = trial.number * len(seeds)  # job dirs named by the study's trial number
+                    self._add(ledger, trial, jobs, first)
+                    return trial, jobs, first
+                others = [n for n, e in ledger.trials.items() if int(n) in running and e.get("worker") != self.worker]
+                return WAIT if others else None
+
+        slots = 1 if self.in_process else self.n_jobs
+        if slots <= 1:
+            while (taken := take()) is not None:
+                if taken == WAIT:
+                    self._wait(sweep_dir)
+                    continue
+                trial, jobs, first = taken  # type: ignore[misc]
+                self._tell(study, ledger, trial, self.launcher.launch(jobs, initial_job_idx=first))
+        else:  # no batch barrier: each slot asks for its next trial as soon as its last one ended
+            self.launcher.guarded(lambda: self._in_slots(slots, take, study, ledger, lock, sweep_dir))
         self._write_results(study, sweep_dir)
+
+    def _take_over(self, study: Any, ledger: "Ledger", storage: str, entry: dict[str, Any],
+                   number: str) -> tuple[Any, list[list[str]], int]:  # fmt: skip
+        """A trial whose worker is gone (killed, or stopped by a signal) with the trial left
+        running: this worker runs its jobs again in their own dirs (each resumes from its
+        checkpoint, or returns its result if it had finished) and tells the study."""
+        import optuna
+
+        from expkit import search
+
+        trial = optuna.trial.Trial(study, entry["trial_id"])
+        jobs = []
+        for overrides in entry.get("seed_overrides") or [entry["overrides"]]:
+            job = [o for o in overrides if not o.startswith("+hydra.job.env_set.")]
+            job += search.job_env(trial, self.study_name, storage)
+            jobs.append(job if "resume=true" in job else [*job, "resume=true"])
+        log.info("Optuna: trial %s was left running by %s; resuming it in job %s", number,
+                 entry.get("worker", "an earlier launch"), entry["job"])  # fmt: skip
+        self._add(ledger, trial, jobs, int(entry["job"]))
+        return trial, jobs, int(entry["job"])
+
+    def _wait(self, sweep_dir: Path) -> None:
+        """Other workers run the last trials: wait a little (a signal for this worker ends it)."""
+        from expkit.sweep_jobs import stop_requested
+
+        deadline = time.time() + WAIT_S
+        while time.time() < deadline and stop_requested(sweep_dir) is None:
+            time.sleep(0.2)
+
+    def _in_slots(self, slots: int, take: Any, study: Any, ledger: "Ledger", lock: threading.Lock,
+                  sweep_dir: Path) -> None:  # fmt: skip
+        """`slots` threads, each launching one trial at a time (its jobs run in the launcher's
+        workers: joblib processes, submitit jobs) and telling the study how it ended. The first
+        error stops every slot from taking another trial and is raised here once all returned."""
+        errors: list[BaseException] = []
+
+        def slot() -> None:
+            try:
+                while not errors and (taken := take()) is not None:
+                    if taken == WAIT:
+                        self._wait(sweep_dir)
+                        continue
+                    trial, jobs, first = taken
+                    returns = self.launcher.launch_unguarded(jobs, initial_job_idx=first)
+                    with lock:
+                        self._tell(study, ledger, trial, returns)
+            except BaseException as exc:  # (re-raised in the main thread)
+                errors.append(exc)
+
+        threads = [threading.Thread(target=slot, name=f"expkit-optuna-slot-{i}", daemon=True) for i in range(slots)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():  # (a timeout: this thread's signal handlers run while it waits)
+                thread.join(0.2)
+        if errors:
+            raise errors[0]
 
     def _seeds(self, fixed: list[str]) -> list[list[str]]:
         """Each trial's seed overrides: [[]] for one seed; else `seeds_per_trial` values of the
@@ -289,19 +402,22 @@ class OptunaSweeper(Sweeper):
             getattr(importlib.import_module(module), name)(self.config, trial)  # suggests more params
         return [f"{k}={override_value(v)}" for k, v in trial.params.items()]
 
-    def _run(self, study: Any, ledger: "Ledger", trials: list[Any], jobs: list[list[list[str]]], first: int) -> None:
-        """Launch every job of `trials` (``jobs[i]``: trial i's jobs, one per seed) as one batch,
-        numbered from `first`, then tell the study how each trial ended."""
-        flat: list[list[str]] = []
-        for trial, own in zip(trials, jobs):
-            ledger.add(trial, own, first + len(flat))
-            flat += own
-        self.validate_batch_is_legal(flat)
-        returns = iter(self.launcher.launch(flat, initial_job_idx=first))
-        for trial, own in zip(trials, jobs):
-            self._tell(study, ledger, trial, [next(returns) for _ in own])
+    def _add(self, ledger: "Ledger", trial: Any, jobs: list[list[str]], first: int) -> None:
+        """Record `trial` (its jobs, one per seed, numbered from `first`) as this worker's in the
+        ledger, after composing its jobs: a bad override fails before anything trains. A job
+        composed in another process (joblib, submitit) is composed here only while it brings
+        something new (the first trial, a choice not seen yet): the rest of a search differs in
+        numbers alone, and composing each costs ~0.1 s between one trial and the next."""
+        ledger.add(trial, jobs, first, self.worker)
+        from optuna.distributions import CategoricalDistribution
 
-    def _tell(self, study: Any, ledger: "Ledger", trial: Any, rets: list[Any]) -> None:
+        choices = {(k, repr(v)) for k, v in trial.params.items()
+                   if isinstance(trial.distributions.get(k), CategoricalDistribution)}  # fmt: skip
+        if self.in_process or not self.checked or not choices <= self.checked:
+            self.validate_batch_is_legal(jobs)  # (in this process: the launch then uses the composed config)
+            self.checked |= choices | {("", "")}
+
+    def _tell(self, study: Any, ledger: "Ledger", trial: Any, rets: Sequence[Any]) -> None:
         """The trial's value: its job's (with several seeds, their mean, once every seed finished);
         pruned if a seed was pruned; left running if a seed was interrupted (resume=true)."""
         from hydra.core.utils import JobStatus
@@ -337,28 +453,6 @@ class OptunaSweeper(Sweeper):
             status = next((s for s in statuses if s not in (None, "completed", "stopped")), "failed")
         ledger.finish(trial, status)
 
-    def _resume(self, study: Any, ledger: "Ledger", storage: str) -> None:
-        """Trials this sweep dir started that the study still holds as running: their sweep died.
-        Each runs again in its own job dir (resuming from its checkpoint, or returning its result
-        when it had finished) and is told to the study."""
-        import optuna
-        from optuna.trial import TrialState
-
-        from expkit import search
-
-        states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
-        for number, entry in sorted(ledger.trials.items(), key=lambda kv: int(kv[0])):
-            if states.get(int(number)) != TrialState.RUNNING:
-                continue
-            trial = optuna.trial.Trial(study, entry["trial_id"])
-            jobs = []
-            for overrides in entry.get("seed_overrides") or [entry["overrides"]]:
-                job = [o for o in overrides if not o.startswith("+hydra.job.env_set.")]
-                job += search.job_env(trial, self.study_name, storage)
-                jobs.append(job if "resume=true" in job else [*job, "resume=true"])
-            log.info("Optuna: trial %s was left running; resuming it in job %s", number, entry["job"])
-            self._run(study, ledger, [trial], [jobs], first=int(entry["job"]))
-
     def _write_results(self, study: Any, sweep_dir: Path) -> None:
         """optimization_results.yaml, as hydra-optuna-sweeper wrote it: the study's best trial."""
         try:
@@ -378,36 +472,120 @@ class OptunaSweeper(Sweeper):
 
 class Ledger:
     """``optuna_trials.json``: this sweep dir's trials (number -> trial id, job dir, overrides,
-    status), written after every ask and every tell."""
+    the worker running it, status), written after every ask and every tell. Several workers
+    share it: each change is made under an exclusive ``flock`` of ``.optuna_trials.lock``
+    (NFS clients honour it across hosts), on the file as it is then."""
 
     def __init__(self, path: Path) -> None:
-        import json
-
         self.path = path
-        try:
-            self.trials: dict[str, dict[str, Any]] = json.loads(path.read_text())["trials"]
-        except (OSError, ValueError, KeyError):
-            self.trials = {}
+        self.trials: dict[str, dict[str, Any]] = self._read()
 
-    def add(self, trial: Any, jobs: list[list[str]], first: int) -> None:
-        """The trial's jobs (one per seed), numbered from `first`."""
-        entry = {"trial_id": trial._trial_id, "job": str(first), "overrides": jobs[0], "status": "running"}
+    def _read(self) -> dict[str, dict[str, Any]]:
+        try:
+            trials = json.loads(self.path.read_text())["trials"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
+        return trials if isinstance(trials, dict) else {}
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Inside: no other worker changes the ledger; ``trials`` is read afresh."""
+        import fcntl
+
+        fd = os.open(self.path.with_name(".optuna_trials.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            with contextlib.suppress(OSError):  # (a filesystem without locks: one worker per sweep dir)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            self.trials = self._read()
+            yield
+        finally:
+            os.close(fd)  # (drops the lock)
+
+    def add(self, trial: Any, jobs: list[list[str]], first: int, worker: str) -> None:
+        """The trial's jobs (one per seed), numbered from `first`, run by `worker` (inside ``locked``)."""
+        entry = {"trial_id": trial._trial_id, "job": str(first), "overrides": jobs[0], "status": "running",
+                 "worker": worker}  # fmt: skip
         if len(jobs) > 1:
             entry.update(jobs=[str(first + i) for i in range(len(jobs))], seed_overrides=jobs)
         self.trials[str(trial.number)] = entry
         self._save()
 
     def finish(self, trial: Any, status: str) -> None:
-        self.trials[str(trial.number)]["status"] = status
-        self._save()
-
-    def next_job(self, sweep_dir: Path) -> int:
-        """The first job number after every job dir and every job of this ledger."""
-        taken = [int(p.name) for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit()]
-        taken += [int(j) for e in self.trials.values() for j in e.get("jobs") or [e["job"]]]
-        return max(taken, default=-1) + 1
+        with self.locked():
+            self.trials[str(trial.number)]["status"] = status
+            self._save()
 
     def _save(self) -> None:
         from expkit.atomic import write_json_atomic
 
         write_json_atomic(self.path, {"trials": self.trials})
+
+
+WAIT = "wait"  # (take(): other workers' trials still run)
+WAIT_S = 2.0
+SEARCH_ATTR = "expkit_search"  # the study's user attribute that records its search space
+BINDING = ".search.json"  # <sweep dir>/.search.json: the study this sweep dir's trials belong to
+
+
+def _alive(sweep_dir: Path, entry: dict[str, Any]) -> bool:
+    """Whether a ledger entry's trial is still in hand: its worker runs (holds its lock), or one
+    of its jobs does (a submitit job outlives the worker that launched it)."""
+    from expkit.confine import confined
+    from expkit.ownership import live_owner
+
+    source = sweep_dir / LEDGER
+    worker = entry.get("worker")
+    where = confined(sweep_dir / WORKERS, worker, source, "worker dir") if isinstance(worker, str) else None
+    if where is not None and live_owner(where) is not None:
+        return True
+    jobs = [confined(sweep_dir, job, source, "job dir") for job in entry.get("jobs") or [entry.get("job")]]
+    return any(job is not None and live_owner(job) is not None for job in jobs)
+
+
+def bind_sweep_dir(sweep_dir: Path, storage: str | None, study_name: str) -> None:
+    """A sweep dir holds the trials of one study: the first worker records which; a command
+    aimed at it with another study or storage stops (exit 2) before it asks for a trial."""
+    mine = {"study_name": study_name, "storage": storage}
+    path = sweep_dir / BINDING
+    if not path.exists():
+        tmp = path.with_name(f".{BINDING}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(mine))
+        with contextlib.suppress(FileExistsError):  # (another worker recorded it first: compared below)
+            os.link(tmp, path)
+        tmp.unlink()
+    try:
+        theirs = json.loads(path.read_text())
+    except (OSError, ValueError):
+        theirs = mine
+    if theirs != mine:
+        where = lambda b: f"study {b.get('study_name')!r} in {b.get('storage') or 'the sweep dir'}"
+        raise SearchConfigError(f"hydra.sweep.dir={sweep_dir} holds the trials of {where(theirs)}; this command "
+                                f"searches {where(mine)}. Give another hydra.sweep.dir, or the same "
+                                "hydra.sweeper.study_name and storage to join that search")  # fmt: skip
+
+
+def _storage_error(storage: str, exc: Exception) -> str:
+    """What went wrong opening `storage`, and how to check it."""
+    from expkit.search import shown_url
+
+    cause = (str(exc).splitlines() or [""])[0]  # SQLAlchemy appends SQL and a link
+    scheme = storage.partition("://")[0].partition("+")[0] if "://" in storage else ""
+    if isinstance(exc, ModuleNotFoundError) and scheme in ("postgresql", "postgres"):
+        check = "install the driver: pip install -e '.[postgres]' (psycopg)"
+    elif scheme in ("postgresql", "postgres"):
+        check = (f"check that the server runs and takes connections from here: pg_isready -d '{shown_url(storage)}' "
+                 "(or psql with the same URL); the form is postgresql://user:password@host:5432/database")  # fmt: skip
+    elif scheme == "sqlite":
+        check = "check that the file's dir exists and is writable (sqlite:///relative/path.db, sqlite:////abs/path.db)"
+    elif scheme:
+        check = "check the URL (SQLAlchemy's form: dialect+driver://user:password@host:port/database)"
+    else:
+        check = "give a journal file (a path ending in .journal) in a writable dir, or a database URL"
+    return f"hydra.sweeper.storage={shown_url(storage)}: {type(exc).__name__}: {cause}. {check}"
+
+
+def _space_text(search: dict[str, Any]) -> str:
+    params = search.get("params") or {}
+    text = ", ".join(f"{k}: {v.get('name', '?')}{v.get('attributes', '')}" for k, v in params.items())
+    custom = search.get("custom_search_space")
+    return "{" + text + "}" + (f" + {custom}" if custom else "")

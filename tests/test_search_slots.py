@@ -1,0 +1,260 @@
+"""Searches that never wait: with ``hydra.sweeper.n_jobs=K`` and a launcher whose jobs run in
+other processes (joblib, submitit), K trials are in flight while trials remain; a trial that
+ends frees its slot at once, and the study is asked for the next trial then. Real joblib and
+submitit_local workers, real Optuna studies; when each job ran is read from its own records."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import REPO, run_cli
+from optuna.trial import TrialState
+
+from expkit.search import open_storage
+
+EPOCHS = "trainer.max_epochs=choice(1,30)"  # (a sweep override on the command line: part of the search space)
+
+
+def _enqueued(storage: str, name: str, epochs: list[int]) -> None:
+    """A study whose first trials are fixed: one of `epochs[i]` epochs each, in this order."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=name, storage=open_storage(storage), direction="maximize")
+    for e in epochs:
+        study.enqueue_trial({"trainer.max_epochs": e})
+
+
+def _span(job: Path) -> tuple[float, float]:
+    """When the job began (Hydra records its config first) and ended (result.json, last)."""
+    return (job / ".hydra" / "config.yaml").stat().st_mtime, (job / "result.json").stat().st_mtime
+
+
+def _jobs_by_trial(sweep: Path) -> dict[int, Path]:
+    jobs = [p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit()]
+    return {json.loads((j / "result.json").read_text())["optuna_trial"]: j for j in jobs}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+def test_a_short_trial_starts_as_soon_as_a_slot_frees_not_after_the_slowest(tmp_path, launcher):
+    """Trials of 30, 1 and 1 epochs, two at a time: trial 2 takes the slot trial 1 left
+    while trial 0 still trains (a batch of two would wait for trial 0). submitit starts a new
+    Python for each job, and a worker's first job imports torch: seconds here, so the long
+    trial is long."""
+    storage = f"{tmp_path}/study.journal"
+    _enqueued(storage, "slots", [30, 1, 1])
+    workers = (["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"] if launcher == "joblib"
+               else ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5"])  # fmt: skip
+    proc = run_cli("hparams_search=optuna", EPOCHS, "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=2", *workers,
+                   f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=slots",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    assert proc.returncode == 0, proc.output
+    study = optuna.load_study(study_name="slots", storage=open_storage(storage))
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
+    assert [t.params["trainer.max_epochs"] for t in study.trials] == [30, 1, 1]
+    jobs = _jobs_by_trial(tmp_path / "sweep")
+    assert sorted(jobs) == [0, 1, 2]  # each trial ran once, in a job dir of its own
+    (_, end0), (_, end1), (start2, _) = (_span(jobs[n]) for n in (0, 1, 2))
+    assert end1 < end0  # (the short trial ended first)
+    assert start2 < end0, "trial 2 waited for the slowest trial of a batch"
+    assert start2 >= end1 - 0.05  # it took the slot trial 1 left, not a third one
+
+
+# -- many workers, one study ---------------------------------------------------------------------
+FAST = ["hparams_search=optuna", "trainer.max_epochs=1", "data.batch_size=64"]
+SLOW_HOOK = """
+import time
+from expkit import Hook
+
+class Slow(Hook):
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        time.sleep(0.01)
+"""
+
+
+def _worker(tmp_path: Path, name: str, *args: str) -> tuple[subprocess.Popen, Path]:
+    """One worker: the same search command, in its own process group, its output in a file."""
+    conf = tmp_path / "conf" / "hooks"
+    conf.mkdir(parents=True, exist_ok=True)
+    (conf / "slow.yaml").write_text("slow:\n  _target_: slowhook.Slow\n")
+    (tmp_path / "slowhook.py").write_text(SLOW_HOOK)
+    out = tmp_path / f"{name}.txt"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "HYDRA_FULL_ERROR": "0"}
+    command = [sys.executable, "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), *args]
+    with out.open("w") as sink:
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+    return proc, out
+
+
+def _finish(workers: list[tuple[subprocess.Popen, Path]], timeout: float = 400) -> None:
+    try:
+        for proc, out in workers:
+            rc = proc.wait(timeout=timeout)
+            assert rc == 0, f"{out.name} exited {rc}:\n{out.read_text()[-3000:]}"
+    finally:
+        for proc, _ in workers:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _one_study(sweep: Path, study: optuna.Study, n: int) -> dict:
+    """Every trial ran once, in the job dir named by its number, and the summary has them all."""
+    assert [t.number for t in study.trials] == list(range(n))
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * n  # none failed, lost or left running
+    jobs = _jobs_by_trial(sweep)
+    assert {n_: j.name for n_, j in jobs.items()} == {i: str(i) for i in range(n)}
+    with (sweep / "summary.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == n
+    ledger = json.loads((sweep / "optuna_trials.json").read_text())["trials"]
+    assert sorted(map(int, ledger)) == list(range(n))
+    return ledger
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("storage", ["journal", "sqlite"])
+def test_the_same_search_started_twice_shares_one_study_and_one_sweep_dir(tmp_path, storage):
+    sweep = tmp_path / "sweep"
+    url = str(sweep / "optuna.journal") if storage == "journal" else f"sqlite:///{tmp_path}/study.db"
+    args = [*FAST, "hydra.sweeper.n_trials=6", "hydra.sweeper.study_name=w", f"hydra.sweep.dir={sweep}"]
+    if storage == "sqlite":
+        args.append(f"hydra.sweeper.storage={url}")  # (the journal: the sweep dir's own, by default)
+    workers = [_worker(tmp_path, f"w{i}", *args) for i in range(2)]
+    _finish(workers)
+    study = optuna.load_study(study_name="w", storage=open_storage(url))
+    ledger = _one_study(sweep, study, 6)  # n_trials: the sweep dir's total, not each worker's
+    assert len({e["worker"] for e in ledger.values()}) == 2  # both workers ran trials
+    params = [tuple(sorted(t.params.items())) for t in study.trials]
+    assert len(set(params)) == 6  # the workers drew different trials (no shared seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_a_workers_trial_is_finished_by_another_when_it_is_killed_or_stopped(tmp_path, sig):
+    """One of two workers is killed (SIGKILL: the worker and the job it runs in its process),
+    or stopped with Ctrl-C (its job saves and stops, the trial stays running in the study): the
+    other worker runs that trial's job again in its own dir, from its checkpoint, and tells
+    the study once."""
+    sweep = tmp_path / "sweep"
+    args = ["hparams_search=optuna", "hooks=[slow]", "trainer.max_epochs=3", "hydra.sweeper.n_trials=3",
+            "hydra.sweeper.study_name=k", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    workers = [_worker(tmp_path, f"w{i}", *args) for i in range(2)]
+    try:
+        deadline = time.time() + 300
+        while not list(sweep.glob("[0-9]*/checkpoints/epoch_1.pth")):
+            assert time.time() < deadline and all(p.poll() is None for p, _ in workers)
+            time.sleep(0.05)
+        job = min(sweep.glob("[0-9]*/checkpoints/epoch_1.pth")).parent.parent
+        ledger = json.loads((sweep / "optuna_trials.json").read_text())["trials"]
+        victim = int(next(e["worker"] for e in ledger.values() if e["job"] == job.name).split("-")[-2])
+        os.killpg(victim, sig)
+        proc, out = next(w for w in workers if w[0].pid == victim)
+        assert proc.wait(timeout=120) == (-9 if sig == signal.SIGKILL else 130)
+        if sig == signal.SIGINT:  # that worker only; it says so
+            text = out.read_text()
+            assert "Traceback" not in text and "1 other worker of the search goes on" in text, text[-3000:]
+        _finish([w for w in workers if w[0].pid != victim])
+    finally:
+        _finish_quietly(workers)
+    study = optuna.load_study(study_name="k", storage=open_storage(str(sweep / "optuna.journal")))
+    ledger = _one_study(sweep, study, 3)
+    result = json.loads((job / "result.json").read_text())
+    assert result["status"] == "completed" and result["resumed_in_sweep"] is True  # from its checkpoint
+    survivor = next(p.pid for p, _ in workers if p.pid != victim)
+    assert int(ledger[str(result["optuna_trial"])]["worker"].split("-")[-2]) == survivor  # taken over
+
+
+def _finish_quietly(workers: list[tuple[subprocess.Popen, Path]]) -> None:
+    for proc, _ in workers:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _pg_bin(name: str) -> str | None:
+    """A PostgreSQL server program: on PATH, or where Debian's postgresql package puts it."""
+    found = shutil.which(name)
+    if found:
+        return found
+    versions = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), key=lambda p: int(p.parts[-3]))
+    return str(versions[-1]) if versions else None
+
+
+@pytest.fixture
+def postgres():
+    """A real PostgreSQL server on 127.0.0.1 (Debian's postgresql package: scripts/test.sh and
+    .ci/run install it), in a fresh data dir, stopped after the test; yields its URL."""
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if initdb is None or pg_ctl is None:
+        if os.environ.get("EXPKIT_REQUIRE_POSTGRES"):
+            pytest.fail("PostgreSQL's initdb/pg_ctl are not installed (apt-get install postgresql)")
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql; scripts/test.sh does as root)")
+    pytest.importorskip("psycopg", reason="the postgres extra: pip install -e '.[postgres]'")
+    root = Path(tempfile.mkdtemp(prefix="expkit-pg-"))  # (initdb refuses root: the server runs as postgres)
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = root / "data"
+    subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "expkit"], check=True, capture_output=True)
+    options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off"
+    started = subprocess.run([*as_user, pg_ctl, "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"],
+                             capture_output=True, text=True)  # fmt: skip
+    assert started.returncode == 0, started.stdout + started.stderr + (root / "log").read_text()
+    try:
+        yield f"postgresql://expkit@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_workers_on_two_sweep_dirs_share_a_postgresql_study(tmp_path, postgres):
+    """Two workers of one sweep dir and a third in a sweep dir of its own (another host without
+    the shared disk), all on one study in a real PostgreSQL server: every trial runs once."""
+    args = [*FAST, "hydra.sweeper.n_trials=3", "hydra.sweeper.study_name=pg", f"hydra.sweeper.storage={postgres}"]
+    workers = [_worker(tmp_path, f"w{i}", *args, f"hydra.sweep.dir={tmp_path / 'shared'}") for i in range(2)]
+    workers.append(_worker(tmp_path, "w2", *args, f"hydra.sweep.dir={tmp_path / 'own'}"))
+    _finish(workers)
+    study = optuna.load_study(study_name="pg", storage=open_storage(postgres))
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 6  # 3 for each sweep dir
+    shared = json.loads((tmp_path / "shared" / "optuna_trials.json").read_text())["trials"]
+    own = json.loads((tmp_path / "own" / "optuna_trials.json").read_text())["trials"]
+    assert len(shared) == len(own) == 3 and not set(shared) & set(own)  # no trial run twice
+    assert sorted(map(int, [*shared, *own])) == list(range(6))
+    for sweep, ledger in ((tmp_path / "shared", shared), (tmp_path / "own", own)):
+        assert {str(n): j.name for n, j in _jobs_by_trial(sweep).items()} == {n: n for n in ledger}
+
+
+@pytest.mark.slow
+def test_bad_storages_and_a_second_search_on_one_study_stop_before_training(tmp_path, postgres):
+    unreachable = run_cli(*FAST, "hydra.sweeper.storage=postgresql://expkit@127.0.0.1:9/nowhere",
+                          f"hydra.sweep.dir={tmp_path / 'u'}")  # fmt: skip
+    assert unreachable.returncode == 2, unreachable.output
+    assert "postgresql://expkit@127.0.0.1:9/nowhere" in unreachable.output and "pg_isready" in unreachable.output
+    assert "Traceback" not in unreachable.output and not (tmp_path / "u" / "0").exists()
+
+    first = run_cli(*FAST, "hydra.sweeper.n_trials=1", "hydra.sweeper.study_name=one",
+                    f"hydra.sweeper.storage={postgres}", f"hydra.sweep.dir={tmp_path / 'a'}")  # fmt: skip
+    assert first.returncode == 0, first.output
+    other = run_cli(*FAST, "hydra.sweeper.n_trials=1", "hydra.sweeper.study_name=one", "optim.lr=choice(0.1,0.01)",
+                    f"hydra.sweeper.storage={postgres}", f"hydra.sweep.dir={tmp_path / 'b'}")  # fmt: skip
+    assert other.returncode == 2, other.output
+    assert "study 'one'" in other.output and "optim.lr: CategoricalDistribution" in other.output
+    assert "optim.lr: FloatDistribution" in other.output  # both spaces named
+    assert not (tmp_path / "b" / "0").exists()
