@@ -288,6 +288,7 @@ class OptunaSweeper(Sweeper):
                  type(pruner).__name__)  # fmt: skip
         seeds = self._seeds(fixed)
         lock = threading.Lock()  # this process's asks and tells
+        total = self._join(ledger, sweep_dir) + self.n_trials  # the trials the sweep dir holds when done
 
         def take() -> tuple[Any, list[list[str]], int] | str | None:
             """The next trial for a free slot, its jobs and the first job's number: a trial a gone
@@ -301,7 +302,7 @@ class OptunaSweeper(Sweeper):
                 for number, entry in sorted(ledger.trials.items(), key=lambda kv: int(kv[0])):
                     if int(number) in running and entry.get("worker") != self.worker and not _alive(sweep_dir, entry):
                         return self._take_over(study, ledger, storage, entry, number)
-                if len(ledger.trials) < self.n_trials:
+                if len(ledger.trials) < total:
                     trial = study.ask(fixed_distributions=space)
                     jobs = [[*fixed, *self._overrides(trial, space), *seed,
                              *search.job_env(trial, self.study_name, storage)] for seed in seeds]  # fmt: skip
@@ -322,6 +323,24 @@ class OptunaSweeper(Sweeper):
         else:  # no batch barrier: each slot asks for its next trial as soon as its last one ended
             self.launcher.guarded(lambda: self._in_slots(slots, take, study, ledger, lock, sweep_dir))
         self._write_results(study, sweep_dir)
+
+    def _join(self, ledger: "Ledger", sweep_dir: Path) -> int:
+        """Join the launch of this sweep dir whose workers still run, or begin a new one; the
+        number of trials the sweep dir held when it began. ``n_trials`` counts from there: a
+        new launch runs ``n_trials`` more (as Hydra's sweepers run a sweep again), and
+        ``resume=true`` begins from none (the sweep dir ends up holding ``n_trials``)."""
+        assert self.config is not None
+        with ledger.locked():
+            launch = ledger.launch
+            members = [m for m in launch.get("members") or [] if isinstance(m, str)]
+            if any(m != self.worker and _alive(sweep_dir, {"worker": m}) for m in members):
+                launch["members"] = [*members, self.worker]  # (workers started together, or joining)
+            else:
+                base = 0 if self.config.get("resume") else len(ledger.trials)
+                ledger.launch = launch = {"base": base, "members": [self.worker]}
+            ledger.save()
+        base = launch.get("base")
+        return base if isinstance(base, int) and base >= 0 else 0
 
     def _take_over(self, study: Any, ledger: "Ledger", storage: str, entry: dict[str, Any],
                    number: str) -> tuple[Any, list[list[str]], int]:  # fmt: skip
@@ -478,14 +497,18 @@ class Ledger:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.trials: dict[str, dict[str, Any]] = self._read()
+        self.trials: dict[str, dict[str, Any]] = {}
+        self.launch: dict[str, Any] = {}  # the workers of this launch, and the trials held when it began
+        self._read()
 
-    def _read(self) -> dict[str, dict[str, Any]]:
+    def _read(self) -> None:
         try:
-            trials = json.loads(self.path.read_text())["trials"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return {}
-        return trials if isinstance(trials, dict) else {}
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data = data if isinstance(data, dict) else {}
+        self.trials = data["trials"] if isinstance(data.get("trials"), dict) else {}
+        self.launch = data["launch"] if isinstance(data.get("launch"), dict) else {}
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -496,7 +519,7 @@ class Ledger:
         try:
             with contextlib.suppress(OSError):  # (a filesystem without locks: one worker per sweep dir)
                 fcntl.flock(fd, fcntl.LOCK_EX)
-            self.trials = self._read()
+            self._read()
             yield
         finally:
             os.close(fd)  # (drops the lock)
@@ -508,17 +531,18 @@ class Ledger:
         if len(jobs) > 1:
             entry.update(jobs=[str(first + i) for i in range(len(jobs))], seed_overrides=jobs)
         self.trials[str(trial.number)] = entry
-        self._save()
+        self.save()
 
     def finish(self, trial: Any, status: str) -> None:
         with self.locked():
             self.trials[str(trial.number)]["status"] = status
-            self._save()
+            self.save()
 
-    def _save(self) -> None:
+    def save(self) -> None:
+        """(Inside ``locked``.)"""
         from expkit.atomic import write_json_atomic
 
-        write_json_atomic(self.path, {"trials": self.trials})
+        write_json_atomic(self.path, {"trials": self.trials, "launch": self.launch})
 
 
 WAIT = "wait"  # (take(): other workers' trials still run)
@@ -538,7 +562,7 @@ def _alive(sweep_dir: Path, entry: dict[str, Any]) -> bool:
     where = confined(sweep_dir / WORKERS, worker, source, "worker dir") if isinstance(worker, str) else None
     if where is not None and live_owner(where) is not None:
         return True
-    jobs = [confined(sweep_dir, job, source, "job dir") for job in entry.get("jobs") or [entry.get("job")]]
+    jobs = [confined(sweep_dir, job, source, "job dir") for job in entry.get("jobs") or [entry.get("job")] if job]
     return any(job is not None and live_owner(job) is not None for job in jobs)
 
 
