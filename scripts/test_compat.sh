@@ -64,6 +64,8 @@ tests=(
     tests/test_export.py::test_torch_export_program_loads_and_runs_with_any_batch
     tests/test_sweep.py::test_grid_with_joblib_and_two_workers tests/test_sweep.py::test_submitit_local
     tests/test_optuna.py::test_two_joblib_workers_share_one_sqlite_study
+    "tests/test_search_slots.py::test_a_short_trial_starts_as_soon_as_a_slot_frees_not_after_the_slowest[joblib]"
+    "tests/test_search_slots.py::test_the_same_search_started_twice_shares_one_study_and_one_sweep_dir[journal]"
     tests/test_sweep_resume.py::test_reordered_and_added_values_mix_nothing_up
     tests/test_kill.py::test_sigkill_mid_epoch_then_resume_is_bit_identical
     tests/test_examples.py::test_user_project_experiment_with_its_own_hook_model_and_data
