@@ -30,7 +30,7 @@ if [ ! -x "$venv/bin/python" ]; then
     .venv/bin/uv venv --quiet --python "$python" "$venv"
 fi
 # uv reads no pip configuration: a machine's pip constraints (a cap on torch) do not apply here
-VIRTUAL_ENV="$venv" .venv/bin/uv pip install --quiet "${resolve[@]}" -e ".[vision,sweep,logging,metrics,export,dev]" "${extra[@]}"
+VIRTUAL_ENV="$venv" .venv/bin/uv pip install --quiet "${resolve[@]}" -e ".[vision,sweep,logging,metrics,export,postgres,dev]" "${extra[@]}"
 "$venv/bin/python" - "$line" <<'EOF'
 import importlib.metadata as md, re, sys
 names = ("torch", "torchvision", "hydra-core", "omegaconf", "optuna", "torchmetrics", "mlflow", "tensorboard",
@@ -49,7 +49,7 @@ if sys.argv[1] == "lowest":  # pyproject's lower bounds are the versions this jo
     if off:
         sys.exit("scripts/test_compat.sh: raise these lower bounds in pyproject.toml to what installs: " + "; ".join(off))
 EOF
-# every command once, on this line: train and resume, eval, predict, export (safetensors, ONNX in
+# every command once, on this line (PostgreSQL: a server of the test's own, through psycopg): train and resume, eval, predict, export (safetensors, ONNX in
 # onnxruntime, torch.export), -m sweeps (basic, joblib, submitit_local), Optuna, sweep resume, a kill
 # and its resume, a user's --config-dir project, trust, the backends, torchmetrics, DDP and FSDP2
 # under torchrun; the compat checks and Hydra's own sweeper suites in full
@@ -66,6 +66,7 @@ tests=(
     tests/test_optuna.py::test_two_joblib_workers_share_one_sqlite_study
     "tests/test_search_slots.py::test_a_short_trial_starts_as_soon_as_a_slot_frees_not_after_the_slowest[joblib]"
     "tests/test_search_slots.py::test_the_same_search_started_twice_shares_one_study_and_one_sweep_dir[journal]"
+    tests/test_search_slots.py::test_bad_storages_and_a_second_search_on_one_study_stop_before_training
     tests/test_sweep_resume.py::test_reordered_and_added_values_mix_nothing_up
     tests/test_kill.py::test_sigkill_mid_epoch_then_resume_is_bit_identical
     tests/test_examples.py::test_user_project_experiment_with_its_own_hook_model_and_data
