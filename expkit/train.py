@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,11 @@ from expkit.signals import SweepInterrupted, raise_on_sigterm, stop_on_signals
 from expkit.sweep import monitor_of
 
 log = logging.getLogger("expkit")
+
+# The shipped Optuna search's TPE sampler sets constant_liar, which Optuna 4 calls experimental (a
+# warning on every search, while Hydra builds the sweeper); Optuna 5 does not. That warning only, set
+# here: Hydra's plugin scan, which imports the sweeper, restores the warning filters it found.
+warnings.filterwarnings("ignore", message=r"Argument ``constant_liar`` is an experimental feature")
 
 
 # -- the task ---------------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ import secrets
 import socket
 import threading
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,10 +75,6 @@ class OptunaSweeperConf:  # OmegaConf reads these annotations at run time (hence
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="expkit")
-
-# The shipped TPE sampler sets constant_liar, which Optuna 4 calls experimental (a warning on every
-# search, printed while Hydra builds this sweeper's sampler); Optuna 5 does not. That warning only.
-warnings.filterwarnings("ignore", message=r"Argument ``constant_liar`` is an experimental feature")
 
 
 def distribution(value: Any) -> Any:
