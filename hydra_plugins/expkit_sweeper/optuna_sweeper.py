@@ -131,7 +131,9 @@ class OptunaSweeper(Sweeper):
         self.launcher: Any = None
         self.hydra_context: HydraContext | None = None
         self.in_process = False
-        self.checked: set[tuple[str, str]] = set()  # the choices a composed job has held
+        self.checked: set[tuple[str, str]] | None = None  # the choices composed jobs have held (None: no job yet)
+        self.worker = ""  # this worker's name under <sweep dir>/.workers/ (set when the sweep starts)
+        self.peers = 0  # workers of this search already running when this one started
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         from expkit.hydra_compat import basic_launcher
@@ -264,7 +266,7 @@ class OptunaSweeper(Sweeper):
         done = len(study.get_trials(deepcopy=False))
         spec = OmegaConf.select(self.config, "hydra.sweeper.sampler")  # (self.sampler_cfg: built by Hydra)
         seed = spec.get("seed") if isinstance(spec, DictConfig) and "_target_" in spec else None
-        peers = getattr(self, "peers", 0)  # workers of this search already running: each draws its own trials
+        peers = self.peers  # workers of this search already running: each draws its own trials
         if (not done and not peers) or seed is None:  # a fresh study, or a sampler seeded by the OS: nothing repeats
             return sampler
         import numpy as np
@@ -313,13 +315,8 @@ class OptunaSweeper(Sweeper):
                 return WAIT if others else None
 
         slots = 1 if self.in_process else self.n_jobs
-        if slots <= 1:
-            while (taken := take()) is not None:
-                if taken == WAIT:
-                    self._wait(sweep_dir)
-                    continue
-                trial, jobs, first = taken  # type: ignore[misc]
-                self._tell(study, ledger, trial, self.launcher.launch(jobs, initial_job_idx=first))
+        if slots <= 1:  # in this thread (the in-process launcher's jobs take the signals themselves)
+            self._slot(take, self.launcher.launch, study, ledger, lock, sweep_dir)
         else:  # no batch barrier: each slot asks for its next trial as soon as its last one ended
             self.launcher.guarded(lambda: self._in_slots(slots, take, study, ledger, lock, sweep_dir))
         self._write_results(study, sweep_dir)
@@ -333,7 +330,7 @@ class OptunaSweeper(Sweeper):
         with ledger.locked():
             launch = ledger.launch
             members = [m for m in launch.get("members") or [] if isinstance(m, str)]
-            if any(m != self.worker and _alive(sweep_dir, {"worker": m}) for m in members):
+            if any(m != self.worker and _worker_alive(sweep_dir, m) for m in members):
                 launch["members"] = [*members, self.worker]  # (workers started together, or joining)
             else:
                 base = 0 if self.config.get("resume") else len(ledger.trials)
@@ -379,14 +376,7 @@ class OptunaSweeper(Sweeper):
 
         def slot() -> None:
             try:
-                while not errors and (taken := take()) is not None:
-                    if taken == WAIT:
-                        self._wait(sweep_dir)
-                        continue
-                    trial, jobs, first = taken
-                    returns = self.launcher.launch_unguarded(jobs, initial_job_idx=first)
-                    with lock:
-                        self._tell(study, ledger, trial, returns)
+                self._slot(take, self.launcher.launch_unguarded, study, ledger, lock, sweep_dir, errors)
             except BaseException as exc:  # (re-raised in the main thread)
                 errors.append(exc)
 
@@ -398,6 +388,19 @@ class OptunaSweeper(Sweeper):
                 thread.join(0.2)
         if errors:
             raise errors[0]
+
+    def _slot(self, take: Any, launch: Any, study: Any, ledger: "Ledger", lock: threading.Lock, sweep_dir: Path,
+              errors: Sequence[BaseException] = ()) -> None:  # fmt: skip
+        """One slot: take a trial, launch its jobs, tell the study; until none is left (or
+        another slot failed: `errors`)."""
+        while not errors and (taken := take()) is not None:
+            if taken == WAIT:
+                self._wait(sweep_dir)
+                continue
+            trial, jobs, first = taken
+            returns = launch(jobs, initial_job_idx=first)
+            with lock:
+                self._tell(study, ledger, trial, returns)
 
     def _seeds(self, fixed: list[str]) -> list[list[str]]:
         """Each trial's seed overrides: [[]] for one seed; else `seeds_per_trial` values of the
@@ -432,9 +435,9 @@ class OptunaSweeper(Sweeper):
 
         choices = {(k, repr(v)) for k, v in trial.params.items()
                    if isinstance(trial.distributions.get(k), CategoricalDistribution)}  # fmt: skip
-        if self.in_process or not self.checked or not choices <= self.checked:
+        if self.in_process or self.checked is None or not choices <= self.checked:
             self.validate_batch_is_legal(jobs)  # (in this process: the launch then uses the composed config)
-            self.checked |= choices | {("", "")}
+            self.checked = (self.checked or set()) | choices
 
     def _tell(self, study: Any, ledger: "Ledger", trial: Any, rets: Sequence[Any]) -> None:
         """The trial's value: its job's (with several seeds, their mean, once every seed finished);
@@ -557,13 +560,20 @@ def _alive(sweep_dir: Path, entry: dict[str, Any]) -> bool:
     from expkit.confine import confined
     from expkit.ownership import live_owner
 
-    source = sweep_dir / LEDGER
-    worker = entry.get("worker")
-    where = confined(sweep_dir / WORKERS, worker, source, "worker dir") if isinstance(worker, str) else None
-    if where is not None and live_owner(where) is not None:
+    if _worker_alive(sweep_dir, entry.get("worker")):
         return True
-    jobs = [confined(sweep_dir, job, source, "job dir") for job in entry.get("jobs") or [entry.get("job")] if job]
+    jobs = [confined(sweep_dir, job, sweep_dir / LEDGER, "job dir") for job in entry.get("jobs") or [entry.get("job")]
+            if job]  # fmt: skip
     return any(job is not None and live_owner(job) is not None for job in jobs)
+
+
+def _worker_alive(sweep_dir: Path, worker: Any) -> bool:
+    """Whether the worker of that name (read from the ledger) still runs: it holds its dir's lock."""
+    from expkit.confine import confined
+    from expkit.ownership import live_owner
+
+    where = confined(sweep_dir / WORKERS, worker, sweep_dir / LEDGER, "worker dir") if isinstance(worker, str) else None
+    return where is not None and live_owner(where) is not None
 
 
 def bind_sweep_dir(sweep_dir: Path, storage: str | None, study_name: str) -> None:
