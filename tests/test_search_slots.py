@@ -24,7 +24,21 @@ from optuna.trial import TrialState
 
 from expkit.search import open_storage
 
-EPOCHS = "trainer.max_epochs=choice(1,30)"  # (a sweep override on the command line: part of the search space)
+EPOCHS = "trainer.max_epochs=choice(1,2)"  # (a sweep override on the command line: part of the search space)
+GATE_HOOK = """
+import time
+from expkit import Hook
+
+class Gate(Hook):
+    # A trial of more than one epoch holds its first epoch open until trial 2's job has started
+    # (its dir exists), or 120 s. With slots, trial 2 starts in the slot trial 1 left, so the
+    # long trial goes on at once; in batches of two, trial 2 starts only after it: it waits 120 s.
+    def after_train_epoch(self, runner):
+        if runner.settings.max_epochs > 1 and runner.epoch == 0:
+            deadline = time.monotonic() + 120
+            while not (runner.work_dir.parent / "2").is_dir() and time.monotonic() < deadline:
+                time.sleep(0.05)
+"""
 
 
 def _enqueued(storage: str, name: str, epochs: list[int]) -> None:
@@ -48,27 +62,32 @@ def _jobs_by_trial(sweep: Path) -> dict[int, Path]:
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
 def test_a_short_trial_starts_as_soon_as_a_slot_frees_not_after_the_slowest(tmp_path, launcher):
-    """Trials of 30, 1 and 1 epochs, two at a time: trial 2 takes the slot trial 1 left
-    while trial 0 still trains (a batch of two would wait for trial 0). submitit starts a new
-    Python for each job, and a worker's first job imports torch: seconds here, so the long
-    trial is long."""
+    """Trials of 2, 1 and 1 epochs, two at a time: trial 2 takes the slot trial 1 left while
+    trial 0 still trains (a batch of two would wait for trial 0). A hook holds trial 0 open until
+    trial 2's job exists, so the order does not hang on how busy the machine is."""
+    conf = tmp_path / "conf" / "hooks"
+    conf.mkdir(parents=True)
+    (conf / "gate.yaml").write_text("gate:\n  _target_: gatehook.Gate\n")
+    (tmp_path / "gatehook.py").write_text(GATE_HOOK)
     storage = f"{tmp_path}/study.journal"
-    _enqueued(storage, "slots", [30, 1, 1])
+    _enqueued(storage, "slots", [2, 1, 1])
     workers = (["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"] if launcher == "joblib"
                else ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5"])  # fmt: skip
-    proc = run_cli("hparams_search=optuna", EPOCHS, "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=2", *workers,
+    proc = run_cli("--config-dir", str(tmp_path / "conf"), "hparams_search=optuna", "hooks=[gate]", EPOCHS,
+                   "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=2", *workers,
                    f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=slots",
-                   f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}", env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
     assert proc.returncode == 0, proc.output
     study = optuna.load_study(study_name="slots", storage=open_storage(storage))
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
-    assert [t.params["trainer.max_epochs"] for t in study.trials] == [30, 1, 1]
+    assert [t.params["trainer.max_epochs"] for t in study.trials] == [2, 1, 1]
     jobs = _jobs_by_trial(tmp_path / "sweep")
     assert sorted(jobs) == [0, 1, 2]  # each trial ran once, in a job dir of its own
     (_, end0), (_, end1), (start2, _) = (_span(jobs[n]) for n in (0, 1, 2))
     assert end1 < end0  # (the short trial ended first)
     assert start2 < end0, "trial 2 waited for the slowest trial of a batch"
     assert start2 >= end1 - 0.05  # it took the slot trial 1 left, not a third one
+    assert end0 - start2 < 100, "trial 0 was held until its gate gave up: trial 2 started late"
 
 
 # -- many workers, one study ---------------------------------------------------------------------
