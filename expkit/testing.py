@@ -16,6 +16,14 @@ small seeded loaders, and a hook that records every stage it sees.
 Everything here is real: a real ``Runner`` with the six default hooks (curves.svg off), real
 checkpoints, metrics.jsonl and result.json in ``work_dir`` (``tmp_path``); resume with
 ``toy_runner(tmp_path, resume=True, ...)``. MMEngine's ``RunnerTestCase`` is the model.
+
+Your whole experiment, as you train it, proven reproducible and resumable bit for bit
+(``python -m expkit.check`` run from a test)::
+
+    from expkit.testing import assert_resumes_exactly
+
+    def test_my_experiment_resumes_exactly(tmp_path):
+        assert_resumes_exactly("experiment=my_exp", config_dir="conf", scratch=tmp_path)
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from expkit.samplers import SeededRandomSampler
 from expkit.settings import TrainerSettings
 from expkit.stages import Stage
 
-__all__ = ["RecordingHook", "toy_loaders", "toy_model", "toy_runner"]
+__all__ = ["RecordingHook", "assert_resumes_exactly", "toy_loaders", "toy_model", "toy_runner"]
 
 
 def toy_loaders(n_train: int = 8, n_val: int = 4, n_test: int = 4, batch_size: int = 4,
@@ -116,3 +124,34 @@ def _recording(stage: str) -> Any:
 
 for _stage in Stage:
     setattr(RecordingHook, _stage.value, _recording(_stage.value))
+
+
+def assert_resumes_exactly(*overrides: str, config_dir: str | Path | None = None, iters: int | None = None,
+                           scratch: str | Path | None = None, env: Mapping[str, str] | None = None,
+                           timeout: float = 1800) -> dict[str, Any]:  # fmt: skip
+    """Run ``python -m expkit.check`` on the experiment the `overrides` (and `config_dir`) make, as
+    ``expkit.train`` would train it, and fail with the check's table and findings unless two runs
+    from the same seed match bit for bit and a run killed mid-epoch resumes exactly. `iters`:
+    ``check.iters``; `scratch`: where the runs go (e.g. pytest's ``tmp_path``); `env`: added to the
+    environment (``PYTHONPATH`` for your package). Returns the report (check.json)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="expkit-check-report-") as tmp:
+        report = Path(tmp) / "check.json"
+        command = [sys.executable, "-m", "expkit.check", *overrides, f"check.out={report}"]
+        if config_dir is not None:
+            command[3:3] = ["--config-dir", str(config_dir)]
+        if iters is not None:
+            command.append(f"check.iters={iters}")
+        if scratch is not None:
+            command.append(f"check.dir={scratch}")
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **(env or {})})  # fmt: skip
+        output = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("["))
+        if proc.returncode != 0 or not report.exists():
+            raise AssertionError(f"python -m expkit.check {' '.join(overrides)} exited {proc.returncode}:\n{output}")
+        return json.loads(report.read_text())

@@ -344,6 +344,7 @@ COMMAND_PAGES = {
     "predict.yaml": "using-the-model.md",
     "export.yaml": "using-the-model.md",
     "sweep.yaml": "sweeps.md",
+    "check.yaml": "check.md",
 }
 SKIPPED_PATHS = ("hydra.job_logging", "hydra.help", "hydra.sweeper.params.")  # Hydra's own; the search space
 

@@ -1,0 +1,125 @@
+"""python -m expkit.check: every shipped experiment passes; an experiment broken on purpose in
+each of the usual ways (tests/check_fixtures/checkfix.py) fails with exit 1 and a finding that
+names the piece at fault; bad input exits 2. Real expkit.train processes, a real SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from expkit.testing import assert_resumes_exactly
+
+pytestmark = pytest.mark.slow
+
+FIXTURES = Path(__file__).parent / "check_fixtures"
+SHIPPED = sorted(p.stem for p in (REPO / "expkit" / "conf" / "experiment").glob("*.yaml"))
+
+
+def check(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(FIXTURES), "HYDRA_FULL_ERROR": "0"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "expkit.check", "--config-dir", str(FIXTURES / "conf"), *args,
+         f"check.dir={tmp_path / 'scratch'}", f"check.out={tmp_path / 'check.json'}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    proc.output = proc.stdout + proc.stderr  # type: ignore[attr-defined]
+    return proc
+
+
+def test_the_default_experiment_is_reproducible_and_resumes_exactly(tmp_path):
+    proc = check("check.keep=true", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.output
+    report = json.loads((tmp_path / "check.json").read_text())
+    assert report["ok"] is True and report["findings"] == []
+    assert (report["budget"], report["kill_at"], report["steps_per_epoch"]) == (
+        60,
+        50,
+        40,
+    )  # 1.5 epochs, killed in the 2nd
+    rows = {r["check"]: r for r in report["rows"]}
+    assert rows["interrupted after a checkpoint"]["detail"].startswith("SIGKILL after iteration 50 (epoch 2, batch 10")
+    for name in ("resume: same batches", "resume: final weights", "resume: final optimizer", "resume: final RNG streams",
+                 "resume: same hooks' state", "resume: same validation and test metrics", "resume: same metrics.jsonl",
+                 "resume: same result.json", "same seed: same batches", "same seed: same final state"):  # fmt: skip
+        assert rows[name]["result"] == "ok", rows[name]
+    # check.keep=true: the three work dirs are there to look at, c resumed from its checkpoint at 50
+    kept = Path(report["scratch"])
+    assert kept.parent == tmp_path / "scratch" and str(kept) in proc.stdout
+    assert sorted(p.name for p in kept.iterdir() if p.is_dir()) == ["a", "b", "c"]
+    resumed = json.loads((kept / "c" / "result.json").read_text())
+    assert resumed["iter"] == 60 and (kept / "c" / "checkpoints" / "iter_50.pth").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["check.json", "scratch"]  # nothing else where it ran
+
+
+# the two slowest shipped experiments are checked on a budget inside their first epoch (the
+# default crosses it: an epoch and a half, checked for the others and the default experiment)
+BUDGETS = {"char_lm": 12, "segmentation": 12}
+
+
+@pytest.mark.parametrize("experiment", SHIPPED)
+def test_every_shipped_experiment_is_reproducible_and_resumes_exactly(tmp_path, experiment):
+    report = assert_resumes_exactly(f"experiment={experiment}", iters=BUDGETS.get(experiment), scratch=tmp_path)
+    assert report["ok"] and all(r["result"] in ("ok", "info") for r in report["rows"])
+    assert list(tmp_path.iterdir()) == [], "the scratch dir is removed unless check.keep=true"
+
+
+BROKEN = {
+    "hidden hook state": (["hooks=[hidden_ema]"],
+                          "hook `HiddenEMA` (hidden_ema) keeps state in `self.shadow` but has no state_dict()"),
+    "unseeded augmentation": (["data=clock_seeded"],
+                              "batch 0 of a second run from the same seed held the same samples with other values"),
+    "worker RNG": (["data=worker_random"], "the DataLoader's 2 workers draw their random seeds from the global generator"),
+    "non-resumable sampler": (["data=plain_shuffle"],
+                              "held other samples than without: the sampler `RandomSampler` has no state_dict()/set_epoch"),
+    "accumulating metric": (["+metrics.my_acc._target_=checkfix.AccumulatingAccuracy"],
+                            "metric `my_acc` (AccumulatingAccuracy) gave another value after resume with the same weights"),
+    "non-deterministic op": (["model=unpool"], "`torch.use_deterministic_algorithms` flagged `max_unpooling2d_forward_out` on cpu"),
+    "a weight changed after resume": (["hooks=[perturb]"],
+                                      ("iteration 50 after resume computed other losses or weights from the same "
+                                       "batches (first differing weight: net.1.weight)")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_an_experiment_broken_on_purpose_fails_and_the_finding_names_the_piece(tmp_path, case):
+    args, finding = BROKEN[case]
+    proc = check(*args, tmp_path=tmp_path)
+    assert proc.returncode == 1, proc.output
+    report = json.loads((tmp_path / "check.json").read_text())
+    assert report["ok"] is False
+    messages = [f["message"] for f in report["findings"]]
+    assert any(finding in m for m in messages), messages
+    assert len(messages) == 1, f"one finding, the cause, not its consequences: {messages}"
+    assert finding in proc.stdout and "Traceback" not in proc.output
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
+def test_the_pytest_helper_fails_with_the_findings(tmp_path):
+    with pytest.raises(AssertionError, match=r"(?s)exited 1.*metric `my_acc` \(AccumulatingAccuracy\) gave another"):
+        assert_resumes_exactly("+metrics.my_acc._target_=checkfix.AccumulatingAccuracy", "data.batch_size=128",
+                               config_dir=FIXTURES / "conf", scratch=tmp_path, env={"PYTHONPATH": str(FIXTURES)})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["optim.lrr=0.1"], "optim.lrr"),
+        (["-m", "optim.lr=0.1,0.2"], "-m: the check runs one experiment"),
+        (["resume=true"], "resume=true: the check runs one experiment"),
+        (["check.iters=1"], "check.iters=1: the check needs at least 2 iterations"),
+        (["check.iters=10", "check.kill_at=10"], "check.kill_at=10: the interruption must fall inside the budget"),
+        (["model=nope"], "model=nope"),
+        (["trainer.seed=null"], "trainer.seed is null"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_naming_it(tmp_path, args, message):
+    proc = check(*args, tmp_path=tmp_path)
+    assert proc.returncode == 2, proc.output
+    assert message in proc.stderr and "Traceback" not in proc.output
+    assert not (tmp_path / "check.json").exists()
