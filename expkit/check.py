@@ -26,7 +26,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from expkit.errors import ConfigError
 
 log = logging.getLogger("expkit")
 _STARTED = False
+_NPROC = 1  # processes per run: torchrun ... -m expkit.check starts its runs with as many
 
 # keys of records, checkpoints and hooks that hold a clock reading or a duration: any two runs
 # differ in them (found again at every check: a key that also differs between the two
@@ -53,6 +53,19 @@ TIMING = re.compile(r"(^|[/_.])(time|times|data_time|eta|elapsed|since|start|sta
 # what a resumed run's result.json says differently by design
 RESULT_RUN_KEYS = {"wall_time_s", "command", "overrides", "provenance", "work_dir", "traceback", "resumed_from",
                    "resumes", "requeues", "restarts", "run_info"}  # fmt: skip
+TORCHRUN_ENV = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+}  # (the check's own, not its runs')
 DETERMINISM_WARNING = re.compile(r"(\S+) does not have a deterministic implementation")
 
 
@@ -63,9 +76,10 @@ class Plan:
     budget: int  # iterations each run trains
     kill_at: int  # the checkpoint the interrupted run dies right after
     checkpoints: bool  # the run has a checkpoint hook (else nothing can resume)
+    nproc: int = 1  # processes per run (torchrun ... -m expkit.check: as many as it started)
 
 
-def plan(cfg: DictConfig) -> Plan:
+def plan(cfg: DictConfig, nproc: int = 1) -> Plan:
     """The budget and the interruption point, from the train loader's length: by default an
     epoch and a half (the first epoch's end and its validation are crossed), killed halfway
     through the second epoch; never more than the run's own budget."""
@@ -77,7 +91,12 @@ def plan(cfg: DictConfig) -> Plan:
         raise ConfigError("trainer.seed is null: a run without a seed cannot be reproduced; set trainer.seed=0")
     seed_everything(settings.seed)
     data = instantiate_node(cfg.data, "data")
-    steps = settings.steps_per_epoch(len(data.loaders()[0]))
+    loader = data.loaders()[0]
+    batches = len(loader)
+    if nproc > 1 and getattr(loader, "batch_size", None):  # each rank takes its share of every epoch
+        per_rank = math.ceil(len(loader.sampler) / nproc)
+        batches = math.ceil(per_rank / loader.batch_size)
+    steps = settings.steps_per_epoch(batches)
     total = settings.max_iters or settings.max_epochs * steps  # type: ignore[operator]
     given = cfg.check.get("iters")
     budget = int(given) if given is not None else min(total, steps + max(2, steps // 2))
@@ -92,7 +111,7 @@ def plan(cfg: DictConfig) -> Plan:
         raise ConfigError(f"check.kill_at={kill}: the interruption must fall inside the budget, between 1 and "
                           f"{budget - 1} (check.iters={budget})")  # fmt: skip
     checkpoints = cfg.get("default_hooks", {}).get("checkpoint") is not None
-    return Plan(steps, budget, kill, checkpoints)
+    return Plan(steps, budget, kill, checkpoints, nproc)
 
 
 # -- the runs -----------------------------------------------------------------------------------------
@@ -137,16 +156,19 @@ def _start(run: Run, argv: list[str], p: Plan, *, resume: bool = False, kill: bo
                   "default_hooks.checkpoint.out_dir=null", "default_hooks.checkpoint.max_keep_ckpts=-1"]  # fmt: skip
     if resume:
         extra.append("resume=true")
-    env = {k: v for k, v in os.environ.items() if k != KILL_AT_ENV}
+    env = {k: v for k, v in os.environ.items() if k != KILL_AT_ENV and k not in TORCHRUN_ENV
+           and not k.startswith("TORCHELASTIC_")}  # fmt: skip
     if kill:
         env[KILL_AT_ENV] = str(p.kill_at)
     env["HYDRA_FULL_ERROR"] = "0"
     # three runs at once share the cores: torch's threads each (all the cores by default) would
     # contend, spinning (a recurrent model trained 4x slower here); every run gets the same count
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // 3)))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (3 * p.nproc))))
     run.work_dir.parent.mkdir(parents=True, exist_ok=True)
     sink = open(run.work_dir.parent / f"{run.name}{len(run.returncodes)}.out", "w+")  # noqa: SIM115  (closed in _wait)
-    proc = subprocess.Popen([sys.executable, "-m", "expkit.train", *cli.flags_first([*argv, *extra])],
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={p.nproc}"]
+    python = launcher if p.nproc > 1 else [sys.executable]
+    proc = subprocess.Popen([*python, "-m", "expkit.train", *cli.flags_first([*argv, *extra])],
                             env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     proc.sink, proc.started = sink, time.perf_counter()  # type: ignore[attr-defined]
     return proc
@@ -180,7 +202,7 @@ def train_all(runs: dict[str, Run], argv: list[str], p: Plan) -> None:
         raise ConfigError(_failed_run(runs["a"]).removeprefix("Error: "))
     if runs["a"].returncodes[-1] != 0:
         raise RunFailed(f"the experiment does not train: {_failed_run(runs['a']).removeprefix('Error: ')}")
-    if p.checkpoints and runs["c"].returncodes[-1] == -signal.SIGKILL:
+    if p.checkpoints and read_trace(runs["c"].work_dir).killed:  # (torchrun exits 1 when a rank is killed)
         _wait(runs["c"], _start(runs["c"], argv, p, resume=True))
 
 
@@ -202,9 +224,9 @@ class Trace:
     killed: bool
 
 
-def read_trace(work_dir: Path) -> Trace:
+def read_trace(work_dir: Path, rank: int = 0) -> Trace:
     start, iters, evals, end, killed = [], {}, [], None, False
-    path = work_dir / RECORDS
+    path = work_dir / (RECORDS if rank == 0 else RECORDS.replace(".jsonl", f".rank{rank}.jsonl"))
     lines = path.read_text().splitlines() if path.exists() else []
     for line in lines:
         try:
@@ -245,6 +267,13 @@ def _final_checkpoint(work_dir: Path) -> dict[str, Any] | None:
     if path is None:
         return None
     try:
+        if path.is_dir():  # a sharded (FSDP2) checkpoint: its state, every tensor of it whole
+            from expkit import sharding
+
+            state = sharding.read_state(path, "check")
+            state["sharded"].pop("path", None)  # (the run's own dir)
+            tensors = sharding.read_tensors(path)
+            return {**state, "state_dict": tensors.pop("model", {}), **tensors}
         return checkpoint_io.load_checkpoint(path, "check")
     except ConfigError:
         return None
@@ -283,6 +312,18 @@ def diff(a: Any, b: Any, path: str = "") -> list[str]:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return []
     return [] if a == b else [path or "."]
+
+
+def _count_tensors(value: Any) -> int:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return 1
+    if isinstance(value, Mapping):
+        return sum(_count_tensors(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_count_tensors(v) for v in value)
+    return 0
 
 
 def _timing(path: str) -> bool:
@@ -357,7 +398,7 @@ def _data_advice(kind: str, facts: dict[str, Any], i: int, when: str) -> str:
                 "start (it has no generator=), which a resume mid-epoch does not restore. Build the loader with "
                 "generator=torch.Generator().manual_seed(seed) and worker_init_fn=expkit.samplers.seed_worker, "
                 "as expkit.data.DataModule.loaders does")  # fmt: skip
-    if when != "after resume":
+    if not when.startswith("after resume"):
         return (f"batch {i} {when} held the same samples with other values: the data pipeline draws randomness "
                 "that expkit's seed does not fix (a generator seeded from the clock, or an unseeded random.Random(), "
                 "np.random.default_rng() or torch.Generator()). Seed it from the run's seed (data.seed), e.g. "
@@ -414,8 +455,23 @@ def _records_by_step(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any
     return out
 
 
+def _first_batch(x: Run, y: Run, iters: range, nproc: int) -> tuple[int, int, str] | None:
+    """(iteration, rank, how) of the first batch that differs between two runs, on any rank."""
+    found = []
+    for rank in range(nproc):
+        tx, ty = read_trace(x.work_dir, rank), read_trace(y.work_dir, rank)
+        i = _first_iter(tx, ty, "samples", iters)
+        if i is not None:
+            found.append((i, rank, _sample_kind(tx.iters[i], ty.iters[i])))
+    return min(found) if found else None
+
+
 def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
     ta, tb, tc = read_trace(a.work_dir), read_trace(b.work_dir), read_trace(c.work_dir)
+
+    def on_rank(rank: int) -> str:
+        return f" on rank {rank}" if p.nproc > 1 else ""
+
     cmp = Comparison()
     iters = range(p.budget)
     facts = _loader(ta)
@@ -432,13 +488,13 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
                         ", ".join(flagged) if flagged else "no op without a deterministic implementation ran"))  # fmt: skip
 
     # -- determinism: a and b
-    i = _first_iter(ta, tb, "samples", iters)
-    cmp.add("same seed: same batches", [f"first differs at iteration {i}"] if i is not None else [],
-            f"{len(ta.iters)} iterations")  # fmt: skip
-    if i is not None:
-        kind = _sample_kind(ta.iters[i], tb.iters[i])
-        cmp.findings.append(Finding("same seed: same batches", _data_advice(kind, facts, i, "of a second run from the "
-                                                                            "same seed")))  # fmt: skip
+    first = _first_batch(a, b, iters, p.nproc)
+    i = first[0] if first else None
+    cmp.add("same seed: same batches", [f"first differs at iteration {i}{on_rank(first[1])}"] if first else [],
+            f"{len(ta.iters)} iterations" + (f", {p.nproc} ranks" if p.nproc > 1 else ""))  # fmt: skip
+    if first:
+        cmp.findings.append(Finding("same seed: same batches", _data_advice(
+            first[2], facts, i, f"of a second run from the same seed{on_rank(first[1])}")))  # fmt: skip
     j = next((n for n in iters if n in ta.iters and n in tb.iters
               and (ta.iters[n].get("loss"), ta.iters[n].get("params")) != (tb.iters[n].get("loss"), tb.iters[n].get("params"))), None)  # fmt: skip
     cmp.add("same seed: same losses and weights", [f"first differs at iteration {j}"] if j is not None else [])
@@ -487,12 +543,12 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
                         f"SIGKILL after iteration {p.kill_at} (epoch {p.kill_at // p.steps_per_epoch + 1}, "
                         f"batch {p.kill_at % p.steps_per_epoch} of {p.steps_per_epoch}), resumed"))  # fmt: skip
     after = range(p.kill_at, p.budget)
-    i = _first_iter(ta, tc, "samples", after)
-    cmp.add("resume: same batches", [f"first differs at iteration {i}"] if i is not None else [],
-            f"iterations {p.kill_at}-{p.budget - 1}")  # fmt: skip
-    if i is not None and not determinism_failed:
-        kind = _sample_kind(ta.iters[i], tc.iters[i])
-        cmp.findings.append(Finding("resume: same batches", _data_advice(kind, facts, i, "after resume")))
+    first = _first_batch(a, c, after, p.nproc)
+    i = first[0] if first else None
+    cmp.add("resume: same batches", [f"first differs at iteration {i}{on_rank(first[1])}"] if first else [],
+            f"iterations {p.kill_at}-{p.budget - 1}" + (f", {p.nproc} ranks" if p.nproc > 1 else ""))  # fmt: skip
+    if first and not determinism_failed:
+        cmp.findings.append(Finding("resume: same batches", _data_advice(first[2], facts, i, "after resume")))
     j = next((n for n in after if n in ta.iters and n in tc.iters
               and (ta.iters[n].get("loss"), ta.iters[n].get("params")) != (tc.iters[n].get("loss"), tc.iters[n].get("params"))), None)  # fmt: skip
     cmp.add("resume: same losses and weights", [f"first differs at iteration {j}"] if j is not None else [])
@@ -514,7 +570,12 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
         if name not in ckpt_a:
             continue
         problems = _without(diff(ckpt_a[name], ckpt_c.get(name)), volatile.get(name, set()))
-        cmp.add(f"resume: final {label}", [f"{problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")] if problems else [])  # fmt: skip
+        tensors = _count_tensors(ckpt_a[name])
+        detail = f"{tensors} tensors" if tensors else ""
+        if name == "rng" and isinstance(ckpt_a[name], Mapping):
+            detail = ", ".join(str(k) for k in ckpt_a[name])  # (the streams: python, numpy, torch, cuda)
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        cmp.add(f"resume: final {label}", [problems[0] + more] if problems else [], detail)
         if name == "rng" and problems and weights_held and i is None:
             streams = sorted({pp.split(".")[0] for pp in problems})
             cmp.findings.append(Finding("resume: final RNG streams", (
@@ -631,7 +692,7 @@ def run(cfg: DictConfig) -> None:
 
 def _check(cfg: DictConfig) -> None:
     argv, _ = split_argv(sys.argv[1:])
-    p = plan(cfg)
+    p = plan(cfg, _NPROC)
     given_dir = cfg.check.get("dir")
     if given_dir is not None:
         Path(given_dir).mkdir(parents=True, exist_ok=True)
@@ -642,7 +703,8 @@ def _check(cfg: DictConfig) -> None:
     try:
         runs = {name: Run(name, scratch / name) for name in "abc"}
         train_all(runs, argv, p)
-        failed = [r for r in runs.values() if r.returncodes and r.returncodes[-1] not in (0, -signal.SIGKILL)]
+        failed = [r for r in runs.values() if r.returncodes and r.returncodes[-1] != 0
+                  and not (r.name == "c" and len(r.returncodes) == 1 and read_trace(r.work_dir).killed)]  # fmt: skip
         if failed:
             raise RunFailed(f"run {failed[0].name} failed: {_failed_run(failed[0])}")
         outputs = "".join(r.output for r in runs.values())
@@ -673,8 +735,25 @@ class RunFailed(Exception):
     """A run of the check failed in a way no comparison can read (not the first: that is input)."""
 
 
+def _under_torchrun() -> int:
+    """torchrun --nproc_per_node=N -m expkit.check: rank 0 runs the check, starting each run with
+    torchrun on N processes; the other ranks have nothing to do and end at once. 1 otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world <= 1:
+        return 1
+    if int(os.environ.get("LOCAL_WORLD_SIZE", world) or world) != world:
+        print(f"Error: the check runs on one machine (torchrun --nnodes=1); this torchrun spans "
+              f"{world // int(os.environ['LOCAL_WORLD_SIZE'])} nodes", file=sys.stderr)  # fmt: skip
+        sys.exit(2)
+    if int(os.environ.get("RANK", "0") or 0) != 0:
+        sys.exit(0)
+    return world
+
+
 def main() -> None:
+    global _NPROC
     versions.require()
+    _NPROC = _under_torchrun()
     argv = sys.argv[1:]
     refused = split_argv(argv)[1]
     message = (f"{refused[0]}: the check runs one experiment, from scratch, in a scratch dir of its own; leave out "

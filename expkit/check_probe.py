@@ -36,12 +36,17 @@ KILL_AT_ENV = "EXPKIT_CHECK_KILL_AT"  # the iteration whose checkpoint this proc
 RECORDS = "check_probe.jsonl"
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A sharded (DTensor) parameter's own shard; any other tensor as it is."""
+    return t.to_local() if callable(getattr(t, "to_local", None)) else t
+
+
 def digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
 def tensor_digest(t: torch.Tensor) -> str:
-    t = t.detach()
+    t = _local(t.detach())
     if t.is_floating_point() or t.is_complex():  # (bfloat16 has no NumPy view: compare its bits)
         t = t.contiguous().view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
     return digest(t.cpu().contiguous().numpy().tobytes() + str(tuple(t.shape)).encode())
@@ -109,7 +114,8 @@ def _loss(outputs: Any) -> str | None:
 
 
 def _params_checksum(model: torch.nn.Module) -> str:
-    sums = [p.detach().double().sum() for p in model.parameters()]
+    """This process's parameters (its shards under FSDP2), summed each."""
+    sums = [_local(p.detach()).double().sum() for p in model.parameters()]
     return tensor_digest(torch.stack(sums)) if sums else ""
 
 
@@ -143,12 +149,17 @@ class CheckProbe(Hook):
         kill = os.environ.get(KILL_AT_ENV, "")
         self.kill_at = int(kill) if kill.isdigit() else None
         self._file: Any = None
+        self.rank = 0
 
     def _write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
 
     def before_run(self, runner: Runner) -> None:
-        self._file = open(Path(runner.work_dir) / RECORDS, "a", buffering=1)  # noqa: SIM115  (closed in after_run)
+        from expkit import distributed
+
+        self.rank = distributed.rank()
+        name = RECORDS if self.rank == 0 else RECORDS.replace(".jsonl", f".rank{self.rank}.jsonl")
+        self._file = open(Path(runner.work_dir) / name, "a", buffering=1)  # noqa: SIM115  (closed in after_run)
         if not torch.are_deterministic_algorithms_enabled():  # (trainer.deterministic=true raises instead)
             torch.use_deterministic_algorithms(True, warn_only=True)  # ops without one are named on stderr
 
@@ -180,6 +191,8 @@ class CheckProbe(Hook):
             self._kill_once_saved(runner)  # (a save due at a validation waits for it)
 
     def _kill_once_saved(self, runner: Runner) -> None:
+        if self.rank != 0:  # (under torchrun, rank 0 dies; torchrun then stops the others, as when a node is lost)
+            return
         pointer = Path(runner.work_dir) / "checkpoints" / "last_checkpoint"
         try:
             saved = Path(pointer.read_text().strip()).stem

@@ -365,6 +365,29 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
+def read_tensors(path: Path) -> dict[str, Any]:
+    """Every tensor of a sharded checkpoint, whole, in this process: ``model`` (the weights) and
+    ``optimizer.<name>`` (its state by parameter name), nested as they were saved. For
+    comparing two checkpoints (``expkit.check``), not for loading into a model."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = _reader(path).read_metadata()
+    tree: dict[str, Any] = {}
+    for key, entry in metadata.state_dict_metadata.items():
+        where = (metadata.planner_data or {}).get(key, ())
+        if not where or not isinstance(entry, TensorStorageMetadata):
+            continue
+        node = tree
+        for part in where[:-1]:
+            node = node.setdefault(part, {})
+        node[where[-1]] = torch.empty(entry.size, dtype=entry.properties.dtype)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(tree, storage_reader=_reader(path), planner=_tensor_planner(), no_dist=True)
+    return tree
+
+
 def read_consolidated(path: Path, key: str) -> dict[str, Any]:
     """A sharded checkpoint as an ordinary one (``state_dict`` = the whole model's weights, no
     optimizer state), read in this process: for evaluation, export, ``load_from`` and the test."""

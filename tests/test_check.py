@@ -123,3 +123,32 @@ def test_bad_input_exits_2_with_one_line_naming_it(tmp_path, args, message):
     assert proc.returncode == 2, proc.output
     assert message in proc.stderr and "Traceback" not in proc.output
     assert not (tmp_path / "check.json").exists()
+
+
+# -- torchrun ... -m expkit.check: each run on as many processes, rank 0 killed ------------------------
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_under_torchrun_each_run_has_as_many_processes_and_resumes_exactly(tmp_path, strategy):
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "expkit.check",
+         f"trainer.strategy={strategy}", "check.keep=true", f"check.dir={tmp_path / 'scratch'}",
+         f"check.out={tmp_path / 'check.json'}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads((tmp_path / "check.json").read_text())
+    assert report["ok"], report
+    # 1,258 samples, 629 a rank, 32 a batch: 20 steps an epoch; an epoch and a half, killed at 25
+    assert (report["steps_per_epoch"], report["budget"], report["kill_at"]) == (20, 30, 25)
+    rows = {r["check"]: r for r in report["rows"]}
+    assert rows["resume: same batches"]["detail"] == "iterations 25-29, 2 ranks"
+    kept = Path(report["scratch"])
+    for run in "abc":
+        assert (kept / run / "check_probe.rank1.jsonl").exists()  # both ranks recorded what they saw
+    suffix = ".dcp" if strategy == "fsdp" else ".pth"
+    assert (kept / "c" / "checkpoints" / f"iter_25{suffix}").exists()
+    for part in ("weights", "optimizer"):  # compared tensor by tensor, sharded or not
+        row = rows[f"resume: final {part}"]
+        assert row["result"] == "ok" and int(row["detail"].split()[0]) >= 6, (
+            row
+        )  # (the MLP: 6 weights; momentum for each)
