@@ -6,7 +6,7 @@ processes, and starts a fourth process; it runs the first three at once).
 Interleaved rounds, per experiment: the check, then the plain run stopped at the check's
 budget (``stop_after``, as the check's own stop). Prints every invocation, minimum and median.
 
-    python benchmarks/check_cost.py [--rounds 2] [--experiments default digits_cnn ...]
+    python benchmarks/check_cost.py [--rounds 2] [--experiments default digits_cnn ...] [--quick]
 """
 
 from __future__ import annotations
@@ -38,7 +38,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--experiments", nargs="*", default=SHIPPED)
+    parser.add_argument("--quick", action="store_true", help="one round of the default experiment, 6 iterations (CI)")
     args = parser.parse_args()
+    budget_args = ["check.iters=6"] if args.quick else []
+    if args.quick:
+        args.rounds, args.experiments = 1, ["default"]
     print(f"{'experiment':<14} {'iters':>5}  {'plain run':>22}  {'check':>22}  {'check / plain':>15}")
     for name in args.experiments:
         exp = [] if name == "default" else [f"experiment={name}"]
@@ -47,7 +51,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 report = Path(tmp) / "check.json"
                 checks.append(_timed([sys.executable, "-m", "expkit.check", *exp, f"check.out={report}",
-                                      f"check.dir={tmp}"]))  # fmt: skip
+                                      f"check.dir={tmp}", *budget_args]))  # fmt: skip
                 budget = json.loads(report.read_text())["budget"]
                 plains.append(_timed([sys.executable, "-m", "expkit.train", *exp, f"hydra.run.dir={tmp}/plain",
                                       "+hooks.stop_after._target_=expkit.hooks.StopAfterHook",

@@ -253,7 +253,8 @@ def test_overhead_benchmark_runs(workload):
                                                ("benchmarks/sweep_async.py", r"optuna slots +against the ideal: min"),
                                                ("benchmarks/memory.py", r"ratio"),
                                                ("benchmarks/peers.py", r"\| expkit +\|"),
-                                               ("benchmarks/run_costs.py", r"\| whole run +\|")])  # fmt: skip
+                                               ("benchmarks/run_costs.py", r"\| whole run +\|"),
+                                               ("benchmarks/check_cost.py", r"default +6 +min")])  # fmt: skip
 def test_other_benchmarks_run(script, label):
     out = _bench(script)
     values = _ratios(out, label)
