@@ -77,6 +77,8 @@ class Plan:
     kill_at: int  # the checkpoint the interrupted run dies right after
     checkpoints: bool  # the run has a checkpoint hook (else nothing can resume)
     nproc: int = 1  # processes per run (torchrun ... -m expkit.check: as many as it started)
+    loggers: dict[str, Any] = field(default_factory=dict)  # logger=[...]: name -> settings
+    scratch: Path = Path()  # (where the runs' work dirs and an MLflow store go)
 
 
 def plan(cfg: DictConfig, nproc: int = 1) -> Plan:
@@ -111,7 +113,11 @@ def plan(cfg: DictConfig, nproc: int = 1) -> Plan:
         raise ConfigError(f"check.kill_at={kill}: the interruption must fall inside the budget, between 1 and "
                           f"{budget - 1} (check.iters={budget})")  # fmt: skip
     checkpoints = cfg.get("default_hooks", {}).get("checkpoint") is not None
-    return Plan(steps, budget, kill, checkpoints, nproc)
+    from omegaconf import OmegaConf
+
+    loggers = {k: v for k, v in (OmegaConf.to_container(cfg.get("logger") or {}, resolve=False) or {}).items()
+               if isinstance(v, dict)}  # fmt: skip
+    return Plan(steps, budget, kill, checkpoints, nproc, loggers)
 
 
 # -- the runs -----------------------------------------------------------------------------------------
@@ -158,6 +164,10 @@ def _start(run: Run, argv: list[str], p: Plan, *, resume: bool = False, kill: bo
         extra.append("resume=true")
     env = {k: v for k, v in os.environ.items() if k != KILL_AT_ENV and k not in TORCHRUN_ENV
            and not k.startswith("TORCHELASTIC_")}  # fmt: skip
+    env["WANDB_MODE"] = "offline"  # (the check's runs are not the user's: never synced)
+    if "mlflow" in p.loggers:  # a store of the check's own, no artifacts (MLflow would put them in ./mlruns)
+        env["MLFLOW_TRACKING_URI"] = f"sqlite:///{p.scratch / 'mlflow.db'}"
+        extra += ["logger.mlflow.tracking_uri=null", "logger.mlflow.artifacts=false"]
     if kill:
         env[KILL_AT_ENV] = str(p.kill_at)
     env["HYDRA_FULL_ERROR"] = "0"
@@ -644,6 +654,16 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
     res_volatile = _volatile_paths(res_a, res_b)
     res_problems = _without(diff(res_a, res_c), res_volatile)
     cmp.add("resume: same result.json", res_problems[:1])
+    for backend in ("tensorboard", "mlflow"):
+        if backend in p.loggers:
+            series = [_dashboard(backend, r.work_dir, p) for r in (a, b, c)]
+            dash_volatile = {k for k in series[0] if series[0].get(k) != series[1].get(k)}
+            keys = sorted((set(series[0]) | set(series[2])) - dash_volatile)
+            differ = [k for k in keys if series[0].get(k) != series[2].get(k)]
+            name = "TensorBoard scalars" if backend == "tensorboard" else "MLflow metrics"
+            more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
+            cmp.add(f"resume: same {name}", [differ[0] + more] if differ else [], f"{len(keys)} series")
+            rec_problems = rec_problems or [f"{name}: {k}" for k in differ]
     if (
         (rec_problems or res_problems)
         and not cmp.findings
@@ -654,6 +674,34 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
             "a hook or logger writes what it computed from the whole run so far without keeping it in its "
             "state_dict()")))  # fmt: skip
     return cmp
+
+
+def _dashboard(backend: str, work_dir: Path, p: Plan) -> dict[str, list[tuple[int, str]]]:
+    """A run's series in TensorBoard (its event files, read back) or MLflow (its run in the
+    check's store), by key: (step, value) sorted, each point once (MLflow keeps the points an
+    interrupted attempt logged past its checkpoint, and the resumed attempt logs them again)."""
+    out: dict[str, list[tuple[int, str]]] = {}
+    if backend == "tensorboard":
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        log_dir = work_dir / str(p.loggers["tensorboard"].get("log_dir") or "tb")
+        if not log_dir.is_dir():
+            return out
+        events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+        events.Reload()
+        for tag in events.Tags().get("scalars", []):
+            out[tag] = sorted({(e.step, float.hex(e.value)) for e in events.Scalars(tag)})
+        return out
+    from mlflow.tracking import MlflowClient
+
+    id_file = work_dir / "mlflow" / "run_id"
+    if not id_file.is_file():
+        return out
+    client = MlflowClient(tracking_uri=f"sqlite:///{p.scratch / 'mlflow.db'}")
+    run_id = id_file.read_text().strip()
+    for key in client.get_run(run_id).data.metrics:
+        out[key] = sorted({(m.step, float.hex(m.value)) for m in client.get_metric_history(run_id, key)})
+    return out
 
 
 def _step_name(path: str) -> str:
@@ -697,6 +745,7 @@ def _check(cfg: DictConfig) -> None:
     if given_dir is not None:
         Path(given_dir).mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="expkit-check-", dir=given_dir))
+    p.scratch = scratch.resolve()
     log.info("Checking %s iterations a run (%d a epoch), interrupted after iteration %d; scratch dir %s",
              p.budget, p.steps_per_epoch, p.kill_at, scratch)  # fmt: skip
     started = time.perf_counter()

@@ -152,3 +152,15 @@ def test_under_torchrun_each_run_has_as_many_processes_and_resumes_exactly(tmp_p
         assert row["result"] == "ok" and int(row["detail"].split()[0]) >= 6, (
             row
         )  # (the MLP: 6 weights; momentum for each)
+
+
+def test_tensorboard_and_mlflow_are_read_back_and_compared_in_a_store_of_the_checks_own(tmp_path):
+    """A metric never reset: its test value differs after resume in metrics.jsonl, and so in the
+    TensorBoard event files and the MLflow store, both read back. Nothing lands where it ran."""
+    proc = check("+metrics.my_acc._target_=checkfix.AccumulatingAccuracy", "logger=[tensorboard,mlflow]",
+                 "data.batch_size=128", tmp_path=tmp_path)  # fmt: skip
+    assert proc.returncode == 1, proc.output
+    rows = {r["check"]: r for r in json.loads((tmp_path / "check.json").read_text())["rows"]}
+    for name in ("resume: same TensorBoard scalars", "resume: same MLflow metrics"):
+        assert rows[name]["result"] == "differs" and "test/my_acc" in rows[name]["detail"], rows[name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["check.json", "scratch"]  # no outputs/, no mlruns/
