@@ -115,8 +115,9 @@ def plan(cfg: DictConfig, nproc: int = 1) -> Plan:
     checkpoints = cfg.get("default_hooks", {}).get("checkpoint") is not None
     from omegaconf import OmegaConf
 
-    loggers = {k: v for k, v in (OmegaConf.to_container(cfg.get("logger") or {}, resolve=False) or {}).items()
-               if isinstance(v, dict)}  # fmt: skip
+    node = cfg.get("logger")
+    given = OmegaConf.to_container(node, resolve=False) if isinstance(node, DictConfig) else {}
+    loggers = {k: v for k, v in (given or {}).items() if isinstance(v, dict)}  # type: ignore[union-attr]
     return Plan(steps, budget, kill, checkpoints, nproc, loggers)
 
 
