@@ -819,6 +819,9 @@ def main() -> None:
     sys.argv[1:] = cli.flags_first(argv)
     try:
         run()
+    except KeyboardInterrupt:  # Ctrl-C: the runs were stopped (and the scratch dir removed, unless kept)
+        print("\nInterrupted: the check stopped its runs; nothing was checked", file=sys.stderr)
+        sys.exit(130)
     except SystemExit as exc:
         if exc.code == 1 and not _STARTED:
             sys.exit(2)

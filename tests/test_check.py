@@ -164,3 +164,22 @@ def test_tensorboard_and_mlflow_are_read_back_and_compared_in_a_store_of_the_che
     for name in ("resume: same TensorBoard scalars", "resume: same MLflow metrics"):
         assert rows[name]["result"] == "differs" and "test/my_acc" in rows[name]["detail"], rows[name]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["check.json", "scratch"]  # no outputs/, no mlruns/
+
+
+def test_ctrl_c_stops_the_runs_and_leaves_nothing(tmp_path):
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "expkit.check", f"check.dir={tmp_path / 'scratch'}", f"check.out={tmp_path / 'check.json'}"],
+        cwd=tmp_path, env={**os.environ, "HYDRA_FULL_ERROR": "0"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while not list((tmp_path / "scratch").glob("*/a")) and time.time() < deadline:  # its runs have started
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Interrupted: the check stopped its runs" in err and "Traceback" not in err
+    assert list((tmp_path / "scratch").iterdir()) == [] and not (tmp_path / "check.json").exists()
