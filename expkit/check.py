@@ -38,7 +38,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from expkit import cli, hydra_compat, versions
-from expkit.check_probe import KILL_AT_ENV, RECORDS
+from expkit.check_probe import KILL_AT_ENV, records_name
 from expkit.errors import ConfigError
 
 log = logging.getLogger("expkit")
@@ -237,7 +237,7 @@ class Trace:
 
 def read_trace(work_dir: Path, rank: int = 0) -> Trace:
     start, iters, evals, end, killed = [], {}, [], None, False
-    path = work_dir / (RECORDS if rank == 0 else RECORDS.replace(".jsonl", f".rank{rank}.jsonl"))
+    path = work_dir / records_name(rank)
     lines = path.read_text().splitlines() if path.exists() else []
     for line in lines:
         try:
@@ -363,9 +363,10 @@ class Comparison:
         self.rows.append(Row(check, "differs" if problems else "ok", problems[0] if problems else ok_detail))
 
 
-def _first_iter(x: Trace, y: Trace, key: str, iters: Iterable[int]) -> int | None:
+def _first_iter(x: Trace, y: Trace, keys: tuple[str, ...], iters: Iterable[int]) -> int | None:
+    """The first iteration both traces hold whose records differ in any of `keys`."""
     for i in iters:
-        if i in x.iters and i in y.iters and x.iters[i].get(key) != y.iters[i].get(key):
+        if i in x.iters and i in y.iters and any(x.iters[i].get(k) != y.iters[i].get(k) for k in keys):
             return i
     return None
 
@@ -471,7 +472,7 @@ def _first_batch(x: Run, y: Run, iters: range, nproc: int) -> tuple[int, int, st
     found = []
     for rank in range(nproc):
         tx, ty = read_trace(x.work_dir, rank), read_trace(y.work_dir, rank)
-        i = _first_iter(tx, ty, "samples", iters)
+        i = _first_iter(tx, ty, ("samples",), iters)
         if i is not None:
             found.append((i, rank, _sample_kind(tx.iters[i], ty.iters[i])))
     return min(found) if found else None
@@ -489,7 +490,8 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
 
     # -- ops torch names as non-deterministic (warn_only mode, from every run's output)
     flagged = sorted(set(DETERMINISM_WARNING.findall(outputs)))
-    device = _normalized_result(a.work_dir).get("device") or "this device"
+    res_a, res_b = _normalized_result(a.work_dir), _normalized_result(b.work_dir)
+    device = res_a.get("device") or "this device"
     for op in flagged:
         cmp.findings.append(Finding("deterministic algorithms", (
             f"`torch.use_deterministic_algorithms` flagged `{op}` on {device}: its results may differ run to run. "
@@ -506,8 +508,7 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
     if first:
         cmp.findings.append(Finding("same seed: same batches", _data_advice(
             first[2], facts, i, f"of a second run from the same seed{on_rank(first[1])}")))  # fmt: skip
-    j = next((n for n in iters if n in ta.iters and n in tb.iters
-              and (ta.iters[n].get("loss"), ta.iters[n].get("params")) != (tb.iters[n].get("loss"), tb.iters[n].get("params"))), None)  # fmt: skip
+    j = _first_iter(ta, tb, ("loss", "params"), iters)
     cmp.add("same seed: same losses and weights", [f"first differs at iteration {j}"] if j is not None else [])
     if j is not None and (i is None or j < i) and not flagged:
         cmp.findings.append(Finding("same seed: same losses and weights", (
@@ -561,13 +562,12 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
             f"iterations {p.kill_at}-{p.budget - 1}" + (f", {p.nproc} ranks" if p.nproc > 1 else ""))  # fmt: skip
     if first and not determinism_failed:
         cmp.findings.append(Finding("resume: same batches", _data_advice(first[2], facts, i, "after resume")))
-    j = next((n for n in after if n in ta.iters and n in tc.iters
-              and (ta.iters[n].get("loss"), ta.iters[n].get("params")) != (tc.iters[n].get("loss"), tc.iters[n].get("params"))), None)  # fmt: skip
+    j = _first_iter(ta, tc, ("loss", "params"), after)
     cmp.add("resume: same losses and weights", [f"first differs at iteration {j}"] if j is not None else [])
     weights_held = j is None
+    ckpt_c = _checkpoint_parts(_final_checkpoint(c.work_dir))
     if j is not None and (i is None or j < i) and not determinism_failed:
-        first_key = next(iter(diff((_checkpoint_parts(_final_checkpoint(a.work_dir)).get("weights")),
-                                   _checkpoint_parts(_final_checkpoint(c.work_dir)).get("weights"))), None)  # fmt: skip
+        first_key = next(iter(diff(ckpt_a.get("weights"), ckpt_c.get("weights"))), None)
         cmp.findings.append(Finding("resume: same losses and weights", (
             f"iteration {j} after resume computed other losses or weights from the same batches"
             + (f" (first differing weight: {first_key})" if first_key else "") + ": the state the resumed run started "
@@ -575,7 +575,6 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
             "when a run resumes (a hook's before_train or after_load_checkpoint), or keeps state outside "
             "state_dict() (a buffer that is not registered, an optimizer attribute)")))  # fmt: skip
 
-    ckpt_c = _checkpoint_parts(_final_checkpoint(c.work_dir))
     for name, label in (("weights", "weights"), ("optimizer", "optimizer"), ("scheduler", "scheduler"),
                         ("rng", "RNG streams"), ("hooks", "hooks' checkpointed state"),
                         ("position", "position, best metrics"), ("other", "other checkpoint entries")):  # fmt: skip
@@ -652,7 +651,7 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
     cmp.add("resume: same metrics.jsonl", [f"differs at {_step_name(rec_problems[0])}" + (
         f" (and {len(rec_problems) - 1} more)" if len(rec_problems) > 1 else "")] if rec_problems else [],
             f"{len(rec_a)} records")  # fmt: skip
-    res_a, res_b, res_c = _normalized_result(a.work_dir), _normalized_result(b.work_dir), _normalized_result(c.work_dir)
+    res_c = _normalized_result(c.work_dir)
     res_volatile = _volatile_paths(res_a, res_b)
     res_problems = _without(diff(res_a, res_c), res_volatile)
     cmp.add("resume: same result.json", res_problems[:1])

@@ -36,6 +36,11 @@ KILL_AT_ENV = "EXPKIT_CHECK_KILL_AT"  # the iteration whose checkpoint this proc
 RECORDS = "check_probe.jsonl"
 
 
+def records_name(rank: int) -> str:
+    """The records file of a rank: rank 0's is ``check_probe.jsonl``, rank N's ``check_probe.rankN.jsonl``."""
+    return RECORDS if rank == 0 else RECORDS.replace(".jsonl", f".rank{rank}.jsonl")
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     """A sharded (DTensor) parameter's own shard; any other tensor as it is."""
     return t.to_local() if callable(getattr(t, "to_local", None)) else t
@@ -158,8 +163,7 @@ class CheckProbe(Hook):
         from expkit import distributed
 
         self.rank = distributed.rank()
-        name = RECORDS if self.rank == 0 else RECORDS.replace(".jsonl", f".rank{self.rank}.jsonl")
-        self._file = open(Path(runner.work_dir) / name, "a", buffering=1)  # noqa: SIM115  (closed in after_run)
+        self._file = open(Path(runner.work_dir) / records_name(self.rank), "a", buffering=1)  # noqa: SIM115  (closed in after_run)
         if not torch.are_deterministic_algorithms_enabled():  # (trainer.deterministic=true raises instead)
             torch.use_deterministic_algorithms(True, warn_only=True)  # ops without one are named on stderr
 
