@@ -95,7 +95,9 @@ def init(timeout_s: int = 1800) -> bool:
             # torchrun --max-restarts keeps one store across attempts: the group's keys of an earlier
             # attempt (peers' addresses) would be read by the next one (gloo "connectFullMesh" fails);
             # each attempt gets keys of its own
+            global _ELASTIC_STORE
             store, rank_, world = next(dist.rendezvous("env://", timeout=timeout))
+            _ELASTIC_STORE = store
             store = dist.PrefixStore(f"expkit/attempt_{restart_count()}/", store)
             dist.init_process_group(backend, store=store, rank=rank_, world_size=world, timeout=timeout)
         else:
@@ -105,6 +107,23 @@ def init(timeout_s: int = 1800) -> bool:
         # small decisions (stop or not) go over gloo on the CPU: no device sync in the loop
         _CONTROL = dist.new_group(backend="gloo") if backend == "nccl" else None
     return True
+
+
+_ELASTIC_STORE: Any = None  # torchrun's store, the same across its restarts (None outside torchrun)
+
+
+def remember(key: str, value: str) -> None:
+    """Keep `value` in torchrun's store for the restarts of this torchrun (and nowhere on disk):
+    the store lives as long as the torchrun agents do, and holds nothing of another torchrun."""
+    if _ELASTIC_STORE is not None:
+        _ELASTIC_STORE.set(f"expkit/{key}", value)
+
+
+def recall(key: str) -> str | None:
+    """What an earlier attempt of this torchrun `remember`ed under `key`; None when nothing was."""
+    if _ELASTIC_STORE is None or not _ELASTIC_STORE.check([f"expkit/{key}"]):
+        return None
+    return _ELASTIC_STORE.get(f"expkit/{key}").decode("utf-8")
 
 
 def shutdown() -> None:

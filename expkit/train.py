@@ -319,19 +319,16 @@ def _share_run_dir_across_ranks() -> None:
         sys.exit(2)
     given = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("hydra.run.dir=")), None)
     restarts = distributed.restart_count()
-    record = (
-        Path("outputs/.torchrun") / os.environ["TORCHELASTIC_RUN_ID"] if "TORCHELASTIC_RUN_ID" in os.environ else None
-    )
-    if given is None and restarts > 0 and record is not None and record.is_file():
-        given = record.read_text().strip()  # the dir the first attempt picked (data: it must hold a run)
-        if not (Path(given) / ".lock").is_file():
-            print(f"Error: {record} names {given!r}, which holds no run; remove {record} and start torchrun "
-                  "again with hydra.run.dir=<the run to continue>", file=sys.stderr)  # fmt: skip
+    if given is None and restarts > 0:  # the dir the first attempt picked, kept in torchrun's own store
+        given = distributed.recall("run_dir")
+        if given is None:  # (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: each attempt has a store of its own)
+            print(f"Error: torchrun restart {restarts}: the first attempt's work dir is not in torchrun's store; "
+                  "give it with hydra.run.dir=<dir> so that restarts continue that run", file=sys.stderr)  # fmt: skip
             sys.exit(2)
     default = time.strftime("outputs/runs/%Y-%m-%d_%H-%M-%S-") + f"{time.time_ns() // 1000 % 10**6:06d}"
     run_dir = str(Path(distributed.broadcast_object(given or default)).resolve())
-    if distributed.rank() == 0 and record is not None and restarts == 0:
-        atomic.write_text_atomic(record, run_dir)  # a restart of this torchrun finds the same dir
+    if distributed.rank() == 0 and restarts == 0:
+        distributed.remember("run_dir", run_dir)  # a restart of this torchrun finds the same dir
     sys.argv = [a for a in sys.argv if not a.startswith("hydra.run.dir=")] + [f"hydra.run.dir={run_dir}"]
     if restarts > 0:  # torchrun --max-restarts: the group re-formed after a worker died; continue the run
         sys.argv = [a for a in sys.argv if not a.startswith("resume=")] + ["resume=true"]

@@ -258,6 +258,8 @@ def test_torchrun_restarts_resume_the_same_run_and_end_bit_identical(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "connectFullMesh" not in proc.stderr and "torchrun restart 1: resuming" in proc.stderr
     (work,) = (tmp_path / "outputs" / "runs").iterdir()  # the restart found the first attempt's dir
+    # ... in torchrun's store: nothing of torchrun's is written relative to the current directory
+    assert sorted(p.name for p in (tmp_path / "outputs").iterdir()) == ["runs"]
     assert (work / "died").is_file()
     result = json.loads((work / "result.json").read_text())
     story = proc.stderr[-4000:] + "".join(
