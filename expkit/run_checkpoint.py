@@ -21,6 +21,7 @@ from expkit.rng import rng_states, set_rng_states
 from expkit.stages import Stage
 
 if TYPE_CHECKING:
+    from expkit.async_writer import BackgroundWriter
     from expkit.runner import Runner
 
 log = logging.getLogger("expkit")
@@ -83,6 +84,7 @@ def save_checkpoint(
     is_best: bool = False,
     metric: str | None = None,
     durable: bool = False,
+    writer: BackgroundWriter | None = None,
 ) -> Path:
     """See ``Runner.save_checkpoint``."""
     r = runner
@@ -92,9 +94,31 @@ def save_checkpoint(
         if not is_best:
             r.last_checkpoint = path
         return path
+    kind = "best" if is_best else "regular"
+    if writer is not None:  # one save of a kind in flight: its host buffers are reused for this one
+        writer.wait(kind, position=r.position, why=f"saving {path.name}")
     checkpoint = state_checkpoint(r, save_optimizer, save_scheduler) if r.is_main else {}
     if r.is_main:
         r.call_hook(Stage.BEFORE_SAVE_CHECKPOINT, checkpoint=checkpoint)
+
+    def saved() -> None:
+        if r.is_main:
+            r.call_hook(Stage.AFTER_SAVE_CHECKPOINT, path=path, is_best=is_best, metric=metric)
+
+    if writer is None:
+        _write(r, checkpoint, path, is_best, durable, save_optimizer)
+        saved()
+    else:  # the loop goes on once the tensors are copied; the file is written in the background
+        staged = writer.stage(checkpoint, kind)
+        del checkpoint
+        writer.submit(lambda: _write(r, staged, path, is_best, durable), then=saved, kind=kind, position=r.position)
+    return path
+
+
+def _write(r: Runner, checkpoint: dict[str, Any], path: Path, is_best: bool, durable: bool,
+           save_optimizer: bool = True) -> None:  # fmt: skip
+    """Write the checkpoint file (or, collectively, the sharded directory), then, for a regular
+    checkpoint, move the ``last_checkpoint`` pointer to it."""
     try:
         if r.sharded:
             from expkit import sharding
@@ -126,9 +150,6 @@ def save_checkpoint(
                 raise CheckpointWriteError(
                     f"could not point {pointer} at {path.name}: {_cause(exc)}; {path} itself is complete ({found})"
                 ) from exc
-    if r.is_main:
-        r.call_hook(Stage.AFTER_SAVE_CHECKPOINT, path=path, is_best=is_best, metric=metric)
-    return path
 
 
 def _cause(exc: BaseException) -> str:

@@ -14,7 +14,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -31,6 +31,9 @@ from expkit.rng import algorithm_settings, rng_states, seed_everything, set_rng_
 from expkit.settings import TrainerSettings
 from expkit.signals import stop_on_signals
 from expkit.stages import Stage
+
+if TYPE_CHECKING:
+    from expkit.async_writer import BackgroundWriter
 
 log = logging.getLogger("expkit")
 
@@ -419,10 +422,14 @@ class Runner:
         is_best: bool = False,
         metric: str | None = None,
         durable: bool = False,
+        writer: BackgroundWriter | None = None,
     ) -> Path:
         """Write a checkpoint atomically (`durable`: fsync too); regular ones move `last_checkpoint`.
         With trainer.strategy=fsdp it is a sharded directory (``<name>.dcp``, every rank writes
-        its shard). Returns the path written."""
+        its shard). With a `writer` (``expkit.async_writer``), only the copy of the state
+        happens now: the file is written in the writer's thread, and hooks'
+        ``after_save_checkpoint`` runs once it is complete (at the writer's next ``wait``).
+        Returns the path written (or being written)."""
         return run_checkpoint.save_checkpoint(
             self,
             path,
@@ -431,6 +438,7 @@ class Runner:
             is_best=is_best,
             metric=metric,
             durable=durable,
+            writer=writer,
         )
 
     def checkpoint_name(self, name: str) -> str:

@@ -254,7 +254,8 @@ def test_overhead_benchmark_runs(workload):
                                                ("benchmarks/memory.py", r"ratio"),
                                                ("benchmarks/peers.py", r"\| expkit +\|"),
                                                ("benchmarks/run_costs.py", r"\| whole run +\|"),
-                                               ("benchmarks/check_cost.py", r"default +6 +min")])  # fmt: skip
+                                               ("benchmarks/check_cost.py", r"default +6 +min"),
+                                               ("benchmarks/ckpt_stall.py", r"median/median")])  # fmt: skip
 def test_other_benchmarks_run(script, label):
     out = _bench(script)
     values = _ratios(out, label)

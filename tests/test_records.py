@@ -162,10 +162,12 @@ def test_killed_anywhere_then_resumed_records_equal_an_uninterrupted_run(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_full_disk_fails_naming_the_file_and_resumes_bit_identical_with_space(tmp_path, reference_cli):
+@pytest.mark.parametrize("async_save", ["false", "true"])  # true: the write fails in the background thread
+def test_a_full_disk_fails_naming_the_file_and_resumes_bit_identical_with_space(tmp_path, reference_cli, async_save):
     with small_disk(tmp_path / "disk", "2m") as disk:
         work = disk / "run"
-        full = run_cli(f"hydra.run.dir={work}", *COMMON)  # ~0.7 MB a regular checkpoint: the disk fills in epoch 2
+        full = run_cli(f"hydra.run.dir={work}", *COMMON, f"default_hooks.checkpoint.async_save={async_save}")
+        # (~0.7 MB a regular checkpoint: the disk fills in epoch 2)
         assert full.returncode == 1, full.output
         assert "could not write" in full.stderr and "no space left on the device" in full.stderr
         assert "is intact" in full.stderr and "Traceback" not in full.stderr

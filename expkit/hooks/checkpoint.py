@@ -6,6 +6,7 @@ the epoch count the checkpoint records.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import logging
@@ -13,7 +14,7 @@ import os
 import re
 import shutil
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from expkit.metrics import better, infer_rule
 from expkit.stages import Priority, Stage
 
 if TYPE_CHECKING:
+    from expkit.async_writer import BackgroundWriter
     from expkit.runner import Runner
 
 log = logging.getLogger("expkit")
@@ -99,6 +101,9 @@ class CheckpointHook(Hook):
     only these keys (e.g. ``[meta, state_dict]``) as ``<name>-<sha256[:8]>.pth``.
     ``fsync``: also force each file to disk before it gets its name (survives a power cut,
     not just a kill; costs an fsync per save).
+    ``async_save``: the loop waits only for the state to be copied to host memory; the file is
+    written, named and the retired ones deleted in a background thread (``expkit.async_writer``),
+    one save in flight at a time. The end of training waits for the last write.
     """
 
     priority = Priority.VERY_LOW
@@ -121,6 +126,7 @@ class CheckpointHook(Hook):
         published_keys: str | Sequence[str] | None = None,
         best_save_optimizer: bool = False,
         fsync: bool = False,
+        async_save: bool = False,
     ) -> None:
         _check_settings(locals())
         self.interval = interval
@@ -137,6 +143,8 @@ class CheckpointHook(Hook):
         if len(set(self.published_keys)) != len(self.published_keys):
             raise ValueError(f"published_keys lists a key twice: {self.published_keys}")
         self.fsync = fsync
+        self.async_save = async_save
+        self.writer: BackgroundWriter | None = None  # async_save: made in before_run
         self.greater_keys, self.less_keys = tuple(_as_list(greater_keys)), tuple(_as_list(less_keys))
         self.save_best = _as_list(save_best)
         if len(set(self.save_best)) != len(self.save_best):
@@ -220,6 +228,15 @@ class CheckpointHook(Hook):
         for key in self.save_best:
             if key != "auto":
                 self._decide_rule(runner, key, self.given_rules[key])
+        if self.async_save:
+            if runner.sharded:
+                raise ConfigError(
+                    "default_hooks.checkpoint.async_save=true: sharded checkpoints (trainer.strategy=fsdp) are "
+                    "written synchronously; set async_save=false, or train with trainer.strategy=ddp"
+                )
+            from expkit.async_writer import BackgroundWriter
+
+            self.writer = BackgroundWriter()
         base = runner.work_dir / "checkpoints"
         self.dir = base if self.out_dir is None else self.out_dir / runner.work_dir.name
         if self.out_dir is not None:
@@ -254,14 +271,15 @@ class CheckpointHook(Hook):
             while len(self.kept) >= self.max_keep_ckpts:
                 self._dropping.append(self.kept.popleft())
             self.kept.append(name)
+        first = self._last_saved_position is None and runner.is_main
         runner.save_checkpoint(
             self.dir / name, save_optimizer=self.save_optimizer, save_scheduler=self.save_param_scheduler,
-            durable=self.fsync,
+            durable=self.fsync, writer=self.writer,
         )  # fmt: skip
-        if self._last_saved_position is None and runner.is_main:
-            self._report_size(runner, self.dir / name)
         self._last_saved_position = runner.position
         self._delete_retired(runner)
+        if first:
+            self._after_write(lambda: self._report_size(runner, self.dir / name))
 
     def _report_size(self, runner: Runner, path: Path) -> None:
         """Once, at the first save: what one checkpoint weighs and what the run will keep; in the
@@ -302,11 +320,18 @@ class CheckpointHook(Hook):
         return max(1, (total - self.save_begin) // max(self.interval, 1) + 1) if self.interval > 0 else 1
 
     def _delete_retired(self, runner: Runner) -> None:
-        if runner.is_main:
-            for name in self._dropping:
-                if name not in self.kept:
-                    checkpoint_io.remove_checkpoint(self.dir / name)
+        if runner.is_main and self._dropping:
+            doomed = [self.dir / name for name in self._dropping if name not in self.kept]
+            self._after_write(lambda: [checkpoint_io.remove_checkpoint(path) for path in doomed])
         self._dropping = []
+
+    def _after_write(self, step: Callable[[], Any]) -> None:
+        """`step` once the checkpoint just saved is complete: now, or with async_save after its
+        background write (never when that write fails)."""
+        if self.writer is None:
+            step()
+        else:
+            self.writer.after(step)
 
     def _save_or_defer(self, runner: Runner, count: int) -> None:
         """When validation follows, save after it (in after_val): the checkpoint then holds the
@@ -346,12 +371,17 @@ class CheckpointHook(Hook):
         if self._deferred is not None:  # validation did not happen after all (a stop)
             count, self._deferred = self._deferred, None
             self._save_regular(runner, count)
-        if not self.save_last or runner.position == self._last_saved_position or runner.iter == 0:
-            return
-        if self.by_epoch and runner.inner_iter == 0:
-            self._save_regular(runner, runner.epoch)
-        else:  # iteration-based, or a stop in the middle of an epoch
-            self._save_regular(runner, runner.iter, None if not self.by_epoch else "iter_{}.pth")
+        if self.save_last and runner.position != self._last_saved_position and runner.iter > 0:
+            if self.by_epoch and runner.inner_iter == 0:
+                self._save_regular(runner, runner.epoch)
+            else:  # iteration-based, or a stop in the middle of an epoch
+                self._save_regular(runner, runner.iter, None if not self.by_epoch else "iter_{}.pth")
+        if self.writer is not None:  # the test and result.json read complete files: the last write's error is the run's
+            self.writer.wait()
+
+    def on_exception(self, runner: Runner, *, exception: BaseException) -> None:
+        if self.writer is not None:  # a write in flight completes (or fails) before the run ends
+            self.writer.close()
 
     def before_train(self, runner: Runner) -> None:
         """On resume, finish the retention of a save a kill interrupted, and trust the best files
@@ -423,13 +453,17 @@ class CheckpointHook(Hook):
                 is_best=True,
                 metric=key,
                 durable=self.fsync,
+                writer=self.writer,
             )
             if old and old != name and runner.is_main:
-                checkpoint_io.remove_checkpoint(self.dir / old)  # after the new best is complete
+                # once the new best is complete
+                self._after_write(functools.partial(checkpoint_io.remove_checkpoint, self.dir / old))
             log.info("New best %s = %.4f: %s", key, score, name)
 
     def after_run(self, runner: Runner) -> None:
         """published_keys: slim copies of the last and best checkpoints, named by content hash."""
+        if self.writer is not None:
+            self.writer.close()
         if not self.published_keys or runner.optimizer is None or not runner.is_main:
             return
         sources = [str(self.dir / name) for name in self.best_paths.values()]
