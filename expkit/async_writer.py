@@ -122,9 +122,11 @@ class BackgroundWriter:
                     return
                 step = job.after.pop(0)
             try:
-                step()
-            except Exception as exc:
-                log.warning("After writing a checkpoint: %s", exc)
+                step()  # (an upload that fails fails the save: the steps after it, retention, never run)
+            except BaseException:
+                with self._lock:
+                    job.open, job.after = False, []
+                raise
 
     def after(self, step: Callable[[], None]) -> None:
         """Run `step` (deleting what the new checkpoint replaces) once the newest write is

@@ -43,8 +43,13 @@ OPTIONS = ("checkpoint", "which", "split", "ema", "logger", "trusted_targets", "
 
 
 def resolve_checkpoint(source: str | Path, which: str = "best") -> Path:
-    """A checkpoint (a .pth file or a sharded .dcp dir) as given, or a run dir's best (or last) one."""
-    path = Path(source)
+    """A checkpoint (a .pth file or a sharded .dcp dir) as given, or a run dir's best (or last) one;
+    a URL (``s3://...``) to either, downloaded once into a local cache (``expkit.remote.fetch``)."""
+    from expkit import remote
+
+    if remote.is_url(source):
+        return remote.fetch(str(source), which)
+    path = remote.local_path(source)
     if checkpoint_io.is_checkpoint(path):
         return path
     if not path.is_dir():

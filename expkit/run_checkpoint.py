@@ -22,6 +22,7 @@ from expkit.stages import Stage
 
 if TYPE_CHECKING:
     from expkit.async_writer import BackgroundWriter
+    from expkit.remote import RemoteDir
     from expkit.runner import Runner
 
 log = logging.getLogger("expkit")
@@ -173,10 +174,11 @@ def check_start(runner: Runner) -> None:
     found: tuple[Path, dict[str, Any]] | None = None
     try:
         if r.resume_from is True or r.resume_from == "true":
+            _download_resumable(r)
             found = checkpoint_io.load_resumable(r.work_dir)
         elif r.resume_from or r.load_from:
             key = "resume" if r.resume_from else "load_from"
-            path = Path(r.resume_from if r.resume_from else r.load_from)  # type: ignore[arg-type]
+            path = _local(r, r.resume_from if r.resume_from else r.load_from, key)  # type: ignore[arg-type]
             found = path, checkpoint_io.load_checkpoint(path, key, consolidate=False)
         if found is not None:
             _check_fits(r, found[1], found[0], resume=bool(r.resume_from))
@@ -185,6 +187,49 @@ def check_start(runner: Runner) -> None:
     except ConfigError as exc:  # missing, unreadable or refused as untrusted: refused all the same
         raise ResumeRefused(str(exc)) from None
     r.start_checkpoint = found or ()
+
+
+def _store(runner: Runner) -> RemoteDir | None:
+    """This run's checkpoint dir in object storage (the checkpoint hook's ``out_dir`` a URL), or None."""
+    for hook in runner.hooks:
+        remote_for = getattr(hook, "remote_for", None)
+        if callable(remote_for) and (found := remote_for(runner.work_dir)) is not None:
+            return found
+    return None
+
+
+def _download_resumable(runner: Runner) -> None:
+    """resume=true with checkpoints in object storage: the local cache (``checkpoints/``) is used
+    when it holds the checkpoint the store's ``last_checkpoint`` names (it may hold a newer one:
+    local writes come first); otherwise that checkpoint is downloaded (a requeue on another
+    machine) and the local pointer moved to it."""
+    store = _store(runner)
+    if store is None:
+        return
+    name = store.pointer() if runner.is_main else None
+    local_dir = runner.work_dir / "checkpoints"
+    if name is not None and not checkpoint_io.is_checkpoint(local_dir / name):
+        log.info("resume=true: downloading %s/%s (not in %s)", store.url, name, local_dir)
+        path = store.download(name, local_dir)
+        checkpoint_io.point_last_checkpoint(local_dir, path)
+        for best in store.bests():  # (the best files too: test_with=best and the best scores read them)
+            store.download(best, local_dir)
+    distributed.barrier()  # (torchrun: the other ranks read the work dir rank 0 downloaded into)
+
+
+def _local(runner: Runner, given: str, key: str) -> Path:
+    """`given` as a local path: a URL is downloaded, into this run's ``checkpoints/`` when it is
+    one of this run's own stored checkpoints (a cache hit the next time), else into the cache of
+    ``expkit.remote.fetch``."""
+    from expkit import remote
+
+    if not remote.is_url(given):
+        return remote.local_path(given)
+    store = _store(runner)
+    head, _, name = str(given).rstrip("/").rpartition("/")
+    if store is not None and head == store.url:
+        return store.download(name, runner.work_dir / "checkpoints")
+    return remote.fetch(str(given), "last", key)
 
 
 def _check_fits(runner: Runner, checkpoint: dict[str, Any], source: Path, resume: bool) -> None:

@@ -55,6 +55,21 @@ def test_out_dir_gets_the_work_dir_name_and_the_pointer_stays_with_the_files(tmp
     assert (target / "last_checkpoint").read_text() == "epoch_1.pth"  # relative: the dir can move
 
 
+def test_an_out_dir_url_gets_every_kept_checkpoint_and_the_pointer_after_the_local_files(tmp_path):
+    import fsspec
+
+    _run(tmp_path / "work", epochs=3, out_dir="memory://store/runs", save_best="val/acc")
+    memory = fsspec.filesystem("memory")
+    stored = sorted(p.rsplit("/", 1)[-1] for p in memory.ls("/store/runs/work", detail=False))
+    local = sorted(p.name for p in (tmp_path / "work" / "checkpoints").iterdir() if not p.name.startswith("."))
+    assert stored == local and "last_checkpoint" in stored and len([n for n in stored if n.startswith("epoch_")]) == 2
+    assert memory.cat("/store/runs/work/last_checkpoint") == b"epoch_3.pth"
+    assert (
+        memory.cat("/store/runs/work/epoch_3.pth") == (tmp_path / "work" / "checkpoints" / "epoch_3.pth").read_bytes()
+    )
+    memory.rm("/store", recursive=True)
+
+
 def test_filename_template(tmp_path):
     _run(tmp_path, epochs=2, filename_tmpl="ckpt_e{}.pth", save_best="val/acc")
     names = _names(tmp_path)

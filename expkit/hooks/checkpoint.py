@@ -28,6 +28,7 @@ from expkit.stages import Priority, Stage
 
 if TYPE_CHECKING:
     from expkit.async_writer import BackgroundWriter
+    from expkit.remote import RemoteDir
     from expkit.runner import Runner
 
 log = logging.getLogger("expkit")
@@ -39,7 +40,8 @@ def _as_list(value: str | Sequence[str] | None) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
-_FLAGS = ("by_epoch", "save_optimizer", "save_param_scheduler", "save_last", "best_save_optimizer", "fsync")
+_FLAGS = ("by_epoch", "save_optimizer", "save_param_scheduler", "save_last", "best_save_optimizer", "fsync",
+          "async_save")  # fmt: skip
 # the top-level keys of an expkit checkpoint (a hook may add its own, e.g. the EMA hook's ema_state_dict)
 CHECKPOINT_KEYS = ("meta", "state_dict", "config", "optimizer", "optimizers", "scheduler", "schedulers",
                    "grad_scaler", "rng", "hooks", "ema_state_dict")  # fmt: skip
@@ -69,6 +71,15 @@ def _check_settings(given: dict[str, Any]) -> None:
     if published and not set(published) & {"meta", "state_dict"}:
         raise ValueError(f"published_keys {published} names none of a checkpoint's keys; "
                          f"choose from {', '.join(CHECKPOINT_KEYS)}, e.g. [meta,state_dict]")  # fmt: skip
+
+
+def _plain(value: Any) -> Any:
+    """A config node as plain dicts and lists (fsspec and botocore take no DictConfig)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _mb(size: float) -> str:
@@ -104,6 +115,11 @@ class CheckpointHook(Hook):
     ``async_save``: the loop waits only for the state to be copied to host memory; the file is
     written, named and the retired ones deleted in a background thread (``expkit.async_writer``),
     one save in flight at a time. The end of training waits for the last write.
+    ``out_dir`` may be a URL (``s3://bucket/prefix``, ``gs://...``, any fsspec URL): checkpoints
+    are written to ``<work dir>/checkpoints`` (the local cache), then uploaded to
+    ``<out_dir>/<work dir name>/`` with its own ``last_checkpoint`` (``expkit.remote``);
+    ``storage_options`` go to fsspec (``endpoint_url``, ``key``, ``secret``, ...); ``upload_timeout``:
+    the seconds a call to the store (an upload) may take before the save fails.
     """
 
     priority = Priority.VERY_LOW
@@ -127,13 +143,21 @@ class CheckpointHook(Hook):
         best_save_optimizer: bool = False,
         fsync: bool = False,
         async_save: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
+        upload_timeout: float = 1800.0,
     ) -> None:
         _check_settings(locals())
         self.interval = interval
         self.by_epoch = by_epoch
         self.save_optimizer = save_optimizer
         self.save_param_scheduler = save_param_scheduler
-        self.out_dir = Path(out_dir) if out_dir else None
+        from expkit import remote
+
+        self.remote_url = str(out_dir).rstrip("/") if out_dir and remote.is_url(out_dir) else None
+        self.out_dir = remote.local_path(out_dir) if out_dir and self.remote_url is None else None
+        self.storage_options = _plain(storage_options or {})
+        self.upload_timeout = upload_timeout
+        self._remote: remote.RemoteDir | None = None
         self.max_keep_ckpts = max_keep_ckpts
         self.save_last = save_last
         self.save_begin = save_begin
@@ -170,6 +194,18 @@ class CheckpointHook(Hook):
         self._deferred: int | None = None  # a regular save waiting for the validation that follows
         self._source: Path | None = None  # the checkpoint a resume loads, known before this hook's state
         self._foreign = False  # resumed from a checkpoint outside this run's checkpoint dir
+        self._uploaded: str | None = None  # the store's last_checkpoint (out_dir a URL)
+
+    def remote_for(self, work_dir: Path) -> RemoteDir | None:
+        """With a URL ``out_dir``: this run's checkpoint dir in the store (None otherwise)."""
+        if self.remote_url is None:
+            return None
+        from expkit.remote import RemoteDir
+
+        url = f"{self.remote_url}/{work_dir.name}"
+        if self._remote is None or self._remote.url != url:
+            self._remote = RemoteDir(url, self.storage_options, given=self.remote_url, timeout=self.upload_timeout)
+        return self._remote
 
     def _decide_rule(self, runner: Runner, key: str, given: str | None) -> None:
         """The direction of `key`, from the run's one rule; a given rule, or one the extra
@@ -237,6 +273,14 @@ class CheckpointHook(Hook):
             from expkit.async_writer import BackgroundWriter
 
             self.writer = BackgroundWriter()
+        self._remote = self.remote_for(runner.work_dir)
+        if self._remote is not None:
+            if runner.sharded:
+                raise ConfigError(f"default_hooks.checkpoint.out_dir={self.remote_url}: sharded checkpoints "
+                                  "(trainer.strategy=fsdp) are written to a local or shared file system only; "
+                                  "give out_dir a path")  # fmt: skip
+            if runner.is_main:
+                self._remote.check()  # a missing bucket or bad credentials: exit 2 now, not at the first save
         base = runner.work_dir / "checkpoints"
         self.dir = base if self.out_dir is None else self.out_dir / runner.work_dir.name
         if self.out_dir is not None:
@@ -254,7 +298,8 @@ class CheckpointHook(Hook):
             policy.append(f"keeping the newest {self.max_keep_ckpts} (max_keep_ckpts; -1 keeps all)")
         else:
             policy.append("keeping all (max_keep_ckpts=-1)")
-        log.info("Checkpoints in %s: %s", self.dir, "; ".join(policy))
+        where = f"{self.dir} (uploaded to {self._remote.url})" if self._remote is not None else self.dir
+        log.info("Checkpoints in %s: %s", where, "; ".join(policy))
 
     def _due(self, n: int) -> bool:
         passed = n - self.save_begin
@@ -277,6 +322,8 @@ class CheckpointHook(Hook):
             durable=self.fsync, writer=self.writer,
         )  # fmt: skip
         self._last_saved_position = runner.position
+        if self._remote is not None and runner.is_main:
+            self._after_write(functools.partial(self._upload, self.dir / name, True))
         self._delete_retired(runner)
         if first:
             self._after_write(lambda: self._report_size(runner, self.dir / name))
@@ -321,9 +368,24 @@ class CheckpointHook(Hook):
 
     def _delete_retired(self, runner: Runner) -> None:
         if runner.is_main and self._dropping:
-            doomed = [self.dir / name for name in self._dropping if name not in self.kept]
-            self._after_write(lambda: [checkpoint_io.remove_checkpoint(path) for path in doomed])
+            doomed = [name for name in self._dropping if name not in self.kept]
+            self._after_write(functools.partial(self._remove, doomed))
         self._dropping = []
+
+    def _upload(self, path: Path, point: bool) -> None:
+        """A complete local checkpoint to the store, then (regular ones) the store's pointer."""
+        assert self._remote is not None
+        self._remote.upload(path, previous=self._uploaded)
+        if point:
+            self._remote.point(path.name)
+            self._uploaded = path.name
+
+    def _remove(self, names: list[str]) -> None:
+        """Retention: the local copies, then the stored ones (after the new checkpoint is complete everywhere)."""
+        for name in names:
+            checkpoint_io.remove_checkpoint(self.dir / name)
+            if self._remote is not None:
+                self._remote.remove(name)
 
     def _after_write(self, step: Callable[[], Any]) -> None:
         """`step` once the checkpoint just saved is complete: now, or with async_save after its
@@ -389,6 +451,8 @@ class CheckpointHook(Hook):
         file carries its own score."""
         if not runner.resuming:
             return
+        if self._remote is not None and runner.is_main:
+            self._uploaded = self._remote.pointer()  # (named if an upload fails)
         if self._foreign:
             runner.best_checkpoints = {}
             log.info("Resumed from %s, outside %s: this run keeps, retires and ranks only its own checkpoints",
@@ -415,7 +479,7 @@ class CheckpointHook(Hook):
             runner.best_checkpoints[key] = str(path)
             for _, other in scored:
                 if other != path and runner.is_main:
-                    checkpoint_io.remove_checkpoint(other)
+                    self._remove([other.name])
                     log.info("Removed stale best checkpoint %s", other.name)
 
     def _name(self, runner: Runner) -> str:
@@ -455,9 +519,10 @@ class CheckpointHook(Hook):
                 durable=self.fsync,
                 writer=self.writer,
             )
-            if old and old != name and runner.is_main:
-                # once the new best is complete
-                self._after_write(functools.partial(checkpoint_io.remove_checkpoint, self.dir / old))
+            if self._remote is not None and runner.is_main:
+                self._after_write(functools.partial(self._upload, self.dir / name, False))
+            if old and old != name and runner.is_main:  # once the new best is complete (and uploaded)
+                self._after_write(functools.partial(self._remove, [old]))
             log.info("New best %s = %.4f: %s", key, score, name)
 
     def after_run(self, runner: Runner) -> None:

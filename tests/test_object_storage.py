@@ -1,0 +1,239 @@
+"""Checkpoints in object storage: a real S3 API (moto's server on 127.0.0.1, with authentication),
+reached through s3fs exactly as a user reaches a bucket: endpoint and credentials from the
+standard AWS variables, or from default_hooks.checkpoint.storage_options."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_cli
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+pytestmark = pytest.mark.slow
+BUCKET = "ckpts"
+
+
+class S3:
+    """A moto S3 server with IAM authentication on; one user whose keys may do anything."""
+
+    def __init__(self, tmp: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        # the first 3 requests (the user, its key, its policy) go unauthenticated, every later one is checked
+        env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                break
+            assert time.monotonic() < deadline and self.proc.poll() is None, "moto's server did not start"
+            time.sleep(0.1)
+        import boto3  # (moto's own dependency: the test's IAM setup only)
+
+        iam = boto3.client("iam", endpoint_url=self.endpoint, region_name="us-east-1",
+                           aws_access_key_id="setup", aws_secret_access_key="setup")  # fmt: skip
+        iam.create_user(UserName="trainer")
+        key = iam.create_access_key(UserName="trainer")["AccessKey"]
+        iam.put_user_policy(UserName="trainer", PolicyName="all", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))  # fmt: skip
+        self.key, self.secret = key["AccessKeyId"], key["SecretAccessKey"]
+        self.env = {  # what a user exports for a bucket (AWS_ENDPOINT_URL: an S3-compatible store such as MinIO)
+            "AWS_ACCESS_KEY_ID": self.key, "AWS_SECRET_ACCESS_KEY": self.secret, "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": str(tmp / "none"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "none"),
+        }  # fmt: skip
+        self.fs().mkdir(BUCKET)
+
+    def fs(self):
+        import s3fs
+
+        return s3fs.S3FileSystem(key=self.key, secret=self.secret, endpoint_url=self.endpoint, skip_instance_cache=True)
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGCONT)
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def s3(tmp_path):
+    server = S3(tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+COMMON = ["trainer.max_epochs=3", f"default_hooks.checkpoint.out_dir=s3://{BUCKET}/runs"]
+
+
+def _stored(s3: S3, run: str) -> list[str]:
+    return sorted(p.rsplit("/", 1)[-1] for p in s3.fs().ls(f"{BUCKET}/runs/{run}"))
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    x, y = (torch.load(p, weights_only=True)["state_dict"] for p in (a, b))
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+@pytest.mark.parametrize("async_save", ["false", "true"])
+def test_checkpoints_retention_and_the_pointer_land_in_the_bucket_and_resume_elsewhere(tmp_path, s3, async_save):
+    reference = tmp_path / "reference" / "run"
+    assert run_cli(f"hydra.run.dir={reference}", "trainer.max_epochs=5").returncode == 0
+    work = tmp_path / "a" / "run"
+    args = [f"hydra.run.dir={work}", *COMMON, f"default_hooks.checkpoint.async_save={async_save}"]
+    first = run_cli(*args, env=s3.env)
+    assert first.returncode == 0, first.output
+    assert "uploaded to s3://ckpts/runs/run" in first.output
+    # what the local dir keeps, the bucket keeps: max_keep_ckpts=2, the best, the pointer
+    local = sorted(p.name for p in (work / "checkpoints").iterdir() if not p.name.startswith("."))
+    assert _stored(s3, "run") == local == ["best_val_acc_epoch_2.pth", "epoch_2.pth", "epoch_3.pth", "last_checkpoint"]
+    assert s3.fs().cat(f"{BUCKET}/runs/run/last_checkpoint") == b"epoch_3.pth"
+    assert s3.fs().cat(f"{BUCKET}/runs/run/epoch_3.pth") == (work / "checkpoints" / "epoch_3.pth").read_bytes()
+
+    # another machine: the same run dir name, nothing local; resume=true downloads what the bucket names
+    elsewhere = tmp_path / "b" / "run"
+    resumed = run_cli(f"hydra.run.dir={elsewhere}", *args[1:], "trainer.max_epochs=5", "resume=true", env=s3.env)
+    assert resumed.returncode == 0, resumed.output
+    assert "Resumed from" in resumed.output and "epoch_3.pth at epoch 3" in resumed.output
+    assert _stored(s3, "run") == ["best_val_acc_epoch_5.pth", "epoch_4.pth", "epoch_5.pth", "last_checkpoint"]
+    assert _same_weights(elsewhere / "checkpoints" / "epoch_5.pth", reference / "checkpoints" / "epoch_5.pth")
+    result = json.loads((elsewhere / "result.json").read_text())
+    assert result["status"] == "completed" and result["epoch"] == 5
+
+
+def test_resume_from_the_local_cache_downloads_nothing_and_eval_reads_a_url(tmp_path, s3):
+    work = tmp_path / "run"
+    assert run_cli(f"hydra.run.dir={work}", *COMMON, env=s3.env).returncode == 0
+    cached = (work / "checkpoints" / "epoch_3.pth").stat().st_mtime_ns
+    resumed = run_cli(f"hydra.run.dir={work}", *COMMON, "trainer.max_epochs=4", "resume=true", env=s3.env)
+    assert resumed.returncode == 0, resumed.output
+    assert "downloading" not in resumed.output and "Resumed from" in resumed.output
+    # the local copy was read as it is: a download would have replaced the file (kept: epochs 3 and 4)
+    assert (work / "checkpoints" / "epoch_3.pth").stat().st_mtime_ns == cached
+    assert json.loads((work / "result.json").read_text())["epoch"] == 4
+
+    tested = json.loads((work / "result.json").read_text())["final_metrics"]
+    for run in (1, 2):  # the second evaluation reads the downloaded copy
+        evaluated = subprocess.run(
+            [sys.executable, "-m", "expkit.eval", f"checkpoint=s3://{BUCKET}/runs/run", "which=best",
+             f"work_dir={tmp_path / f'eval{run}'}"], capture_output=True, text=True, env={**os.environ, **s3.env},
+        )  # fmt: skip
+        assert evaluated.returncode == 0, evaluated.stderr
+        got = json.loads((tmp_path / f"eval{run}" / "result.json").read_text())["final_metrics"]
+        assert got["test/acc"] == tested["test/acc"]
+
+    loaded = run_cli(f"hydra.run.dir={tmp_path / 'fine'}", "trainer.max_epochs=1",
+                     f"load_from=s3://{BUCKET}/runs/run/epoch_4.pth", env=s3.env)  # fmt: skip
+    assert loaded.returncode == 0, loaded.output
+    assert "Loaded weights from" in loaded.output
+
+
+def test_storage_options_in_the_config_instead_of_variables(tmp_path, s3):
+    work = tmp_path / "run"
+    env = {"AWS_CONFIG_FILE": s3.env["AWS_CONFIG_FILE"], "AWS_SHARED_CREDENTIALS_FILE": s3.env["AWS_CONFIG_FILE"]}
+    proc = run_cli(f"hydra.run.dir={work}", "trainer.max_epochs=1", f"default_hooks.checkpoint.out_dir=s3://{BUCKET}/o",
+                   f"+default_hooks.checkpoint.storage_options.endpoint_url={s3.endpoint}",
+                   f"+default_hooks.checkpoint.storage_options.key={s3.key}",
+                   f"+default_hooks.checkpoint.storage_options.secret={s3.secret}", env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.output
+    assert s3.fs().cat(f"{BUCKET}/o/run/last_checkpoint") == b"epoch_1.pth"
+
+
+@pytest.mark.parametrize(
+    ("out_dir", "secret", "says"),
+    [
+        ("s3://no-such-bucket/runs", None, "The specified bucket does not exist"),
+        (f"s3://{BUCKET}/runs", "wrong", "signature"),
+    ],
+)  # fmt: skip
+def test_a_missing_bucket_or_bad_credentials_exit_2_before_training(tmp_path, s3, out_dir, secret, says):
+    env = {**s3.env, **({"AWS_SECRET_ACCESS_KEY": secret} if secret else {})}
+    proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_epochs=1",
+                   f"default_hooks.checkpoint.out_dir={out_dir}", env=env)  # fmt: skip
+    assert proc.returncode == 2, proc.output
+    assert f"default_hooks.checkpoint.out_dir={out_dir}: cannot write" in proc.stderr and says in proc.stderr
+    assert "Traceback" not in proc.stderr and "Epoch(train)" not in proc.output
+
+
+STOP_SERVER = """
+import os, signal
+from expkit import Hook
+
+class StopServer(Hook):
+    '''Freezes the S3 server (SIGSTOP) as the second regular checkpoint is being saved.'''
+
+    def __init__(self, pid: int):
+        self.pid, self.saves = pid, 0
+
+    def before_save_checkpoint(self, runner, *, checkpoint):
+        self.saves += "optimizer" in checkpoint
+        if self.saves == 2 and "optimizer" in checkpoint:
+            os.kill(self.pid, signal.SIGSTOP)
+"""
+
+
+def test_a_store_that_stops_answering_mid_save_fails_the_run_and_loses_nothing(tmp_path, s3):
+    (tmp_path / "stopserver.py").write_text(STOP_SERVER)
+    reference = tmp_path / "reference"
+    assert run_cli(f"hydra.run.dir={reference}", "trainer.max_epochs=3").returncode == 0
+    work = tmp_path / "run"
+    args = [f"hydra.run.dir={work}", *COMMON, "default_hooks.checkpoint.upload_timeout=5",
+            "+default_hooks.checkpoint.storage_options.config_kwargs.read_timeout=2",
+            "+default_hooks.checkpoint.storage_options.config_kwargs.connect_timeout=2",
+            "+default_hooks.checkpoint.storage_options.config_kwargs.retries.max_attempts=1"]  # fmt: skip
+    failed = run_cli(*args, "+hooks.stop._target_=stopserver.StopServer", f"+hooks.stop.pid={s3.proc.pid}",
+                     env={**s3.env, "PYTHONPATH": str(tmp_path)}, timeout=120)  # fmt: skip
+    s3.proc.send_signal(signal.SIGCONT)
+    assert failed.returncode == 1, failed.output
+    assert "could not upload epoch_2.pth to s3://ckpts/runs/run" in failed.stderr
+    assert "s3://ckpts/runs/run/epoch_1.pth (and last_checkpoint there) is intact" in failed.stderr
+    assert "Traceback" not in failed.stderr
+    # the bucket's pointer names the previous checkpoint, which loads; nothing local was deleted
+    assert s3.fs().cat(f"{BUCKET}/runs/run/last_checkpoint") == b"epoch_1.pth"
+    s3.fs().get(f"{BUCKET}/runs/run/epoch_1.pth", str(tmp_path / "epoch_1.pth"))
+    assert _same_weights(tmp_path / "epoch_1.pth", work / "checkpoints" / "epoch_1.pth")
+    assert {"epoch_1.pth", "epoch_2.pth"} <= {p.name for p in (work / "checkpoints").iterdir()}
+    # the server answers again: the run resumes from its newest local checkpoint and ends as if never stopped
+    resumed = run_cli(*args, "resume=true", env=s3.env)
+    assert resumed.returncode == 0, resumed.output
+    assert "epoch_2.pth at epoch 2" in resumed.output
+    assert _same_weights(work / "checkpoints" / "epoch_3.pth", reference / "checkpoints" / "epoch_3.pth")
+    assert s3.fs().cat(f"{BUCKET}/runs/run/last_checkpoint") == b"epoch_3.pth"
+
+
+@pytest.mark.parametrize(
+    ("out_dir", "says"),
+    [
+        ("foo://bucket/runs", "unknown URL scheme foo://"),
+        ("gs://bucket/runs", "pip install 'expkit[gcs]'"),
+    ],
+)  # fmt: skip
+def test_an_unknown_scheme_or_a_missing_package_exits_2_in_one_line(tmp_path, out_dir, says):
+    if out_dir.startswith("gs://"):
+        try:
+            import gcsfs  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            pytest.skip("gcsfs is installed here")
+    proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_epochs=1",
+                   f"default_hooks.checkpoint.out_dir={out_dir}")  # fmt: skip
+    assert proc.returncode == 2, proc.output
+    assert says in proc.stderr and "Traceback" not in proc.stderr
