@@ -46,8 +46,15 @@ def world_size() -> int:
 
 
 def restart_count() -> int:
-    """How many times torchrun (--max-restarts) has restarted this group; 0 outside torchrun."""
+    """How many times torchrun (--max-restarts) has restarted this group; 0 outside torchrun.
+    Known once the group has formed (``init``): with several nodes, an agent whose own workers
+    did not fail restarts them without counting, so its count is not the group's."""
+    if _ATTEMPT is not None:
+        return _ATTEMPT
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+_ATTEMPT: int | None = None  # the group's attempt under torchrun, agreed by every rank in init
 
 
 def requeue_count() -> int:
@@ -95,10 +102,17 @@ def init(timeout_s: int = 1800) -> bool:
             # torchrun --max-restarts keeps one store across attempts: the group's keys of an earlier
             # attempt (peers' addresses) would be read by the next one (gloo "connectFullMesh" fails);
             # each attempt gets keys of its own
-            global _ELASTIC_STORE
+            global _ELASTIC_STORE, _ATTEMPT
             store, rank_, world = next(dist.rendezvous("env://", timeout=timeout))
             _ELASTIC_STORE = store
-            store = dist.PrefixStore(f"expkit/attempt_{restart_count()}/", store)
+            if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
+                # several agents (nodes): only the agent whose worker failed counts a restart, so the
+                # attempt is counted in the store, by the workers joining it: the n-th world_size of them
+                # form attempt n (a worker that died before joining would shift it: a start-up crash)
+                _ATTEMPT = (store.add("expkit/joined", 1) - 1) // world
+            else:
+                _ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+            store = dist.PrefixStore(f"expkit/attempt_{_ATTEMPT}/", store)
             dist.init_process_group(backend, store=store, rank=rank_, world_size=world, timeout=timeout)
         else:
             dist.init_process_group(backend, timeout=timeout)

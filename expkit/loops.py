@@ -45,9 +45,18 @@ BEFORE_TRAIN_ITER, AFTER_FORWARD, AFTER_BACKWARD, AFTER_OPTIMIZER_STEP, AFTER_TR
 )
 
 
-def _skip_batches(loader: Iterable, n: int) -> Iterable:
-    """Resume mid-epoch: skip `n` batches by index when the sampler can, else by loading them."""
+def _skip_batches(loader: Iterable, n: int, samples: int = 0) -> Iterable:
+    """Resume mid-epoch: skip `n` batches by index when the sampler can, else by loading them.
+    `samples`: after a resume with another number of processes, the samples of the epoch's
+    order all processes trained on (the sampler skips those instead)."""
     sampler = getattr(loader, "sampler", None)
+    if samples and hasattr(sampler, "skip_samples"):
+        sampler.skip_samples(samples)  # type: ignore[attr-defined]
+        return loader
+    if samples:
+        log.warning("The sampler cannot skip %d samples of the epoch's order (it has no skip_samples): skipping "
+                    "%d batches of this process instead, which with another number of processes repeats or "
+                    "skips samples", samples, n)  # fmt: skip
     if n and hasattr(sampler, "skip_batches"):
         sampler.skip_batches(n, loader.batch_size)  # type: ignore[attr-defined]
         return loader
@@ -185,7 +194,7 @@ class TrainLoop:
         if r.inner_iter % k:
             log.warning("Resuming after %d batches of the epoch, not a multiple of accumulate_grad_batches=%d: "
                         "this epoch's windows are shifted", r.inner_iter, k)  # fmt: skip
-        batches = _skip_batches(self.loader, r.inner_iter)  # type: ignore[arg-type]
+        batches = _skip_batches(self.loader, r.inner_iter, r.epoch_start[0] and r.epoch_samples() or 0)  # type: ignore[arg-type]
         if r.instrumented:
             batches = _timed_batches(batches, r)
         windows = zip(batches) if k == 1 else _windows(iter(batches), k)  # (1-tuples: no Python call a batch)
@@ -204,6 +213,7 @@ class TrainLoop:
             r.call_hook(Stage.AFTER_TRAIN_EPOCH)
             r.epoch += 1
             r.inner_iter = 0
+            r.epoch_start = (0, 0)
             if by_epoch and r.validation_due(r.epoch):
                 r.validate()
             return

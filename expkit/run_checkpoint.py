@@ -36,6 +36,8 @@ def state_checkpoint(runner: Runner, save_optimizer: bool = True, save_scheduler
             "epoch": r.position[0],
             "iter": r.position[1],
             "inner_iter": r.position[2],
+            "world_size": distributed.rank_and_world()[1],
+            "epoch_samples": r.epoch_samples() if r.position[2] else 0,  # (a resume on another number of processes)
             "seed": r.settings.seed,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "work_dir": str(r.work_dir),
@@ -316,6 +318,19 @@ def load_or_resume(runner: Runner) -> None:
         apply_checkpoint(r, checkpoint, resume=bool(r.resume_from), source=path)
 
 
+def _resume_inside_epoch(r: Runner, meta: dict[str, Any]) -> None:
+    """A checkpoint saved inside an epoch, resumed with another number of processes (or another
+    batch size): the epoch goes on after the samples the saving run trained on, counted over all
+    its processes; the new processes share the rest of the epoch's order."""
+    saved, world = meta.get("epoch_samples"), distributed.rank_and_world()[1]
+    r.epoch_start = (0, 0)
+    if not r.inner_iter or not isinstance(saved, int) or saved == r.epoch_samples():
+        return
+    r.epoch_start = (saved, r.inner_iter)
+    log.info("Resuming inside epoch %d after %d samples of its order (saved with %s processes, now %d): the %d "
+             "processes share the rest of it", r.epoch + 1, saved, meta.get("world_size", "?"), world, world)  # fmt: skip
+
+
 def load_test_weights(runner: Runner) -> None:
     """test_with=best: test the best checkpoint by the first monitored metric (model
     selection on validation, report on test); otherwise, or without one, the final weights."""
@@ -347,6 +362,7 @@ def apply_checkpoint(
     meta = checkpoint["meta"]
     r.epoch, r.iter, r.inner_iter = meta["epoch"], meta["iter"], meta.get("inner_iter", 0)
     r.position = (r.epoch, r.iter, r.inner_iter)
+    _resume_inside_epoch(r, meta)
     r.best_metrics = dict(meta.get("best_metrics", {}))
     r.val_metrics = dict(meta.get("val_metrics", {}))
     # recorded paths name this run's own files: read them in the dir of the file resumed from

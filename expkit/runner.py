@@ -133,6 +133,9 @@ class Runner:
         self.iter = 0
         self.inner_iter = 0  # batches consumed in the current epoch (for exact mid-epoch resume)
         self.position = (0, 0, 0)  # (epochs, iters, inner iters) completed: what a checkpoint records
+        # (samples of the epoch's order trained on, inner_iter then): set by a mid-epoch resume with another
+        # number of processes or batch size, from where this epoch's samples are counted; (0, 0) otherwise
+        self.epoch_start = (0, 0)
         self.batch_ready = 0.0  # time.perf_counter() when the current iteration's batch was ready
         self.resuming = False  # True once this run continues from a resume checkpoint
         self.load_purpose = ""  # why the last checkpoint was loaded: resume, load_from or test
@@ -445,6 +448,15 @@ class Runner:
         """The name a checkpoint file name gets on disk: ``epoch_3.pth``, or with
         trainer.strategy=fsdp the sharded directory ``epoch_3.dcp``."""
         return run_checkpoint.checkpoint_name(self, name)
+
+    def epoch_samples(self) -> int | None:
+        """Samples of this epoch's order trained on so far, by all processes together (what a
+        mid-epoch resume skips, with any number of processes); None without a batch size."""
+        batch_size = getattr(self.train_loader, "batch_size", None)
+        if not isinstance(batch_size, int):
+            return None
+        samples, inner = self.epoch_start
+        return samples + (self.position[2] - inner) * batch_size * distributed.rank_and_world()[1]
 
     @property
     def epoch_complete(self) -> bool:

@@ -30,7 +30,12 @@ class SeededRandomSampler(Sampler[int]):
 
     With ``num_replicas`` > 1 (DDP) every rank draws the same permutation, padded to a
     multiple of the replicas, and takes every ``num_replicas``-th index from ``rank``: the
-    ranks see disjoint shares of the data each epoch.
+    ranks see disjoint shares of the data each epoch, and together they go through the
+    permutation in order, ``num_replicas`` samples at a time.
+
+    A resume skips the samples the ranks went through, counted over all ranks
+    (``skip_samples``): it may come with another number of processes, which then share the
+    rest of the permutation (padded again to equal shares, so every rank runs as many batches).
     """
 
     def __init__(self, data_source: Sized, seed: int = 0, rank: int = 0, num_replicas: int = 1) -> None:
@@ -39,28 +44,41 @@ class SeededRandomSampler(Sampler[int]):
         self.rank, self.num_replicas = rank, num_replicas
         self.per_rank = -(-self.n // num_replicas)
         self.epoch = 0
-        self._skip = 0
+        self._skip = 0  # samples of this epoch's order already trained on, by all ranks together
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def skip_batches(self, batches: int, batch_size: int) -> None:
-        """The next pass starts after `batches` batches, without loading them."""
-        self._skip = batches * batch_size
+        """The next pass starts after `batches` batches of every rank, without loading them."""
+        self._skip = batches * batch_size * self.num_replicas
+
+    def skip_samples(self, samples: int) -> None:
+        """The next pass starts after the first `samples` samples of the epoch's order (all
+        ranks together; they may have been more or fewer processes than now)."""
+        self._skip = samples
+
+    def _rest(self) -> int:
+        """How many indices this pass takes over all ranks: the rest of the order after the
+        skip, padded with the order's first indices to a multiple of the ranks."""
+        rest = self.n - min(self._skip, self.n)
+        return rest + (-rest) % self.num_replicas
 
     def __iter__(self) -> Iterator[int]:
         g = torch.Generator()
         g.manual_seed(self.seed * 100_003 + self.epoch)
         order = torch.randperm(self.n, generator=g).tolist()
+        skip = min(self._skip, self.n)
+        # padded with the order's first indices: equal shares; a skip by the same number of processes
+        # leaves exactly the rest of the uninterrupted pass (the same padding)
+        order = order[skip:] + order[: (skip - self.n) % self.num_replicas]
         if self.num_replicas > 1:
-            order += order[: self.per_rank * self.num_replicas - self.n]  # pad: equal shares
             order = order[self.rank :: self.num_replicas]
-        order = order[self._skip :]
         self._skip = 0
         return iter(order)
 
     def __len__(self) -> int:
-        return self.per_rank - self._skip
+        return self._rest() // self.num_replicas
 
 
 class ShardSampler(Sampler[int]):

@@ -62,6 +62,27 @@ def test_sampler_order_depends_on_seed_and_epoch_and_skips_by_index():
     assert list(SeededRandomSampler(data, seed=4)) != first
 
 
+@pytest.mark.parametrize(("saved", "resumed"), [(2, 1), (2, 3), (1, 2), (3, 3)])
+def test_after_a_skip_by_any_number_of_ranks_the_new_ranks_share_the_rest_of_the_order(saved, resumed):
+    data = list(range(103))
+    trained = [i for r in range(saved) for i in list(SeededRandomSampler(data, 5, r, saved))[: 3 * 4]]  # 3 batches of 4
+    shares = []
+    for rank in range(resumed):
+        sampler = SeededRandomSampler(data, 5, rank, resumed)
+        sampler.skip_samples(len(trained))
+        length = len(sampler)
+        shares.append(list(sampler))
+        assert len(shares[-1]) == length
+    assert len({len(share) for share in shares}) == 1  # equal shares: every rank runs as many batches
+    rest = [i for share in shares for i in share]
+    assert set(trained) | set(rest) == set(data) and not set(data) - set(trained) - set(rest)
+    unseen = [i for i in rest if i not in trained]
+    assert len(unseen) == len(set(unseen)) == 103 - len(set(trained))  # each sample left once
+    assert len(rest) - len(unseen) <= resumed - 1  # the rest: padding to equal shares only
+    if saved == resumed:  # the same number of processes: exactly the rest of the uninterrupted pass
+        assert shares == [list(SeededRandomSampler(data, 5, r, resumed))[12:] for r in range(resumed)]
+
+
 def test_batch_size_must_be_positive():
     with pytest.raises(ConfigError, match="data.batch_size"):
         DigitsData(batch_size=0)

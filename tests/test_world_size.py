@@ -1,0 +1,93 @@
+"""Resuming with another number of processes: a DDP or FSDP2 checkpoint saved inside an epoch by
+2 processes resumes on 1 and on 3, one saved by 1 process on 2. The processes of the resumed
+run share the rest of the epoch's order: every sample of the epoch is trained on once (a
+padding sample or two aside), none twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PROBE = '''
+import hashlib, json, os
+from expkit import Hook
+
+class Seen(Hook):
+    """Each trained sample's digest (its input's bytes), by epoch, appended per rank."""
+
+    priority = "LOWEST"
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        inputs = data_batch[0]
+        rows = [hashlib.sha1(row.numpy().tobytes()).hexdigest()[:16] for row in inputs]
+        with open(runner.work_dir / f"seen{os.environ.get('RANK', '0')}.jsonl", "a") as f:
+            f.write(json.dumps([runner.epoch, rows]) + "\\n")
+'''
+
+ARGS = ["+hooks.seen._target_=seenprobe.Seen", "trainer.max_epochs=1", "default_hooks.logger.plot=false"]
+
+
+def _launch(tmp_path: Path, processes: int, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    start = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+             if processes > 1 else [sys.executable])  # fmt: skip
+    return subprocess.run([*start, "-m", "expkit.train", *ARGS, *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=400)  # fmt: skip
+
+
+def _seen(work: Path) -> Counter:
+    seen: Counter = Counter()
+    for path in work.glob("seen*.jsonl"):
+        for line in path.read_text().splitlines():
+            epoch, rows = json.loads(line)
+            if epoch == 0:
+                seen.update(rows)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def whole_epoch(tmp_path_factory) -> Counter:
+    tmp = tmp_path_factory.mktemp("reference")
+    (tmp / "seenprobe.py").write_text(PROBE)
+    proc = _launch(tmp, 1, f"hydra.run.dir={tmp / 'run'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return _seen(tmp / "run")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize(("saved", "resumed"), [(2, 1), (2, 3), (1, 2)])
+def test_a_checkpoint_inside_an_epoch_resumes_on_another_number_of_processes(
+    tmp_path, whole_epoch, strategy, saved, resumed
+):
+    (tmp_path / "seenprobe.py").write_text(PROBE)
+    work = tmp_path / "run"
+    common = [f"hydra.run.dir={work}", f"trainer.strategy={strategy}"]
+    stopped = _launch(
+        tmp_path, saved, *common, "+hooks.stop._target_=expkit.hooks.StopAfterHook", "+hooks.stop.iters=7"
+    )
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    last = "iter_7.dcp" if strategy == "fsdp" else "iter_7.pth"
+    assert (work / "checkpoints" / last).exists(), sorted(p.name for p in (work / "checkpoints").iterdir())
+    done = _seen(work)
+    assert sum(done.values()) == 7 * 32 * saved
+
+    proc = _launch(tmp_path, resumed, *common, "resume=true")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    log = (work / "train.log").read_text()
+    assert f"{last} at epoch 0, iteration 7" in log
+    if saved != resumed:
+        assert f"after {7 * 32 * saved} samples of its order (saved with {saved} processes, now {resumed})" in log
+    assert json.loads((work / "result.json").read_text())["status"] == "completed"
+    seen = _seen(work)
+    # every sample of the epoch once; beyond the whole epoch only the padding that equal shares need
+    assert set(seen) == set(whole_epoch)
+    assert not whole_epoch - seen
+    assert sum((seen - whole_epoch).values()) <= resumed - 1, seen - whole_epoch
