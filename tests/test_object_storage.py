@@ -118,6 +118,23 @@ def test_checkpoints_retention_and_the_pointer_land_in_the_bucket_and_resume_els
     assert result["status"] == "completed" and result["epoch"] == 5
 
 
+def test_a_sharded_checkpoint_is_uploaded_whole_and_resumes_on_another_machine(tmp_path, s3):
+    work = tmp_path / "a" / "run"
+    args = [*COMMON, "trainer.strategy=fsdp", "trainer.max_epochs=2"]
+    first = run_cli(f"hydra.run.dir={work}", *args, env=s3.env)
+    assert first.returncode == 0, first.output
+    local = sorted(p.relative_to(work / "checkpoints" / "epoch_2.dcp").as_posix()
+                   for p in (work / "checkpoints" / "epoch_2.dcp").rglob("*") if p.is_file())  # fmt: skip
+    stored = sorted(p.split("epoch_2.dcp/", 1)[1] for p in s3.fs().find(f"{BUCKET}/runs/run/epoch_2.dcp"))
+    assert stored == local and ".metadata" in stored and "state.pth" in stored
+    assert s3.fs().cat(f"{BUCKET}/runs/run/last_checkpoint") == b"epoch_2.dcp"
+    elsewhere = tmp_path / "b" / "run"
+    resumed = run_cli(f"hydra.run.dir={elsewhere}", *args[:-1], "trainer.max_epochs=3", "resume=true", env=s3.env)
+    assert resumed.returncode == 0, resumed.output
+    assert "epoch_2.dcp at epoch 2" in resumed.output
+    assert s3.fs().cat(f"{BUCKET}/runs/run/last_checkpoint") == b"epoch_3.dcp"
+
+
 def test_resume_from_the_local_cache_downloads_nothing_and_eval_reads_a_url(tmp_path, s3):
     work = tmp_path / "run"
     assert run_cli(f"hydra.run.dir={work}", *COMMON, env=s3.env).returncode == 0

@@ -274,13 +274,8 @@ class CheckpointHook(Hook):
 
             self.writer = BackgroundWriter()
         self._remote = self.remote_for(runner.work_dir)
-        if self._remote is not None:
-            if runner.sharded:
-                raise ConfigError(f"default_hooks.checkpoint.out_dir={self.remote_url}: sharded checkpoints "
-                                  "(trainer.strategy=fsdp) are written to a local or shared file system only; "
-                                  "give out_dir a path")  # fmt: skip
-            if runner.is_main:
-                self._remote.check()  # a missing bucket or bad credentials: exit 2 now, not at the first save
+        if self._remote is not None and runner.is_main:  # (sharded: rank 0 uploads the whole dir, every shard)
+            self._remote.check()  # a missing bucket or bad credentials: exit 2 now, not at the first save
         base = runner.work_dir / "checkpoints"
         self.dir = base if self.out_dir is None else self.out_dir / runner.work_dir.name
         if self.out_dir is not None:
