@@ -156,6 +156,16 @@ def test_resume_from_the_local_cache_downloads_nothing_and_eval_reads_a_url(tmp_
         got = json.loads((tmp_path / f"eval{run}" / "result.json").read_text())["final_metrics"]
         assert got["test/acc"] == tested["test/acc"]
 
+    out = tmp_path / "model.safetensors"  # expkit.export (and expkit.predict) resolve the URL as eval does
+    exported = subprocess.run([sys.executable, "-m", "expkit.export", f"checkpoint=s3://{BUCKET}/runs/run/epoch_4.pth",
+                               f"out={out}", f"hydra.run.dir={tmp_path / 'export'}"], capture_output=True, text=True,
+                              env={**os.environ, **s3.env})  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    from safetensors.torch import load_file
+
+    weights = torch.load(work / "checkpoints" / "epoch_4.pth", weights_only=True)["state_dict"]
+    assert all(torch.equal(load_file(out)[k], weights[k]) for k in weights)
+
     loaded = run_cli(f"hydra.run.dir={tmp_path / 'fine'}", "trainer.max_epochs=1",
                      f"load_from=s3://{BUCKET}/runs/run/epoch_4.pth", env=s3.env)  # fmt: skip
     assert loaded.returncode == 0, loaded.output
