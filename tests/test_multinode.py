@@ -13,23 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_ddp import DIE_ONCE  # rank 1 (the second node's worker) SIGKILLed once, at iteration 25
 
 pytestmark = pytest.mark.slow
-
-DIE_ONCE = '''
-import os, signal
-import torch.distributed as dist
-from expkit import Hook
-
-class DieOnce(Hook):
-    """Rank 1 (the second node's worker) is SIGKILLed once, at iteration 25 (the last checkpoint: 20)."""
-
-    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
-        marker = runner.work_dir / "died"
-        if dist.get_rank() == 1 and runner.iter == 25 and not marker.exists():
-            marker.touch()
-            os.kill(os.getpid(), signal.SIGKILL)
-'''
 
 COMMON = ["trainer.max_epochs=2", "default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=10"]
 
