@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -193,15 +194,14 @@ class RemoteDir:
         try:
             self._call("get", source, str(tmp), recursive=directory)
             if local.is_dir() and not local.is_symlink():
-                import shutil
-
                 shutil.rmtree(local)
             os.replace(tmp, local)
             stamp.write_text(identity)
         except Exception as exc:
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink(missing_ok=True)
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
             raise ConfigError(f"cannot download {self.url}/{name} ({_cause(exc)})") from None
         return local
 
