@@ -13,6 +13,10 @@ and median. Target: the asynchronous stall at most 10% of the synchronous save (
 median).
 
     python benchmarks/ckpt_stall.py [--rounds 3] [--saves 4] [--interval 6] [--fsync] [--quick]
+                                    [--sharded] [--nproc N]
+
+``--sharded`` saves sharded checkpoints (``trainer.strategy=fsdp``: DCP; async through
+``torch.distributed.checkpoint.async_save``); ``--nproc 2`` runs under torchrun (gloo).
 """
 
 from __future__ import annotations
@@ -55,15 +59,20 @@ class After(Hook):
             self.stalls.append(time.perf_counter() - before.t0)
 
     def after_train(self, runner):
+        if not runner.is_main:
+            return
         with open(self.out, "w") as f:
             json.dump(self.stalls, f)
 """
 
 
-def _run(tmp: Path, mode: str, arch: str, interval: int, saves: int, index: int, fsync: bool) -> list[float]:
+def _run(tmp: Path, mode: str, arch: str, interval: int, saves: int, index: int, fsync: bool, sharded: bool,
+         nproc: int) -> list[float]:  # fmt: skip
     out = tmp / f"stalls_{mode}_{index}.json"
+    launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
     command = [
-        sys.executable, "-m", "expkit.train", f"hydra.run.dir={tmp / f'{mode}_{index}'}", "model=resnet18",
+        sys.executable, *launch, "-m", "expkit.train", f"trainer.strategy={'fsdp' if sharded else 'ddp'}",
+        f"hydra.run.dir={tmp / f'{mode}_{index}'}", "model=resnet18",
         f"model.arch={arch}", "optim=adamw", "trainer.max_epochs=1", "default_hooks.checkpoint.by_epoch=false",
         f"default_hooks.checkpoint.interval={interval}", "default_hooks.checkpoint.max_keep_ckpts=1",
         "default_hooks.checkpoint.save_best=null", "default_hooks.checkpoint.save_last=false",
@@ -73,7 +82,7 @@ def _run(tmp: Path, mode: str, arch: str, interval: int, saves: int, index: int,
         "+hooks.after._target_=stallprobe.After", f"+hooks.after.interval={interval}", f"+hooks.after.out={out}",
         "trainer.test_with=last", f"default_hooks.checkpoint.fsync={fsync}",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(tmp)}
+    env = {**os.environ, "PYTHONPATH": str(tmp), **({"OMP_NUM_THREADS": "1"} if nproc > 1 else {})}
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"ckpt_stall: the {mode} run failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
@@ -93,6 +102,12 @@ def main() -> None:
     parser.add_argument(
         "--fsync", action="store_true", help="default_hooks.checkpoint.fsync=true: each file forced to disk"
     )
+    parser.add_argument(
+        "--sharded",
+        action="store_true",
+        help="trainer.strategy=fsdp: sharded (DCP) checkpoints, async through DCP's async_save",
+    )
+    parser.add_argument("--nproc", type=int, default=1, help="processes (torchrun, gloo); the stalls are rank 0's")
     parser.add_argument("--quick", action="store_true", help="one round, ResNet-18, 2 saves (CI)")
     args = parser.parse_args()
     if args.quick:
@@ -101,11 +116,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         (tmp / "stallprobe.py").write_text(PROBE)
+        how = (", sharded (DCP)" if args.sharded else "") + (f", {args.nproc} processes" if args.nproc > 1 else "")
         print(f"{args.arch} + AdamW, a save every {args.interval} iterations, {args.saves} saves a run, "
-              f"{args.rounds} interleaved rounds{', fsync=true' if args.fsync else ''}; stall per save in ms")  # fmt: skip
+              f"{args.rounds} interleaved rounds{', fsync=true' if args.fsync else ''}{how}; stall per save in ms")  # fmt: skip
         for index in range(args.rounds):
             for mode in ("sync", "async"):
-                run = _run(tmp, mode, args.arch, args.interval, args.saves, index, args.fsync)
+                run = _run(tmp, mode, args.arch, args.interval, args.saves, index, args.fsync, args.sharded, args.nproc)
                 stalls[mode] += run
                 print(f"round {index + 1} {mode:<5}  {_ms(run)}")
     sync, background = stalls["sync"], stalls["async"]

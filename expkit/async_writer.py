@@ -45,7 +45,8 @@ class BackgroundWriter:
     regular one saved after the same validation are written one after the other without the
     loop waiting between them. One save of each kind is in flight at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, shards: Any = None) -> None:
+        self.shards = shards  # sharded checkpoints: expkit.sharding.AsyncShards (DCP's async_save; ranks agree)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._writes: dict[str, _Write] = {}  # in flight, by kind
@@ -69,6 +70,16 @@ class BackgroundWriter:
 
         def walk(obj: Any, path: tuple) -> Any:
             nonlocal cuda
+            if isinstance(obj, torch.Tensor) and type(obj) is not torch.Tensor and hasattr(obj, "__tensor_flatten__"):
+                # a tensor subclass that wraps tensors (FSDP2's DTensor: this rank's shard, its placement):
+                # the wrapped tensors staged, the wrapper rebuilt around them (torch's subclass protocol)
+                if id(obj) not in seen:
+                    names, context = obj.__tensor_flatten__()
+                    inner = {
+                        n: walk(v, (*path, n)) if isinstance(v := getattr(obj, n), torch.Tensor) else v for n in names
+                    }  # (DTensor names its device mesh too: kept as it is)
+                    seen[id(obj)] = type(obj).__tensor_unflatten__(inner, context, obj.shape, obj.stride())
+                return seen[id(obj)]
             if isinstance(obj, torch.Tensor):
                 if id(obj) in seen:
                     return seen[id(obj)]
@@ -142,11 +153,13 @@ class BackgroundWriter:
                 return
         step()
 
-    def wait(self, kind: str | None = None, *, position: Any = None, why: str = "") -> None:
+    def wait(self, kind: str | None = None, *, position: Any = None, why: str = "", agree: bool = True) -> None:
         """Wait for the write of this `kind` in flight (None: every write); raise its error (a
         CheckpointWriteError, as a synchronous save would have); then run what was to follow it
         on this thread. `why`, `position`: said once, the first time the loop waits for a write
-        from an earlier position that is still going on."""
+        from an earlier position that is still going on. Sharded checkpoints: every rank waits
+        for the same writes in the same order, and (`agree`) the ranks then agree on whether each
+        was complete everywhere: a collective, off on the paths a failure takes."""
         kinds = list(self._writes) if kind is None else [kind] if kind in self._writes else []
         for k in kinds:
             job = self._writes.pop(k)
@@ -159,10 +172,12 @@ class BackgroundWriter:
                 log.info("Waiting for the previous checkpoint to be written before %s: saves come faster than "
                          "they are written (async_save keeps one in flight; said once)", why)  # fmt: skip
             started = time.perf_counter()
-            try:
-                future.result()
-            finally:
-                self.waited_s += time.perf_counter() - started
+            error = future.exception()  # (waits)
+            self.waited_s += time.perf_counter() - started
+            if self.shards is not None and agree:
+                error = self.shards.agree(error)
+            if error is not None:
+                raise error
             if job.then is not None:
                 job.then()
 
@@ -170,7 +185,7 @@ class BackgroundWriter:
         """Wait for every write in flight (an error is logged, not raised) and stop the thread."""
         while self._writes:
             try:
-                self.wait(next(iter(self._writes)))
+                self.wait(next(iter(self._writes)), agree=False)
             except Exception as exc:
                 log.error("A checkpoint write failed: %s", exc)
         if self._pool is not None:

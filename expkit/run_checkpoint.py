@@ -9,11 +9,13 @@ checkpoints are ``expkit.sharding``'s.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from expkit import atomic, checkpoint_io, confine, distributed
 from expkit.errors import CheckpointWriteError, ConfigError, ResumeRefused
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from expkit.runner import Runner
 
 log = logging.getLogger("expkit")
+T = TypeVar("T")
 
 
 def state_checkpoint(runner: Runner, save_optimizer: bool = True, save_scheduler: bool = True) -> dict[str, Any]:
@@ -112,32 +115,27 @@ def save_checkpoint(
         _write(r, checkpoint, path, is_best, durable, save_optimizer)
         saved()
     else:  # the loop goes on once the tensors are copied; the file is written in the background
-        staged = writer.stage(checkpoint, kind)
+        staged = writer.stage(checkpoint, kind) if r.is_main else {}
         del checkpoint
-        writer.submit(lambda: _write(r, staged, path, is_best, durable), then=saved, kind=kind, position=r.position)
+        files = None
+        if r.sharded:  # every rank's shards staged by DCP's async_save, written in its thread
+            assert writer.shards is not None
+            optimizers = r.optimizers if save_optimizer else {}
+            stage = functools.partial(writer.stage, kind=f"{kind} shards")
+            shards = writer.shards
+            files = _failing_as_writes(r, path, lambda: shards.save(path, staged, r.model, optimizers, durable, kind,
+                                                                    stage))  # fmt: skip
+        job = functools.partial(_write, r, staged, path, is_best, durable, files=files)
+        writer.submit(job, then=saved, kind=kind, position=r.position)
     return path
 
 
 def _write(r: Runner, checkpoint: dict[str, Any], path: Path, is_best: bool, durable: bool,
-           save_optimizer: bool = True) -> None:  # fmt: skip
-    """Write the checkpoint file (or, collectively, the sharded directory), then, for a regular
-    checkpoint, move the ``last_checkpoint`` pointer to it."""
-    try:
-        if r.sharded:
-            from expkit import sharding
-
-            optimizers = r.optimizers if save_optimizer else {}
-            sharding.save(path, checkpoint, r.model, optimizers, durable=durable)
-        else:
-            atomic.save_atomic(checkpoint, path, durable=durable)
-    except (OSError, RuntimeError) as exc:  # disk full (torch's zip writer raises RuntimeError), permissions, ...
-        cause = _cause(exc)
-        kept = (
-            f"the previous complete checkpoint {r.last_checkpoint} (and last_checkpoint) is intact"
-            if r.last_checkpoint
-            else "no earlier checkpoint of this run exists"
-        )
-        raise CheckpointWriteError(f"could not write {path}: {cause}; {kept}") from exc
+           save_optimizer: bool = True, files: Callable[[], None] | None = None) -> None:  # fmt: skip
+    """Write the checkpoint file (or, collectively, the sharded directory; `files`: complete
+    one started by async_save), then, for a regular checkpoint, move the ``last_checkpoint``
+    pointer to it."""
+    _failing_as_writes(r, path, lambda: _write_files(r, checkpoint, path, durable, save_optimizer, files))
     if not is_best:
         r.last_checkpoint = path  # complete: the newest checkpoint, with or without the pointer
         if r.is_main:
@@ -153,6 +151,34 @@ def _write(r: Runner, checkpoint: dict[str, Any], path: Path, is_best: bool, dur
                 raise CheckpointWriteError(
                     f"could not point {pointer} at {path.name}: {_cause(exc)}; {path} itself is complete ({found})"
                 ) from exc
+
+
+def _write_files(r: Runner, checkpoint: dict[str, Any], path: Path, durable: bool, save_optimizer: bool,
+                 files: Callable[[], None] | None) -> None:  # fmt: skip
+    if files is not None:
+        files()
+    elif r.sharded:
+        from expkit import sharding
+
+        optimizers = r.optimizers if save_optimizer else {}
+        sharding.save(path, checkpoint, r.model, optimizers, durable=durable)
+    else:
+        atomic.save_atomic(checkpoint, path, durable=durable)
+
+
+def _failing_as_writes(r: Runner, path: Path, write: Callable[[], T]) -> T:
+    """`write`'s result; an OSError or RuntimeError (disk full, permissions; torch's zip writer
+    and DCP raise RuntimeError) as a CheckpointWriteError that says what is left intact."""
+    try:
+        return write()
+    except (OSError, RuntimeError) as exc:  # disk full (torch's zip writer raises RuntimeError), permissions, ...
+        cause = _cause(exc)
+        kept = (
+            f"the previous complete checkpoint {r.last_checkpoint} (and last_checkpoint) is intact"
+            if r.last_checkpoint
+            else "no earlier checkpoint of this run exists"
+        )
+        raise CheckpointWriteError(f"could not write {path}: {cause}; {kept}") from exc
 
 
 def _cause(exc: BaseException) -> str:

@@ -4,6 +4,9 @@ file is written in the background, and nothing a synchronous save promises is lo
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -154,10 +157,141 @@ def test_a_kill_during_a_background_write_resumes_from_the_previous_checkpoint_b
     assert not list(work.rglob("*.tmp*"))  # the killed writer's temporary file is gone
 
 
+# -- sharded checkpoints (trainer.strategy=fsdp): DCP's async_save ------------------------------------
+FSDP = ["data.batch_size=67", "default_hooks.logger.plot=false", "trainer.strategy=fsdp", "trainer.max_epochs=3",
+        "default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=4",
+        "default_hooks.checkpoint.max_keep_ckpts=2"]  # fmt: skip
+
+
+def _torchrun(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "expkit.train", *FSDP, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def _shards(path: Path) -> dict:
+    """Every tensor of a sharded checkpoint (weights, optimizer state), whole."""
+    from expkit import sharding
+
+    return _flat(sharding.read_tensors(path))
+
+
 @pytest.mark.slow
-def test_async_save_with_sharded_checkpoints_is_refused_before_training(tmp_path):
-    proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_epochs=1", "trainer.strategy=fsdp",
-                   "default_hooks.checkpoint.async_save=true")  # fmt: skip
-    assert proc.returncode == 2, proc.output
-    assert "default_hooks.checkpoint.async_save=true" in proc.stderr and "Traceback" not in proc.stderr
-    assert not (tmp_path / "run" / "checkpoints").exists()
+def test_sharded_async_saves_on_two_processes_write_what_synchronous_saves_write(tmp_path):
+    runs = {mode: tmp_path / mode for mode in ("false", "true")}
+    for mode, work in runs.items():
+        proc = _torchrun(tmp_path, f"hydra.run.dir={work}", f"default_hooks.checkpoint.async_save={mode}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    from expkit import sharding
+
+    names = sorted(p.name for p in (runs["false"] / "checkpoints").glob("*.dcp"))
+    assert names == sorted(p.name for p in (runs["true"] / "checkpoints").glob("*.dcp"))
+    assert len([n for n in names if n.startswith("iter_")]) == 2 and any(n.startswith("best_") for n in names)
+    for name in names:  # every shard of the weights and the optimizer state, and state.pth
+        a, b = (_shards(runs[m] / "checkpoints" / name) for m in ("false", "true"))
+        assert a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a), name
+        a, b = (sharding.read_state(runs[m] / "checkpoints" / name, "test") for m in ("false", "true"))
+        for state in (a, b):
+            state["meta"].pop("time"), state["meta"].pop("work_dir"), state.pop("config"), state["hooks"].pop("timer")
+        assert _same(a["sharded"]["optimizers"], b["sharded"]["optimizers"]) and _same(a["rng"], b["rng"])
+        assert _same(a["meta"], b["meta"]) and _same(a["hooks"], b["hooks"]), name
+    pointer = (runs["true"] / "checkpoints" / "last_checkpoint").read_text()
+    assert pointer == (runs["false"] / "checkpoints" / "last_checkpoint").read_text()
+    results = [json.loads((runs[m] / "result.json").read_text()) for m in ("false", "true")]
+    assert results[0]["final_metrics"] == results[1]["final_metrics"]  # the test pass read the best checkpoint
+    assert not list(runs["true"].rglob("*.tmp*"))
+
+
+KILL_MID_SHARDED_WRITE = '''
+import os, time
+import torch
+from expkit import Hook
+
+class KillMidWrite(Hook):
+    """On rank 0: makes the second save's state.pth big (written in the background once DCP's
+    shards are, before the rename), then ends the process at once, as SIGKILL would, at the next
+    iteration while that checkpoint is still a temporary directory."""
+
+    priority = "LOWEST"
+
+    def __init__(self):
+        self.saves, self.writing = 0, None
+
+    def before_save_checkpoint(self, runner, *, checkpoint):
+        self.saves += 1
+        if self.saves == 2 and not (runner.work_dir / "killed").exists():
+            checkpoint["ballast"] = torch.ones(150_000_000)  # 600 MB
+            self.writing = runner.iter + 1
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        if self.writing is not None and runner.iter == self.writing and runner.is_main:
+            tmp = runner.work_dir / "checkpoints" / f".iter_{self.writing}.dcp.tmp{os.getpid()}"
+            deadline = time.monotonic() + 60
+            while not tmp.exists() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            seen = tmp.exists() and not (runner.work_dir / "checkpoints" / f"iter_{self.writing}.dcp").exists()
+            (runner.work_dir / "killed").write_text(str(seen))
+            os._exit(9)
+'''
+
+
+@pytest.mark.slow
+def test_a_kill_during_a_background_sharded_write_resumes_from_the_previous_one_bit_identical(tmp_path):
+    (tmp_path / "killmidwrite.py").write_text(KILL_MID_SHARDED_WRITE)
+    args = ["default_hooks.checkpoint.save_best=null", "default_hooks.checkpoint.async_save=true"]
+    reference, work = tmp_path / "reference", tmp_path / "run"
+    assert _torchrun(tmp_path, f"hydra.run.dir={reference}", *args).returncode == 0
+    killed = _torchrun(tmp_path, f"hydra.run.dir={work}", *args, "+hooks.kill._target_=killmidwrite.KillMidWrite",
+                       env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    assert killed.returncode != 0
+    assert (work / "killed").read_text() == "True"  # killed while iter_8.dcp was being written
+    assert (work / "checkpoints" / "last_checkpoint").read_text() == "iter_4.dcp"
+    assert not (work / "checkpoints" / "iter_8.dcp").exists()
+    resumed = _torchrun(tmp_path, f"hydra.run.dir={work}", *args, "resume=true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "iter_4.dcp" in (work / "train.log").read_text()
+    last = (reference / "checkpoints" / "last_checkpoint").read_text()
+    assert (work / "checkpoints" / "last_checkpoint").read_text() == last
+    final, expected = (_shards(w / "checkpoints" / last) for w in (work, reference))
+    assert final.keys() == expected.keys() and all(_same(final[k], expected[k]) for k in expected)
+    assert not list(work.rglob("*.tmp*"))  # the killed save's temporary directory is gone
+
+
+def _agree(rank: int, port: int, errors: list) -> None:
+    import torch.distributed as dist
+
+    from expkit.sharding import AsyncShards
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        mine = OSError("disk full") if rank == 1 else None
+        agreed = AsyncShards.agree(mine)
+        errors.append((rank, type(agreed).__name__, str(agreed)))
+        errors.append((rank, "none", str(AsyncShards.agree(None))))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_agree_on_a_write_that_failed_on_one_of_them():
+    """A write that failed on one rank fails the save on every rank, naming the rank."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    errors = mp.Manager().list()
+    mp.spawn(_agree, args=(port, errors), nprocs=2, join=True)
+    found = sorted(errors)
+    assert found[0][:2] == (0, "CheckpointWriteError") and "rank 1" in found[0][2] and "disk full" in found[0][2]
+    assert found[2] == (1, "OSError", "disk full")  # its own error, as it was
+    assert (0, "none", "None") in found and (1, "none", "None") in found

@@ -118,9 +118,15 @@ def test_checkpoints_retention_and_the_pointer_land_in_the_bucket_and_resume_els
     assert result["status"] == "completed" and result["epoch"] == 5
 
 
-def test_a_sharded_checkpoint_is_uploaded_whole_and_resumes_on_another_machine(tmp_path, s3):
+@pytest.mark.parametrize("async_save", ["false", "true"])
+def test_a_sharded_checkpoint_is_uploaded_whole_and_resumes_on_another_machine(tmp_path, s3, async_save):
     work = tmp_path / "a" / "run"
-    args = [*COMMON, "trainer.strategy=fsdp", "trainer.max_epochs=2"]
+    args = [
+        *COMMON,
+        f"default_hooks.checkpoint.async_save={async_save}",
+        "trainer.strategy=fsdp",
+        "trainer.max_epochs=2",
+    ]
     first = run_cli(f"hydra.run.dir={work}", *args, env=s3.env)
     assert first.returncode == 0, first.output
     local = sorted(p.relative_to(work / "checkpoints" / "epoch_2.dcp").as_posix()

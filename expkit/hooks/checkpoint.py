@@ -114,7 +114,10 @@ class CheckpointHook(Hook):
     not just a kill; costs an fsync per save).
     ``async_save``: the loop waits only for the state to be copied to host memory; the file is
     written, named and the retired ones deleted in a background thread (``expkit.async_writer``),
-    one save in flight at a time. The end of training waits for the last write.
+    one save of each kind (regular, best) in flight at a time. The end of training waits for
+    the last write. Sharded checkpoints (``trainer.strategy=fsdp``) go through
+    ``torch.distributed.checkpoint.async_save``, and the ranks agree that a write is complete
+    at the next save (``expkit.sharding.AsyncShards``).
     ``out_dir`` may be a URL (``s3://bucket/prefix``, ``gs://...``, any fsspec URL): checkpoints
     are written to ``<work dir>/checkpoints`` (the local cache), then uploaded to
     ``<out_dir>/<work dir name>/`` with its own ``last_checkpoint`` (``expkit.remote``);
@@ -265,14 +268,14 @@ class CheckpointHook(Hook):
             if key != "auto":
                 self._decide_rule(runner, key, self.given_rules[key])
         if self.async_save:
-            if runner.sharded:
-                raise ConfigError(
-                    "default_hooks.checkpoint.async_save=true: sharded checkpoints (trainer.strategy=fsdp) are "
-                    "written synchronously; set async_save=false, or train with trainer.strategy=ddp"
-                )
             from expkit.async_writer import BackgroundWriter
 
-            self.writer = BackgroundWriter()
+            shards = None
+            if runner.sharded:  # (collective: every rank makes DCP's process groups here, in the same order)
+                from expkit.sharding import AsyncShards
+
+                shards = AsyncShards()
+            self.writer = BackgroundWriter(shards)
         self._remote = self.remote_for(runner.work_dir)
         if self._remote is not None and runner.is_main:  # (sharded: rank 0 uploads the whole dir, every shard)
             self._remote.check()  # a missing bucket or bad credentials: exit 2 now, not at the first save
