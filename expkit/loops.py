@@ -195,6 +195,8 @@ class TrainLoop:
             log.warning("Resuming after %d batches of the epoch, not a multiple of accumulate_grad_batches=%d: "
                         "this epoch's windows are shifted", r.inner_iter, k)  # fmt: skip
         batches = _skip_batches(self.loader, r.inner_iter, r.epoch_start[0] and r.epoch_samples() or 0)  # type: ignore[arg-type]
+        if r.epoch_start[0] and batches is self.loader and hasattr(self.loader, "__len__"):
+            r.epoch_end = r.inner_iter + len(self.loader)  # (the sampler skipped the samples: its length is the rest)
         if r.instrumented:
             batches = _timed_batches(batches, r)
         windows = zip(batches) if k == 1 else _windows(iter(batches), k)  # (1-tuples: no Python call a batch)
@@ -213,7 +215,7 @@ class TrainLoop:
             r.call_hook(Stage.AFTER_TRAIN_EPOCH)
             r.epoch += 1
             r.inner_iter = 0
-            r.epoch_start = (0, 0)
+            r.epoch_start, r.epoch_end = (0, 0), None
             if by_epoch and r.validation_due(r.epoch):
                 r.validate()
             return

@@ -136,6 +136,7 @@ class Runner:
         # (samples of the epoch's order trained on, inner_iter then): set by a mid-epoch resume with another
         # number of processes or batch size, from where this epoch's samples are counted; (0, 0) otherwise
         self.epoch_start = (0, 0)
+        self.epoch_end: int | None = None  # that epoch's length in iterations (inner_iter goes on from the saved one)
         self.batch_ready = 0.0  # time.perf_counter() when the current iteration's batch was ready
         self.resuming = False  # True once this run continues from a resume checkpoint
         self.load_purpose = ""  # why the last checkpoint was loaded: resume, load_from or test

@@ -91,3 +91,25 @@ def test_a_checkpoint_inside_an_epoch_resumes_on_another_number_of_processes(
     assert set(seen) == set(whole_epoch)
     assert not whole_epoch - seen
     assert sum((seen - whole_epoch).values()) <= resumed - 1, seen - whole_epoch
+
+
+def test_the_iteration_that_ends_a_resumed_epoch_saves_after_its_validation(tmp_path):
+    """After a resume on another number of processes the resumed epoch is shorter than the
+    loader's length while its iteration count goes on from the saved one: the checkpoint of its
+    last iteration must still wait for the epoch's validation (a resume from it would otherwise
+    validate that epoch again)."""
+    import torch
+
+    (tmp_path / "seenprobe.py").write_text(PROBE)
+    work = tmp_path / "run"
+    saves = ["default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=1",
+             "default_hooks.checkpoint.max_keep_ckpts=-1", "default_hooks.checkpoint.save_best=null"]  # fmt: skip
+    stopped = _launch(tmp_path, 2, f"hydra.run.dir={work}", *saves, "+hooks.stop._target_=expkit.hooks.StopAfterHook",
+                      "+hooks.stop.iters=7")  # fmt: skip
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    proc = _launch(tmp_path, 1, f"hydra.run.dir={work}", *saves, "trainer.max_epochs=2", "resume=true")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    metas = [torch.load(p, weights_only=True)["meta"] for p in (work / "checkpoints").glob("iter_*.pth")]
+    ends = [m for m in metas if m["epoch"] == 1 and m["inner_iter"] == 0]
+    assert len(ends) == 1 and ends[0]["val_metrics"], sorted((m["iter"], m["epoch"], m["inner_iter"]) for m in metas)
+    assert not [m for m in metas if m["epoch"] == 0 and m["iter"] == ends[0]["iter"]]

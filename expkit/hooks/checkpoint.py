@@ -410,7 +410,7 @@ class CheckpointHook(Hook):
             return runner.validation_due(count)
         if self.by_epoch:  # (iteration-based training validates inside the epoch, before its end)
             return False
-        size = len(runner.train_loader) if hasattr(runner.train_loader, "__len__") else None  # type: ignore[arg-type]
+        size = runner.epoch_end or (len(runner.train_loader) if hasattr(runner.train_loader, "__len__") else None)  # type: ignore[arg-type]
         return size is not None and runner.position[2] >= size and runner.validation_due(runner.epoch + 1)
 
     def after_train_epoch(self, runner: Runner) -> None:
