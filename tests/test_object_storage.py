@@ -177,6 +177,17 @@ def test_resume_from_the_local_cache_downloads_nothing_and_eval_reads_a_url(tmp_
     assert loaded.returncode == 0, loaded.output
     assert "Loaded weights from" in loaded.output
 
+    # expkit.check: its three runs (and the resume) start from the same stored weights
+    checked = subprocess.run([sys.executable, "-m", "expkit.check", f"load_from=s3://{BUCKET}/runs/run/epoch_4.pth",
+                              "check.keep=true",
+                              f"check.dir={tmp_path / 'scratch'}", f"check.out={tmp_path / 'check.json'}"],
+                             cwd=tmp_path, capture_output=True, text=True, env={**os.environ, **s3.env})  # fmt: skip
+    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
+    report = json.loads((tmp_path / "check.json").read_text())
+    assert report["ok"] is True and report["findings"] == []
+    for run in ("a", "b", "c"):
+        assert "Loaded weights from" in (Path(report["scratch"]) / run / "train.log").read_text()
+
 
 def test_storage_options_in_the_config_instead_of_variables(tmp_path, s3):
     work = tmp_path / "run"
