@@ -269,6 +269,7 @@ def _build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, 
     data = instantiate_node(cfg.data, "data")
     train_loader, val_loader, test_loader = data.loaders()
     model = build_model(cfg, data)
+    data_info = dict(DATA_INFO)  # (build_model filled it)
     default_hooks, hooks = _build_hooks(cfg.default_hooks, "default_hooks"), _build_hooks(cfg.hooks, "hooks")
     if settings.strategy == "fsdp":
         from expkit import sharding
@@ -316,4 +317,5 @@ def _build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, 
         load_from=cfg.load_from,
         config=OmegaConf.to_container(cfg, resolve=True),  # type: ignore[arg-type]
         run_info=run_info,
+        data_info=data_info,
     )

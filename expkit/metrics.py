@@ -369,25 +369,44 @@ def as_slots(metrics: Mapping[str, Any]) -> dict[str, MetricSlot]:
     return {str(name): m if isinstance(m, MetricSlot) else MetricSlot(m, str(name)) for name, m in metrics.items()}
 
 
+def _check_classes(outputs: Any, classes: int) -> None:
+    """A classifier whose logits have another number of classes than the data (a 1000-class
+    head on 10 classes trains, and its metrics look plausible): refused, naming both."""
+    logits = outputs.get("logits") if isinstance(outputs, Mapping) else None
+    if not isinstance(logits, torch.Tensor) or logits.ndim not in (2, 4) or logits.shape[1] == classes:
+        return  # ([batch, classes], or [batch, classes, height, width] for segmentation)
+    raise ConfigError(
+        f"the model outputs {logits.shape[1]} classes (logits of shape {list(logits.shape)}) but the data has "
+        f"{classes}: set model.num_classes={classes} (or model.num_classes=${{data_info:num_classes}}), or the "
+        "model's own argument for the size of its head"
+    )
+
+
 def probe_metrics(runner: Any) -> None:
     """Every metric of `runner` updated and computed once, on copies, with the first
     validation batch: a metric that does not fit the data (top_k=20 on 10 classes, a wrong
-    num_classes) fails at start-up, naming it, instead of after the first epoch. Leaves the
+    num_classes) fails at start-up, naming it, instead of after the first epoch; so does a
+    model whose logits have another number of classes than the data describes. Leaves the
     run's random state and the metrics as they were."""
     import copy
 
     from expkit.rng import rng_states, set_rng_states
 
     r = runner
+    classes = getattr(r, "data_info", {}).get("num_classes")
+    if not r.metrics and not isinstance(classes, int):
+        return
     loader = next(iter(r.val_loader.values())) if isinstance(r.val_loader, Mapping) else r.val_loader
     batch = next(iter(loader), None)
-    if batch is None or not r.metrics:
+    if batch is None:
         return
     states, was_training = rng_states(), r.model.training
     try:
         r.model.eval()
         with torch.no_grad(), r.autocast():
             outputs = r.eval_step(r.to_device(batch))
+        if isinstance(classes, int):
+            _check_classes(outputs, classes)
         for name, slot in r.metrics.items():
             probe = copy.deepcopy(slot)
             probe.reset()

@@ -1,4 +1,5 @@
-"""Built-in image models; each takes the data's shape (in_channels, image_size, num_classes).
+"""Built-in image models; each takes the data's shape (in_channels, image_size, num_classes);
+``timm_model``, any timm model (``model=timm``).
 
 The shipped tasks' models (regression, segmentation, a character language model) are in
 ``expkit.tasks``."""
@@ -6,8 +7,11 @@ The shipped tasks' models (regression, segmentation, a character language model)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from torch import nn
+
+from expkit.errors import ConfigError
 
 
 def submodule(model: nn.Module, path: str, key: str) -> nn.Module:
@@ -94,3 +98,79 @@ def torchvision_resnet(
         model.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
     model.fsdp_blocks = ("BasicBlock", "Bottleneck")  # trainer.strategy=fsdp shards each residual block
     return model
+
+
+def timm_model(
+    name: str,
+    num_classes: int,
+    in_channels: int,
+    pretrained: bool = False,
+    weights: str | None = None,
+    **kwargs: Any,
+) -> nn.Module:
+    """``model=timm``: any timm model, ``timm.create_model(name, num_classes=, in_chans=)`` with
+    the data's number of classes and channels. Nothing is downloaded: ``pretrained=true`` loads
+    weights from ``weights`` (a local ``.safetensors``/``.pth``/``.bin`` file) or from the copy
+    timm would have downloaded earlier (the Hugging Face cache, or torch hub's for weights given
+    by URL), and exits 2 saying where it looked when there is none. timm adapts the weights to
+    the data: a head of another size is left newly initialised, another number of input
+    channels is folded into the first convolution. Other keyword arguments go to
+    ``timm.create_model`` (``drop_rate``, ``drop_path_rate``, ...)."""
+    try:
+        import timm
+    except ImportError:
+        raise ConfigError("model=timm needs timm: pip install 'expkit[timm]'") from None
+    if not timm.is_model(name):
+        import difflib
+
+        close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
+        hint = f"; close matches: {', '.join(close)}" if close else ""
+        raise ConfigError(f"model.name={name!r} is not a timm model{hint} (python -c \"import timm; "
+                          "print(timm.list_models('*resnet*'))\" lists them)")  # fmt: skip
+    if weights is not None and not pretrained:
+        raise ConfigError("model.weights is set but model.pretrained=false: add model.pretrained=true to load them")
+    if pretrained:
+        kwargs["pretrained_cfg_overlay"] = {"file": _timm_weights(name, weights)}
+    try:
+        return timm.create_model(name, pretrained=pretrained, num_classes=num_classes, in_chans=in_channels, **kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"model (timm {name}): {exc}") from None
+
+
+def _timm_weights(name: str, weights: str | None) -> str:
+    """The local file of `name`'s pretrained weights: `weights`, or timm's download of them if
+    one was made earlier; otherwise a ConfigError that says where it looked."""
+    from pathlib import Path
+
+    if weights is not None:
+        path = Path(weights).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"model.weights={weights}: no such file; give the path of a .safetensors, .pth or "
+                              ".bin file of the model's weights")  # fmt: skip
+        return str(path)
+    import timm
+
+    cfg = timm.models.get_pretrained_cfg(name)
+    looked = []
+    hub_id = getattr(cfg, "hf_hub_id", None)
+    if hub_id:
+        from huggingface_hub import constants, try_to_load_from_cache
+
+        repo, _, revision = hub_id.partition("@")
+        for filename in ("model.safetensors", "pytorch_model.bin", "open_clip_pytorch_model.bin"):
+            found = try_to_load_from_cache(repo, filename, revision=revision or None)
+            if isinstance(found, str):
+                return found
+        looked.append(f"the Hugging Face cache ({constants.HF_HUB_CACHE}) for {hub_id}")
+    url = getattr(cfg, "url", None)
+    if url:
+        import torch.hub
+
+        path = Path(torch.hub.get_dir()) / "checkpoints" / Path(url.split("?")[0]).name
+        if path.is_file():
+            return str(path)
+        looked.append(f"torch hub's cache for {path.name}")
+    where = " and ".join(looked) or "nowhere: timm names no weights for it"
+    raise ConfigError(f"model.pretrained=true: no local weights for timm model {name!r} (looked in {where}); "
+                      "expkit does not download: give model.weights=/path/to/model.safetensors, or set "
+                      "model.pretrained=false")  # fmt: skip

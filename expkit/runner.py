@@ -74,6 +74,7 @@ class Runner:
         load_from: str | Path | None = None,
         config: Mapping[str, Any] | None = None,
         run_info: Mapping[str, Any] | None = None,
+        data_info: Mapping[str, Any] | None = None,
     ) -> None:
         self.settings = settings or TrainerSettings()
         self.is_main = distributed.is_main()  # rank 0 writes checkpoints, metrics, backends, result.json
@@ -127,6 +128,7 @@ class Runner:
         self.config = dict(config) if config is not None else None
         self.loggers: dict[str, Backend] = dict(loggers or {})  # TensorBoard, wandb: written by LoggerHook
         self.run_info = dict(run_info or {})
+        self.data_info = dict(data_info or {})  # what the data module describes (num_classes: the start-up probe)
 
         # run state; counters follow MMEngine (see expkit.stages)
         self.epoch = 0
@@ -285,7 +287,7 @@ class Runner:
                     if self.monitor is not None:
                         self.metric_rule(self.monitor, "monitor")
                     if self.val_loader is not None and self.optimizer is not None:
-                        probe_metrics(self)
+                        probe_metrics(self)  # (and the model's outputs against the data's classes)
                     run_checkpoint.load_or_resume(self)
                     self.provenance = recorded()  # (git ran meanwhile)
                     if self.train_loader is not None and self.optimizer is not None:
