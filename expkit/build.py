@@ -178,7 +178,13 @@ def build_model(cfg: DictConfig, data: Any) -> Any:
     DATA_INFO.update(info)
     model_target = _locate_target(cfg.model, "model")
     model_kwargs = {k: v for k, v in _accepted(model_target, info).items() if cfg.model.get(k) is None}
-    return instantiate_node(cfg.model, "model", **model_kwargs)
+    model = instantiate_node(cfg.model, "model", **model_kwargs)
+    if type(model).__module__.startswith("transformers."):  # a bare PreTrainedModel: dict batches, its own loss
+        from expkit.tasks.hf import HFModel, is_transformers_model
+
+        if is_transformers_model(model):
+            model = HFModel(model, info.get("tokenizer_json"))
+    return model
 
 
 _SLOT_KEYS = ("inputs", "higher_is_better")  # expkit's keys in a metric's node, not the metric's arguments

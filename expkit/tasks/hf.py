@@ -1,0 +1,364 @@
+"""Hugging Face models, tokenizers and datasets (``pip install 'expkit[hf]'``), without any
+download: models are built from a config (or a local ``from_pretrained`` directory),
+tokenizers are trained on local text (or read from a local ``tokenizer.json``), text is read
+through ``datasets`` from local files or the Python documentation that ships with CPython.
+
+- ``TextBlocks``: a causal-LM data module: text -> a BPE tokenizer (``tokenizers``) ->
+  token ids (``datasets``, cached beside the work dirs, not in the home dir) -> fixed-length
+  blocks; batches are dicts (``input_ids``, ``labels``).
+- ``causal_lm``: ``AutoModelForCausalLM.from_config`` (or ``from_pretrained`` of a local dir)
+  sized to the tokenizer; wrapped in ``HFModel``.
+- ``HFModel``: any ``transformers`` PreTrainedModel as an expkit model: dict batches passed as
+  keyword arguments, the loss from the model's output, logits (shifted for a causal LM) for
+  the metrics, ``generate`` for samples. ``expkit.build`` wraps a bare PreTrainedModel in it.
+- ``SavePretrained`` and ``SampleText`` hooks: the trained model in transformers' own form
+  (``save_pretrained``: config + safetensors, with the tokenizer), and generated samples
+  after each validation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from expkit.data import DataModule
+from expkit.errors import ConfigError
+from expkit.hooks.base import Hook
+from expkit.stages import Priority
+
+if TYPE_CHECKING:
+    from expkit.runner import Runner
+
+log = logging.getLogger("expkit")
+
+SPECIAL = ("<|endoftext|>", "<|pad|>")  # the BPE tokenizer's special tokens: documents' end, padding
+
+
+def _needs(package: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        raise ConfigError(f"this config needs {package}: pip install 'expkit[hf]'")
+
+
+def is_transformers_model(model: Any) -> bool:
+    """A ``transformers`` PreTrainedModel (told without importing transformers)."""
+    return any(c.__module__ == "transformers.modeling_utils" and c.__name__ == "PreTrainedModel"
+               for c in type(model).__mro__)  # fmt: skip
+
+
+# -- data -----------------------------------------------------------------------------------------
+class TextBlocks(DataModule):
+    """Causal language modelling on local text, through ``tokenizers`` and ``datasets``.
+
+    ``text``: ``pydoc`` (the Python documentation topics that ship with CPython, about 465K
+    characters) or local text files (a path or glob, read with ``load_dataset("text", ...)``),
+    split contiguously into train, val and test. ``tokenizer``: a ``tokenizer.json`` to load;
+    null trains a byte-level BPE of ``vocab_size`` tokens on the training text (kept in the
+    cache, reused by the next run). The token stream is packed into blocks of ``block_size``
+    tokens, documents separated by ``<|endoftext|>``. ``cache_dir``: where ``datasets`` and the
+    trained tokenizer are cached (the config puts it beside the work dirs).
+    ``describe()``: ``vocab_size``, ``tokenizer_file``, ``eos_token_id``, ``pad_token_id``.
+    """
+
+    def __init__(self, text: str = "pydoc", tokenizer: str | None = None, vocab_size: int = 2000,
+                 block_size: int = 64, max_chars: int | None = None, val_fraction: float = 0.05,
+                 test_fraction: float = 0.05, cache_dir: str | None = None, **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(**kwargs)
+        _needs("tokenizers")
+        _needs("datasets")
+        if block_size < 2:
+            raise ConfigError(f"data.block_size must be >= 2, got {block_size}")
+        if vocab_size < 300:
+            raise ConfigError(f"data.vocab_size must be >= 300 (256 bytes and merges), got {vocab_size}")
+        if not (0 < val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
+            raise ConfigError("data.val_fraction and data.test_fraction must be in (0, 1) and sum to less than 1")
+        if tokenizer is not None and not Path(tokenizer).expanduser().is_file():
+            raise ConfigError(f"data.tokenizer={tokenizer}: no such file; give a tokenizer.json (tokenizers' "
+                              "Tokenizer.save), or data.tokenizer=null to train one on the text")  # fmt: skip
+        self.text, self.tokenizer_path, self.vocab_size = text, tokenizer, vocab_size
+        self.block_size, self.max_chars = block_size, max_chars
+        self.val_fraction, self.test_fraction = val_fraction, test_fraction
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else Path(".hf_cache")
+        self.tokenizer: Any = None
+
+    def _documents(self) -> list[str]:
+        """The text as documents (pydoc's topics, or the lines of the files), in a fixed order."""
+        if self.text == "pydoc":
+            from pydoc_data.topics import topics
+
+            docs = [topics[key] for key in sorted(topics)]
+        else:
+            import glob
+
+            files = sorted(glob.glob(str(Path(self.text).expanduser())))
+            if not files:
+                raise ConfigError(f"data.text={self.text}: no such file (a path or a glob of text files, or pydoc)")
+            from datasets import load_dataset
+
+            lines = load_dataset("text", data_files=files, split="train", cache_dir=str(self.cache_dir / "datasets"))
+            docs = [line for line in lines["text"] if line.strip()]
+        if self.max_chars is not None:
+            kept, size = [], 0
+            for doc in docs:
+                if size >= self.max_chars:
+                    break
+                kept.append(doc[: self.max_chars - size])
+                size += len(kept[-1])
+            docs = kept
+        if not sum(len(d) for d in docs):
+            raise ConfigError(f"data.text={self.text}: the text is empty; give files with text in them")
+        return docs
+
+    def _tokenizer(self, train_docs: list[str]) -> Any:
+        """The tokenizer: loaded, or a byte-level BPE trained on the training documents (cached
+        under a digest of the text and settings)."""
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        if self.tokenizer_path is not None:
+            return Tokenizer.from_file(str(Path(self.tokenizer_path).expanduser()))
+        digest = hashlib.sha256()
+        for doc in train_docs:
+            digest.update(doc.encode())
+        digest.update(f"bpe {self.vocab_size}".encode())
+        path = self.cache_dir / "tokenizers" / f"bpe-{digest.hexdigest()[:16]}.json"
+        if path.is_file():
+            return Tokenizer.from_file(str(path))
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=self.vocab_size, special_tokens=list(SPECIAL), show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+        tokenizer.train_from_iterator(train_docs, trainer=trainer)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        from expkit import atomic
+
+        atomic.write_bytes_atomic(path, tokenizer.to_str().encode())
+        return Tokenizer.from_file(str(path))
+
+    def datasets(self) -> tuple[Any, Any, Any]:
+        from datasets import Dataset
+
+        docs = self._documents()
+        n = len(docs)
+        n_val, n_test = max(1, int(self.val_fraction * n)), int(self.test_fraction * n)
+        splits = [docs[: n - n_val - n_test], docs[n - n_val - n_test : n - n_test], docs[n - n_test :]]
+        if not splits[0]:
+            raise ConfigError(f"data.text={self.text}: too few documents ({n}) to split into train and val")
+        self.tokenizer = self._tokenizer(splits[0])
+        eos = self.tokenizer.token_to_id(SPECIAL[0])
+        block = self.block_size
+
+        def blocks(part: list[str]) -> Any:
+            ids: list[int] = []
+            for encoding in self.tokenizer.encode_batch(part):
+                ids += encoding.ids
+                ids.append(eos)
+            usable = len(ids) // block * block
+            if not usable:
+                return None
+            rows = torch.tensor(ids[:usable], dtype=torch.long).reshape(-1, block)
+            data = Dataset.from_dict({"input_ids": rows.tolist()})
+            data.set_format("torch")
+            return data
+
+        train, val, test = (blocks(part) for part in splits)
+        if train is None or val is None:
+            raise ConfigError(f"data.block_size={block}: longer than the train or val text in tokens; lower it")
+        return _Labelled(train), _Labelled(val), _Labelled(test) if test is not None else None
+
+    def describe(self) -> dict[str, Any]:
+        if self.tokenizer is None:
+            raise RuntimeError("TextBlocks.describe() needs the tokenizer: call loaders() or datasets() first")
+        return {"vocab_size": self.tokenizer.get_vocab_size(), "tokenizer_json": self.tokenizer.to_str(),
+                "eos_token_id": self.tokenizer.token_to_id(SPECIAL[0]),
+                "pad_token_id": self.tokenizer.token_to_id(SPECIAL[1]), "block_size": self.block_size}  # fmt: skip
+
+
+class _Labelled(torch.utils.data.Dataset):
+    """A dataset of token blocks as a causal LM takes them: ``labels`` are the ``input_ids``
+    (transformers shifts them inside the model)."""
+
+    def __init__(self, blocks: Any) -> None:
+        self.blocks = blocks
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        ids = self.blocks[int(index)]["input_ids"]
+        return {"input_ids": ids, "labels": ids}
+
+
+# -- models -----------------------------------------------------------------------------------------
+class HFModel(nn.Module):
+    """A ``transformers`` PreTrainedModel as an expkit model. A batch is a dict passed as
+    keyword arguments; the loss is the model's own (it computes one when ``labels`` are
+    given); ``logits`` and ``targets`` go to the metrics, for a causal LM shifted so that
+    position t predicts token t + 1 (``torchmetrics.text.Perplexity`` reads them)."""
+
+    def __init__(self, model: nn.Module, tokenizer_json: str | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.tokenizer_json = tokenizer_json
+        self.causal = type(model).__name__.endswith("ForCausalLM") or "LMHead" in type(model).__name__
+        self.fsdp_blocks = tuple(getattr(model, "_no_split_modules", None) or ())
+
+    def forward(self, **batch: Any) -> Any:
+        return self.model(**batch)
+
+    def _outputs(self, batch: Mapping[str, Any]) -> tuple[Any, Any]:
+        if not isinstance(batch, Mapping):
+            raise TypeError(
+                f"a Hugging Face model takes dict batches (input_ids, labels, ...), got {type(batch).__name__}"
+            )
+        out = self.model(**batch)
+        if getattr(out, "loss", None) is None:
+            raise ValueError("the model computed no loss: the batch needs labels (a `labels` entry)")
+        return out, batch.get("labels")
+
+    def train_step(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        out, _ = self._outputs(batch)
+        return {"loss": out.loss, "logits": out.logits}
+
+    def eval_step(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        out, labels = self._outputs(batch)
+        logits = out.logits
+        if self.causal and labels is not None:  # position t predicts token t + 1
+            logits, labels = logits[:, :-1], labels[:, 1:]
+        return {"loss": out.loss, "logits": logits, "targets": labels}
+
+    @torch.no_grad()
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model.generate(*args, **kwargs)
+
+
+def causal_lm(vocab_size: int, config: Mapping[str, Any] | None = None, pretrained: str | None = None,
+              tokenizer_json: str | None = None, eos_token_id: int | None = None,
+              pad_token_id: int | None = None, block_size: int | None = None) -> HFModel:  # fmt: skip
+    """A causal language model: ``AutoModelForCausalLM.from_config`` of ``config`` (a dict
+    with ``model_type``, e.g. ``gpt2``, and that model type's settings), sized to the data's
+    vocabulary; or ``from_pretrained`` of a local directory (``pretrained``: never downloaded)."""
+    _needs("transformers")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if pretrained is not None:
+        if not (Path(pretrained).expanduser() / "config.json").is_file():
+            raise ConfigError(f"model.pretrained={pretrained}: not a local model directory (no config.json in it); "
+                              "expkit does not download: give a directory written by save_pretrained")  # fmt: skip
+        model = AutoModelForCausalLM.from_pretrained(str(Path(pretrained).expanduser()), local_files_only=True)
+        return HFModel(model, tokenizer_json)
+    settings = dict(config or {})
+    kind = settings.pop("model_type", None)
+    if kind is None:
+        raise ConfigError("model.config needs a model_type (e.g. model.config.model_type=gpt2)")
+    for key, value in (("bos_token_id", eos_token_id), ("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
+        if value is not None:
+            settings.setdefault(key, value)
+    try:
+        hf_config = AutoConfig.for_model(kind, vocab_size=vocab_size, **settings)
+    except (ValueError, KeyError) as exc:
+        raise ConfigError(f"model.config: {exc}") from None
+    positions = getattr(hf_config, "max_position_embeddings", None)
+    if block_size is not None and isinstance(positions, int) and positions < block_size:
+        raise ConfigError(f"model.config allows {positions} positions, fewer than data.block_size={block_size}")
+    return HFModel(AutoModelForCausalLM.from_config(hf_config), tokenizer_json)
+
+
+# -- hooks ------------------------------------------------------------------------------------------
+def _fast_tokenizer(model: HFModel) -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    if not model.tokenizer_json:
+        return None
+    from tokenizers import Tokenizer
+
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(model.tokenizer_json),
+                                   eos_token=SPECIAL[0], pad_token=SPECIAL[1])  # fmt: skip
+
+
+def _unwrapped(runner: Runner) -> HFModel:
+    model = runner.model
+    if not isinstance(model, HFModel):
+        raise ConfigError(f"this hook needs a Hugging Face model (expkit.tasks.hf.HFModel), not {type(model).__name__}")
+    return model
+
+
+class SavePretrained(Hook):
+    """At the end of the run: the trained model in transformers' own form, ``<work dir>/<dir>``
+    (``config.json``, ``model.safetensors``, and the tokenizer when the data trained one),
+    which plain transformers loads with ``from_pretrained``. With FSDP2 the full weights are
+    gathered first (every rank takes part; rank 0 writes)."""
+
+    priority = Priority.LOW
+
+    def __init__(self, dir: str = "hf_model") -> None:
+        self.dir = dir
+
+    def after_run(self, runner: Runner) -> None:
+        if runner.optimizer is None:
+            return
+        model = _unwrapped(runner)
+        state = None
+        if runner.sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            state = get_model_state_dict(model.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if not runner.is_main:
+            return
+        target = runner.work_dir / self.dir
+        from transformers.utils import logging as hf_logging
+
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # (its "Writing model shards" bar, in a run's log)
+        try:
+            model.model.save_pretrained(str(target), state_dict=state)
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
+        tokenizer = _fast_tokenizer(model)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(target))
+        log.info("Saved the model for transformers' from_pretrained: %s", target)
+
+
+class SampleText(Hook):
+    """After each validation (rank 0): ``num_samples`` texts of ``max_new_tokens`` tokens
+    generated from ``prompt`` by ``model.generate`` (sampling at ``temperature``, from the
+    run's seed), appended to ``<work dir>/samples.txt`` and shown in the log."""
+
+    priority = Priority.LOW
+
+    def __init__(self, prompt: str = "The ", max_new_tokens: int = 40, num_samples: int = 2,
+                 temperature: float = 0.8) -> None:  # fmt: skip
+        self.prompt, self.max_new_tokens = prompt, max_new_tokens
+        self.num_samples, self.temperature = num_samples, temperature
+
+    def after_val_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:
+        model = _unwrapped(runner)
+        tokenizer = _fast_tokenizer(model)
+        if tokenizer is None or not runner.is_main or runner.sharded:
+            return
+        from expkit.rng import rng_states, set_rng_states
+
+        states, was_training = rng_states(), model.training
+        try:
+            torch.manual_seed(runner.settings.seed or 0)
+            model.eval()
+            ids = tokenizer(self.prompt, return_tensors="pt")["input_ids"].to(runner.device)
+            out = model.generate(ids, do_sample=True, temperature=self.temperature,
+                                 max_new_tokens=self.max_new_tokens, num_return_sequences=self.num_samples,
+                                 pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+        finally:
+            model.train(was_training)
+            set_rng_states(states)
+        texts = tokenizer.batch_decode(out, skip_special_tokens=True)
+        with open(runner.work_dir / "samples.txt", "a", encoding="utf-8") as f:
+            f.writelines(f"--- epoch {runner.epoch} iteration {runner.iter}\n{text}\n" for text in texts)
+        log.info("Sample: %s", texts[0].replace("\n", " ")[:200])

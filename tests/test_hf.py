@@ -1,0 +1,120 @@
+"""Hugging Face transformers, tokenizers and datasets, with nothing downloaded: a GPT-2 built
+from a config on a BPE tokenizer trained on the Python docs (experiment=hf_causal_lm), a bare
+PreTrainedModel given through _target_, local text files read through datasets, the model
+saved in transformers' own form and loaded back in plain transformers, FSDP2 under torchrun,
+and the bad input of this path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO, run_cli
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+pytest.importorskip("datasets")
+
+SMALL = ["data.max_chars=60000", "trainer.max_epochs=2"]
+
+
+@pytest.mark.slow
+def test_hf_causal_lm_trains_saves_for_transformers_and_evaluates(tmp_path):
+    work = tmp_path / "runs" / "lm"
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = run_cli(f"hydra.run.dir={work}", "experiment=hf_causal_lm", *SMALL, env={"HOME": str(home)})
+    assert proc.returncode == 0, proc.output[-3000:]
+    result = json.loads((work / "result.json").read_text())
+    assert result["status"] == "completed"
+    history = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    perplexities = [h["val/perplexity"] for h in history if "val/perplexity" in h]
+    assert len(perplexities) == 2 and perplexities[1] < perplexities[0] < 2000  # learning, below uniform
+    samples = (work / "samples.txt").read_text()
+    assert samples.count("--- epoch") == 4 and "The" in samples  # 2 samples after each validation
+    # the tokenizer was trained once and cached beside the work dirs, nothing in the home dir
+    assert len(list((tmp_path / "runs" / ".hf_cache" / "tokenizers").glob("bpe-*.json"))) == 1
+    assert not [p for p in home.rglob("*") if "huggingface" in p.name or "datasets" in p.name]
+
+    # transformers' own form loads in plain transformers and computes what expkit's checkpoint does
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(work / "hf_model"))
+    tokenizer = AutoTokenizer.from_pretrained(str(work / "hf_model"))
+    ids = tokenizer("def f(x):\n    return x", return_tensors="pt")["input_ids"]
+    last = torch.load(work / "checkpoints" / "epoch_2.pth", weights_only=True)["state_dict"]
+    assert all(torch.equal(v, last[f"model.{k}"]) for k, v in model.state_dict().items() if f"model.{k}" in last)
+    assert model(ids).logits.shape == (1, ids.shape[1], len(tokenizer))
+
+    evaluated = subprocess.run([sys.executable, "-m", "expkit.eval", f"checkpoint={work}", "which=best",
+                                f"work_dir={tmp_path / 'eval'}"], capture_output=True, text=True)  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    got = json.loads((tmp_path / "eval" / "result.json").read_text())["final_metrics"]
+    assert got["test/perplexity"] == pytest.approx(result["final_metrics"]["test/perplexity"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_a_bare_pretrained_model_and_text_files_read_through_datasets(tmp_path):
+    """A PreTrainedModel given as it is (its own class and config through _target_) trains on
+    dict batches with its own loss; local text files go through datasets' text loader, cached
+    in data.cache_dir."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    from pydoc_data import topics
+
+    text = "".join(topics.topics[k] for k in sorted(topics.topics))[:80000]
+    (corpus / "a.txt").write_text(text[:40000])
+    (corpus / "b.txt").write_text(text[40000:])
+    work = tmp_path / "runs" / "bare"  # the docs' example: examples/my_project/conf/model/my_gpt2.yaml
+    proc = run_cli("--config-dir", str(REPO / "examples" / "my_project" / "conf"), f"hydra.run.dir={work}",
+                   "experiment=hf_causal_lm", "model=my_gpt2", "trainer.max_epochs=1", f"data.text={corpus}/*.txt",
+                   "hooks=[]")  # fmt: skip
+    assert proc.returncode == 0, proc.output[-3000:]
+    assert "Model HFModel" in proc.output and "GPT2LMHeadModel" in (work / ".hydra" / "config.yaml").read_text()
+    assert json.loads((work / "result.json").read_text())["status"] == "completed"
+    assert list((tmp_path / "runs" / ".hf_cache" / "datasets").iterdir())  # datasets' cache, beside the runs
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["data.tokenizer=/nonexistent/tokenizer.json"], "data.tokenizer=/nonexistent/tokenizer.json: no such file"),
+        (["data.text=/nonexistent/*.txt"], "data.text=/nonexistent/*.txt: no such file"),
+        (["data.text=EMPTY"], "the text is empty"),
+        (["model.pretrained=/nonexistent"], "model.pretrained=/nonexistent: not a local model directory"),
+        (["model.config.model_type=gpt5"], "model.config: Unrecognized model identifier: gpt5"),
+        (["model.config.n_positions=32"], "model.config allows 32 positions, fewer than data.block_size=64"),
+    ],
+    ids=["tokenizer file", "text files", "empty text", "pretrained dir", "model type", "positions"],
+)
+def test_bad_input_exits_2_in_one_line(tmp_path, overrides, says):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    overrides = [o.replace("EMPTY", str(empty)) for o in overrides]
+    proc = run_cli(f"hydra.run.dir={tmp_path / 'runs' / 'bad'}", "experiment=hf_causal_lm", *SMALL, *overrides)
+    assert proc.returncode == 2, proc.output[-3000:]
+    assert says in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_fsdp2_trains_a_transformers_model_and_saves_it_whole(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
+    work = tmp_path / "runs" / "fsdp"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "expkit.train", f"hydra.run.dir={work}", "experiment=hf_causal_lm", *SMALL,
+                           "trainer.strategy=fsdp", "hooks=[hf_save_pretrained]", "trainer.accumulate_grad_batches=2"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (work / "checkpoints" / "epoch_2.dcp").is_dir()
+    from safetensors.torch import load_file
+
+    from expkit import sharding
+
+    saved = load_file(str(work / "hf_model" / "model.safetensors"))
+    shards = sharding.read_weights(work / "checkpoints" / "epoch_2.dcp")
+    assert all(torch.equal(saved[k], shards[f"model.{k}"]) for k in saved if f"model.{k}" in shards)
+    assert len([k for k in saved if f"model.{k}" in shards]) > 20  # the whole model, gathered from both ranks
