@@ -7,6 +7,8 @@ The model is built from the config stored in the checkpoint, through the same tr
   a folder      its images, at any depth (png, jpg, jpeg, bmp, gif, webp, tif, tiff), in path order
   .npy / .pt    one array of inputs, first dimension the batch
   .csv          feature rows for tabular models (a header line, if any, is skipped)
+  .txt          texts, one per line, for a Hugging Face model: a language model continues each
+                by ``max_new_tokens`` tokens (``model.generate``), a classifier classifies each
 
 The run's data module turns them into what the model was trained on (``predict_image``,
 ``predict_input``: the digits' 0-16 pixel counts are scaled, the diabetes features standardised
@@ -195,6 +197,11 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
                                                  stored_overrides(cfg), trust)  # fmt: skip
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device)
     model = model.to(device).eval()
+    if Path(cfg.input).suffix.lower() == ".txt":  # texts: prompts for a language model, or texts to classify
+        rows = _text_rows(model, data, Path(cfg.input), cfg, device)
+        _write(output, rows)
+        log.info("Predicted %d texts of %s with %s: %s", len(rows), cfg.input, path, output)
+        return {"checkpoint": str(path), "output": str(output), "rows": len(rows)}
     example = example_input(loaders)
     expected = tuple(example.shape[1:])
     names, x = read_inputs(Path(cfg.input), data, preprocessed, expected)
@@ -221,6 +228,39 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
     how = "as given (preprocessed=true)" if preprocessed else f"through {type(data).__name__}.predict_input"
     log.info("Predicted %d inputs of %s (%s) with %s: %s", len(rows), cfg.input, how, path, output)
     return {"checkpoint": str(path), "output": str(output), "rows": len(rows)}
+
+
+def _text_rows(model: Any, data: Any, source: Path, cfg: DictConfig, device: torch.device) -> list[dict[str, Any]]:
+    """For each line of `source`: a language model's continuation (``max_new_tokens`` tokens,
+    greedy at ``temperature=0``, else sampled from ``seed``), or a text classifier's classes."""
+    from expkit.tasks.hf import HFModel, fast_tokenizer
+
+    tokenizer = fast_tokenizer(model) if isinstance(model, HFModel) else None
+    if tokenizer is None:
+        raise ConfigError(f"input={source}: text inputs need a Hugging Face model trained with its tokenizer "
+                          "(experiment=hf_causal_lm or hf_text_classification); this checkpoint's model is not one")  # fmt: skip
+    try:
+        lines = [line for line in source.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"input={source}: cannot be read as text ({exc})") from None
+    if not lines:
+        raise ConfigError(f"input={source}: no texts (one per line)")
+    with torch.no_grad():
+        if not model.causal:  # a classifier: the classes of each line, as for any classifier
+            length = data.describe().get("max_length", 512)
+            encoded = tokenizer(lines, padding="max_length", truncation=True, max_length=length, return_tensors="pt")
+            logits = model(**{k: v.to(device) for k, v in encoded.items() if k != "token_type_ids"}).logits
+            return _rows(lines, logits.float().cpu(), data, data.class_names(), int(cfg.top_k), True)
+        temperature = float(cfg.get("temperature", 0.0))
+        sampling: dict[str, Any] = {"do_sample": True, "temperature": temperature} if temperature > 0 else {}
+        torch.manual_seed(int(cfg.get("seed", 0)))
+        rows = []
+        for prompt in lines:
+            ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
+            out = model.generate(ids, max_new_tokens=int(cfg.get("max_new_tokens", 50)),
+                                 pad_token_id=tokenizer.pad_token_id, do_sample=False, **sampling)  # fmt: skip
+            rows.append({"input": prompt, "text": tokenizer.decode(out[0], skip_special_tokens=True)})
+    return rows
 
 
 def _rows(names: list[str], y: torch.Tensor, data: Any, classes: list[str] | None, top_k: int,
@@ -256,8 +296,8 @@ def _write(output: Path, rows: list[dict[str, Any]]) -> None:
         write_text_atomic(output, "".join(json.dumps(row) + "\n" for row in rows))
         return
     buffer = io.StringIO()
-    if "value" in rows[0]:
-        fields = ["input", "value"]
+    if "value" in rows[0] or "text" in rows[0]:
+        fields = ["input", "value" if "value" in rows[0] else "text"]
         flat = rows
     else:
         k = len(rows[0]["top_k"])
@@ -296,6 +336,9 @@ OPTIONS = (
     "which",
     "ema",
     "top_k",
+    "max_new_tokens",
+    "temperature",
+    "seed",
     "preprocessed",
     "batch_size",
     "device",

@@ -56,6 +56,54 @@ def test_hf_causal_lm_trains_saves_for_transformers_and_evaluates(tmp_path):
     got = json.loads((tmp_path / "eval" / "result.json").read_text())["final_metrics"]
     assert got["test/perplexity"] == pytest.approx(result["final_metrics"]["test/perplexity"], rel=1e-6)
 
+    # expkit.predict continues prompts with model.generate (greedy: what plain transformers generates)
+    (tmp_path / "prompts.txt").write_text("def \nThe for statement\n")
+    predicted = subprocess.run([sys.executable, "-m", "expkit.predict", f"checkpoint={work}", "which=last",
+                                f"input={tmp_path / 'prompts.txt'}", f"output={tmp_path / 'out.jsonl'}",
+                                "max_new_tokens=12", f"hydra.run.dir={tmp_path / 'pred'}"],
+                               capture_output=True, text=True)  # fmt: skip
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["input"] for r in rows] == ["def ", "The for statement"]
+    expected = tokenizer.decode(model.generate(tokenizer("def ", return_tensors="pt")["input_ids"], max_new_tokens=12,
+                                               do_sample=False, pad_token_id=tokenizer.pad_token_id)[0],
+                                skip_special_tokens=True)  # fmt: skip
+    assert rows[0]["text"] == expected and rows[0]["text"].startswith("def ")
+
+
+@pytest.mark.slow
+def test_hf_text_classification_tells_packages_apart_and_classifies_new_texts(tmp_path):
+    work = tmp_path / "runs" / "tc"
+    proc = run_cli(f"hydra.run.dir={work}", "experiment=hf_text_classification", "trainer.max_epochs=4")
+    assert proc.returncode == 0, proc.output[-3000:]
+    result = json.loads((work / "result.json").read_text())
+    assert result["final_metrics"]["val/acc"] > 0.6  # 4 packages: chance is 0.25
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(work / "hf_model"))
+    assert model.config.num_labels == 4
+
+    (tmp_path / "texts.txt").write_text("from email.message import Message\nclass T(unittest.TestCase):\n")
+    predicted = subprocess.run([sys.executable, "-m", "expkit.predict", f"checkpoint={work}", "top_k=4",
+                                f"input={tmp_path / 'texts.txt'}", f"output={tmp_path / 'out.jsonl'}",
+                                f"hydra.run.dir={tmp_path / 'pred'}"], capture_output=True, text=True)  # fmt: skip
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(len(r["top_k"]) == 4 for r in rows)
+    assert {c for c, _ in rows[0]["top_k"]} == {"asyncio", "email", "unittest", "xml"}  # named by package
+    assert abs(sum(p for _, p in rows[0]["top_k"]) - 1) < 1e-4
+
+
+def test_text_classes_from_a_csv_file_of_your_own(tmp_path):
+    lines = [f"{'the cat sat on the mat' if i % 2 else 'def f(x): return x'} {i}" for i in range(200)]
+    (tmp_path / "texts.csv").write_text("text,label\n" + "".join(
+        f"{line},{'prose' if i % 2 else 'code'}\n" for i, line in enumerate(lines)))  # fmt: skip
+    work = tmp_path / "runs" / "csv"
+    proc = run_cli(f"hydra.run.dir={work}", "experiment=hf_text_classification", "trainer.max_epochs=2",
+                   f"data.source={tmp_path / 'texts.csv'}", "data.vocab_size=300", "hooks=[]")  # fmt: skip
+    assert proc.returncode == 0, proc.output[-3000:]
+    assert json.loads((work / "result.json").read_text())["final_metrics"]["val/acc"] == 1.0
+
 
 @pytest.mark.slow
 def test_a_bare_pretrained_model_and_text_files_read_through_datasets(tmp_path):
@@ -88,14 +136,23 @@ def test_a_bare_pretrained_model_and_text_files_read_through_datasets(tmp_path):
         (["model.pretrained=/nonexistent"], "model.pretrained=/nonexistent: not a local model directory"),
         (["model.config.model_type=gpt5"], "model.config: Unrecognized model identifier: gpt5"),
         (["model.config.n_positions=32"], "model.config allows 32 positions, fewer than data.block_size=64"),
+        (["experiment=hf_text_classification", "data.source=NOLABEL"], "no label column (it has text)"),
+        (["experiment=hf_text_classification", "data.source=/nonexistent.csv"],
+         "data.source=/nonexistent.csv: give stdlib, or a .csv or .jsonl file"),
+        (["experiment=hf_text_classification", "data.packages=[asyncio,nosuchpackage]"],
+         "data.packages: nosuchpackage is not a standard-library package"),
     ],
-    ids=["tokenizer file", "text files", "empty text", "pretrained dir", "model type", "positions"],
-)
+    ids=["tokenizer file", "text files", "empty text", "pretrained dir", "model type", "positions", "csv columns",
+         "csv file", "package"],
+)  # fmt: skip
 def test_bad_input_exits_2_in_one_line(tmp_path, overrides, says):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
-    overrides = [o.replace("EMPTY", str(empty)) for o in overrides]
-    proc = run_cli(f"hydra.run.dir={tmp_path / 'runs' / 'bad'}", "experiment=hf_causal_lm", *SMALL, *overrides)
+    (tmp_path / "nolabel.csv").write_text("text\nhello\n")
+    overrides = [o.replace("EMPTY", str(empty)).replace("NOLABEL", str(tmp_path / "nolabel.csv")) for o in overrides]
+    if not any(o.startswith("experiment=") for o in overrides):
+        overrides = ["experiment=hf_causal_lm", *SMALL, *overrides]
+    proc = run_cli(f"hydra.run.dir={tmp_path / 'runs' / 'bad'}", *overrides)
     assert proc.returncode == 2, proc.output[-3000:]
     assert says in proc.stderr and "Traceback" not in proc.stderr
 

@@ -18,6 +18,7 @@ through ``datasets`` from local files or the Python documentation that ships wit
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from collections.abc import Mapping
@@ -40,6 +41,20 @@ log = logging.getLogger("expkit")
 SPECIAL = ("<|endoftext|>", "<|pad|>")  # the BPE tokenizer's special tokens: documents' end, padding
 
 
+@contextlib.contextmanager
+def _quiet_datasets() -> Any:
+    """datasets' progress bars ("Generating train split", "Map") off while expkit reads data."""
+    import datasets
+
+    shown = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
+
+
 def _needs(package: str) -> None:
     import importlib.util
 
@@ -51,6 +66,33 @@ def is_transformers_model(model: Any) -> bool:
     """A ``transformers`` PreTrainedModel (told without importing transformers)."""
     return any(c.__module__ == "transformers.modeling_utils" and c.__name__ == "PreTrainedModel"
                for c in type(model).__mro__)  # fmt: skip
+
+
+def bpe_tokenizer(train_docs: list[str], path: str | None, vocab_size: int, cache_dir: Path) -> Any:
+    """The tokenizer: loaded from `path`, or a byte-level BPE of `vocab_size` tokens trained on
+    the training documents (cached in `cache_dir` under a digest of the text and settings)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if path is not None:
+        return Tokenizer.from_file(str(Path(path).expanduser()))
+    digest = hashlib.sha256()
+    for doc in train_docs:
+        digest.update(doc.encode())
+    digest.update(f"bpe {vocab_size}".encode())
+    cached = cache_dir / "tokenizers" / f"bpe-{digest.hexdigest()[:16]}.json"
+    if cached.is_file():
+        return Tokenizer.from_file(str(cached))
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tokenizer.train_from_iterator(train_docs, trainer=trainer)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    from expkit import atomic
+
+    atomic.write_bytes_atomic(cached, tokenizer.to_str().encode())
+    return Tokenizer.from_file(str(cached))
 
 
 # -- data -----------------------------------------------------------------------------------------
@@ -102,7 +144,10 @@ class TextBlocks(DataModule):
                 raise ConfigError(f"data.text={self.text}: no such file (a path or a glob of text files, or pydoc)")
             from datasets import load_dataset
 
-            lines = load_dataset("text", data_files=files, split="train", cache_dir=str(self.cache_dir / "datasets"))
+            with _quiet_datasets():
+                lines = load_dataset(
+                    "text", data_files=files, split="train", cache_dir=str(self.cache_dir / "datasets")
+                )
             docs = [line for line in lines["text"] if line.strip()]
         if self.max_chars is not None:
             kept, size = [], 0
@@ -117,30 +162,7 @@ class TextBlocks(DataModule):
         return docs
 
     def _tokenizer(self, train_docs: list[str]) -> Any:
-        """The tokenizer: loaded, or a byte-level BPE trained on the training documents (cached
-        under a digest of the text and settings)."""
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-        if self.tokenizer_path is not None:
-            return Tokenizer.from_file(str(Path(self.tokenizer_path).expanduser()))
-        digest = hashlib.sha256()
-        for doc in train_docs:
-            digest.update(doc.encode())
-        digest.update(f"bpe {self.vocab_size}".encode())
-        path = self.cache_dir / "tokenizers" / f"bpe-{digest.hexdigest()[:16]}.json"
-        if path.is_file():
-            return Tokenizer.from_file(str(path))
-        tokenizer = Tokenizer(models.BPE())
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tokenizer.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=self.vocab_size, special_tokens=list(SPECIAL), show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
-        tokenizer.train_from_iterator(train_docs, trainer=trainer)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        from expkit import atomic
-
-        atomic.write_bytes_atomic(path, tokenizer.to_str().encode())
-        return Tokenizer.from_file(str(path))
+        return bpe_tokenizer(train_docs, self.tokenizer_path, self.vocab_size, self.cache_dir)
 
     def datasets(self) -> tuple[Any, Any, Any]:
         from datasets import Dataset
@@ -179,6 +201,139 @@ class TextBlocks(DataModule):
         return {"vocab_size": self.tokenizer.get_vocab_size(), "tokenizer_json": self.tokenizer.to_str(),
                 "eos_token_id": self.tokenizer.token_to_id(SPECIAL[0]),
                 "pad_token_id": self.tokenizer.token_to_id(SPECIAL[1]), "block_size": self.block_size}  # fmt: skip
+
+
+STDLIB_PACKAGES = ("asyncio", "email", "unittest", "xml")
+
+
+class TextClasses(DataModule):
+    """Text classification through ``tokenizers`` and ``datasets``.
+
+    ``source``: ``stdlib`` (snippets of ``lines`` non-blank lines of the Python source files of
+    the standard-library packages ``packages`` that ship with CPython, labelled by package,
+    at most ``max_per_class`` each) or a local ``.csv``/``.jsonl`` file with ``text`` and
+    ``label`` columns (read with ``load_dataset``). Texts are shuffled with ``split_seed`` and
+    split into train, val and test; a BPE tokenizer is trained on the training texts (or
+    ``tokenizer`` loaded); each text is cut or padded to ``max_length`` tokens. Batches are
+    dicts: ``input_ids``, ``attention_mask``, ``labels``. ``describe()``: ``num_classes``,
+    ``vocab_size``, ``tokenizer_json``, ``pad_token_id``; ``class_names()``: the labels.
+    """
+
+    def __init__(self, source: str = "stdlib", packages: tuple[str, ...] | list[str] = STDLIB_PACKAGES,
+                 lines: int = 6, max_per_class: int = 600, tokenizer: str | None = None, vocab_size: int = 2000,
+                 max_length: int = 64, val_fraction: float = 0.15, test_fraction: float = 0.15,
+                 split_seed: int = 0, cache_dir: str | None = None, **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(**kwargs)
+        _needs("tokenizers")
+        _needs("datasets")
+        if not (0 < val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
+            raise ConfigError("data.val_fraction and data.test_fraction must be in (0, 1) and sum to less than 1")
+        if tokenizer is not None and not Path(tokenizer).expanduser().is_file():
+            raise ConfigError(f"data.tokenizer={tokenizer}: no such file; give a tokenizer.json (tokenizers' "
+                              "Tokenizer.save), or data.tokenizer=null to train one on the text")  # fmt: skip
+        self.source, self.packages, self.lines, self.max_per_class = source, list(packages), lines, max_per_class
+        self.tokenizer_path, self.vocab_size, self.max_length = tokenizer, vocab_size, max_length
+        self.val_fraction, self.test_fraction, self.split_seed = val_fraction, test_fraction, split_seed
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else Path(".hf_cache")
+        self.tokenizer: Any = None
+        self.names: list[str] = []
+
+    def _stdlib(self) -> Any:
+        """(text, label) rows: snippets of each package's source, in a fixed order."""
+        root = _stdlib()
+        for label, package in enumerate(self.packages):
+            files = sorted(f for f in (root / package).rglob("*.py") if "test" not in f.relative_to(root).parts)
+            count = 0
+            for file in files:
+                lines = [
+                    line for line in file.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()
+                ]
+                for start in range(0, len(lines) - self.lines + 1, self.lines):
+                    if count >= self.max_per_class:
+                        break
+                    yield {"text": "\n".join(lines[start : start + self.lines]), "label": label}
+                    count += 1
+
+    def _rows(self) -> Any:
+        from datasets import Dataset, load_dataset
+
+        cache = str(self.cache_dir / "datasets")
+        if self.source == "stdlib":
+            root = _stdlib()
+            for package in self.packages:  # (checked here: an error inside the generator reaches us wrapped)
+                if not list((root / package).glob("*.py")):
+                    raise ConfigError(f"data.packages: {package} is not a standard-library package of this Python "
+                                      f"({root}); e.g. asyncio, email, json, unittest, xml")  # fmt: skip
+            self.names = list(self.packages)
+            return Dataset.from_generator(self._stdlib, cache_dir=cache)
+        path = Path(self.source).expanduser()
+        kind = {".csv": "csv", ".jsonl": "json", ".json": "json"}.get(path.suffix.lower())
+        if kind is None or not path.is_file():
+            raise ConfigError(f"data.source={self.source}: give stdlib, or a .csv or .jsonl file with text and label "
+                              "columns")  # fmt: skip
+        rows = load_dataset(kind, data_files=str(path), split="train", cache_dir=cache)
+        missing = {"text", "label"} - set(rows.column_names)
+        if missing:
+            raise ConfigError(f"data.source={self.source}: no {', '.join(sorted(missing))} column (it has "
+                              f"{', '.join(rows.column_names)})")  # fmt: skip
+        if not len(rows):
+            raise ConfigError(f"data.source={self.source}: the file holds no rows")
+        self.names = sorted({str(v) for v in rows["label"]})
+        index = {name: i for i, name in enumerate(self.names)}
+        labels = [index[str(v)] for v in rows["label"]]
+        return rows.remove_columns("label").add_column("label", labels)
+
+    def datasets(self) -> tuple[Any, Any, Any]:
+        with _quiet_datasets():
+            rows = self._rows().shuffle(seed=self.split_seed)
+        n = len(rows)
+        n_val, n_test = max(1, int(self.val_fraction * n)), int(self.test_fraction * n)
+        train = rows.select(range(n - n_val - n_test))
+        if not len(train):
+            raise ConfigError(f"data.source={self.source}: too few texts ({n}) to split into train and val")
+        self.tokenizer = bpe_tokenizer(list(train["text"]), self.tokenizer_path, self.vocab_size, self.cache_dir)
+        self.tokenizer.enable_truncation(self.max_length)
+        pad = self.tokenizer.token_to_id(SPECIAL[1])
+        self.tokenizer.enable_padding(pad_id=pad, pad_token=SPECIAL[1], length=self.max_length)
+
+        def encoded(part: Any) -> Any:
+            if not len(part):
+                return None
+            encodings = self.tokenizer.encode_batch(list(part["text"]))
+            return _Encoded(torch.tensor([e.ids for e in encodings]), torch.tensor([e.attention_mask for e in encodings]),
+                            torch.tensor(list(part["label"])))  # fmt: skip
+
+        parts = (train, rows.select(range(n - n_val - n_test, n - n_test)), rows.select(range(n - n_test, n)))
+        return tuple(encoded(part) for part in parts)  # type: ignore[return-value]
+
+    def describe(self) -> dict[str, Any]:
+        if self.tokenizer is None:
+            raise RuntimeError("TextClasses.describe() needs the tokenizer: call loaders() or datasets() first")
+        return {"num_classes": len(self.names), "vocab_size": self.tokenizer.get_vocab_size(),
+                "tokenizer_json": self.tokenizer.to_str(), "pad_token_id": self.tokenizer.token_to_id(SPECIAL[1]),
+                "max_length": self.max_length}  # fmt: skip
+
+    def class_names(self) -> list[str] | None:
+        return self.names or None
+
+
+def _stdlib() -> Path:
+    import sysconfig
+
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+class _Encoded(torch.utils.data.Dataset):
+    """Tokenised texts with their labels: dict items as a sequence classifier takes them."""
+
+    def __init__(self, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> None:
+        self.ids, self.mask, self.labels = ids, mask, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[index], "attention_mask": self.mask[index], "labels": self.labels[index]}
 
 
 class _Labelled(torch.utils.data.Dataset):
@@ -271,8 +426,42 @@ def causal_lm(vocab_size: int, config: Mapping[str, Any] | None = None, pretrain
     return HFModel(AutoModelForCausalLM.from_config(hf_config), tokenizer_json)
 
 
+def sequence_classifier(vocab_size: int, num_classes: int, config: Mapping[str, Any] | None = None,
+                        pretrained: str | None = None, tokenizer_json: str | None = None,
+                        pad_token_id: int | None = None, max_length: int | None = None) -> HFModel:  # fmt: skip
+    """A sequence classifier: ``AutoModelForSequenceClassification.from_config`` of ``config``
+    (``model_type`` and its settings), with the data's vocabulary and ``num_labels`` = the data's
+    classes; or ``from_pretrained`` of a local directory (its head resized to the classes)."""
+    _needs("transformers")
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    if pretrained is not None:
+        if not (Path(pretrained).expanduser() / "config.json").is_file():
+            raise ConfigError(f"model.pretrained={pretrained}: not a local model directory (no config.json in it); "
+                              "expkit does not download: give a directory written by save_pretrained")  # fmt: skip
+        model = AutoModelForSequenceClassification.from_pretrained(
+            str(Path(pretrained).expanduser()), num_labels=num_classes, ignore_mismatched_sizes=True,
+            local_files_only=True)  # fmt: skip
+        return HFModel(model, tokenizer_json)
+    settings = dict(config or {})
+    kind = settings.pop("model_type", None)
+    if kind is None:
+        raise ConfigError("model.config needs a model_type (e.g. model.config.model_type=bert)")
+    if pad_token_id is not None:
+        settings.setdefault("pad_token_id", pad_token_id)
+    try:
+        hf_config = AutoConfig.for_model(kind, vocab_size=vocab_size, num_labels=num_classes, **settings)
+    except (ValueError, KeyError) as exc:
+        raise ConfigError(f"model.config: {exc}") from None
+    positions = getattr(hf_config, "max_position_embeddings", None)
+    if max_length is not None and isinstance(positions, int) and positions < max_length:
+        raise ConfigError(f"model.config allows {positions} positions, fewer than data.max_length={max_length}")
+    return HFModel(AutoModelForSequenceClassification.from_config(hf_config), tokenizer_json)
+
+
 # -- hooks ------------------------------------------------------------------------------------------
-def _fast_tokenizer(model: HFModel) -> Any:
+def fast_tokenizer(model: HFModel) -> Any:
+    """The tokenizer the model was trained with, as transformers' PreTrainedTokenizerFast; None without one."""
     from transformers import PreTrainedTokenizerFast
 
     if not model.tokenizer_json:
@@ -322,7 +511,7 @@ class SavePretrained(Hook):
         finally:
             if bars:
                 hf_logging.enable_progress_bar()
-        tokenizer = _fast_tokenizer(model)
+        tokenizer = fast_tokenizer(model)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(target))
         log.info("Saved the model for transformers' from_pretrained: %s", target)
@@ -342,7 +531,7 @@ class SampleText(Hook):
 
     def after_val_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:
         model = _unwrapped(runner)
-        tokenizer = _fast_tokenizer(model)
+        tokenizer = fast_tokenizer(model)
         if tokenizer is None or not runner.is_main or runner.sharded:
             return
         from expkit.rng import rng_states, set_rng_states
