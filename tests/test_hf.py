@@ -134,7 +134,7 @@ def test_a_bare_pretrained_model_and_text_files_read_through_datasets(tmp_path):
         (["data.text=/nonexistent/*.txt"], "data.text=/nonexistent/*.txt: no such file"),
         (["data.text=EMPTY"], "the text is empty"),
         (["model.pretrained=/nonexistent"], "model.pretrained=/nonexistent: not a local model directory"),
-        (["model.config.model_type=gpt5"], "model.config: Unrecognized model identifier: gpt5"),
+        (["model.config.model_type=gtp2"], "model_type='gtp2' is not a transformers model type; close matches: gpt2"),
         (["model.config.n_positions=32"], "model.config allows 32 positions, fewer than data.block_size=64"),
         (["experiment=hf_text_classification", "data.source=NOLABEL"], "no label column (it has text)"),
         (["experiment=hf_text_classification", "data.source=/nonexistent.csv"],

@@ -394,6 +394,24 @@ class HFModel(nn.Module):
         return self.model.generate(*args, **kwargs)
 
 
+def _auto_config(kind: str, **settings: Any) -> Any:
+    """``AutoConfig.for_model(kind, **settings)``; a model type transformers does not know is a
+    ConfigError with the close matches."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if kind not in CONFIG_MAPPING:
+        import difflib
+
+        close = difflib.get_close_matches(kind, list(CONFIG_MAPPING.keys()), n=5, cutoff=0.6)
+        hint = f"; close matches: {', '.join(close)}" if close else ""
+        raise ConfigError(f"model.config.model_type={kind!r} is not a transformers model type{hint}")
+    try:
+        return AutoConfig.for_model(kind, **settings)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"model.config: {exc}") from None
+
+
 def causal_lm(vocab_size: int, config: Mapping[str, Any] | None = None, pretrained: str | None = None,
               tokenizer_json: str | None = None, eos_token_id: int | None = None,
               pad_token_id: int | None = None, block_size: int | None = None) -> HFModel:  # fmt: skip
@@ -401,7 +419,7 @@ def causal_lm(vocab_size: int, config: Mapping[str, Any] | None = None, pretrain
     with ``model_type``, e.g. ``gpt2``, and that model type's settings), sized to the data's
     vocabulary; or ``from_pretrained`` of a local directory (``pretrained``: never downloaded)."""
     _needs("transformers")
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     if pretrained is not None:
         if not (Path(pretrained).expanduser() / "config.json").is_file():
@@ -416,10 +434,7 @@ def causal_lm(vocab_size: int, config: Mapping[str, Any] | None = None, pretrain
     for key, value in (("bos_token_id", eos_token_id), ("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)):
         if value is not None:
             settings.setdefault(key, value)
-    try:
-        hf_config = AutoConfig.for_model(kind, vocab_size=vocab_size, **settings)
-    except (ValueError, KeyError) as exc:
-        raise ConfigError(f"model.config: {exc}") from None
+    hf_config = _auto_config(kind, vocab_size=vocab_size, **settings)
     positions = getattr(hf_config, "max_position_embeddings", None)
     if block_size is not None and isinstance(positions, int) and positions < block_size:
         raise ConfigError(f"model.config allows {positions} positions, fewer than data.block_size={block_size}")
@@ -433,7 +448,7 @@ def sequence_classifier(vocab_size: int, num_classes: int, config: Mapping[str, 
     (``model_type`` and its settings), with the data's vocabulary and ``num_labels`` = the data's
     classes; or ``from_pretrained`` of a local directory (its head resized to the classes)."""
     _needs("transformers")
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers import AutoModelForSequenceClassification
 
     if pretrained is not None:
         if not (Path(pretrained).expanduser() / "config.json").is_file():
@@ -449,10 +464,7 @@ def sequence_classifier(vocab_size: int, num_classes: int, config: Mapping[str, 
         raise ConfigError("model.config needs a model_type (e.g. model.config.model_type=bert)")
     if pad_token_id is not None:
         settings.setdefault("pad_token_id", pad_token_id)
-    try:
-        hf_config = AutoConfig.for_model(kind, vocab_size=vocab_size, num_labels=num_classes, **settings)
-    except (ValueError, KeyError) as exc:
-        raise ConfigError(f"model.config: {exc}") from None
+    hf_config = _auto_config(kind, vocab_size=vocab_size, num_labels=num_classes, **settings)
     positions = getattr(hf_config, "max_position_embeddings", None)
     if max_length is not None and isinstance(positions, int) and positions < max_length:
         raise ConfigError(f"model.config allows {positions} positions, fewer than data.max_length={max_length}")
