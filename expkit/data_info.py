@@ -1,5 +1,6 @@
 """``${data_info:KEY}``: what the data module describes (``num_classes``, ``in_channels``,
-``vocab_size``...), for any config value, in YAML or on the command line.
+``vocab_size``...), for any config value, in YAML or on the command line; and ``${runs_dir:}``,
+the directory that holds the run's work dir (where caches shared by runs go).
 
 Registered with OmegaConf when expkit is imported, before Hydra composes and before anything
 reads the config (a command-line interpolation is resolved as early as the run's record);
@@ -8,6 +9,7 @@ filled by ``expkit.build.build_model`` once the data module is built.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from expkit.errors import ConfigError
@@ -30,3 +32,16 @@ def _data_info(key: str) -> Any:
 
 
 register_resolver("data_info", _data_info)
+
+
+def _runs_dir() -> str:
+    """The parent of the run's work dir (``hydra.runtime.output_dir``): a sweep's dir for its
+    jobs, ``outputs/runs`` for single runs; ``.`` outside a Hydra app."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return "."
+    return str(Path(HydraConfig.get().runtime.output_dir).parent)
+
+
+register_resolver("runs_dir", _runs_dir)

@@ -69,7 +69,7 @@ def test_hydra_forms(tmp_path, args):
 def test_help_lists_the_groups_and_cfg_job_prints_the_config():
     proc = run_cli("--help")
     assert proc.returncode == 0
-    models = "model: byol_mlp, char_gru, cnn, digits_gan, mlp, regression_mlp, resnet18, segnet"
+    models = "model: byol_mlp, char_gru, cnn, digits_gan, hf_causal_lm, hf_classifier, mlp, regression_mlp, resnet18, segnet, timm"
     for line in (models, "optim: adam, adamw, gan, sgd", "sched: cosine, none"):
         assert line in proc.stdout
     hooks_line = next(line for line in proc.stdout.splitlines() if line.startswith("hooks: "))
@@ -107,7 +107,7 @@ def test_show_hooks_prints_the_order_without_training(tmp_path):
             ["model=nonexistent"],
             [
                 "Unknown model option 'nonexistent'",
-                "byol_mlp, char_gru, cnn, digits_gan, mlp, regression_mlp, resnet18, segnet",
+                "byol_mlp, char_gru, cnn, digits_gan, hf_causal_lm, hf_classifier, mlp, regression_mlp, resnet18, segnet, timm",
             ],
         ),
         (["hooks=[ema]", "+hooks.ema.priority=SUPER"], ["hooks.ema.priority", "'SUPER'", "VERY_HIGH (10)"]),

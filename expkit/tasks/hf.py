@@ -106,7 +106,8 @@ class TextBlocks(DataModule):
     cache, reused by the next run). The token stream is packed into blocks of ``block_size``
     tokens, documents separated by ``<|endoftext|>``. ``cache_dir``: where ``datasets`` and the
     trained tokenizer are cached (the config puts it beside the work dirs).
-    ``describe()``: ``vocab_size``, ``tokenizer_file``, ``eos_token_id``, ``pad_token_id``.
+    ``describe()``: ``vocab_size``, ``tokenizer_json``, ``eos_token_id``, ``pad_token_id``,
+    ``block_size``.
     """
 
     def __init__(self, text: str = "pydoc", tokenizer: str | None = None, vocab_size: int = 2000,
@@ -161,9 +162,6 @@ class TextBlocks(DataModule):
             raise ConfigError(f"data.text={self.text}: the text is empty; give files with text in them")
         return docs
 
-    def _tokenizer(self, train_docs: list[str]) -> Any:
-        return bpe_tokenizer(train_docs, self.tokenizer_path, self.vocab_size, self.cache_dir)
-
     def datasets(self) -> tuple[Any, Any, Any]:
         from datasets import Dataset
 
@@ -173,7 +171,7 @@ class TextBlocks(DataModule):
         splits = [docs[: n - n_val - n_test], docs[n - n_val - n_test : n - n_test], docs[n - n_test :]]
         if not splits[0]:
             raise ConfigError(f"data.text={self.text}: too few documents ({n}) to split into train and val")
-        self.tokenizer = self._tokenizer(splits[0])
+        self.tokenizer = bpe_tokenizer(splits[0], self.tokenizer_path, self.vocab_size, self.cache_dir)
         eos = self.tokenizer.token_to_id(SPECIAL[0])
         block = self.block_size
 
@@ -487,7 +485,8 @@ def fast_tokenizer(model: HFModel) -> Any:
 def _unwrapped(runner: Runner) -> HFModel:
     model = runner.model
     if not isinstance(model, HFModel):
-        raise ConfigError(f"this hook needs a Hugging Face model (expkit.tasks.hf.HFModel), not {type(model).__name__}")
+        raise ConfigError(f"this hook needs a Hugging Face model (expkit.tasks.hf.HFModel, e.g. model=hf_causal_lm), "
+                          f"not {type(model).__name__}")  # fmt: skip
     return model
 
 
@@ -502,10 +501,13 @@ class SavePretrained(Hook):
     def __init__(self, dir: str = "hf_model") -> None:
         self.dir = dir
 
+    def before_run(self, runner: Runner) -> None:
+        _unwrapped(runner)  # (another model: refused before training, not after it)
+
     def after_run(self, runner: Runner) -> None:
-        if runner.optimizer is None:
-            return
-        model = _unwrapped(runner)
+        if runner.optimizer is None or runner.error is not None or not isinstance(runner.model, HFModel):
+            return  # (nothing trained, or the run failed: before_run said why)
+        model = runner.model
         state = None
         if runner.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -540,6 +542,9 @@ class SampleText(Hook):
                  temperature: float = 0.8) -> None:  # fmt: skip
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
         self.num_samples, self.temperature = num_samples, temperature
+
+    def before_run(self, runner: Runner) -> None:
+        _unwrapped(runner)
 
     def after_val_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:
         model = _unwrapped(runner)
