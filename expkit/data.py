@@ -21,6 +21,13 @@ from expkit.errors import ConfigError
 from expkit.samplers import SeededRandomSampler, ShardSampler, seed_worker
 
 
+def check_fractions(val_fraction: float, test_fraction: float) -> None:
+    """The shares of the data held out for validation and test: each in (0, 1) (test may be 0:
+    no test set), together less than all of it."""
+    if not (0 < val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
+        raise ConfigError("data.val_fraction and data.test_fraction must be in (0, 1) and sum to less than 1")
+
+
 class DataModule:
     """Base class: subclasses implement ``datasets()`` -> (train, val, test-or-None), and say
     what models need to know of the data in ``describe()`` (image modules set the class
@@ -131,8 +138,7 @@ class DigitsData(DataModule):
     def __init__(self, val_fraction: float = 0.15, test_fraction: float = 0.15, split_seed: int = 0,
                  noisy_val: float = 0.0, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
-        if not (0 < val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
-            raise ConfigError("data.val_fraction and data.test_fraction must be in (0, 1) and sum to less than 1")
+        check_fractions(val_fraction, test_fraction)
         if not isinstance(noisy_val, (int, float)) or not 0 <= noisy_val < float("inf"):
             raise ConfigError(f"data.noisy_val must be a noise level >= 0 (0: no noisy set), got {noisy_val!r}")
         self.val_fraction = val_fraction

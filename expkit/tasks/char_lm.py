@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from expkit.data import DataModule
+from expkit.data import DataModule, check_fractions
 from expkit.errors import ConfigError
 from expkit.hooks.base import Hook
 from expkit.stages import Priority
@@ -83,8 +83,7 @@ class CharCorpusData(DataModule):
             raise ConfigError(f"data.seq_len must be >= 1, got {seq_len}")
         if max_chars < 1:
             raise ConfigError(f"data.max_chars must be >= 1, got {max_chars}")
-        if not (0 < val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
-            raise ConfigError("data.val_fraction and data.test_fraction must be in (0, 1) and sum to less than 1")
+        check_fractions(val_fraction, test_fraction)
         self.seq_len = seq_len
         self.max_chars = max_chars
         self.val_fraction = val_fraction

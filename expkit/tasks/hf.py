@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from expkit.data import DataModule
+from expkit.data import DataModule, check_fractions
 from expkit.errors import ConfigError
 from expkit.hooks.base import Hook
 from expkit.stages import Priority
@@ -66,6 +66,12 @@ def is_transformers_model(model: Any) -> bool:
     """A ``transformers`` PreTrainedModel (told without importing transformers)."""
     return any(c.__module__ == "transformers.modeling_utils" and c.__name__ == "PreTrainedModel"
                for c in type(model).__mro__)  # fmt: skip
+
+
+def _check_tokenizer_file(tokenizer: str | None) -> None:
+    if tokenizer is not None and not Path(tokenizer).expanduser().is_file():
+        raise ConfigError(f"data.tokenizer={tokenizer}: no such file; give a tokenizer.json (tokenizers' "
+                          "Tokenizer.save), or data.tokenizer=null to train one on the text")  # fmt: skip
 
 
 def bpe_tokenizer(train_docs: list[str], path: str | None, vocab_size: int, cache_dir: Path) -> Any:
@@ -120,11 +126,8 @@ class TextBlocks(DataModule):
             raise ConfigError(f"data.block_size must be >= 2, got {block_size}")
         if vocab_size < 300:
             raise ConfigError(f"data.vocab_size must be >= 300 (256 bytes and merges), got {vocab_size}")
-        if not (0 < val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
-            raise ConfigError("data.val_fraction and data.test_fraction must be in (0, 1) and sum to less than 1")
-        if tokenizer is not None and not Path(tokenizer).expanduser().is_file():
-            raise ConfigError(f"data.tokenizer={tokenizer}: no such file; give a tokenizer.json (tokenizers' "
-                              "Tokenizer.save), or data.tokenizer=null to train one on the text")  # fmt: skip
+        check_fractions(val_fraction, test_fraction)
+        _check_tokenizer_file(tokenizer)
         self.text, self.tokenizer_path, self.vocab_size = text, tokenizer, vocab_size
         self.block_size, self.max_chars = block_size, max_chars
         self.val_fraction, self.test_fraction = val_fraction, test_fraction
@@ -224,11 +227,8 @@ class TextClasses(DataModule):
         super().__init__(**kwargs)
         _needs("tokenizers")
         _needs("datasets")
-        if not (0 < val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
-            raise ConfigError("data.val_fraction and data.test_fraction must be in (0, 1) and sum to less than 1")
-        if tokenizer is not None and not Path(tokenizer).expanduser().is_file():
-            raise ConfigError(f"data.tokenizer={tokenizer}: no such file; give a tokenizer.json (tokenizers' "
-                              "Tokenizer.save), or data.tokenizer=null to train one on the text")  # fmt: skip
+        check_fractions(val_fraction, test_fraction)
+        _check_tokenizer_file(tokenizer)
         self.source, self.packages, self.lines, self.max_per_class = source, list(packages), lines, max_per_class
         self.tokenizer_path, self.vocab_size, self.max_length = tokenizer, vocab_size, max_length
         self.val_fraction, self.test_fraction, self.split_seed = val_fraction, test_fraction, split_seed

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from expkit.data import DataModule
+from expkit.data import DataModule, check_fractions
 from expkit.errors import ConfigError
 from expkit.models import mlp_layers
 
@@ -33,8 +33,7 @@ class DiabetesData(DataModule):
 
     def __init__(self, val_fraction: float = 0.15, test_fraction: float = 0.15, split_seed: int = 0, **kwargs):
         super().__init__(**kwargs)
-        if not (0 < val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
-            raise ConfigError("data.val_fraction and data.test_fraction must be in (0, 1) and sum to less than 1")
+        check_fractions(val_fraction, test_fraction)
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
         self.split_seed = split_seed
