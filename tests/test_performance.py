@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -267,3 +268,12 @@ def test_the_sharded_run_holds_less_training_state_per_rank():
     out = _bench("benchmarks/fsdp_memory.py")
     state_ratio = _ratios(out, r"fsdp / ddp \(medians\):")[0]  # exact tensor bytes: not noisy
     assert state_ratio < 0.75, out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind (apt-get install valgrind)")
+def test_the_instruction_count_benchmark_runs_and_reads_cachegrind():
+    out = _bench("benchmarks/loop_instructions.py")
+    assert out.count(": ran") == 4, out  # both sides of the whole run and of the training iterations alone
+    count = int(re.search(r"cachegrind read: ([\d,]+) instructions", out).group(1).replace(",", ""))
+    assert count > 1_000_000, out  # a Python interpreter's start-up, at least

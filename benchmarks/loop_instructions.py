@@ -1,0 +1,127 @@
+"""Instructions per epoch, expkit against the raw loop, on the peer workload of peers.py.
+
+Timing a 0.7 s run on a shared machine moves by several percent from one invocation to the
+next; instruction counts do not. Each side runs under valgrind's cachegrind (no cache
+simulation) twice, for a short and a long run; the difference between the two, divided by
+the extra epochs, is what one epoch costs: 40 training iterations, one validation, one
+checkpoint, every hook. Start-up and imports cancel out. Prints each side's instructions per
+epoch and per training iteration, and expkit's ratio and excess.
+
+    python benchmarks/loop_instructions.py [--epochs 1 5] [--keep DIR]
+
+``--keep DIR`` keeps the cachegrind files (``cg_annotate DIR/expkit-5.out``) to see which C
+functions the excess runs in. Needs valgrind (``apt-get install valgrind``); each run takes
+one to two minutes under it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from peers import EXPKIT, RAW
+
+SIDES = {"raw loop": RAW, "expkit": EXPKIT}
+# --part train: the training iterations alone (no validation, no checkpoint on either side)
+TRAIN_ONLY = {
+    "raw loop": RAW.replace("    model.eval()\n", "    continue\n").replace("correct / total)", "0.0)"),
+    "expkit": EXPKIT.replace("from expkit import Runner, TrainerSettings",
+                             "from expkit import Runner, TrainerSettings, default_hooks")
+    .replace("val_loader=val,", "default_hooks=default_hooks(checkpoint=None),")
+    .replace('result["final_metrics"]["val/acc"]', "0.0"),
+}  # fmt: skip
+ITERATIONS_PER_EPOCH = 40  # ceil(1257 / 32): the peer workload's training batches
+
+
+def instructions(code: str, epochs: int, work: Path, out_file: Path) -> int:
+    """Instructions the whole process ran (cachegrind's ``I refs``) for a run of `epochs`."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    # the same hash seed every run: dict and set layouts, hence the instruction counts, repeat
+    env.update(OMP_NUM_THREADS="1", PYTHONHASHSEED="0", PYTHONPATH=str(Path(__file__).parent))
+    run_dir = Path(tempfile.mkdtemp(dir=work))
+    script = run_dir / "side.py"  # (a file, not -c: cg_annotate reads the command as one line)
+    script.write_text(code)
+    command = ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out_file}",
+               sys.executable, str(script), str(epochs), str(run_dir)]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, env=env, cwd=run_dir, timeout=1800)
+    found = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
+    if out.returncode != 0 or found is None or "RESULT" not in out.stdout:
+        raise RuntimeError(f"exit {out.returncode}: {out.stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
+def quick() -> None:
+    """What CI can afford: every side of both parts runs one epoch (natively), and
+    cachegrind's count of a trivial program is read back."""
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        for part, sides in (("whole", SIDES), ("train", TRAIN_ONLY)):
+            for name, code in sides.items():
+                run_dir = Path(tempfile.mkdtemp(dir=tmp))
+                out = subprocess.run([sys.executable, "-c", code, "1", str(run_dir)], capture_output=True, text=True,
+                                     env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)}, cwd=run_dir)  # fmt: skip
+                if out.returncode != 0 or "RESULT" not in out.stdout:
+                    raise RuntimeError(f"{part}/{name}: exit {out.returncode}: {out.stderr[-2000:]}")
+                print(f"{part}, {name}: ran")
+        count = instructions("print('RESULT')", 0, tmp, tmp / "count.out")
+        print(f"cachegrind read: {count:,} instructions for a Python that prints one line")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, nargs=2, default=(1, 5), metavar=("SHORT", "LONG"))
+    parser.add_argument(
+        "--part",
+        choices=("whole", "train"),
+        default="whole",
+        help="train: the training iterations alone, no validation or checkpoint on either side",
+    )
+    parser.add_argument("--keep", type=Path, help="keep the cachegrind output files in this dir")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="seconds, for CI: each side once without valgrind, valgrind's count read once",
+    )
+    args = parser.parse_args()
+    short, long = args.epochs
+    if long <= short:
+        parser.error("--epochs SHORT LONG: LONG must be greater than SHORT")
+    if shutil.which("valgrind") is None:
+        sys.exit("valgrind is not installed: apt-get install valgrind")
+    if args.quick:
+        quick()
+        return
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        keep = args.keep or tmp
+        keep.mkdir(parents=True, exist_ok=True)
+        sides = SIDES if args.part == "whole" else TRAIN_ONLY
+        for code in sides.values():  # not counted: writes the byte-code caches, as peers.py does
+            subprocess.run([sys.executable, "-c", code, "1", str(Path(tempfile.mkdtemp(dir=tmp)))],
+                           capture_output=True, check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
+                           cwd=tmp)  # fmt: skip
+        per_epoch = {}
+        for name, code in sides.items():
+            tag = name.split()[0]
+            counts = [instructions(code, e, tmp, keep / f"{tag}-{e}.out") for e in (short, long)]
+            per_epoch[name] = (counts[1] - counts[0]) / (long - short)
+            print(f"{name}: {counts[0]:,} instructions for {short} epoch(s), {counts[1]:,} for {long}", flush=True)
+    raw, ours = per_epoch["raw loop"], per_epoch["expkit"]
+    what = "+ a validation + a checkpoint" if args.part == "whole" else "(no validation, no checkpoint)"
+    print(f"\npeer workload, one epoch = {ITERATIONS_PER_EPOCH} training iterations {what}")
+    print("| side | instructions per epoch | per training iteration |")
+    print("|---|---:|---:|")
+    for name, value in per_epoch.items():
+        print(f"| {name} | {value:,.0f} | {value / ITERATIONS_PER_EPOCH:,.0f} |")
+    print(f"\nexpkit / raw loop: {ours / raw:.4f}x; excess {ours - raw:,.0f} instructions per epoch, "
+          f"{(ours - raw) / ITERATIONS_PER_EPOCH:,.0f} per training iteration")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
