@@ -7,6 +7,9 @@ The model is built from the config stored in the checkpoint, through the same tr
   safetensors   the weights, loadable with ``safetensors.torch.load_file``; no pickle, no code
   onnx          torch.onnx (the dynamo exporter), a dynamic batch dimension; runs in onnxruntime
   torch_export  a ``torch.export`` program (.pt2) with a dynamic batch; ``torch.export.load``
+  hf            a Hugging Face model (model=hf_causal_lm, hf_classifier, ...) as transformers'
+                ``save_pretrained`` directory (config.json, model.safetensors, the tokenizer), any
+                checkpoint of the run: ``AutoModelFor...from_pretrained(<out>)`` loads it
   pth           one ordinary checkpoint file: a sharded (``trainer.strategy=fsdp``) checkpoint
                 consolidated (the whole ``state_dict``, config, counters; no optimizer state),
                 for ``load_from=``, ``expkit.eval`` and ``torch.load(weights_only=True)``
@@ -23,7 +26,7 @@ import hashlib
 import io
 import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +37,7 @@ from expkit.errors import ConfigError, ExpkitError
 
 log = logging.getLogger("expkit")
 
-SUFFIX = {"safetensors": ".safetensors", "onnx": ".onnx", "torch_export": ".pt2", "pth": ".pth"}
+SUFFIX = {"safetensors": ".safetensors", "onnx": ".onnx", "torch_export": ".pt2", "pth": ".pth", "hf": ""}
 
 
 def sha256(path: Path) -> str:
@@ -95,9 +98,10 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
         raise ConfigError("give checkpoint=<run dir or .pth file>")
     fmt = str(cfg.format)
     if fmt not in SUFFIX:
-        raise ConfigError(f"format={fmt}: use format=safetensors, format=onnx, format=torch_export or format=pth")
-    out = Path(cfg.out) if cfg.out else work_dir / f"model{SUFFIX[fmt]}"
-    problem = output_file_problem(out)
+        raise ConfigError(f"format={fmt}: use format=safetensors, format=onnx, format=torch_export, format=pth "
+                          "or format=hf")  # fmt: skip
+    out = Path(cfg.out) if cfg.out else work_dir / ("hf_model" if fmt == "hf" else f"model{SUFFIX[fmt]}")
+    problem = _output_dir_problem(out) if fmt == "hf" else output_file_problem(out)
     if problem:
         raise ConfigError(f"out={out}: {problem}")
     opset = cfg.get("opset")
@@ -109,12 +113,16 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
     model.eval()
     out.parent.mkdir(parents=True, exist_ok=True)
     x = example_input(loaders)
-    if not isinstance(x, torch.Tensor):
+    if fmt == "hf":
+        _write_hf(model, out)
+    elif not isinstance(x, torch.Tensor):
         raise ConfigError(f"{fmt}: the model's input is a {type(x).__name__}, not one tensor; export takes a model "
                           "called as model(x)")  # fmt: skip
     from expkit import atomic, checkpoint_io
 
-    if fmt == "pth":
+    if fmt == "hf":
+        pass  # (written above)
+    elif fmt == "pth":
         checkpoint = checkpoint_io.load_checkpoint(path, "checkpoint")
         checkpoint.pop("sharded", None)
         checkpoint["state_dict"] = {k: v.detach().cpu().contiguous() for k, v in checkpoint["state_dict"].items()}
@@ -144,8 +152,7 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
         "checkpoint": str(path.resolve()),
         "checkpoint_sha256": sha256(path),
         "ema": bool(cfg.ema),
-        "input_shape": ["batch", *x.shape[1:]],
-        "input_dtype": str(x.dtype).removeprefix("torch."),
+        **_input_description(x),
         "data": data,
         "data_description": getattr(model, "data_description", {}),  # in_channels, image_size, num_classes, ...
         "num_classes": getattr(model, "data_description", {}).get("num_classes"),
@@ -154,6 +161,49 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
     atomic.write_json_atomic(out.with_name(out.name + ".json"), info)
     log.info("Exported %s (%s) to %s", path, fmt, out)
     return info
+
+
+def _input_description(x: Any) -> dict[str, Any]:
+    """The input's shape (batch first) and dtype; for a dict batch (a Hugging Face model's),
+    each entry's."""
+    if isinstance(x, Mapping):
+        return {"input_shape": {k: ["batch", *v.shape[1:]] for k, v in x.items() if hasattr(v, "shape")},
+                "input_dtype": {k: str(v.dtype).removeprefix("torch.") for k, v in x.items() if hasattr(v, "dtype")}}  # fmt: skip
+    return {"input_shape": ["batch", *x.shape[1:]], "input_dtype": str(x.dtype).removeprefix("torch.")}
+
+
+def _output_dir_problem(path: Path) -> str | None:
+    """Why `path` cannot become the exported directory: a file stands there, it holds files
+    already, or its parent cannot be written."""
+    from expkit.cli import output_file_problem
+
+    if path.is_dir():
+        return "holds files already; give a new directory" if any(path.iterdir()) else None
+    if path.exists():
+        return "is a file; give a directory to create"
+    return output_file_problem(path)
+
+
+def _write_hf(model: Any, out: Path) -> None:
+    """transformers' ``save_pretrained`` form into `out`, written beside it and renamed in:
+    a reader never finds half of it."""
+    import os
+    import shutil
+
+    from expkit.tasks.hf import HFModel, write_pretrained
+
+    if not isinstance(model, HFModel):
+        raise ConfigError(f"format=hf: the checkpoint's model is a {type(model).__name__}, not a Hugging Face model "
+                          "(model=hf_causal_lm, model=hf_classifier or a PreTrainedModel); use format=safetensors")  # fmt: skip
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write_pretrained(model, tmp)
+        if out.is_dir():  # (empty: checked before)
+            out.rmdir()
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 _STARTED = False

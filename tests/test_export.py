@@ -93,7 +93,9 @@ def test_export_is_a_hydra_app_and_bad_input_exits_2(run_dir, tmp_path):
                         (["checkpoint=/nonexistent"], "checkpoint=/nonexistent: no such file or run dir"),
                         (["format=safetensors", f"out={tmp_path}"], "is a directory; give a file name in it"),
                         (["format=safetensors", f"out={tmp_path / 'f' / 'm.st'}"], "is a file, not a directory"),
-                        (["format=onnx", "opset=abc"], "opset='abc': give an ONNX opset version")):  # fmt: skip
+                        (["format=onnx", "opset=abc"], "opset='abc': give an ONNX opset version"),
+                        (["format=hf"], "format=hf: the checkpoint's model is a MLP, not a Hugging Face model"),
+                        (["format=hf", f"out={tmp_path / 'f'}"], "is a file; give a directory to create")):  # fmt: skip
         (tmp_path / "f").write_text("")
         if args and args[0].startswith("format"):
             args = [f"checkpoint={run_dir}", *args]

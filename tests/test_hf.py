@@ -70,6 +70,25 @@ def test_hf_causal_lm_trains_saves_for_transformers_and_evaluates(tmp_path):
                                 skip_special_tokens=True)  # fmt: skip
     assert rows[0]["text"] == expected and rows[0]["text"].startswith("def ")
 
+    # any checkpoint, not only the end of the run, exports to transformers' own form
+    first = work / "checkpoints" / "epoch_1.pth"
+    exported = tmp_path / "export" / "epoch_1_hf"
+    for attempt in (0, 1):
+        proc = subprocess.run([sys.executable, "-m", "expkit.export", f"checkpoint={first}", "format=hf",
+                               f"out={exported}", f"hydra.run.dir={tmp_path / 'export'}"],
+                              capture_output=True, text=True)  # fmt: skip
+        if attempt:  # a second export into the same directory would mix two models' files
+            assert proc.returncode == 2 and "holds files already; give a new directory" in proc.stderr, proc.stderr
+        else:
+            assert proc.returncode == 0, proc.stderr[-3000:]
+    early = AutoModelForCausalLM.from_pretrained(str(exported))
+    weights = torch.load(first, weights_only=True)["state_dict"]
+    assert all(torch.equal(v, weights[f"model.{k}"]) for k, v in early.state_dict().items() if f"model.{k}" in weights)
+    assert not torch.equal(early.lm_head.weight, model.lm_head.weight)  # epoch 1's weights, not the last ones
+    assert AutoTokenizer.from_pretrained(str(exported))("def f")["input_ids"] == tokenizer("def f")["input_ids"]
+    info = json.loads((exported.parent / "epoch_1_hf.json").read_text())
+    assert info["format"] == "hf" and info["input_shape"]["input_ids"][0] == "batch"
+
 
 @pytest.mark.slow
 def test_hf_text_classification_tells_packages_apart_and_classifies_new_texts(tmp_path):

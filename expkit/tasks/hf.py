@@ -515,20 +515,26 @@ class SavePretrained(Hook):
             state = get_model_state_dict(model.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if not runner.is_main:
             return
-        target = runner.work_dir / self.dir
-        from transformers.utils import logging as hf_logging
+        write_pretrained(model, runner.work_dir / self.dir, state)
 
-        bars = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()  # (its "Writing model shards" bar, in a run's log)
-        try:
-            model.model.save_pretrained(str(target), state_dict=state)
-        finally:
-            if bars:
-                hf_logging.enable_progress_bar()
-        tokenizer = fast_tokenizer(model)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(target))
-        log.info("Saved the model for transformers' from_pretrained: %s", target)
+
+def write_pretrained(model: HFModel, target: Path, state: dict[str, Any] | None = None) -> None:
+    """`model` in transformers' own form in the directory `target` (``config.json``,
+    ``model.safetensors``, the tokenizer when the data trained one), for ``from_pretrained``.
+    `state`: the full weights when the model's own are sharded (FSDP2)."""
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # (its "Writing model shards" bar, in a run's log)
+    try:
+        model.model.save_pretrained(str(target), state_dict=state)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    tokenizer = fast_tokenizer(model)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(target))
+    log.info("Saved the model for transformers' from_pretrained: %s", target)
 
 
 class SampleText(Hook):
