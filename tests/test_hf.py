@@ -113,15 +113,34 @@ def test_hf_text_classification_tells_packages_apart_and_classifies_new_texts(tm
     assert abs(sum(p for _, p in rows[0]["top_k"]) - 1) < 1e-4
 
 
-def test_text_classes_from_a_csv_file_of_your_own(tmp_path):
+def test_text_classes_from_a_csv_file_in_bf16_from_a_model_plain_transformers_saved(tmp_path):
+    """A CSV of your own; the model starts from a directory plain transformers wrote (another
+    size than the shipped config, another head: resized to the data's classes), in bf16."""
+    from transformers import BertConfig, BertForSequenceClassification
+
     lines = [f"{'the cat sat on the mat' if i % 2 else 'def f(x): return x'} {i}" for i in range(200)]
     (tmp_path / "texts.csv").write_text("text,label\n" + "".join(
         f"{line},{'prose' if i % 2 else 'code'}\n" for i, line in enumerate(lines)))  # fmt: skip
+    for name, vocab in (("bert", 400), ("small_vocab", 50)):
+        config = BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=64, max_position_embeddings=128, num_labels=7)  # fmt: skip
+        BertForSequenceClassification(config).save_pretrained(str(tmp_path / name))
+    common = ["experiment=hf_text_classification", "trainer.max_epochs=2", f"data.source={tmp_path / 'texts.csv'}",
+              "data.vocab_size=300", "hooks=[]", "trainer.precision=bf16"]  # fmt: skip
     work = tmp_path / "runs" / "csv"
-    proc = run_cli(f"hydra.run.dir={work}", "experiment=hf_text_classification", "trainer.max_epochs=2",
-                   f"data.source={tmp_path / 'texts.csv'}", "data.vocab_size=300", "hooks=[]")  # fmt: skip
+    proc = run_cli(f"hydra.run.dir={work}", *common, f"model.pretrained={tmp_path / 'bert'}")
     assert proc.returncode == 0, proc.output[-3000:]
     assert json.loads((work / "result.json").read_text())["final_metrics"]["val/acc"] == 1.0
+    weights = torch.load(work / "checkpoints" / "epoch_2.pth", weights_only=True)["state_dict"]
+    assert weights["model.bert.embeddings.word_embeddings.weight"].shape == (400, 32)  # the saved model's size
+    assert weights["model.classifier.weight"].shape == (2, 32)  # its 7-label head, resized to the 2 classes
+    # a model whose embedding cannot hold the data's token ids: named before the first step
+    proc = run_cli(
+        f"hydra.run.dir={tmp_path / 'runs' / 'small'}", *common, f"model.pretrained={tmp_path / 'small_vocab'}"
+    )
+    assert proc.returncode == 2, proc.output[-3000:]
+    assert "the model embeds 50 token ids but the data's tokenizer has" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.slow
@@ -182,10 +201,12 @@ def test_fsdp2_trains_a_transformers_model_and_saves_it_whole(tmp_path):
     work = tmp_path / "runs" / "fsdp"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            "-m", "expkit.train", f"hydra.run.dir={work}", "experiment=hf_causal_lm", *SMALL,
-                           "trainer.strategy=fsdp", "hooks=[hf_save_pretrained]", "trainer.accumulate_grad_batches=2"],
+                           "trainer.strategy=fsdp", "hooks=[hf_save_pretrained,hf_samples]", "trainer.accumulate_grad_batches=2"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (work / "checkpoints" / "epoch_2.dcp").is_dir()
+    samples = (work / "samples.txt").read_text()  # generated on both ranks together, written by rank 0
+    assert samples.count("--- epoch") == 4 and "\nThe " in samples, samples
     from safetensors.torch import load_file
 
     from expkit import sharding

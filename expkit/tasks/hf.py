@@ -410,6 +410,23 @@ def _auto_config(kind: str, **settings: Any) -> Any:
         raise ConfigError(f"model.config: {exc}") from None
 
 
+def _check_pretrained(model: Any, pretrained: str, vocab_size: int, length_key: str, length: int | None) -> None:
+    """A model read from `pretrained` must hold the data's token ids and sequence length:
+    otherwise its embedding lookup fails deep in the first step (an IndexError)."""
+    config = model.config
+    rows = model.get_input_embeddings().num_embeddings
+    if vocab_size > rows:
+        own = Path(pretrained).expanduser() / "tokenizer.json"
+        hint = (f"give the model's own tokenizer, data.tokenizer={own}" if own.is_file() else
+                f"give data.tokenizer=<the tokenizer.json the model was trained with>, or data.vocab_size={rows}")  # fmt: skip
+        raise ConfigError(f"model.pretrained={pretrained}: the model embeds {rows} token ids but the data's tokenizer "
+                          f"has {vocab_size}; {hint}")  # fmt: skip
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if length is not None and isinstance(positions, int) and positions < length:
+        raise ConfigError(f"model.pretrained={pretrained}: the model allows {positions} positions, fewer than "
+                          f"{length_key}={length}")  # fmt: skip
+
+
 def causal_lm(vocab_size: int, config: Mapping[str, Any] | None = None, pretrained: str | None = None,
               tokenizer_json: str | None = None, eos_token_id: int | None = None,
               pad_token_id: int | None = None, block_size: int | None = None) -> HFModel:  # fmt: skip
@@ -424,6 +441,7 @@ def causal_lm(vocab_size: int, config: Mapping[str, Any] | None = None, pretrain
             raise ConfigError(f"model.pretrained={pretrained}: not a local model directory (no config.json in it); "
                               "expkit does not download: give a directory written by save_pretrained")  # fmt: skip
         model = AutoModelForCausalLM.from_pretrained(str(Path(pretrained).expanduser()), local_files_only=True)
+        _check_pretrained(model, pretrained, vocab_size, "data.block_size", block_size)
         return HFModel(model, tokenizer_json)
     settings = dict(config or {})
     kind = settings.pop("model_type", None)
@@ -455,6 +473,7 @@ def sequence_classifier(vocab_size: int, num_classes: int, config: Mapping[str, 
         model = AutoModelForSequenceClassification.from_pretrained(
             str(Path(pretrained).expanduser()), num_labels=num_classes, ignore_mismatched_sizes=True,
             local_files_only=True)  # fmt: skip
+        _check_pretrained(model, pretrained, vocab_size, "data.max_length", max_length)
         return HFModel(model, tokenizer_json)
     settings = dict(config or {})
     kind = settings.pop("model_type", None)
@@ -555,21 +574,28 @@ class SampleText(Hook):
     def after_val_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:
         model = _unwrapped(runner)
         tokenizer = fast_tokenizer(model)
-        if tokenizer is None or not runner.is_main or runner.sharded:
+        if tokenizer is None or not (runner.is_main or runner.sharded):
             return
         from expkit.rng import rng_states, set_rng_states
 
         states, was_training = rng_states(), model.training
         try:
-            torch.manual_seed(runner.settings.seed or 0)
+            torch.manual_seed(runner.settings.seed or 0)  # (the same on every rank: the same samples)
             model.eval()
+            if runner.sharded:  # generate() calls the inner model, not this root: its own parameters gathered here
+                model.unshard()  # type: ignore[operator]
             ids = tokenizer(self.prompt, return_tensors="pt")["input_ids"].to(runner.device)
+            # synced_gpus: under FSDP2 every rank runs as many forward passes (each gathers weights)
             out = model.generate(ids, do_sample=True, temperature=self.temperature,
                                  max_new_tokens=self.max_new_tokens, num_return_sequences=self.num_samples,
-                                 pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+                                 pad_token_id=tokenizer.pad_token_id, synced_gpus=runner.sharded)  # fmt: skip
         finally:
+            if runner.sharded:
+                model.reshard()  # type: ignore[operator]
             model.train(was_training)
             set_rng_states(states)
+        if not runner.is_main:
+            return
         texts = tokenizer.batch_decode(out, skip_special_tokens=True)
         with open(runner.work_dir / "samples.txt", "a", encoding="utf-8") as f:
             f.writelines(f"--- epoch {runner.epoch} iteration {runner.iter}\n{text}\n" for text in texts)
