@@ -14,7 +14,7 @@ from expkit.errors import ConfigError
 class TrainerSettings:
     """The loop settings (config group ``trainer``)."""
 
-    max_epochs: int | None = 10
+    max_epochs: int | None = 20
     max_iters: int | None = None  # iteration-based training when set
     val_interval: int = 1  # epochs, or iterations when max_iters is set
     val_begin: int = 1  # first epoch (or iteration) that validates
@@ -69,12 +69,16 @@ class TrainerSettings:
         if self.fsdp_blocks is not None:
             blocks = [self.fsdp_blocks] if isinstance(self.fsdp_blocks, str) else self.fsdp_blocks
             if not isinstance(blocks, (list, tuple)) or not blocks or not all(isinstance(b, str) for b in blocks):
-                raise ConfigError("trainer.fsdp_blocks must be a list of module class names, e.g. "
-                                  f"trainer.fsdp_blocks=[TransformerEncoderLayer], got {self.fsdp_blocks!r}")  # fmt: skip
+                raise ConfigError(
+                    "trainer.fsdp_blocks must be a list of module class names, e.g. "
+                    f"trainer.fsdp_blocks=[TransformerEncoderLayer], got {self.fsdp_blocks!r}"
+                )
             self.fsdp_blocks = list(blocks)
         if self.strategy == "fsdp" and self.precision == "16":
-            raise ConfigError("trainer.precision=16 with trainer.strategy=fsdp: fp16's gradient scaler does not "
-                              "work on sharded gradients here; use trainer.precision=bf16")  # fmt: skip
+            raise ConfigError(
+                "trainer.precision=16 with trainer.strategy=fsdp: fp16's gradient scaler does not "
+                "work on sharded gradients here; use trainer.precision=bf16"
+            )
         if self.test_with not in ("best", "last"):
             raise ConfigError(f"trainer.test_with must be best or last, got {self.test_with!r}")
 

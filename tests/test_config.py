@@ -35,8 +35,21 @@ def test_default_config_has_the_documented_keys():
         "param_scheduler",
         "checkpoint",
     ]
-    for key in ("interval", "by_epoch", "save_optimizer", "save_param_scheduler", "out_dir", "max_keep_ckpts",
-                "save_last", "save_best", "rule", "greater_keys", "less_keys", "save_begin", "filename_tmpl"):  # fmt: skip
+    for key in (
+        "interval",
+        "by_epoch",
+        "save_optimizer",
+        "save_param_scheduler",
+        "out_dir",
+        "max_keep_ckpts",
+        "save_last",
+        "save_best",
+        "rule",
+        "greater_keys",
+        "less_keys",
+        "save_begin",
+        "filename_tmpl",
+    ):
         assert key in cfg.default_hooks.checkpoint, key
     assert cfg.default_hooks.checkpoint.save_best == cfg.monitor == "val/acc"
 
@@ -150,3 +163,75 @@ def test_every_yaml_key_with_a_value_has_a_comment():
 
 def test_compose_output_is_plain_yaml():
     assert "EMAHook" in OmegaConf.to_yaml(_compose("hooks=[ema]"))
+
+
+def test_every_trainer_setting_has_one_default_in_code_and_yaml():
+    """TrainerSettings (the Python API) and conf/trainer/default.yaml (the CLI) give the same
+    default for every field, and neither has a key the other lacks."""
+    import dataclasses
+
+    from expkit.settings import TrainerSettings
+
+    yaml = OmegaConf.to_container(OmegaConf.load(Path(CONF_DIR) / "trainer" / "default.yaml"))
+    code = {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(TrainerSettings)
+    }
+    assert set(yaml) == set(code), set(yaml) ^ set(code)
+    differ = {k: (code[k], yaml[k]) for k in code if str(code[k]) != str(yaml[k])}  # ("32" and 32 alike)
+    assert not differ, differ
+
+
+def test_the_default_hooks_in_code_are_the_yaml_ones():
+    """expkit.default_hooks() builds what conf/default_hooks/default.yaml builds, hook by hook
+    and argument by argument. One difference by design: the YAML's checkpoint.save_best is
+    ${monitor} (the CLI's monitor, val/acc); the Python API has no monitor and saves no best
+    checkpoint unless asked, as MMEngine's CheckpointHook."""
+    import inspect
+
+    from hydra.utils import instantiate
+
+    from expkit import default_hooks
+
+    cfg = _compose()
+    code = default_hooks()
+    assert list(code) == list(cfg.default_hooks)
+    for name, hook in code.items():
+        node = OmegaConf.to_container(cfg.default_hooks[name], resolve=True)
+        assert node.pop("_target_") == f"expkit.hooks.{type(hook).__name__}", name
+        params = inspect.signature(type(hook).__init__).parameters
+        assert set(node) <= set(params), f"{name}: the YAML sets {set(node) - set(params)}, not arguments"
+        missing = {p for p in params if p not in ("self", "args", "kwargs") and p not in node}
+        assert not missing, f"default_hooks.{name}: arguments the YAML does not list: {missing}"
+        for key, value in node.items():
+            default = params[key].default
+            if (name, key) == ("checkpoint", "save_best"):
+                assert default is None and value == cfg.monitor
+                continue
+            same = value == default or (value in ({}, []) and default is None)  # (an empty mapping: none)
+            same = same or (value is not None and default is not None and type(default)(value) == default)
+            assert same, f"default_hooks.{name}.{key}: {value!r} in the YAML, {default!r} in the code"
+        assert type(instantiate(cfg.default_hooks[name])) is type(hook)
+
+
+GROUP_LINE = re.compile(r"^\s*-\s*(\w+):\s*\S+\s*#\s*(.*)$")
+
+
+@pytest.mark.parametrize("primary", ["train.yaml"])
+def test_the_options_a_defaults_comment_lists_are_the_groups_options(primary):
+    """`- data: digits  # digits | fake | ...`: every option named exists, and every option of
+    the group is named (a comment that lists options lists all of them)."""
+    wrong = []
+    for line in (Path(CONF_DIR) / primary).read_text().splitlines():
+        match = GROUP_LINE.match(line)
+        if not match or "|" not in match.group(2):
+            continue
+        group, comment = match.groups()
+        listed = {word.strip().split()[0] for word in comment.split("|") if word.strip()}
+        present = {p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml")}
+        if listed != present:
+            wrong.append(
+                f"{group}: the comment lists {sorted(listed - present)} that do not exist and "
+                f"misses {sorted(present - listed)}"
+            )
+    assert not wrong, "\n".join(wrong)
