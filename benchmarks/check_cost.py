@@ -50,16 +50,40 @@ def main() -> None:
         for _ in range(args.rounds):
             with tempfile.TemporaryDirectory() as tmp:
                 report = Path(tmp) / "check.json"
-                checks.append(_timed([sys.executable, "-m", "expkit.check", *exp, f"check.out={report}",
-                                      f"check.dir={tmp}", *budget_args]))  # fmt: skip
+                checks.append(
+                    _timed(
+                        [
+                            sys.executable,
+                            "-m",
+                            "expkit.check",
+                            *exp,
+                            f"check.out={report}",
+                            f"check.dir={tmp}",
+                            *budget_args,
+                        ]
+                    )
+                )
                 budget = json.loads(report.read_text())["budget"]
-                plains.append(_timed([sys.executable, "-m", "expkit.train", *exp, f"hydra.run.dir={tmp}/plain",
-                                      "+hooks.stop_after._target_=expkit.hooks.StopAfterHook",
-                                      f"+hooks.stop_after.iters={budget}", "default_hooks.logger.progress=false"]))  # fmt: skip
-        print(f"{name:<14} {budget:>5}  min {min(plains):5.1f} med {statistics.median(plains):5.1f} s  "
-              f"min {min(checks):5.1f} med {statistics.median(checks):5.1f} s  "
-              f"{min(checks) / min(plains):5.2f}x {statistics.median(checks) / statistics.median(plains):5.2f}x"
-              f"   (plain: {_runs(plains)}; check: {_runs(checks)})")  # fmt: skip
+                plains.append(
+                    _timed(
+                        [
+                            sys.executable,
+                            "-m",
+                            "expkit.train",
+                            *exp,
+                            f"hydra.run.dir={tmp}/plain",
+                            "+hooks.stop_after._target_=expkit.hooks.StopAfterHook",
+                            f"+hooks.stop_after.iters={budget}",
+                            "default_hooks.logger.progress=false",
+                        ]
+                    )
+                )
+        print(
+            f"{name:<14} {budget:>5}  min {min(plains):5.1f} med {statistics.median(plains):5.1f} s  "
+            f"min {min(checks):5.1f} med {statistics.median(checks):5.1f} s  "
+            f"{min(checks) / min(plains):5.2f}x {statistics.median(checks) / statistics.median(plains):5.2f}x"
+            f"   (plain: {_runs(plains)}; check: {_runs(checks)})"
+        )
     print("target: check / plain <= 4x (min/min, median/median)")
 
 

@@ -66,22 +66,39 @@ class After(Hook):
 """
 
 
-def _run(tmp: Path, mode: str, arch: str, interval: int, saves: int, index: int, fsync: bool, sharded: bool,
-         nproc: int) -> list[float]:  # fmt: skip
+def _run(
+    tmp: Path, mode: str, arch: str, interval: int, saves: int, index: int, fsync: bool, sharded: bool, nproc: int
+) -> list[float]:
     out = tmp / f"stalls_{mode}_{index}.json"
     launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else []
     command = [
-        sys.executable, *launch, "-m", "expkit.train", f"trainer.strategy={'fsdp' if sharded else 'ddp'}",
-        f"hydra.run.dir={tmp / f'{mode}_{index}'}", "model=resnet18",
-        f"model.arch={arch}", "optim=adamw", "trainer.max_epochs=1", "default_hooks.checkpoint.by_epoch=false",
-        f"default_hooks.checkpoint.interval={interval}", "default_hooks.checkpoint.max_keep_ckpts=1",
-        "default_hooks.checkpoint.save_best=null", "default_hooks.checkpoint.save_last=false",
-        f"default_hooks.checkpoint.async_save={mode == 'async'}", "default_hooks.logger.progress=false",
-        "default_hooks.logger.plot=false", "+hooks.stop_after._target_=expkit.hooks.StopAfterHook",
-        f"+hooks.stop_after.iters={interval * saves}", "+hooks.before._target_=stallprobe.Before",
-        "+hooks.after._target_=stallprobe.After", f"+hooks.after.interval={interval}", f"+hooks.after.out={out}",
-        "trainer.test_with=last", f"default_hooks.checkpoint.fsync={fsync}",
-    ]  # fmt: skip
+        sys.executable,
+        *launch,
+        "-m",
+        "expkit.train",
+        f"trainer.strategy={'fsdp' if sharded else 'ddp'}",
+        f"hydra.run.dir={tmp / f'{mode}_{index}'}",
+        "model=resnet18",
+        f"model.arch={arch}",
+        "optim=adamw",
+        "trainer.max_epochs=1",
+        "default_hooks.checkpoint.by_epoch=false",
+        f"default_hooks.checkpoint.interval={interval}",
+        "default_hooks.checkpoint.max_keep_ckpts=1",
+        "default_hooks.checkpoint.save_best=null",
+        "default_hooks.checkpoint.save_last=false",
+        f"default_hooks.checkpoint.async_save={mode == 'async'}",
+        "default_hooks.logger.progress=false",
+        "default_hooks.logger.plot=false",
+        "+hooks.stop_after._target_=expkit.hooks.StopAfterHook",
+        f"+hooks.stop_after.iters={interval * saves}",
+        "+hooks.before._target_=stallprobe.Before",
+        "+hooks.after._target_=stallprobe.After",
+        f"+hooks.after.interval={interval}",
+        f"+hooks.after.out={out}",
+        "trainer.test_with=last",
+        f"default_hooks.checkpoint.fsync={fsync}",
+    ]
     env = {**os.environ, "PYTHONPATH": str(tmp), **({"OMP_NUM_THREADS": "1"} if nproc > 1 else {})}
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -117,8 +134,10 @@ def main() -> None:
         tmp = Path(name)
         (tmp / "stallprobe.py").write_text(PROBE)
         how = (", sharded (DCP)" if args.sharded else "") + (f", {args.nproc} processes" if args.nproc > 1 else "")
-        print(f"{args.arch} + AdamW, a save every {args.interval} iterations, {args.saves} saves a run, "
-              f"{args.rounds} interleaved rounds{', fsync=true' if args.fsync else ''}{how}; stall per save in ms")  # fmt: skip
+        print(
+            f"{args.arch} + AdamW, a save every {args.interval} iterations, {args.saves} saves a run, "
+            f"{args.rounds} interleaved rounds{', fsync=true' if args.fsync else ''}{how}; stall per save in ms"
+        )
         for index in range(args.rounds):
             for mode in ("sync", "async"):
                 run = _run(tmp, mode, args.arch, args.interval, args.saves, index, args.fsync, args.sharded, args.nproc)
@@ -129,8 +148,10 @@ def main() -> None:
     print(
         f"asynchronous stall  min {min(background) * 1e3:7.1f} ms  median {statistics.median(background) * 1e3:7.1f} ms"
     )
-    print(f"async / sync: min/min {min(background) / min(sync):.3f}  "
-          f"median/median {statistics.median(background) / statistics.median(sync):.3f}  (target <= 0.10)")  # fmt: skip
+    print(
+        f"async / sync: min/min {min(background) / min(sync):.3f}  "
+        f"median/median {statistics.median(background) / statistics.median(sync):.3f}  (target <= 0.10)"
+    )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,13 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 TIMING = ("train/time", "train/data_time")
-COMMON = ["trainer.max_epochs=3", "default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=7",
-          "default_hooks.logger.interval=5", "logger=[tensorboard]"]  # fmt: skip
+COMMON = [
+    "trainer.max_epochs=3",
+    "default_hooks.checkpoint.by_epoch=false",
+    "default_hooks.checkpoint.interval=7",
+    "default_hooks.logger.interval=5",
+    "logger=[tensorboard]",
+]
 SLOW_HOOK = """
 import time
 from expkit import Hook
@@ -48,11 +53,23 @@ class Slow(Hook):
 
 def _train(work: Path, conf: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "expkit.train", "--config-dir", str(conf), "hooks=[slow]", f"hydra.run.dir={work}",
-         *COMMON, *extra],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(conf.parent), "HYDRA_FULL_ERROR": "0"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "expkit.train",
+            "--config-dir",
+            str(conf),
+            "hooks=[slow]",
+            f"hydra.run.dir={work}",
+            *COMMON,
+            *extra,
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(conf.parent), "HYDRA_FULL_ERROR": "0"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def _kill_after(proc: subprocess.Popen, seconds: float) -> bool:
@@ -76,8 +93,11 @@ def _scalars(work: Path) -> dict:
 
     events = EventAccumulator(str(work / "tb"), size_guidance={"scalars": 0})
     events.Reload()
-    return {t: [(e.step, e.value) for e in events.Scalars(t)] for t in events.Tags()["scalars"]
-            if t.startswith(("train/loss", "val/", "test/"))}  # fmt: skip
+    return {
+        t: [(e.step, e.value) for e in events.Scalars(t)]
+        for t in events.Tags()["scalars"]
+        if t.startswith(("train/loss", "val/", "test/"))
+    }
 
 
 def _result(work: Path) -> dict:

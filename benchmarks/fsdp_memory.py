@@ -69,12 +69,34 @@ def run_once(strategy: str, width: int, nproc: int, iters: int, tmp: Path, index
     # linger in its heap, and peak RSS would measure fragmentation rather than live tensors
     env = {**os.environ, "PYTHONPATH": str(tmp), "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
     hidden = f"[{width},{width},{width}]"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                    "-m", "expkit.train", f"hydra.run.dir={work}", f"trainer.strategy={strategy}", f"model.hidden={hidden}",
-                    "optim=adamw", f"trainer.max_iters={iters}", "trainer.val_interval=100000",
-                    "default_hooks.checkpoint.interval=-1", "default_hooks.checkpoint.save_last=false",
-                    "default_hooks.logger.plot=false", "trainer.test_with=last", "+hooks.memory._target_=memprobe.MemoryProbe"],
-                   cwd=tmp, env=env, capture_output=True, text=True, check=True, timeout=600)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+            "expkit.train",
+            f"hydra.run.dir={work}",
+            f"trainer.strategy={strategy}",
+            f"model.hidden={hidden}",
+            "optim=adamw",
+            f"trainer.max_iters={iters}",
+            "trainer.val_interval=100000",
+            "default_hooks.checkpoint.interval=-1",
+            "default_hooks.checkpoint.save_last=false",
+            "default_hooks.logger.plot=false",
+            "trainer.test_with=last",
+            "+hooks.memory._target_=memprobe.MemoryProbe",
+        ],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
     return [json.loads((work / f"memory_rank{r}.json").read_text()) for r in range(nproc)]
 
 
@@ -87,8 +109,10 @@ def main() -> None:
     args = parser.parse_args()
     rounds, width, iters = (1, 512, 4) if args.quick else (args.rounds, args.width, 20)
     params = 64 * width + 2 * width * width + width * 10 + 3 * width + 10
-    print(f"MLP 64-{width}-{width}-{width}-10 ({params / 1e6:.2f} M parameters), AdamW, {args.nproc} processes "
-          f"(gloo, CPU), {iters} iterations, {rounds} interleaved rounds")  # fmt: skip
+    print(
+        f"MLP 64-{width}-{width}-{width}-10 ({params / 1e6:.2f} M parameters), AdamW, {args.nproc} processes "
+        f"(gloo, CPU), {iters} iterations, {rounds} interleaved rounds"
+    )
     results: dict[str, list[list[dict[str, float]]]] = {"ddp": [], "fsdp": []}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

@@ -31,11 +31,12 @@ SIDES = {"raw loop": RAW, "expkit": EXPKIT}
 # --part train: the training iterations alone (no validation, no checkpoint on either side)
 TRAIN_ONLY = {
     "raw loop": RAW.replace("    model.eval()\n", "    continue\n").replace("correct / total)", "0.0)"),
-    "expkit": EXPKIT.replace("from expkit import Runner, TrainerSettings",
-                             "from expkit import Runner, TrainerSettings, default_hooks")
+    "expkit": EXPKIT.replace(
+        "from expkit import Runner, TrainerSettings", "from expkit import Runner, TrainerSettings, default_hooks"
+    )
     .replace("val_loader=val,", "default_hooks=default_hooks(checkpoint=None),")
     .replace('result["final_metrics"]["val/acc"]', "0.0"),
-}  # fmt: skip
+}
 ITERATIONS_PER_EPOCH = 40  # ceil(1257 / 32): the peer workload's training batches
 
 
@@ -47,8 +48,16 @@ def instructions(code: str, epochs: int, work: Path, out_file: Path) -> int:
     run_dir = Path(tempfile.mkdtemp(dir=work))
     script = run_dir / "side.py"  # (a file, not -c: cg_annotate reads the command as one line)
     script.write_text(code)
-    command = ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out_file}",
-               sys.executable, str(script), str(epochs), str(run_dir)]  # fmt: skip
+    command = [
+        "valgrind",
+        "--tool=cachegrind",
+        "--cache-sim=no",
+        f"--cachegrind-out-file={out_file}",
+        sys.executable,
+        str(script),
+        str(epochs),
+        str(run_dir),
+    ]
     out = subprocess.run(command, capture_output=True, text=True, env=env, cwd=run_dir, timeout=1800)
     found = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
     if out.returncode != 0 or found is None or "RESULT" not in out.stdout:
@@ -64,8 +73,13 @@ def quick() -> None:
         for part, sides in (("whole", SIDES), ("train", TRAIN_ONLY)):
             for name, code in sides.items():
                 run_dir = Path(tempfile.mkdtemp(dir=tmp))
-                out = subprocess.run([sys.executable, "-c", code, "1", str(run_dir)], capture_output=True, text=True,
-                                     env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)}, cwd=run_dir)  # fmt: skip
+                out = subprocess.run(
+                    [sys.executable, "-c", code, "1", str(run_dir)],
+                    capture_output=True,
+                    text=True,
+                    env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
+                    cwd=run_dir,
+                )
                 if out.returncode != 0 or "RESULT" not in out.stdout:
                     raise RuntimeError(f"{part}/{name}: exit {out.returncode}: {out.stderr[-2000:]}")
                 print(f"{part}, {name}: ran")
@@ -103,9 +117,13 @@ def main() -> None:
         keep.mkdir(parents=True, exist_ok=True)
         sides = SIDES if args.part == "whole" else TRAIN_ONLY
         for code in sides.values():  # not counted: writes the byte-code caches, as peers.py does
-            subprocess.run([sys.executable, "-c", code, "1", str(Path(tempfile.mkdtemp(dir=tmp)))],
-                           capture_output=True, check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
-                           cwd=tmp)  # fmt: skip
+            subprocess.run(
+                [sys.executable, "-c", code, "1", str(Path(tempfile.mkdtemp(dir=tmp)))],
+                capture_output=True,
+                check=True,
+                env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
+                cwd=tmp,
+            )
         per_epoch = {}
         for name, code in sides.items():
             tag = name.split()[0]
@@ -119,8 +137,10 @@ def main() -> None:
     print("|---|---:|---:|")
     for name, value in per_epoch.items():
         print(f"| {name} | {value:,.0f} | {value / ITERATIONS_PER_EPOCH:,.0f} |")
-    print(f"\nexpkit / raw loop: {ours / raw:.4f}x; excess {ours - raw:,.0f} instructions per epoch, "
-          f"{(ours - raw) / ITERATIONS_PER_EPOCH:,.0f} per training iteration")  # fmt: skip
+    print(
+        f"\nexpkit / raw loop: {ours / raw:.4f}x; excess {ours - raw:,.0f} instructions per epoch, "
+        f"{(ours - raw) / ITERATIONS_PER_EPOCH:,.0f} per training iteration"
+    )
 
 
 if __name__ == "__main__":

@@ -66,8 +66,10 @@ def main() -> None:
     hand = peak_rss_mb(["-c", HAND.replace("EPOCHS", str(epochs))])
     with tempfile.TemporaryDirectory() as tmp:
         ours = peak_rss_mb(["expkit.train", f"trainer.max_epochs={epochs}", f"hydra.run.dir={tmp}/run"])
-    print(f"peak RSS: hand-written {hand:.0f} MB, expkit default run {ours:.0f} MB, ratio {ours / hand:.2f}"
-          "   (target <= 1.2)")  # fmt: skip
+    print(
+        f"peak RSS: hand-written {hand:.0f} MB, expkit default run {ours:.0f} MB, ratio {ours / hand:.2f}"
+        "   (target <= 1.2)"
+    )
 
 
 if __name__ == "__main__":

@@ -60,8 +60,14 @@ def _workloads(quick: bool) -> dict[str, Workload]:
     from expkit.models import MLP, torchvision_resnet
 
     def fake(size: int, batch: int, train_batches: int, val_batches: int, workers: int = 0) -> Callable[[int], Any]:
-        return lambda seed: FakeImageData(train_size=batch * train_batches, val_size=batch * val_batches,
-                                          image_size=size, batch_size=batch, num_workers=workers, seed=seed)  # fmt: skip
+        return lambda seed: FakeImageData(
+            train_size=batch * train_batches,
+            val_size=batch * val_batches,
+            image_size=size,
+            batch_size=batch,
+            num_workers=workers,
+            seed=seed,
+        )
 
     return {
         "mlp": Workload(
@@ -177,8 +183,9 @@ def hand_written(work_dir: Path, w: Workload, ema: bool, checkpoints: bool = Tru
 
 def with_runner(work_dir: Path, w: Workload, ema: bool, checkpoints: bool = True) -> tuple[float, float]:
     model, optimizer, train, val = make(w)
-    settings = TrainerSettings(max_epochs=w.epochs, device=w.device, seed=0, precision=w.precision,
-                               channels_last=w.channels_last)  # fmt: skip
+    settings = TrainerSettings(
+        max_epochs=w.epochs, device=w.device, seed=0, precision=w.precision, channels_last=w.channels_last
+    )
     runner = Runner(
         model=model,
         optimizer=optimizer,
@@ -237,13 +244,17 @@ def main() -> None:
                 times[name].append(fn(Path(tmp) / f"{r}_{i}"))
 
     threads = torch.get_num_threads() if w.device == "cpu" else "-"
-    print(f"workload {args.workload}: {w.label}; {w.epochs} epochs ({iters} iterations, {samples} samples), "
-          f"validation every epoch{', EMA' if args.ema else ''}, a checkpoint every epoch + the best one; "
-          f"torch threads {threads}; {rounds} rounds{' (QUICK: figures mean nothing)' if args.quick else ''}")  # fmt: skip
+    print(
+        f"workload {args.workload}: {w.label}; {w.epochs} epochs ({iters} iterations, {samples} samples), "
+        f"validation every epoch{', EMA' if args.ema else ''}, a checkpoint every epoch + the best one; "
+        f"torch threads {threads}; {rounds} rounds{' (QUICK: figures mean nothing)' if args.quick else ''}"
+    )
     for name, values in times.items():
         wall, cpu = [v[0] for v in values], [v[1] for v in values]
-        print(f"  {name:<16} wall median {statistics.median(wall):.3f} s (min {min(wall):.3f}), "
-              f"{samples / min(wall):.1f} samples/s   cpu median {statistics.median(cpu):.3f} s (min {min(cpu):.3f})")  # fmt: skip
+        print(
+            f"  {name:<16} wall median {statistics.median(wall):.3f} s (min {min(wall):.3f}), "
+            f"{samples / min(wall):.1f} samples/s   cpu median {statistics.median(cpu):.3f} s (min {min(cpu):.3f})"
+        )
     pairs = [("expkit", "hand-written", "all default hooks")]
     if args.no_ckpt_variant:
         pairs.append(("expkit, no ckpt", "hand, no ckpt", "without checkpoints"))
@@ -251,8 +262,10 @@ def main() -> None:
         for kind, k in (("wall", 0), ("cpu ", 1)):
             o, h = [v[k] for v in times[ours]], [v[k] for v in times[hand]]
             paired = statistics.median(a / b for a, b in zip(o, h))
-            print(f"ratio {kind} ({label}): min/min {min(o) / min(h):.3f}, median of paired rounds {paired:.3f}; "
-                  f"overhead per iteration {(min(o) - min(h)) / iters * 1e6:.0f} us")  # fmt: skip
+            print(
+                f"ratio {kind} ({label}): min/min {min(o) / min(h):.3f}, median of paired rounds {paired:.3f}; "
+                f"overhead per iteration {(min(o) - min(h)) / iters * 1e6:.0f} us"
+            )
     target = {"mlp": 1.05, "resnet18": 1.02, "resnet50": 1.02}[args.workload]
     print(f"target: ratio <= {target}")
     sys.stdout.flush()

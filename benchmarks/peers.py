@@ -181,8 +181,12 @@ report(time.perf_counter() - start, runner.message_hub.get_scalar("val/acc").cur
 """
 )
 
-VARIANTS = {"raw loop": (RAW, None), "expkit": (EXPKIT, None), "Lightning": (LIGHTNING, "lightning"),
-            "MMEngine": (MMENGINE, "mmengine")}  # fmt: skip
+VARIANTS = {
+    "raw loop": (RAW, None),
+    "expkit": (EXPKIT, None),
+    "Lightning": (LIGHTNING, "lightning"),
+    "MMEngine": (MMENGINE, "mmengine"),
+}
 INSTALL = ".venv/bin/pip install -e '.[bench]' -c constraints.txt"
 
 
@@ -194,8 +198,14 @@ def run_tagged(code: str, epochs: int, tmp: Path, tags: tuple[str, ...] = ("RESU
     # PYTHONDONTWRITEBYTECODE=1: what a run imports lazily would be compiled again every time)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parent))
-    out = subprocess.run([sys.executable, "-c", code, str(epochs), str(work)], capture_output=True, text=True,
-                         env=env, cwd=work, timeout=900)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(epochs), str(work)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=work,
+        timeout=900,
+    )
     lines = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in out.stdout.splitlines() if " " in ln}
     if out.returncode != 0 or any(tag not in lines for tag in tags):
         raise RuntimeError(f"exit {out.returncode}: {out.stderr[-2000:]}")
@@ -231,18 +241,26 @@ def main() -> None:
             for name in names[r % len(names) :] + names[: r % len(names)]:  # the order rotates: no order bias
                 seconds, accuracy[name] = run_once(variants[name], epochs, tmp)
                 times[name].append(seconds)
-    print(f"peer workload: MLP 64-256-256-10, digits, batch 32, SGD, {epochs} epochs with validation, 1 thread, CPU; "
-          f"{rounds} interleaved rounds, each variant its own process")  # fmt: skip
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}; {time.strftime('%Y-%m-%d')}")  # fmt: skip
+    print(
+        f"peer workload: MLP 64-256-256-10, digits, batch 32, SGD, {epochs} epochs with validation, 1 thread, CPU; "
+        f"{rounds} interleaved rounds, each variant its own process"
+    )
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}; {time.strftime('%Y-%m-%d')}"
+    )
     raw_min, raw_median = min(times["raw loop"]), statistics.median(times["raw loop"])
-    print(f"| {'variant':<10} | {'min s':>6} | {'median s':>8} | {'x raw (min/min)':>15} | {'x raw (median)':>14} "
-          f"| val/acc | every round (s) |")  # fmt: skip
+    print(
+        f"| {'variant':<10} | {'min s':>6} | {'median s':>8} | {'x raw (min/min)':>15} | {'x raw (median)':>14} "
+        f"| val/acc | every round (s) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---|")
     for name, values in times.items():
         low, median = min(values), statistics.median(values)
-        print(f"| {name:<10} | {low:6.3f} | {median:8.3f} | {low / raw_min:15.3f} | {median / raw_median:14.3f} "
-              f"| {accuracy[name]:.3f} | {' '.join(f'{v:.3f}' for v in values)} |")  # fmt: skip
+        print(
+            f"| {name:<10} | {low:6.3f} | {median:8.3f} | {low / raw_min:15.3f} | {median / raw_median:14.3f} "
+            f"| {accuracy[name]:.3f} | {' '.join(f'{v:.3f}' for v in values)} |"
+        )
 
 
 if __name__ == "__main__":

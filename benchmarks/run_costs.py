@@ -96,8 +96,10 @@ def main() -> None:
         for r in range(rounds):
             for name in list(runs)[r % 2 :] + list(runs)[: r % 2]:
                 runs[name].append(run_once(RAW_TIMED if name == "raw loop" else EXPKIT_TIMED, epochs, Path(tmp_name)))
-    print(f"peer workload ({epochs} epochs), {rounds} interleaved rounds; ms per run, median over the rounds "
-          "(min in brackets)")  # fmt: skip
+    print(
+        f"peer workload ({epochs} epochs), {rounds} interleaved rounds; ms per run, median over the rounds "
+        "(min in brackets)"
+    )
 
     def stat(name: str, piece: str | None) -> tuple[float, float]:
         values = [(t if piece is None else pieces.get(piece, 0.0)) * 1000 for t, pieces in runs[name]]
@@ -109,14 +111,19 @@ def main() -> None:
     ckpt = ours["checkpoints"]
     val = tuple(v - c for v, c in zip(ours["validations, the checkpoint after each included"], ckpt))
     ends = [ours[k] for k in ours if not k.startswith(("  ", "checkpoints", "validations"))]
-    rest_ours = tuple(total - v - c - sum(e[i] for e in ends) for i, (total, v, c) in
-                      enumerate(zip(ours_total, val, ckpt)))  # fmt: skip
+    rest_ours = tuple(
+        total - v - c - sum(e[i] for e in ends) for i, (total, v, c) in enumerate(zip(ours_total, val, ckpt))
+    )
     rest_raw = tuple(t - v - c for t, v, c in zip(raw_total, raw["validations"], raw["checkpoints (torch.save)"]))
-    rows = [("training iterations and hooks (the rest)", rest_raw, rest_ours), ("validations", raw["validations"], val),
-            ("checkpoints", raw["checkpoints (torch.save)"], ckpt)]  # fmt: skip
+    rows = [
+        ("training iterations and hooks (the rest)", rest_raw, rest_ours),
+        ("validations", raw["validations"], val),
+        ("checkpoints", raw["checkpoints (torch.save)"], ckpt),
+    ]
     rows += [(k.strip(), (0.0, 0.0), v) for k, v in ours.items() if k.startswith("  ")]
-    rows += [(k, (0.0, 0.0), v) for k, v in zip([k for k in ours if not k.startswith(("  ", "checkpoints", "valid"))],
-                                                ends)]  # fmt: skip
+    rows += [
+        (k, (0.0, 0.0), v) for k, v in zip([k for k in ours if not k.startswith(("  ", "checkpoints", "valid"))], ends)
+    ]
     rows.append(("whole run", raw_total, ours_total))
     print(f"| {'piece':<58} | {'raw loop':>16} | {'expkit':>16} | {'expkit - raw':>12} |")
     print("|---|---:|---:|---:|")

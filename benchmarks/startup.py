@@ -103,8 +103,10 @@ def main() -> None:
     base = statistics.median(times["import torch"])
     for name, values in times.items():
         median = statistics.median(values)
-        print(f"{name:<14} min {min(values):.2f} s  median {median:.2f} s  ({median / base:.2f}x import torch)   runs: "
-              + " ".join(f"{v:.2f}" for v in values))  # fmt: skip
+        print(
+            f"{name:<14} min {min(values):.2f} s  median {median:.2f} s  ({median / base:.2f}x import torch)   runs: "
+            + " ".join(f"{v:.2f}" for v in values)
+        )
     hand, ours = times["hand-written"], times["expkit.train"]
     print(
         f"expkit.train / hand-written: min/min {min(ours) / min(hand):.2f}x, median/median "

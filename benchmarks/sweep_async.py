@@ -69,10 +69,16 @@ def _run(name: str, tmp: Path, seeds: int, short: int, long: int, env: dict[str,
     else:
         storage = str(tmp / "bench.journal")
         _enqueue(storage, seeds, short, long)
-        args = ["hparams_search=optuna", f"hydra.sweeper.n_trials={2 * seeds}", f"hydra.sweeper.n_jobs={K}",
-                f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=bench",
-                f"trainer.seed=choice({','.join(map(str, range(seeds)))})", f"trainer.max_epochs=choice({short},{long})",
-                *common]  # fmt: skip
+        args = [
+            "hparams_search=optuna",
+            f"hydra.sweeper.n_trials={2 * seeds}",
+            f"hydra.sweeper.n_jobs={K}",
+            f"hydra.sweeper.storage={storage}",
+            "hydra.sweeper.study_name=bench",
+            f"trainer.seed=choice({','.join(map(str, range(seeds)))})",
+            f"trainer.max_epochs=choice({short},{long})",
+            *common,
+        ]
     start = time.time()
     subprocess.run([sys.executable, "-m", "expkit.train", *args], capture_output=True, check=True, env=env)
     wall = time.time() - start
@@ -96,13 +102,18 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 ratio, span, wall = _run(way, Path(tmp), seeds, short, long, env)
             ratios[way].append(ratio)
-            print(f"round {r + 1}: {way:17s} {2 * seeds} jobs ({short} and {long} epochs), {K} at once: "
-                  f"{ratio:.3f}x the ideal (jobs' span {span:.1f} s; sweep wall {wall:.1f} s)", flush=True)  # fmt: skip
+            print(
+                f"round {r + 1}: {way:17s} {2 * seeds} jobs ({short} and {long} epochs), {K} at once: "
+                f"{ratio:.3f}x the ideal (jobs' span {span:.1f} s; sweep wall {wall:.1f} s)",
+                flush=True,
+            )
     for way in ways:
         v = ratios[way]
         target = "   target <= 1.15x" if way == "optuna slots" else ""
-        print(f"{way:17s} against the ideal: min {min(v):.3f}x  median {statistics.median(v):.3f}x   "
-              f"(rounds: {' '.join(f'{x:.3f}' for x in v)}){target}")  # fmt: skip
+        print(
+            f"{way:17s} against the ideal: min {min(v):.3f}x  median {statistics.median(v):.3f}x   "
+            f"(rounds: {' '.join(f'{x:.3f}' for x in v)}){target}"
+        )
 
 
 if __name__ == "__main__":

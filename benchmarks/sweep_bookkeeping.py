@@ -32,8 +32,9 @@ GRID = ["optim.lr=0.1,0.05,0.01", "trainer.max_epochs=1"]
 
 def run(*args: str) -> float:
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "HYDRA_FULL_ERROR": "1"})  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, env={**os.environ, "HYDRA_FULL_ERROR": "1"}
+    )
     if proc.returncode != 0:
         sys.exit(f"failed: {' '.join(args)}\n{proc.stderr[-3000:]}")
     return time.perf_counter() - start
@@ -80,8 +81,11 @@ def main() -> None:
         if rows != args.jobs:
             sys.exit(f"summary.csv of the big sweep has {rows} rows, expected {args.jobs}")
     for name, values in times.items():
-        print(f"{name:8s} " + " ".join(f"{v:6.2f}" for v in values)
-              + f"   min {min(values):6.2f} s  median {statistics.median(values):6.2f} s")  # fmt: skip
+        print(
+            f"{name:8s} "
+            + " ".join(f"{v:6.2f}" for v in values)
+            + f"   min {min(values):6.2f} s  median {statistics.median(values):6.2f} s"
+        )
     per_job = [(b - s) / 3 for b, s in zip(times["big"], times["small"])]
     print(
         f"per-job bookkeeping in {args.jobs} job dirs vs 3: min {min(per_job):+.3f} s, "

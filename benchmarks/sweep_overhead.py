@@ -29,13 +29,29 @@ def _round(jobs: int, tmp: Path, env: dict[str, str]) -> tuple[float, float, flo
     """One job alone, then the sweep: (single wall, single run time, sweep wall, jobs' run time)."""
     values = ",".join(str(0.1 / (i + 1)) for i in range(jobs))
     start = time.time()
-    subprocess.run([sys.executable, "-m", "expkit.train", "optim.lr=0.1", "trainer.max_epochs=1",
-                    f"hydra.run.dir={tmp}/single"], capture_output=True, check=True, env=env)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "expkit.train", "optim.lr=0.1", "trainer.max_epochs=1", f"hydra.run.dir={tmp}/single"],
+        capture_output=True,
+        check=True,
+        env=env,
+    )
     single = time.time() - start
     single_run = json.loads((tmp / "single" / "result.json").read_text())["wall_time_s"]
     start = time.time()
-    subprocess.run([sys.executable, "-m", "expkit.train", "-m", f"optim.lr={values}", "trainer.max_epochs=1",
-                    f"hydra.sweep.dir={tmp}/sweep"], capture_output=True, check=True, env=env)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "expkit.train",
+            "-m",
+            f"optim.lr={values}",
+            "trainer.max_epochs=1",
+            f"hydra.sweep.dir={tmp}/sweep",
+        ],
+        capture_output=True,
+        check=True,
+        env=env,
+    )
     wall = time.time() - start
     runs = sum(json.loads((tmp / "sweep" / str(j) / "result.json").read_text())["wall_time_s"] for j in range(jobs))
     return single, single_run, wall, runs
@@ -58,12 +74,18 @@ def main() -> None:
         startup = single - single_run
         issue.append((wall - args.jobs * single) / args.jobs)
         strict.append((wall - startup - runs) / args.jobs)
-        print(f"round {r + 1}: {args.jobs} jobs of 1 epoch: sweep wall {wall:.2f} s; one job alone {single:.2f} s "
-              f"(start-up {startup:.2f} s + run {single_run:.2f} s); the sweep's jobs' own run time {runs:.2f} s")  # fmt: skip
-    print(f"per job, against {args.jobs} separate runs: min {min(issue):+.3f} s  median {statistics.median(issue):+.3f} s   "
-          f"(rounds: {' '.join(f'{v:+.3f}' for v in issue)})")  # fmt: skip
-    print(f"overhead per job beyond training (strict): min {min(strict):.3f} s  median {statistics.median(strict):.3f} s   "
-          f"(rounds: {' '.join(f'{v:.3f}' for v in strict)})   target < 0.2 s")  # fmt: skip
+        print(
+            f"round {r + 1}: {args.jobs} jobs of 1 epoch: sweep wall {wall:.2f} s; one job alone {single:.2f} s "
+            f"(start-up {startup:.2f} s + run {single_run:.2f} s); the sweep's jobs' own run time {runs:.2f} s"
+        )
+    print(
+        f"per job, against {args.jobs} separate runs: min {min(issue):+.3f} s  median {statistics.median(issue):+.3f} s   "
+        f"(rounds: {' '.join(f'{v:+.3f}' for v in issue)})"
+    )
+    print(
+        f"overhead per job beyond training (strict): min {min(strict):.3f} s  median {statistics.median(strict):.3f} s   "
+        f"(rounds: {' '.join(f'{v:.3f}' for v in strict)})   target < 0.2 s"
+    )
 
 
 if __name__ == "__main__":

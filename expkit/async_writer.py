@@ -107,8 +107,14 @@ class BackgroundWriter:
         return staged
 
     # -- writing --------------------------------------------------------------------------------
-    def submit(self, write: Callable[[], None], then: Callable[[], None] | None = None, *,
-               kind: str = "regular", position: Any = None) -> None:  # fmt: skip
+    def submit(
+        self,
+        write: Callable[[], None],
+        then: Callable[[], None] | None = None,
+        *,
+        kind: str = "regular",
+        position: Any = None,
+    ) -> None:
         """Run `write` in the background, after the writes queued before it; `then` runs on the
         caller's thread once it succeeded (at the next ``wait`` for it). `position`: where
         training was (a later save that has to wait for this one says so, once)."""
@@ -169,8 +175,11 @@ class BackgroundWriter:
             assert future is not None
             if why and not future.done() and job.position != position and not self._told:
                 self._told = True
-                log.info("Waiting for the previous checkpoint to be written before %s: saves come faster than "
-                         "they are written (async_save keeps one in flight; said once)", why)  # fmt: skip
+                log.info(
+                    "Waiting for the previous checkpoint to be written before %s: saves come faster than "
+                    "they are written (async_save keeps one in flight; said once)",
+                    why,
+                )
             started = time.perf_counter()
             error = future.exception()  # (waits)
             self.waited_s += time.perf_counter() - started

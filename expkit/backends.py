@@ -259,8 +259,13 @@ class WandbBackend(Backend):
         """A resume that failed before its checkpoint loaded: no run of its own, so that the id
         the next attempt continues stays the original run's."""
         runner = self._runner
-        return self.run is None and runner is not None and self._resume_step == 0 and bool(runner.resume_from) \
-            and (runner.work_dir / "wandb" / self.ID_FILE).is_file()  # fmt: skip
+        return (
+            self.run is None
+            and runner is not None
+            and self._resume_step == 0
+            and bool(runner.resume_from)
+            and (runner.work_dir / "wandb" / self.ID_FILE).is_file()
+        )
 
     def finish(self, runner: Runner, result: dict[str, Any]) -> None:
         if self._never_resumed():

@@ -123,8 +123,16 @@ def _no_target(key: str, name: str, node: Any) -> None:
     where the run's record is, with both ways out; the run goes on without it."""
     given = OmegaConf.to_yaml(node).strip().replace("\n", "; ") if isinstance(node, DictConfig) else repr(node)
     use = f"'{key}=[{name}]'" if key in ("hooks", "logger") else "its _target_"
-    log.warning("%s.%s has no _target_, so nothing is built from it (%s): to use it, give %s; to silence "
-                "this, drop its keys with '~%s.%s'", key, name, given, use, key, name)  # fmt: skip
+    log.warning(
+        "%s.%s has no _target_, so nothing is built from it (%s): to use it, give %s; to silence "
+        "this, drop its keys with '~%s.%s'",
+        key,
+        name,
+        given,
+        use,
+        key,
+        name,
+    )
 
 
 def _build_hooks(nodes: Any, key: str) -> dict[str, Hook]:
@@ -155,8 +163,10 @@ def build_loggers(nodes: Any, key: str) -> dict[str, Backend]:
             continue
         backend = instantiate_node(node, f"{key}.{name}")
         if not isinstance(backend, Backend):
-            raise ConfigError(f"{key}.{name}._target_={node._target_} builds a {type(backend).__name__}, "
-                              "not an expkit.backends.Backend")  # fmt: skip
+            raise ConfigError(
+                f"{key}.{name}._target_={node._target_} builds a {type(backend).__name__}, "
+                "not an expkit.backends.Backend"
+            )
         loggers[str(name)] = backend
     return loggers
 
@@ -198,16 +208,19 @@ def build_metrics(nodes: Any, key: str = "metrics") -> dict[str, MetricSlot]:
         if node is None:
             continue
         if not isinstance(node, DictConfig) or "_target_" not in node:
-            raise ConfigError(f"{key}.{name} needs a _target_, e.g. {key}.{name}="
-                              "{_target_: torchmetrics.classification.MulticlassF1Score, num_classes: 10}")  # fmt: skip
+            raise ConfigError(
+                f"{key}.{name} needs a _target_, e.g. {key}.{name}="
+                "{_target_: torchmetrics.classification.MulticlassF1Score, num_classes: 10}"
+            )
         node = node.copy()
         with open_dict(node):
             extra = {k: node.pop(k) for k in _SLOT_KEYS if k in node}
         inputs = extra.get("inputs")
         if inputs is not None:
             inputs = OmegaConf.to_container(inputs) if isinstance(inputs, (DictConfig, ListConfig)) else inputs
-        slots[str(name)] = MetricSlot(instantiate_node(node, f"{key}.{name}"), f"{name}", inputs,
-                                      extra.get("higher_is_better"))  # fmt: skip
+        slots[str(name)] = MetricSlot(
+            instantiate_node(node, f"{key}.{name}"), f"{name}", inputs, extra.get("higher_is_better")
+        )
     return slots
 
 
@@ -238,8 +251,10 @@ def build_optimizers(optim: DictConfig, model: Any) -> dict[str, Any]:
     for name, node in optim.items():
         key = f"optim.{name}"
         if not isinstance(node, DictConfig) or "_target_" not in node:
-            raise ConfigError(f"{key} needs a _target_: optim is one optimizer ({{_target_: torch.optim.AdamW, ...}}) "
-                              "or named ones, each with its _target_ and the model's submodule it updates (module:)")  # fmt: skip
+            raise ConfigError(
+                f"{key} needs a _target_: optim is one optimizer ({{_target_: torch.optim.AdamW, ...}}) "
+                "or named ones, each with its _target_ and the model's submodule it updates (module:)"
+            )
         module = submodule(model, str(node.get("module") or ""), f"{key}.module")
         optimizers[str(name)] = _build_optimizer(node, module, key)
     if not optimizers:

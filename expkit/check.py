@@ -48,11 +48,25 @@ _NPROC = 1  # processes per run: torchrun ... -m expkit.check starts its runs wi
 # keys of records, checkpoints and hooks that hold a clock reading or a duration: any two runs
 # differ in them (found again at every check: a key that also differs between the two
 # uninterrupted runs is left out, whatever its name)
-TIMING = re.compile(r"(^|[/_.])(time|times|data_time|eta|elapsed|since|start|started|wall|wall_time_s|spent_s|"
-                    r"speed|throughput|seconds|secs|duration|timestamp|last_flush|smoothed)([/_.]|$)", re.IGNORECASE)  # fmt: skip
+TIMING = re.compile(
+    r"(^|[/_.])(time|times|data_time|eta|elapsed|since|start|started|wall|wall_time_s|spent_s|"
+    r"speed|throughput|seconds|secs|duration|timestamp|last_flush|smoothed)([/_.]|$)",
+    re.IGNORECASE,
+)
 # what a resumed run's result.json says differently by design
-RESULT_RUN_KEYS = {"wall_time_s", "command", "overrides", "provenance", "work_dir", "traceback", "resumed_from",
-                   "resumes", "requeues", "restarts", "run_info"}  # fmt: skip
+RESULT_RUN_KEYS = {
+    "wall_time_s",
+    "command",
+    "overrides",
+    "provenance",
+    "work_dir",
+    "traceback",
+    "resumed_from",
+    "resumes",
+    "requeues",
+    "restarts",
+    "run_info",
+}
 TORCHRUN_ENV = {
     "RANK",
     "LOCAL_RANK",
@@ -103,15 +117,19 @@ def plan(cfg: DictConfig, nproc: int = 1) -> Plan:
     given = cfg.check.get("iters")
     budget = int(given) if given is not None else min(total, steps + max(2, steps // 2))
     if budget < 2:
-        raise ConfigError(f"check.iters={budget}: the check needs at least 2 iterations (one before the "
-                          "interruption, one after); give check.iters=2 or more")  # fmt: skip
+        raise ConfigError(
+            f"check.iters={budget}: the check needs at least 2 iterations (one before the "
+            "interruption, one after); give check.iters=2 or more"
+        )
     kill = cfg.check.get("kill_at")
     if kill is None:
         kill = steps + (budget - steps) // 2 if budget >= steps + 2 else max(1, budget // 2)
     kill = int(kill)
     if not 1 <= kill < budget:
-        raise ConfigError(f"check.kill_at={kill}: the interruption must fall inside the budget, between 1 and "
-                          f"{budget - 1} (check.iters={budget})")  # fmt: skip
+        raise ConfigError(
+            f"check.kill_at={kill}: the interruption must fall inside the budget, between 1 and "
+            f"{budget - 1} (check.iters={budget})"
+        )
     checkpoints = cfg.get("default_hooks", {}).get("checkpoint") is not None
     from omegaconf import OmegaConf
 
@@ -156,15 +174,26 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def _start(run: Run, argv: list[str], p: Plan, *, resume: bool = False, kill: bool = False) -> subprocess.Popen:
     """One ``expkit.train`` process of the check, its output to a file in the scratch dir."""
-    extra = [f"hydra.run.dir={run.work_dir}", "default_hooks.logger.progress=false",
-             "+hooks.check_probe._target_=expkit.check_probe.CheckProbe", f"+hooks.check_probe.stop_at={p.budget}"]  # fmt: skip
+    extra = [
+        f"hydra.run.dir={run.work_dir}",
+        "default_hooks.logger.progress=false",
+        "+hooks.check_probe._target_=expkit.check_probe.CheckProbe",
+        f"+hooks.check_probe.stop_at={p.budget}",
+    ]
     if p.checkpoints:
-        extra += ["default_hooks.checkpoint.by_epoch=false", f"default_hooks.checkpoint.interval={p.kill_at}",
-                  "default_hooks.checkpoint.out_dir=null", "default_hooks.checkpoint.max_keep_ckpts=-1"]  # fmt: skip
+        extra += [
+            "default_hooks.checkpoint.by_epoch=false",
+            f"default_hooks.checkpoint.interval={p.kill_at}",
+            "default_hooks.checkpoint.out_dir=null",
+            "default_hooks.checkpoint.max_keep_ckpts=-1",
+        ]
     if resume:
         extra.append("resume=true")
-    env = {k: v for k, v in os.environ.items() if k != KILL_AT_ENV and k not in TORCHRUN_ENV
-           and not k.startswith("TORCHELASTIC_")}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k != KILL_AT_ENV and k not in TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")
+    }
     env["WANDB_MODE"] = "offline"  # (the check's runs are not the user's: never synced)
     if "mlflow" in p.loggers:  # a store of the check's own, no artifacts (MLflow would put them in ./mlruns)
         env["MLFLOW_TRACKING_URI"] = f"sqlite:///{p.scratch / 'mlflow.db'}"
@@ -179,8 +208,13 @@ def _start(run: Run, argv: list[str], p: Plan, *, resume: bool = False, kill: bo
     sink = open(run.work_dir.parent / f"{run.name}{len(run.returncodes)}.out", "w+")  # noqa: SIM115  (closed in _wait)
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={p.nproc}"]
     python = launcher if p.nproc > 1 else [sys.executable]
-    proc = subprocess.Popen([*python, "-m", "expkit.train", *cli.flags_first([*argv, *extra])],
-                            env=env, stdout=sink, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*python, "-m", "expkit.train", *cli.flags_first([*argv, *extra])],
+        env=env,
+        stdout=sink,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     proc.sink, proc.started = sink, time.perf_counter()  # type: ignore[attr-defined]
     return proc
 
@@ -298,10 +332,20 @@ def diff(a: Any, b: Any, path: str = "") -> list[str]:
     import torch
 
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        same = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-                and a.dtype == b.dtype and bool(torch.equal(a, b) or (a.is_floating_point()
-                                                                       and torch.equal(a.isnan(), b.isnan())
-                                                                       and torch.equal(a.nan_to_num(), b.nan_to_num()))))  # fmt: skip
+        same = (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and bool(
+                torch.equal(a, b)
+                or (
+                    a.is_floating_point()
+                    and torch.equal(a.isnan(), b.isnan())
+                    and torch.equal(a.nan_to_num(), b.nan_to_num())
+                )
+            )
+        )
         return [] if same else [path or "."]
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return [] if np.array_equal(a, b) else [path or "."]
@@ -398,28 +442,38 @@ def _data_advice(kind: str, facts: dict[str, Any], i: int, when: str) -> str:
     if kind in ("order", "samples"):
         what = "the same samples in another order" if kind == "order" else "other samples"
         if not facts.get("set_epoch") and not facts.get("skips_by_index"):
-            return (f"batch {i} {when} held {what} than without: the sampler `{sampler}` has no "
-                    "state_dict()/set_epoch, so its order is drawn anew when a run resumes mid-epoch. Use "
-                    "expkit.samplers.SeededRandomSampler (expkit.data.DataModule's loaders do), or give the sampler "
-                    "set_epoch(epoch) and an order that is a function of (seed, epoch) only")  # fmt: skip
-        return (f"batch {i} {when} held {what} than without: the sampler `{sampler}`'s order is not a function "
-                "of (seed, epoch) only: draw its permutation from torch.Generator().manual_seed(seed + epoch)")  # fmt: skip
+            return (
+                f"batch {i} {when} held {what} than without: the sampler `{sampler}` has no "
+                "state_dict()/set_epoch, so its order is drawn anew when a run resumes mid-epoch. Use "
+                "expkit.samplers.SeededRandomSampler (expkit.data.DataModule's loaders do), or give the sampler "
+                "set_epoch(epoch) and an order that is a function of (seed, epoch) only"
+            )
+        return (
+            f"batch {i} {when} held {what} than without: the sampler `{sampler}`'s order is not a function "
+            "of (seed, epoch) only: draw its permutation from torch.Generator().manual_seed(seed + epoch)"
+        )
     if facts.get("num_workers", 0) > 0 and (not facts.get("generator") or not facts.get("worker_init_fn")):
-        return (f"batch {i} {when} held the same samples with other values: the DataLoader's "
-                f"{facts['num_workers']} workers draw their random seeds from the global generator at each epoch's "
-                "start (it has no generator=), which a resume mid-epoch does not restore. Build the loader with "
-                "generator=torch.Generator().manual_seed(seed) and worker_init_fn=expkit.samplers.seed_worker, "
-                "as expkit.data.DataModule.loaders does")  # fmt: skip
+        return (
+            f"batch {i} {when} held the same samples with other values: the DataLoader's "
+            f"{facts['num_workers']} workers draw their random seeds from the global generator at each epoch's "
+            "start (it has no generator=), which a resume mid-epoch does not restore. Build the loader with "
+            "generator=torch.Generator().manual_seed(seed) and worker_init_fn=expkit.samplers.seed_worker, "
+            "as expkit.data.DataModule.loaders does"
+        )
     if not when.startswith("after resume"):
-        return (f"batch {i} {when} held the same samples with other values: the data pipeline draws randomness "
-                "that expkit's seed does not fix (a generator seeded from the clock, or an unseeded random.Random(), "
-                "np.random.default_rng() or torch.Generator()). Seed it from the run's seed (data.seed), e.g. "
-                "torch.Generator().manual_seed(seed)")  # fmt: skip
-    return (f"batch {i} {when} held the same samples with other values: the dataset's __getitem__ draws from "
-            "a random generator that expkit neither seeds per sample nor restores on resume (the clock, an unseeded "
-            "random.Random()/np.random.default_rng()/torch.Generator(), or the global `random`, `numpy.random` or "
-            "torch generator, which skipping batches on resume moves). Draw each sample's randomness from a "
-            "generator seeded by (seed, epoch, index)")  # fmt: skip
+        return (
+            f"batch {i} {when} held the same samples with other values: the data pipeline draws randomness "
+            "that expkit's seed does not fix (a generator seeded from the clock, or an unseeded random.Random(), "
+            "np.random.default_rng() or torch.Generator()). Seed it from the run's seed (data.seed), e.g. "
+            "torch.Generator().manual_seed(seed)"
+        )
+    return (
+        f"batch {i} {when} held the same samples with other values: the dataset's __getitem__ draws from "
+        "a random generator that expkit neither seeds per sample nor restores on resume (the clock, an unseeded "
+        "random.Random()/np.random.default_rng()/torch.Generator(), or the global `random`, `numpy.random` or "
+        "torch generator, which skipping batches on resume moves). Draw each sample's randomness from a "
+        "generator seeded by (seed, epoch, index)"
+    )
 
 
 def _volatile_paths(a: Any, b: Any) -> set[str]:
@@ -444,8 +498,11 @@ def _checkpoint_parts(ckpt: dict[str, Any] | None) -> dict[str, Any]:
         "position": {k: meta.get(k) for k in ("epoch", "iter", "inner_iter", "best_metrics", "val_metrics")},
     }
     known = {"meta", "config", "state_dict", "hooks", "rng"}
-    parts["other"] = {k: v for k, v in ckpt.items() if k not in known and not k.startswith(("optimizer", "scheduler",
-                                                                                           "param_scheduler"))}  # fmt: skip
+    parts["other"] = {
+        k: v
+        for k, v in ckpt.items()
+        if k not in known and not k.startswith(("optimizer", "scheduler", "param_scheduler"))
+    }
     return parts
 
 
@@ -493,44 +550,79 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
     res_a, res_b = _normalized_result(a.work_dir), _normalized_result(b.work_dir)
     device = res_a.get("device") or "this device"
     for op in flagged:
-        cmp.findings.append(Finding("deterministic algorithms", (
-            f"`torch.use_deterministic_algorithms` flagged `{op}` on {device}: its results may differ run to run. "
-            "Replace the op (or the module that calls it) with a deterministic one, or accept the difference and "
-            "leave trainer.deterministic=false")))  # fmt: skip
-    cmp.rows.append(Row("deterministic algorithms", "differs" if flagged else "ok",
-                        ", ".join(flagged) if flagged else "no op without a deterministic implementation ran"))  # fmt: skip
+        cmp.findings.append(
+            Finding(
+                "deterministic algorithms",
+                (
+                    f"`torch.use_deterministic_algorithms` flagged `{op}` on {device}: its results may differ run to run. "
+                    "Replace the op (or the module that calls it) with a deterministic one, or accept the difference and "
+                    "leave trainer.deterministic=false"
+                ),
+            )
+        )
+    cmp.rows.append(
+        Row(
+            "deterministic algorithms",
+            "differs" if flagged else "ok",
+            ", ".join(flagged) if flagged else "no op without a deterministic implementation ran",
+        )
+    )
 
     # -- determinism: a and b
     first = _first_batch(a, b, iters, p.nproc)
     i = first[0] if first else None
-    cmp.add("same seed: same batches", [f"first differs at iteration {i}{on_rank(first[1])}"] if first else [],
-            f"{len(ta.iters)} iterations" + (f", {p.nproc} ranks" if p.nproc > 1 else ""))  # fmt: skip
+    cmp.add(
+        "same seed: same batches",
+        [f"first differs at iteration {i}{on_rank(first[1])}"] if first else [],
+        f"{len(ta.iters)} iterations" + (f", {p.nproc} ranks" if p.nproc > 1 else ""),
+    )
     if first:
-        cmp.findings.append(Finding("same seed: same batches", _data_advice(
-            first[2], facts, i, f"of a second run from the same seed{on_rank(first[1])}")))  # fmt: skip
+        cmp.findings.append(
+            Finding(
+                "same seed: same batches",
+                _data_advice(first[2], facts, i, f"of a second run from the same seed{on_rank(first[1])}"),
+            )
+        )
     j = _first_iter(ta, tb, ("loss", "params"), iters)
     cmp.add("same seed: same losses and weights", [f"first differs at iteration {j}"] if j is not None else [])
     if j is not None and (i is None or j < i) and not flagged:
-        cmp.findings.append(Finding("same seed: same losses and weights", (
-            f"iteration {j} of two runs from the same seed saw the same batches but computed other losses or "
-            "weights: the model or the step draws randomness expkit's seed does not fix (an unseeded generator, "
-            "the clock), or runs an op whose result varies run to run; trainer.deterministic=true names such ops")))  # fmt: skip
+        cmp.findings.append(
+            Finding(
+                "same seed: same losses and weights",
+                (
+                    f"iteration {j} of two runs from the same seed saw the same batches but computed other losses or "
+                    "weights: the model or the step draws randomness expkit's seed does not fix (an unseeded generator, "
+                    "the clock), or runs an op whose result varies run to run; trainer.deterministic=true names such ops"
+                ),
+            )
+        )
 
     ckpt_a, ckpt_b = _checkpoint_parts(_final_checkpoint(a.work_dir)), _checkpoint_parts(_final_checkpoint(b.work_dir))
     # hooks' state that differs between two runs from the same seed (a timer's averages) cannot
     # tell a resume apart: it is left out, and said so; any other part must match
-    volatile = {name: set(diff(ckpt_a[name], ckpt_b.get(name))) if name == "hooks"
-                else _volatile_paths(ckpt_a[name], ckpt_b.get(name)) for name in ckpt_a}  # fmt: skip
+    volatile = {
+        name: set(diff(ckpt_a[name], ckpt_b.get(name)))
+        if name == "hooks"
+        else _volatile_paths(ckpt_a[name], ckpt_b.get(name))
+        for name in ckpt_a
+    }
     left_out = sorted(volatile.get("hooks", set()))
-    state_problems = [f"{name}: {path}" for name in ckpt_a for path in _without(diff(ckpt_a[name], ckpt_b.get(name)),
-                                                                                 volatile[name])]  # fmt: skip
-    cmp.add("same seed: same final state", state_problems[:1] + ([f"(and {len(state_problems) - 1} more)"] if len(state_problems) > 1 else []))  # fmt: skip
+    state_problems = [
+        f"{name}: {path}" for name in ckpt_a for path in _without(diff(ckpt_a[name], ckpt_b.get(name)), volatile[name])
+    ]
+    cmp.add(
+        "same seed: same final state",
+        state_problems[:1] + ([f"(and {len(state_problems) - 1} more)"] if len(state_problems) > 1 else []),
+    )
 
     rec_a, rec_b = _records_by_step(_records(a.work_dir)), _records_by_step(_records(b.work_dir))
     rec_volatile = _volatile_paths(rec_a, rec_b)
     rec_problems = _without(diff(rec_a, rec_b), rec_volatile)
-    cmp.add("same seed: same metrics.jsonl", [f"differs at {_step_name(rec_problems[0])}"] if rec_problems else [],
-            f"{len(rec_a)} records")  # fmt: skip
+    cmp.add(
+        "same seed: same metrics.jsonl",
+        [f"differs at {_step_name(rec_problems[0])}"] if rec_problems else [],
+        f"{len(rec_a)} records",
+    )
 
     hook_volatile = set(diff((ta.end or {}).get("hooks"), (tb.end or {}).get("hooks"), "hooks"))
     left_out += sorted(p_.split(".", 1)[1].replace(".attrs.", ".") for p_ in hook_volatile)
@@ -541,25 +633,47 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
     # (an op torch flags is named above; it need not have made these two runs differ)
     determinism_failed = any(r.result == "differs" for r in cmp.rows if r.check.startswith("same seed"))
     if not p.checkpoints:
-        cmp.rows.append(Row("resume", "skipped", "the run has no checkpoint hook (default_hooks.checkpoint): "
-                            "nothing to resume from"))  # fmt: skip
+        cmp.rows.append(
+            Row(
+                "resume", "skipped", "the run has no checkpoint hook (default_hooks.checkpoint): nothing to resume from"
+            )
+        )
         return cmp
     if not tc.killed:
-        cmp.rows.append(Row("interrupted after a checkpoint", "differs",
-                            f"no checkpoint at iteration {p.kill_at} appeared: the run was not interrupted"))  # fmt: skip
-        cmp.findings.append(Finding("interrupted after a checkpoint", (
-            f"the run saved no checkpoint at iteration {p.kill_at} (default_hooks.checkpoint with by_epoch=false, "
-            f"interval={p.kill_at}): a hook of the run may stop or change checkpointing; pick another point with "
-            "check.kill_at=N")))  # fmt: skip
+        cmp.rows.append(
+            Row(
+                "interrupted after a checkpoint",
+                "differs",
+                f"no checkpoint at iteration {p.kill_at} appeared: the run was not interrupted",
+            )
+        )
+        cmp.findings.append(
+            Finding(
+                "interrupted after a checkpoint",
+                (
+                    f"the run saved no checkpoint at iteration {p.kill_at} (default_hooks.checkpoint with by_epoch=false, "
+                    f"interval={p.kill_at}): a hook of the run may stop or change checkpointing; pick another point with "
+                    "check.kill_at=N"
+                ),
+            )
+        )
         return cmp
-    cmp.rows.append(Row("interrupted after a checkpoint", "ok",
-                        f"SIGKILL after iteration {p.kill_at} (epoch {p.kill_at // p.steps_per_epoch + 1}, "
-                        f"batch {p.kill_at % p.steps_per_epoch} of {p.steps_per_epoch}), resumed"))  # fmt: skip
+    cmp.rows.append(
+        Row(
+            "interrupted after a checkpoint",
+            "ok",
+            f"SIGKILL after iteration {p.kill_at} (epoch {p.kill_at // p.steps_per_epoch + 1}, "
+            f"batch {p.kill_at % p.steps_per_epoch} of {p.steps_per_epoch}), resumed",
+        )
+    )
     after = range(p.kill_at, p.budget)
     first = _first_batch(a, c, after, p.nproc)
     i = first[0] if first else None
-    cmp.add("resume: same batches", [f"first differs at iteration {i}{on_rank(first[1])}"] if first else [],
-            f"iterations {p.kill_at}-{p.budget - 1}" + (f", {p.nproc} ranks" if p.nproc > 1 else ""))  # fmt: skip
+    cmp.add(
+        "resume: same batches",
+        [f"first differs at iteration {i}{on_rank(first[1])}"] if first else [],
+        f"iterations {p.kill_at}-{p.budget - 1}" + (f", {p.nproc} ranks" if p.nproc > 1 else ""),
+    )
     if first and not determinism_failed:
         cmp.findings.append(Finding("resume: same batches", _data_advice(first[2], facts, i, "after resume")))
     j = _first_iter(ta, tc, ("loss", "params"), after)
@@ -568,16 +682,29 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
     ckpt_c = _checkpoint_parts(_final_checkpoint(c.work_dir))
     if j is not None and (i is None or j < i) and not determinism_failed:
         first_key = next(iter(diff(ckpt_a.get("weights"), ckpt_c.get("weights"))), None)
-        cmp.findings.append(Finding("resume: same losses and weights", (
-            f"iteration {j} after resume computed other losses or weights from the same batches"
-            + (f" (first differing weight: {first_key})" if first_key else "") + ": the state the resumed run started "
-            f"from is not the uninterrupted run's at iteration {p.kill_at}. Something changes the model or the optimizer "
-            "when a run resumes (a hook's before_train or after_load_checkpoint), or keeps state outside "
-            "state_dict() (a buffer that is not registered, an optimizer attribute)")))  # fmt: skip
+        cmp.findings.append(
+            Finding(
+                "resume: same losses and weights",
+                (
+                    f"iteration {j} after resume computed other losses or weights from the same batches"
+                    + (f" (first differing weight: {first_key})" if first_key else "")
+                    + ": the state the resumed run started "
+                    f"from is not the uninterrupted run's at iteration {p.kill_at}. Something changes the model or the optimizer "
+                    "when a run resumes (a hook's before_train or after_load_checkpoint), or keeps state outside "
+                    "state_dict() (a buffer that is not registered, an optimizer attribute)"
+                ),
+            )
+        )
 
-    for name, label in (("weights", "weights"), ("optimizer", "optimizer"), ("scheduler", "scheduler"),
-                        ("rng", "RNG streams"), ("hooks", "hooks' checkpointed state"),
-                        ("position", "position, best metrics"), ("other", "other checkpoint entries")):  # fmt: skip
+    for name, label in (
+        ("weights", "weights"),
+        ("optimizer", "optimizer"),
+        ("scheduler", "scheduler"),
+        ("rng", "RNG streams"),
+        ("hooks", "hooks' checkpointed state"),
+        ("position", "position, best metrics"),
+        ("other", "other checkpoint entries"),
+    ):
         if name not in ckpt_a:
             continue
         problems = _without(diff(ckpt_a[name], ckpt_c.get(name)), volatile.get(name, set()))
@@ -589,18 +716,27 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
         cmp.add(f"resume: final {label}", [problems[0] + more] if problems else [], detail)
         if name == "rng" and problems and weights_held and i is None:
             streams = sorted({pp.split(".")[0] for pp in problems})
-            cmp.findings.append(Finding("resume: final RNG streams", (
-                f"the RNG stream(s) {', '.join(streams)} ended elsewhere after resume although every batch and weight "
-                "matched: something draws from the global generator a different number of times after a resume "
-                "(a hook or the data pipeline); draw from a generator of its own, seeded from the run's seed")))  # fmt: skip
+            cmp.findings.append(
+                Finding(
+                    "resume: final RNG streams",
+                    (
+                        f"the RNG stream(s) {', '.join(streams)} ended elsewhere after resume although every batch and weight "
+                        "matched: something draws from the global generator a different number of times after a resume "
+                        "(a hook or the data pipeline); draw from a generator of its own, seeded from the run's seed"
+                    ),
+                )
+            )
 
     # hooks' attributes (a hook that keeps state without a state_dict())
     hooks_a, hooks_c = (ta.end or {}).get("hooks", {}), (tc.end or {}).get("hooks", {})
     hook_problems = []
     for name, info in hooks_a.items():
         other = hooks_c.get(name, {})
-        attrs = [pp for pp in diff(info.get("attrs"), other.get("attrs"), f"hooks.{name}.attrs")
-                 if pp not in hook_volatile and not _timing(pp)]  # fmt: skip
+        attrs = [
+            pp
+            for pp in diff(info.get("attrs"), other.get("attrs"), f"hooks.{name}.attrs")
+            if pp not in hook_volatile and not _timing(pp)
+        ]
         if not attrs:
             continue
         names = sorted({pp.split(".")[3] for pp in attrs if len(pp.split(".")) > 3})
@@ -608,11 +744,15 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
         hook_problems.append(f"{name}: {where}")
         cls = info.get("class", "?").rsplit(".", 1)[-1]
         if not info.get("state_dict"):
-            message = (f"hook `{cls}` ({name}) keeps state in {where} but has no state_dict(); its state is lost on "
-                       "resume. Give it state_dict() returning that state and load_state_dict() restoring it")  # fmt: skip
+            message = (
+                f"hook `{cls}` ({name}) keeps state in {where} but has no state_dict(); its state is lost on "
+                "resume. Give it state_dict() returning that state and load_state_dict() restoring it"
+            )
         else:
-            message = (f"hook `{cls}` ({name}): {where} differs after resume although it has state_dict(): "
-                       "state_dict() leaves it out, or load_state_dict() does not restore it")  # fmt: skip
+            message = (
+                f"hook `{cls}` ({name}): {where} differs after resume although it has state_dict(): "
+                "state_dict() leaves it out, or load_state_dict() does not restore it"
+            )
         if not weights_held:
             message += " (the weights also differ after resume: fix the first finding first)"
         cmp.findings.append(Finding("resume: same hooks' state", message))
@@ -640,17 +780,30 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
             slot = slots.get(name, {})
             cls = slot.get("class", name)
             if weights_held:
-                cmp.findings.append(Finding("resume: same validation and test metrics", (
-                    f"metric `{name}` ({cls}) gave another value after resume with the same weights: it was not reset "
-                    "between validations (it accumulates across them, so a resumed run, which starts it afresh, "
-                    "disagrees). Make reset() clear every piece of state that update() adds to")))  # fmt: skip
+                cmp.findings.append(
+                    Finding(
+                        "resume: same validation and test metrics",
+                        (
+                            f"metric `{name}` ({cls}) gave another value after resume with the same weights: it was not reset "
+                            "between validations (it accumulates across them, so a resumed run, which starts it afresh, "
+                            "disagrees). Make reset() clear every piece of state that update() adds to"
+                        ),
+                    )
+                )
 
     # the records
     rec_c = _records_by_step(_records(c.work_dir))
     rec_problems = _without(diff(rec_a, rec_c), rec_volatile)
-    cmp.add("resume: same metrics.jsonl", [f"differs at {_step_name(rec_problems[0])}" + (
-        f" (and {len(rec_problems) - 1} more)" if len(rec_problems) > 1 else "")] if rec_problems else [],
-            f"{len(rec_a)} records")  # fmt: skip
+    cmp.add(
+        "resume: same metrics.jsonl",
+        [
+            f"differs at {_step_name(rec_problems[0])}"
+            + (f" (and {len(rec_problems) - 1} more)" if len(rec_problems) > 1 else "")
+        ]
+        if rec_problems
+        else [],
+        f"{len(rec_a)} records",
+    )
     res_c = _normalized_result(c.work_dir)
     res_volatile = _volatile_paths(res_a, res_b)
     res_problems = _without(diff(res_a, res_c), res_volatile)
@@ -670,10 +823,16 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
         and not cmp.findings
         and not any(r.result == "differs" for r in cmp.rows if r.check.startswith("resume: final"))
     ):
-        cmp.findings.append(Finding("resume: same records", (
-            f"the records differ after resume ({(rec_problems or res_problems)[0]}) while the training state matched: "
-            "a hook or logger writes what it computed from the whole run so far without keeping it in its "
-            "state_dict()")))  # fmt: skip
+        cmp.findings.append(
+            Finding(
+                "resume: same records",
+                (
+                    f"the records differ after resume ({(rec_problems or res_problems)[0]}) while the training state matched: "
+                    "a hook or logger writes what it computed from the whole run so far without keeping it in its "
+                    "state_dict()"
+                ),
+            )
+        )
     if determinism_failed:  # what differs after resume follows from what differs between two same-seed runs
         cmp.findings = [f for f in cmp.findings if not f.check.startswith(("resume", "interrupted"))]
     return cmp
@@ -749,14 +908,24 @@ def _check(cfg: DictConfig) -> None:
         Path(given_dir).mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="expkit-check-", dir=given_dir))
     p.scratch = scratch.resolve()
-    log.info("Checking %s iterations a run (%d a epoch), interrupted after iteration %d; scratch dir %s",
-             p.budget, p.steps_per_epoch, p.kill_at, scratch)  # fmt: skip
+    log.info(
+        "Checking %s iterations a run (%d a epoch), interrupted after iteration %d; scratch dir %s",
+        p.budget,
+        p.steps_per_epoch,
+        p.kill_at,
+        scratch,
+    )
     started = time.perf_counter()
     try:
         runs = {name: Run(name, scratch / name) for name in "abc"}
         train_all(runs, argv, p)
-        failed = [r for r in runs.values() if r.returncodes and r.returncodes[-1] != 0
-                  and not (r.name == "c" and len(r.returncodes) == 1 and read_trace(r.work_dir).killed)]  # fmt: skip
+        failed = [
+            r
+            for r in runs.values()
+            if r.returncodes
+            and r.returncodes[-1] != 0
+            and not (r.name == "c" and len(r.returncodes) == 1 and read_trace(r.work_dir).killed)
+        ]
         if failed:
             raise RunFailed(f"run {failed[0].name} failed: {_failed_run(failed[0])}")
         outputs = "".join(r.output for r in runs.values())
@@ -768,14 +937,23 @@ def _check(cfg: DictConfig) -> None:
     training = sum(r.seconds for r in runs.values())
     ok = not result.findings and all(r.result != "differs" for r in result.rows)
     print(render(result.rows, result.findings))
-    print(f"\n{'OK: reproducible and resumes exactly' if ok else 'DIFFERS'} ({p.budget} iterations a run; "
-          f"{seconds:.1f} s in all, {training:.1f} s in the runs){'' if not cfg.check.keep else f'; runs kept in {scratch}'}")  # fmt: skip
+    print(
+        f"\n{'OK: reproducible and resumes exactly' if ok else 'DIFFERS'} ({p.budget} iterations a run; "
+        f"{seconds:.1f} s in all, {training:.1f} s in the runs){'' if not cfg.check.keep else f'; runs kept in {scratch}'}"
+    )
     out = cfg.check.get("out")
     if out:
-        report = {"ok": ok, "budget": p.budget, "kill_at": p.kill_at, "steps_per_epoch": p.steps_per_epoch,
-                  "seconds": round(seconds, 2), "run_seconds": {r.name: round(r.seconds, 2) for r in runs.values()},
-                  "rows": [vars(r) for r in result.rows], "findings": [vars(f) for f in result.findings],
-                  "scratch": str(scratch) if cfg.check.keep else None}  # fmt: skip
+        report = {
+            "ok": ok,
+            "budget": p.budget,
+            "kill_at": p.kill_at,
+            "steps_per_epoch": p.steps_per_epoch,
+            "seconds": round(seconds, 2),
+            "run_seconds": {r.name: round(r.seconds, 2) for r in runs.values()},
+            "rows": [vars(r) for r in result.rows],
+            "findings": [vars(f) for f in result.findings],
+            "scratch": str(scratch) if cfg.check.keep else None,
+        }
         from expkit import atomic
 
         atomic.write_text_atomic(Path(out), json.dumps(report, indent=2) + "\n")
@@ -794,8 +972,11 @@ def _under_torchrun() -> int:
     if world <= 1:
         return 1
     if int(os.environ.get("LOCAL_WORLD_SIZE", world) or world) != world:
-        print(f"Error: the check runs on one machine (torchrun --nnodes=1); this torchrun spans "
-              f"{world // int(os.environ['LOCAL_WORLD_SIZE'])} nodes", file=sys.stderr)  # fmt: skip
+        print(
+            f"Error: the check runs on one machine (torchrun --nnodes=1); this torchrun spans "
+            f"{world // int(os.environ['LOCAL_WORLD_SIZE'])} nodes",
+            file=sys.stderr,
+        )
         sys.exit(2)
     if int(os.environ.get("RANK", "0") or 0) != 0:
         sys.exit(0)
@@ -808,8 +989,14 @@ def main() -> None:
     _NPROC = _under_torchrun()
     argv = sys.argv[1:]
     refused = split_argv(argv)[1]
-    message = (f"{refused[0]}: the check runs one experiment, from scratch, in a scratch dir of its own; leave out "
-               "-m, resume= and hydra.sweep.* (pass the overrides you train with)") if refused else None  # fmt: skip
+    message = (
+        (
+            f"{refused[0]}: the check runs one experiment, from scratch, in a scratch dir of its own; leave out "
+            "-m, resume= and hydra.sweep.* (pass the overrides you train with)"
+        )
+        if refused
+        else None
+    )
     message = (
         message
         or cli.check_keys(argv)

@@ -168,14 +168,30 @@ class CheckProbe(Hook):
             torch.use_deterministic_algorithms(True, warn_only=True)  # ops without one are named on stderr
 
     def before_train(self, runner: Runner) -> None:
-        self._write({"event": "start", "iter": runner.iter, "epoch": runner.epoch, "resumed": runner.resuming,
-                     "steps_per_epoch": runner.steps_per_epoch, "loader": loader_facts(runner.train_loader)})  # fmt: skip
+        self._write(
+            {
+                "event": "start",
+                "iter": runner.iter,
+                "epoch": runner.epoch,
+                "resumed": runner.resuming,
+                "steps_per_epoch": runner.steps_per_epoch,
+                "loader": loader_facts(runner.train_loader),
+            }
+        )
 
     def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
         model = runner.model
-        self._write({"event": "iter", "iter": runner.iter, "epoch": runner.epoch, "batch_idx": batch_idx,
-                     "samples": _samples(data_batch), "loss": _loss(outputs),
-                     "params": _params_checksum(model) if isinstance(model, torch.nn.Module) else None})  # fmt: skip
+        self._write(
+            {
+                "event": "iter",
+                "iter": runner.iter,
+                "epoch": runner.epoch,
+                "batch_idx": batch_idx,
+                "samples": _samples(data_batch),
+                "loss": _loss(outputs),
+                "params": _params_checksum(model) if isinstance(model, torch.nn.Module) else None,
+            }
+        )
         done = runner.iter + 1
         if done >= self.stop_at:
             runner.request_stop(f"expkit.check: {self.stop_at} iterations")
@@ -183,12 +199,24 @@ class CheckProbe(Hook):
             self._kill_once_saved(runner)
 
     def after_val_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:
-        self._write({"event": "val", "iter": runner.iter, "set": runner.eval_set,
-                     "metrics": {k: fingerprint(float(v)) for k, v in metrics.items()}})  # fmt: skip
+        self._write(
+            {
+                "event": "val",
+                "iter": runner.iter,
+                "set": runner.eval_set,
+                "metrics": {k: fingerprint(float(v)) for k, v in metrics.items()},
+            }
+        )
 
     def after_test_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:
-        self._write({"event": "test", "iter": runner.iter, "set": runner.eval_set,
-                     "metrics": {k: fingerprint(float(v)) for k, v in metrics.items()}})  # fmt: skip
+        self._write(
+            {
+                "event": "test",
+                "iter": runner.iter,
+                "set": runner.eval_set,
+                "metrics": {k: fingerprint(float(v)) for k, v in metrics.items()},
+            }
+        )
 
     def after_val(self, runner: Runner) -> None:
         if self.kill_at is not None and runner.iter >= self.kill_at:
@@ -215,12 +243,20 @@ class CheckProbe(Hook):
             if hook is self:
                 continue
             own_state = type(hook).state_dict is not Hook.state_dict
-            hooks[name] = {"class": f"{type(hook).__module__}.{type(hook).__qualname__}", "state_dict": own_state,
-                           "attrs": attributes(hook)}  # fmt: skip
-        metrics = {name: {"class": type(slot.metric).__name__, "attrs": attributes(slot.metric)}
-                   for name, slot in runner.metrics.items()}  # fmt: skip
-        rng = {"torch": tensor_digest(torch.get_rng_state()), "python": digest(repr(random.getstate()).encode()),
-               "numpy": digest(repr(np.random.get_state()).encode())}  # fmt: skip
+            hooks[name] = {
+                "class": f"{type(hook).__module__}.{type(hook).__qualname__}",
+                "state_dict": own_state,
+                "attrs": attributes(hook),
+            }
+        metrics = {
+            name: {"class": type(slot.metric).__name__, "attrs": attributes(slot.metric)}
+            for name, slot in runner.metrics.items()
+        }
+        rng = {
+            "torch": tensor_digest(torch.get_rng_state()),
+            "python": digest(repr(random.getstate()).encode()),
+            "numpy": digest(repr(np.random.get_state()).encode()),
+        }
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             rng["cuda"] = digest(b"".join(s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()))
         self._write({"event": "end", "iter": runner.iter, "hooks": hooks, "metrics": metrics, "rng": rng})

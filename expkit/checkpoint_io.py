@@ -63,8 +63,14 @@ def find_last_checkpoint(work_dir: Path) -> Path | None:
 def regular_checkpoints(work_dir: Path) -> list[Path]:
     """The regular (not best) checkpoints of `work_dir`, newest first."""
     directory = work_dir / "checkpoints"
-    found = [p for p in directory.glob("*") if p.suffix in (".pth", ".dcp")
-             and not p.name.startswith(("best_", ".")) and is_checkpoint(p) and inside(directory, p)]  # fmt: skip
+    found = [
+        p
+        for p in directory.glob("*")
+        if p.suffix in (".pth", ".dcp")
+        and not p.name.startswith(("best_", "."))
+        and is_checkpoint(p)
+        and inside(directory, p)
+    ]
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
@@ -170,8 +176,10 @@ def load_checkpoint(path: str | Path, key: str = "load_from", consolidate: bool 
 def load_checkpoint_file(path: Path, key: str, need_weights: bool = True) -> dict[str, Any]:
     """A checkpoint file, loaded with ``weights_only=True``; `need_weights`: it must hold a ``state_dict``."""
     if not path.is_file():
-        raise ConfigError(f"{key}={path}: no such checkpoint file. Give the path of a .pth file (or a sharded "
-                          ".dcp directory) in a run's checkpoints/ dir.")  # fmt: skip
+        raise ConfigError(
+            f"{key}={path}: no such checkpoint file. Give the path of a .pth file (or a sharded "
+            ".dcp directory) in a run's checkpoints/ dir."
+        )
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:

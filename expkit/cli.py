@@ -94,8 +94,19 @@ def continue_sweep_command(argv: list[str], sweep_dir: Path) -> str:
     return shlex.join(["python", "-m", "expkit.train", *kept, f"hydra.sweep.dir={sweep_dir}", "resume=true"])
 
 
-VALUED_FLAGS = ("--config-dir", "-cd", "--config-path", "-cp", "--config-name", "-cn", "--cfg", "-c",
-                 "--package", "-p", "--experimental-rerun")  # fmt: skip
+VALUED_FLAGS = (
+    "--config-dir",
+    "-cd",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--experimental-rerun",
+)
 INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 
 
@@ -141,15 +152,19 @@ def check_output_dirs(argv: list[str]) -> str | None:
             continue
         example = "outputs/runs/my_run" if key.endswith("run.dir") else "outputs/sweeps/my_sweep"
         if not value:
-            return (f"{key} is empty, which would write this run's files into the current directory. "
-                    f"Give a directory ({key}={example}) or leave the key out for a new dated one.")  # fmt: skip
+            return (
+                f"{key} is empty, which would write this run's files into the current directory. "
+                f"Give a directory ({key}={example}) or leave the key out for a new dated one."
+            )
         given = True
         if "${" not in value and not _writable(Path(value)):
             return f"{key}={value}: cannot create or write this directory; give a writable one, e.g. {key}={example}"
     default = Path("outputs") if Path("outputs").is_dir() else Path.cwd()  # checked, not created (--help, --cfg)
     if not given and not os.access(default, os.W_OK | os.X_OK):
-        return (f"cannot write {Path('outputs').resolve()} (runs go to outputs/ under the current directory); "
-                "run from a writable directory or give hydra.run.dir=<a writable dir>")  # fmt: skip
+        return (
+            f"cannot write {Path('outputs').resolve()} (runs go to outputs/ under the current directory); "
+            "run from a writable directory or give hydra.run.dir=<a writable dir>"
+        )
     return None
 
 
@@ -201,8 +216,10 @@ def check_rerun(argv: list[str]) -> str | None:
     if holds is None:
         return None
     fresh = "outputs/sweeps/my_sweep_2" if sweeping(argv) else "outputs/runs/my_run_2"
-    return (f"{key}={given} already holds {holds}. Nothing was changed. Add resume=true to continue it, "
-            f"or give another {key} (e.g. {key}={fresh}) for a fresh start")  # fmt: skip
+    return (
+        f"{key}={given} already holds {holds}. Nothing was changed. Add resume=true to continue it, "
+        f"or give another {key} (e.g. {key}={fresh}) for a fresh start"
+    )
 
 
 def _run_holds(run_dir: Path) -> str | None:
@@ -265,8 +282,10 @@ def check_parsable(argv: list[str]) -> str | None:
             parser.parse_overrides([arg])
         except Exception as exc:  # Hydra's OverrideParseException, or a grammar error
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return (f"'{arg}' cannot be parsed ({first}); check its brackets and quotes, e.g. 'optim.lr=0.1', "
-                    "'hooks=[ema,profiler]' (https://hydra.cc/docs/advanced/override_grammar/basic/)")  # fmt: skip
+            return (
+                f"'{arg}' cannot be parsed ({first}); check its brackets and quotes, e.g. 'optim.lr=0.1', "
+                "'hooks=[ema,profiler]' (https://hydra.cc/docs/advanced/override_grammar/basic/)"
+            )
     return None
 
 

@@ -135,8 +135,14 @@ class DigitsData(DataModule):
 
     in_channels, image_size, num_classes = 1, 8, 10
 
-    def __init__(self, val_fraction: float = 0.15, test_fraction: float = 0.15, split_seed: int = 0,
-                 noisy_val: float = 0.0, **kwargs):  # fmt: skip
+    def __init__(
+        self,
+        val_fraction: float = 0.15,
+        test_fraction: float = 0.15,
+        split_seed: int = 0,
+        noisy_val: float = 0.0,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         check_fractions(val_fraction, test_fraction)
         if not isinstance(noisy_val, (int, float)) or not 0 <= noisy_val < float("inf"):

@@ -34,8 +34,9 @@ def _from_slurm() -> None:
         return
     env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"] = env["SLURM_PROCID"], env["SLURM_LOCALID"], env["SLURM_NTASKS"]
     if "MASTER_ADDR" not in env:
-        nodes = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]],
-                               capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+        nodes = subprocess.run(
+            ["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True, text=True, check=True
+        ).stdout.split()
         env["MASTER_ADDR"] = nodes[0]
     env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
 
@@ -214,8 +215,15 @@ def dead_ranks() -> list[tuple[int, int]]:
     return [(r, pid) for r, (h, pid) in enumerate(PEERS) if h == host and pid != os.getpid() and _pid_gone(pid)]
 
 
-_CAUSES = ("connection reset by peer", "connection closed by peer", "broken pipe", "timed out", "timeout",
-           "connection refused", "socket closed")  # fmt: skip
+_CAUSES = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "connection refused",
+    "socket closed",
+)
 
 
 def peer_failure(exc: BaseException) -> str | None:

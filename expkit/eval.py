@@ -63,8 +63,11 @@ def resolve_checkpoint(source: str | Path, which: str = "best") -> Path:
         if best is not None and checkpoint_io.is_checkpoint(best):  # never another run's file
             return best
     if which == "best":
-        best = sorted(p for p in (path / "checkpoints").glob("best_*")
-                      if p.suffix in (".pth", ".dcp") and confine.inside(path / "checkpoints", p))  # fmt: skip
+        best = sorted(
+            p
+            for p in (path / "checkpoints").glob("best_*")
+            if p.suffix in (".pth", ".dcp") and confine.inside(path / "checkpoints", p)
+        )
         if best:
             return best[0]
         log.warning("%s has no best checkpoint; using its last one", path)
@@ -74,8 +77,9 @@ def resolve_checkpoint(source: str | Path, which: str = "best") -> Path:
     return last
 
 
-def stored_config(checkpoint: dict[str, Any], source: Path, overrides: Sequence[str] = (),
-                  trust: TrustPolicy | None = None) -> DictConfig:  # fmt: skip
+def stored_config(
+    checkpoint: dict[str, Any], source: Path, overrides: Sequence[str] = (), trust: TrustPolicy | None = None
+) -> DictConfig:
     """The config saved in the checkpoint, with `key=value` overrides (unknown keys refused),
     resolved, and refused unless every ``_target_`` in it is trusted (`trust`, default: expkit's)."""
     stored = checkpoint.get("config")
@@ -92,8 +96,10 @@ def stored_config(checkpoint: dict[str, Any], source: Path, overrides: Sequence[
         first = str(exc.msg).strip().splitlines()[0]
         named = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
         if exc.full_key and any(k == exc.full_key or k.startswith(exc.full_key + ".") for k in named):
-            raise ConfigError(f"{exc.full_key}: not a key of the stored config ({first}); the stored config is in "
-                              "the run's .hydra/config.yaml") from None  # fmt: skip
+            raise ConfigError(
+                f"{exc.full_key}: not a key of the stored config ({first}); the stored config is in "
+                "the run's .hydra/config.yaml"
+            ) from None
         raise ConfigError(f"{source}: its stored config does not load ({exc.full_key}: {first})") from None
     (trust or TrustPolicy()).check(plain, source)
     resolved = OmegaConf.create(plain)
@@ -104,8 +110,10 @@ def stored_config(checkpoint: dict[str, Any], source: Path, overrides: Sequence[
 def _weights(checkpoint: dict[str, Any], source: Path, ema: bool) -> dict[str, torch.Tensor]:
     if not ema:
         if "ema_state_dict" in checkpoint:
-            log.info("%s also holds EMA weights, which its run validated and tested with: pass ema=true for those",
-                     source.name)  # fmt: skip
+            log.info(
+                "%s also holds EMA weights, which its run validated and tested with: pass ema=true for those",
+                source.name,
+            )
         return checkpoint["state_dict"]
     if "ema_state_dict" not in checkpoint:
         raise ConfigError(f"ema=true but {source} has no ema_state_dict (the run had no hooks=[ema])")
@@ -114,14 +122,16 @@ def _weights(checkpoint: dict[str, Any], source: Path, ema: bool) -> dict[str, t
     return weights
 
 
-def _restore(source: str | Path, which: str, ema: bool, overrides: list[str],
-             trust: TrustPolicy) -> tuple[Path, DictConfig, Any, Any]:  # fmt: skip
+def _restore(
+    source: str | Path, which: str, ema: bool, overrides: list[str], trust: TrustPolicy
+) -> tuple[Path, DictConfig, Any, Any]:
     """(checkpoint path, stored config, the data's loaders, model with the checkpoint's weights)."""
     return restore(source, which, ema, overrides, trust)[:4]  # type: ignore[return-value]
 
 
-def restore(source: str | Path, which: str, ema: bool, overrides: list[str],
-            trust: TrustPolicy) -> tuple[Path, DictConfig, Any, Any, Any]:  # fmt: skip
+def restore(
+    source: str | Path, which: str, ema: bool, overrides: list[str], trust: TrustPolicy
+) -> tuple[Path, DictConfig, Any, Any, Any]:
     """(checkpoint path, stored config, the data's loaders, model with the checkpoint's weights,
     the data module): what a trained run is rebuilt from."""
     from expkit.build import build_model, instantiate_node
@@ -137,9 +147,16 @@ def restore(source: str | Path, which: str, ema: bool, overrides: list[str],
     return path, cfg, loaders, model, data
 
 
-def load_model(source: str | Path, *, ema: bool = False, which: str = "best", device: str = "cpu",
-               overrides: Sequence[str] = (), trusted_targets: Sequence[str] = (),
-               config_dirs: Sequence[str | Path] = ()) -> torch.nn.Module:  # fmt: skip
+def load_model(
+    source: str | Path,
+    *,
+    ema: bool = False,
+    which: str = "best",
+    device: str = "cpu",
+    overrides: Sequence[str] = (),
+    trusted_targets: Sequence[str] = (),
+    config_dirs: Sequence[str | Path] = (),
+) -> torch.nn.Module:
     """A trained model in one call: built from the checkpoint's config, weights loaded, eval mode.
 
     The stored config may name only trusted targets: expkit's own and those of its shipped
@@ -162,8 +179,9 @@ def evaluate(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] 
         raise ConfigError(f"split={split}: use split=test, split=val or split=both")
     overrides = stored_overrides(cfg)
     trust = TrustPolicy([str(t) for t in cfg.trusted_targets or []], config_dirs)
-    path, stored, (_, val_loader, test_loader), model = _restore(cfg.checkpoint, str(cfg.which), bool(cfg.ema),
-                                                               overrides, trust)  # fmt: skip
+    path, stored, (_, val_loader, test_loader), model = _restore(
+        cfg.checkpoint, str(cfg.which), bool(cfg.ema), overrides, trust
+    )
     settings = build_trainer_settings(stored)
     if split in ("test", "both") and test_loader is None:
         raise ConfigError("split=test but the data has no test set (data.test_fraction=0?); use split=val")
@@ -241,8 +259,20 @@ def hydra_argv(argv: list[str], options: Sequence[str] = OPTIONS) -> list[str]:
         root = key.lstrip("+~").split(".", 1)[0]
         if arg.startswith("-") or not sep:  # a flag (--config-dir DIR takes the next word along)
             out.append(arg)
-            if arg in ("--config-dir", "-cd", "--config-name", "-cn", "--config-path", "-cp", "--cfg", "-c",
-                       "--package", "-p", "--info", "-i") and i + 1 < len(argv):  # fmt: skip
+            if arg in (
+                "--config-dir",
+                "-cd",
+                "--config-name",
+                "-cn",
+                "--config-path",
+                "-cp",
+                "--cfg",
+                "-c",
+                "--package",
+                "-p",
+                "--info",
+                "-i",
+            ) and i + 1 < len(argv):
                 out.append(argv[i + 1])
                 i += 1
         elif key == "work_dir":

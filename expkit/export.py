@@ -98,8 +98,9 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
         raise ConfigError("give checkpoint=<run dir or .pth file>")
     fmt = str(cfg.format)
     if fmt not in SUFFIX:
-        raise ConfigError(f"format={fmt}: use format=safetensors, format=onnx, format=torch_export, format=pth "
-                          "or format=hf")  # fmt: skip
+        raise ConfigError(
+            f"format={fmt}: use format=safetensors, format=onnx, format=torch_export, format=pth or format=hf"
+        )
     out = Path(cfg.out) if cfg.out else work_dir / ("hf_model" if fmt == "hf" else f"model{SUFFIX[fmt]}")
     problem = _output_dir_problem(out) if fmt == "hf" else output_file_problem(out)
     if problem:
@@ -108,16 +109,16 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
     if opset is not None and (isinstance(opset, bool) or not isinstance(opset, int) or opset < 7):
         raise ConfigError(f"opset={opset!r}: give an ONNX opset version, a whole number such as opset=18, or null")
     trust = TrustPolicy([str(t) for t in cfg.trusted_targets or []], config_dirs)
-    path, stored, loaders, model = _restore(cfg.checkpoint, str(cfg.which), bool(cfg.ema), stored_overrides(cfg),
-                                            trust)  # fmt: skip
+    path, stored, loaders, model = _restore(cfg.checkpoint, str(cfg.which), bool(cfg.ema), stored_overrides(cfg), trust)
     model.eval()
     out.parent.mkdir(parents=True, exist_ok=True)
     x = example_input(loaders)
     if fmt == "hf":
         _write_hf(model, out)
     elif not isinstance(x, torch.Tensor):
-        raise ConfigError(f"{fmt}: the model's input is a {type(x).__name__}, not one tensor; export takes a model "
-                          "called as model(x)")  # fmt: skip
+        raise ConfigError(
+            f"{fmt}: the model's input is a {type(x).__name__}, not one tensor; export takes a model called as model(x)"
+        )
     from expkit import atomic, checkpoint_io
 
     if fmt == "hf":
@@ -139,8 +140,9 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
             kwargs = {"opset_version": opset} if opset is not None else {}
             names = {"input_names": ["input"], "output_names": [_output_name(model)]}
             with _quiet_exporter():
-                program = torch.onnx.export(model, (x,), dynamo=True, dynamic_shapes=({0: batch},), verbose=False,
-                                            **names, **kwargs)  # fmt: skip
+                program = torch.onnx.export(
+                    model, (x,), dynamo=True, dynamic_shapes=({0: batch},), verbose=False, **names, **kwargs
+                )
             program.save(str(out))
         else:
             program = torch.export.export(model, (x,), dynamic_shapes=({0: batch},))
@@ -167,8 +169,10 @@ def _input_description(x: Any) -> dict[str, Any]:
     """The input's shape (batch first) and dtype; for a dict batch (a Hugging Face model's),
     each entry's."""
     if isinstance(x, Mapping):
-        return {"input_shape": {k: ["batch", *v.shape[1:]] for k, v in x.items() if hasattr(v, "shape")},
-                "input_dtype": {k: str(v.dtype).removeprefix("torch.") for k, v in x.items() if hasattr(v, "dtype")}}  # fmt: skip
+        return {
+            "input_shape": {k: ["batch", *v.shape[1:]] for k, v in x.items() if hasattr(v, "shape")},
+            "input_dtype": {k: str(v.dtype).removeprefix("torch.") for k, v in x.items() if hasattr(v, "dtype")},
+        }
     return {"input_shape": ["batch", *x.shape[1:]], "input_dtype": str(x.dtype).removeprefix("torch.")}
 
 
@@ -193,8 +197,10 @@ def _write_hf(model: Any, out: Path) -> None:
     from expkit.tasks.hf import HFModel, write_pretrained
 
     if not isinstance(model, HFModel):
-        raise ConfigError(f"format=hf: the checkpoint's model is a {type(model).__name__}, not a Hugging Face model "
-                          "(model=hf_causal_lm, model=hf_classifier or a PreTrainedModel); use format=safetensors")  # fmt: skip
+        raise ConfigError(
+            f"format=hf: the checkpoint's model is a {type(model).__name__}, not a Hugging Face model "
+            "(model=hf_causal_lm, model=hf_classifier or a PreTrainedModel); use format=safetensors"
+        )
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:

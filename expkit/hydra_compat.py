@@ -159,8 +159,16 @@ def _run_composing_once(task_function: Callable[[Any], Any], config_path: str, c
     from omegaconf import open_dict
 
     args = get_args_parser().parse_args()  # (sys.argv; a bad flag exits 2 here as in Hydra's path)
-    if (args.help or args.hydra_help or args.cfg is not None or args.resolve or args.multirun or args.shell_completion
-            or args.info is not None or args.experimental_rerun is not None):  # fmt: skip
+    if (
+        args.help
+        or args.hydra_help
+        or args.cfg is not None
+        or args.resolve
+        or args.multirun
+        or args.shell_completion
+        or args.info is not None
+        or args.experimental_rerun is not None
+    ):
         return False
     try:
         if any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(args.overrides)):
@@ -190,8 +198,9 @@ def _run_composing_once(task_function: Callable[[Any], Any], config_path: str, c
             lambda: app.compose_config(config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=True)
         )
         if cfg.hydra.mode == RunMode.MULTIRUN:  # the config asks for a sweep: Hydra's multirun
-            run_and_report(lambda: app.multirun(config_name=config_name, task_function=task_function,
-                                                overrides=overrides))  # fmt: skip
+            run_and_report(
+                lambda: app.multirun(config_name=config_name, task_function=task_function, overrides=overrides)
+            )
             return True
         if cfg.hydra.mode is None:  # as Hydra's path records it: a run by default, hydra.mode=RUN
             cfg.hydra.mode = RunMode.RUN
@@ -201,9 +210,14 @@ def _run_composing_once(task_function: Callable[[Any], Any], config_path: str, c
         def run() -> None:
             callbacks = Callbacks(cfg)
             callbacks.on_run_start(config=cfg, config_name=config_name)
-            ret = run_job(hydra_context=HydraContext(config_loader=app.config_loader, callbacks=callbacks),
-                          task_function=task_function, config=cfg, job_dir_key="hydra.run.dir",
-                          job_subdir_key=None, configure_logging=True)  # fmt: skip
+            ret = run_job(
+                hydra_context=HydraContext(config_loader=app.config_loader, callbacks=callbacks),
+                task_function=task_function,
+                config=cfg,
+                job_dir_key="hydra.run.dir",
+                job_subdir_key=None,
+                configure_logging=True,
+            )
             callbacks.on_run_end(config=cfg, config_name=config_name, job_return=ret)
             _ = ret.return_value  # (raises the job's exception)
 

@@ -70,8 +70,9 @@ def errors_in_one_line() -> None:
             handler._expkit_failed = True  # type: ignore[attr-defined]
             exc = sys.exc_info()[1]
             cause = "no space left on the device" if getattr(exc, "errno", None) == 28 else exc
-            print(f"expkit: could not write {handler.baseFilename}: {cause}; records are missing from it",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"expkit: could not write {handler.baseFilename}: {cause}; records are missing from it", file=sys.stderr
+            )
 
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler) and not hasattr(handler, "_expkit_one_line"):

@@ -54,9 +54,13 @@ def _skip_batches(loader: Iterable, n: int, samples: int = 0) -> Iterable:
         sampler.skip_samples(samples)  # type: ignore[attr-defined]
         return loader
     if samples:
-        log.warning("The sampler cannot skip %d samples of the epoch's order (it has no skip_samples): skipping "
-                    "%d batches of this process instead, which with another number of processes repeats or "
-                    "skips samples", samples, n)  # fmt: skip
+        log.warning(
+            "The sampler cannot skip %d samples of the epoch's order (it has no skip_samples): skipping "
+            "%d batches of this process instead, which with another number of processes repeats or "
+            "skips samples",
+            samples,
+            n,
+        )
     if n and hasattr(sampler, "skip_batches"):
         sampler.skip_batches(n, loader.batch_size)  # type: ignore[attr-defined]
         return loader
@@ -138,8 +142,13 @@ class TrainLoop:
         # instrumented. Its after_train_iter hooks are dispatched by the loop itself while the
         # runner's call_hook is Runner's own (not instrumented, overridden or replaced)
         s = r.settings
-        plain = not (r.instrumented or scaled or r.manual_optimization or s.clip_grad_norm is not None
-                     or s.accumulate_grad_batches != 1)  # fmt: skip
+        plain = not (
+            r.instrumented
+            or scaled
+            or r.manual_optimization
+            or s.clip_grad_norm is not None
+            or s.accumulate_grad_batches != 1
+        )
         self.plain_optimizer = r.optimizers.get(self.only_optimizer) if plain else None
         from expkit.runner import PLAIN_CALL_HOOK
 
@@ -192,8 +201,12 @@ class TrainLoop:
         r.call_hook(Stage.BEFORE_TRAIN_EPOCH)  # DistSamplerSeedHook sets the epoch's order here
         r.model.train()
         if r.inner_iter % k:
-            log.warning("Resuming after %d batches of the epoch, not a multiple of accumulate_grad_batches=%d: "
-                        "this epoch's windows are shifted", r.inner_iter, k)  # fmt: skip
+            log.warning(
+                "Resuming after %d batches of the epoch, not a multiple of accumulate_grad_batches=%d: "
+                "this epoch's windows are shifted",
+                r.inner_iter,
+                k,
+            )
         batches = _skip_batches(self.loader, r.inner_iter, r.epoch_start[0] and r.epoch_samples() or 0)  # type: ignore[arg-type]
         if r.epoch_start[0] and batches is self.loader and hasattr(self.loader, "__len__"):
             r.epoch_end = r.inner_iter + len(self.loader)  # (the sampler skipped the samples: its length is the rest)
@@ -416,14 +429,18 @@ class EvalLoop:
         from expkit.errors import ConfigError
 
         if not hasattr(loader, "__len__"):
-            raise ConfigError(f"{self.mode}: with trainer.strategy=fsdp the evaluation loaders need a length "
-                              "(every rank must run as many forward passes)")  # fmt: skip
+            raise ConfigError(
+                f"{self.mode}: with trainer.strategy=fsdp the evaluation loaders need a length "
+                "(every rank must run as many forward passes)"
+            )
         batches = len(loader)  # type: ignore[arg-type]
         most = torch.tensor([batches], dtype=torch.int64, device=reduce_device())
         torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
         if int(most) > batches == 0:
-            raise ConfigError(f"{self.mode}: this rank's share of the data is empty while others have batches; "
-                              "use fewer processes or a larger set")  # fmt: skip
+            raise ConfigError(
+                f"{self.mode}: this rank's share of the data is empty while others have batches; "
+                "use fewer processes or a larger set"
+            )
         return int(most) - batches
 
     def run_iter(self, batch_idx: int, data_batch: Any) -> None:

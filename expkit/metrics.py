@@ -144,8 +144,10 @@ def _scalar(name: str, value: Any) -> float:
         return float(value.detach().float().cpu())
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    raise ConfigError(f"metrics.{name} computed a {type(value).__name__} ({value!r:.80}); a metric must compute a "
-                      "number, a one-element tensor, or a dict of those")  # fmt: skip
+    raise ConfigError(
+        f"metrics.{name} computed a {type(value).__name__} ({value!r:.80}); a metric must compute a "
+        "number, a one-element tensor, or a dict of those"
+    )
 
 
 class MetricSlot:
@@ -157,12 +159,19 @@ class MetricSlot:
     ``higher_is_better``: the direction, set once here; None takes the metric's own attribute.
     """
 
-    def __init__(self, metric: Any, name: str = "metric", inputs: Sequence[str] | Mapping[str, str] | None = None,
-                 higher_is_better: bool | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        metric: Any,
+        name: str = "metric",
+        inputs: Sequence[str] | Mapping[str, str] | None = None,
+        higher_is_better: bool | None = None,
+    ) -> None:
         missing = [m for m in ("update", "compute", "reset") if not callable(getattr(metric, m, None))]
         if missing:
-            raise ConfigError(f"metrics.{name} ({type(metric).__name__}) has no {', '.join(missing)}: a metric needs "
-                              "update(), compute() and reset() (torchmetrics metrics have them)")  # fmt: skip
+            raise ConfigError(
+                f"metrics.{name} ({type(metric).__name__}) has no {', '.join(missing)}: a metric needs "
+                "update(), compute() and reset() (torchmetrics metrics have them)"
+            )
         if higher_is_better is not None and not isinstance(higher_is_better, bool):
             raise ConfigError(f"metrics.{name}.higher_is_better={higher_is_better!r}: use true, false or null")
         self.metric, self.name = metric, name
@@ -170,8 +179,10 @@ class MetricSlot:
         if inputs is None:
             inputs = DEFAULT_INPUTS
         if isinstance(inputs, str) or not isinstance(inputs, (Sequence, Mapping)) or not inputs:
-            raise ConfigError(f"metrics.{name}.inputs={inputs!r}: give a list of step outputs ([preds, targets]) "
-                              "or a mapping of update() arguments to outputs ({preds: logits, target: targets})")  # fmt: skip
+            raise ConfigError(
+                f"metrics.{name}.inputs={inputs!r}: give a list of step outputs ([preds, targets]) "
+                "or a mapping of update() arguments to outputs ({preds: logits, target: targets})"
+            )
         self.keywords = dict(inputs) if isinstance(inputs, Mapping) else None
         self.positional = None if self.keywords is not None else tuple(inputs)
         self._read: tuple[str, ...] = self.positional or ()  # the output names read (fallbacks resolved)
@@ -187,8 +198,10 @@ class MetricSlot:
         fallback = _FALLBACK.get(key)
         if fallback is not None and fallback in outputs:
             return fallback
-        raise ConfigError(f"metrics.{self.name} reads {key!r} from the eval step's outputs, which has "
-                          f"{sorted(outputs)}; set metrics.{self.name}.inputs to the outputs it needs")  # fmt: skip
+        raise ConfigError(
+            f"metrics.{self.name} reads {key!r} from the eval step's outputs, which has "
+            f"{sorted(outputs)}; set metrics.{self.name}.inputs to the outputs it needs"
+        )
 
     def update(self, outputs: Mapping[str, Any]) -> None:
         """Update the metric with the eval step's outputs it is configured to read (``inputs``)."""
@@ -299,8 +312,10 @@ class Directions:
             raise ConfigError(f"{by}={rule!r}: use greater or less")
         known = self.explicit(key)
         if known is not None and known[0] != rule:
-            raise ConfigError(f"{by}={rule} contradicts {known[1]} ({known[0]} is better) for {key}: set the direction "
-                              f"once, with metrics.<name>.higher_is_better")  # fmt: skip
+            raise ConfigError(
+                f"{by}={rule} contradicts {known[1]} ({known[0]} is better) for {key}: set the direction "
+                f"once, with metrics.<name>.higher_is_better"
+            )
         self.declared.setdefault(key, (rule, by))
         self._rules.clear()
 
@@ -329,8 +344,11 @@ class Directions:
         rule = self.rule(key)
         if rule is None:
             slot, _ = self._slot(key)
-            fix = (f"set metrics.{slot.name}.higher_is_better=true or false" if slot is not None
-                   else f"set the rule where {by} is set")  # fmt: skip
+            fix = (
+                f"set metrics.{slot.name}.higher_is_better=true or false"
+                if slot is not None
+                else f"set the rule where {by} is set"
+            )
             raise ConfigError(f"{by}={key}: cannot tell whether {key} is better greater or less; {fix}")
         return rule
 
@@ -360,8 +378,10 @@ class Directions:
         if key in keys or any(key.startswith(p) for p in open_prefixes):
             return
         listed = ", ".join(keys + [p + "..." for p in open_prefixes])
-        raise ConfigError(f"{by}={key!r} is not a metric that validation reports; it reports: {listed}. "
-                          "Add a metric with metrics.<name>={_target_: ...} or pick one of these.")  # fmt: skip
+        raise ConfigError(
+            f"{by}={key!r} is not a metric that validation reports; it reports: {listed}. "
+            "Add a metric with metrics.<name>={_target_: ...} or pick one of these."
+        )
 
 
 def as_slots(metrics: Mapping[str, Any]) -> dict[str, MetricSlot]:

@@ -141,26 +141,36 @@ def half_made_message(db: Path, state: StoreState, cause: str | None = None) -> 
     quoted = shlex.quote(str(db))
     if state.scratch:
         left = ", ".join(state.scratch)
-        what = (f"the MLflow store {db} is half made: MLflow was stopped (a run killed, most likely) while it "
-                f"made or upgraded its tables, and left alembic's scratch table(s) {left} in it (schema "
-                f"revision {state.revision}), so MLflow cannot open it again "
-                f"('table {next(iter(state.scratch))} already exists') and the run would log nothing there. ")  # fmt: skip
+        what = (
+            f"the MLflow store {db} is half made: MLflow was stopped (a run killed, most likely) while it "
+            f"made or upgraded its tables, and left alembic's scratch table(s) {left} in it (schema "
+            f"revision {state.revision}), so MLflow cannot open it again "
+            f"('table {next(iter(state.scratch))} already exists') and the run would log nothing there. "
+        )
     else:
-        what = (f"MLflow cannot open the store {db} ({cause}); its schema is at revision "
-                f"{state.revision or 'none'}, not this MLflow's: it was left half made, most likely, by a run "
-                "killed while MLflow made its tables. ")  # fmt: skip
+        what = (
+            f"MLflow cannot open the store {db} ({cause}); its schema is at revision "
+            f"{state.revision or 'none'}, not this MLflow's: it was left half made, most likely, by a run "
+            "killed while MLflow made its tables. "
+        )
     if state.content == 0:
-        return (what + "It holds no runs, experiments or models, so nothing is lost by deleting it; the next run "
-                f"makes it again, whole: rm {quoted}")  # fmt: skip
+        return (
+            what + "It holds no runs, experiments or models, so nothing is lost by deleting it; the next run "
+            f"makes it again, whole: rm {quoted}"
+        )
     held = f"It holds {state.runs} run(s): keep it, and back it up first (cp {quoted} {quoted}.bak). "
     if not state.missing and not any(state.scratch.values()):
         drops = " ".join(f"DROP TABLE {t};" for t in state.scratch)
-        return (what + held + "The scratch table(s) are empty and the table(s) they were copying are intact, so "
-                f"dropping them loses nothing, and the next run (or `mlflow db upgrade sqlite:///{db}`) finishes "
-                f"MLflow's upgrade: sqlite3 {quoted} {shlex.quote(drops)}")  # fmt: skip
-    return (what + held + "A scratch table holds rows, or stands in for a table that is gone, so expkit cannot tell "
-            "a safe repair: restore the copy you had before MLflow upgraded it, or repair it by hand "
-            "(`mlflow db upgrade` alone fails the same way).")  # fmt: skip
+        return (
+            what + held + "The scratch table(s) are empty and the table(s) they were copying are intact, so "
+            f"dropping them loses nothing, and the next run (or `mlflow db upgrade sqlite:///{db}`) finishes "
+            f"MLflow's upgrade: sqlite3 {quoted} {shlex.quote(drops)}"
+        )
+    return (
+        what + held + "A scratch table holds rows, or stands in for a table that is gone, so expkit cannot tell "
+        "a safe repair: restore the copy you had before MLflow upgraded it, or repair it by hand "
+        "(`mlflow db upgrade` alone fails the same way)."
+    )
 
 
 def check_store(db: Path, recheck_s: float = 1.0) -> None:
@@ -233,8 +243,14 @@ class MLflowBackend(Backend):
     name = "mlflow"
     ID_FILE = "run_id"
 
-    def __init__(self, tracking_uri: str | None = None, experiment: str = "expkit", run_name: str | None = None,
-                 tags: Mapping[str, str] | None = None, artifacts: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        experiment: str = "expkit",
+        run_name: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        artifacts: bool = True,
+    ) -> None:
         self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
         self.tags = dict(tags or {})
         self.artifacts = artifacts
@@ -280,8 +296,9 @@ class MLflowBackend(Backend):
         tags = {"work_dir": str(runner.work_dir.resolve()), **self.tags}
         if sweep:
             tags["sweep"] = sweep
-        run = self.client.create_run(experiment_id, run_name=self.run_name or " ".join(overrides) or runner.work_dir.name,
-                                     tags=tags)  # fmt: skip
+        run = self.client.create_run(
+            experiment_id, run_name=self.run_name or " ".join(overrides) or runner.work_dir.name, tags=tags
+        )
         self.run_id = run.info.run_id
         write_text_atomic(id_file, self.run_id + "\n")
         write_text_atomic(uri_file, uri + "\n")
@@ -351,8 +368,11 @@ class MLflowBackend(Backend):
         now = int(time.time() * 1000)
         values = {f"best/{k}": v["value"] for k, v in runner.best_metrics.items()}
         values.update({f"final/{k}": v for k, v in result.get("final_metrics", {}).items()})
-        metrics = [Metric(k, float(v), now, runner.iter) for k, v in values.items()
-                   if isinstance(v, (int, float)) and math.isfinite(v)]  # fmt: skip
+        metrics = [
+            Metric(k, float(v), now, runner.iter)
+            for k, v in values.items()
+            if isinstance(v, (int, float)) and math.isfinite(v)
+        ]
         best = next(iter(runner.best_checkpoints.values()), None)
         tags = {"status": str(result.get("status")), **({"best_checkpoint": str(best)} if best else {})}
         from mlflow.entities import RunTag

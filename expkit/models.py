@@ -125,8 +125,10 @@ def timm_model(
 
         close = difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.6)
         hint = f"; close matches: {', '.join(close)}" if close else ""
-        raise ConfigError(f"model.name={name!r} is not a timm model{hint} (python -c \"import timm; "
-                          "print(timm.list_models('*resnet*'))\" lists them)")  # fmt: skip
+        raise ConfigError(
+            f'model.name={name!r} is not a timm model{hint} (python -c "import timm; '
+            "print(timm.list_models('*resnet*'))\" lists them)"
+        )
     if weights is not None and not pretrained:
         raise ConfigError("model.weights is set but model.pretrained=false: add model.pretrained=true to load them")
     if pretrained:
@@ -145,8 +147,10 @@ def _timm_weights(name: str, weights: str | None) -> str:
     if weights is not None:
         path = Path(weights).expanduser()
         if not path.is_file():
-            raise ConfigError(f"model.weights={weights}: no such file; give the path of a .safetensors, .pth or "
-                              ".bin file of the model's weights")  # fmt: skip
+            raise ConfigError(
+                f"model.weights={weights}: no such file; give the path of a .safetensors, .pth or "
+                ".bin file of the model's weights"
+            )
         return str(path)
     import timm
 
@@ -171,6 +175,8 @@ def _timm_weights(name: str, weights: str | None) -> str:
             return str(path)
         looked.append(f"torch hub's cache for {path.name}")
     where = " and ".join(looked) or "nowhere: timm names no weights for it"
-    raise ConfigError(f"model.pretrained=true: no local weights for timm model {name!r} (looked in {where}); "
-                      "expkit does not download: give model.weights=/path/to/model.safetensors, or set "
-                      "model.pretrained=false")  # fmt: skip
+    raise ConfigError(
+        f"model.pretrained=true: no local weights for timm model {name!r} (looked in {where}); "
+        "expkit does not download: give model.weights=/path/to/model.safetensors, or set "
+        "model.pretrained=false"
+    )

@@ -42,8 +42,9 @@ class Optimizers:
     """The run's optimizers by name, with the run's scaler and clipping; given to a model's
     ``train_step(batch, optimizers)``."""
 
-    def __init__(self, optimizers: Mapping[str, torch.optim.Optimizer], scaler: Any = None,
-                 clip_grad_norm: float | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, optimizers: Mapping[str, torch.optim.Optimizer], scaler: Any = None, clip_grad_norm: float | None = None
+    ) -> None:
         self._optimizers = dict(optimizers)
         self.scaler = scaler
         self.clip_grad_norm = clip_grad_norm

@@ -91,8 +91,10 @@ def _read(fd: int) -> dict[str, Any]:
 
 def describe(owner: dict[str, Any]) -> str:
     age = time.time() - float(owner.get("heartbeat") or time.time())
-    return (f"pid {owner.get('pid', '?')} on {owner.get('host', '?')}, since {owner.get('started', '?')}, "
-            f"heartbeat {age:.0f} s ago: {owner.get('command', '?')}")  # fmt: skip
+    return (
+        f"pid {owner.get('pid', '?')} on {owner.get('host', '?')}, since {owner.get('started', '?')}, "
+        f"heartbeat {age:.0f} s ago: {owner.get('command', '?')}"
+    )
 
 
 def busy_message(work_dir: Path, owner: dict[str, Any]) -> str:
@@ -103,8 +105,10 @@ def busy_message(work_dir: Path, owner: dict[str, Any]) -> str:
         elsewhere = (
             f" If that host is gone, the dir is free once the heartbeat is {STALE_AFTER_S:.0f} s old ({free_at})."
         )
-    return (f"{work_dir} is in use by {who}. Wait for it to end, stop it, or give another dir "
-            f"(hydra.run.dir=... / hydra.sweep.dir=...).{elsewhere}")  # fmt: skip
+    return (
+        f"{work_dir} is in use by {who}. Wait for it to end, stop it, or give another dir "
+        f"(hydra.run.dir=... / hydra.sweep.dir=...).{elsewhere}"
+    )
 
 
 def why_stale(owner: dict[str, Any], now: float | None = None, stale_after: float = STALE_AFTER_S) -> str | None:
@@ -122,8 +126,13 @@ def why_stale(owner: dict[str, Any], now: float | None = None, stale_after: floa
 class WorkDirLock:
     """``with WorkDirLock(work_dir, command):`` owns the dir or raises WorkDirBusy."""
 
-    def __init__(self, work_dir: Path, command: str | None = None, stale_after: float = STALE_AFTER_S,
-                 heartbeat: float = HEARTBEAT_S) -> None:  # fmt: skip
+    def __init__(
+        self,
+        work_dir: Path,
+        command: str | None = None,
+        stale_after: float = STALE_AFTER_S,
+        heartbeat: float = HEARTBEAT_S,
+    ) -> None:
         self.path = Path(work_dir) / LOCK_FILE
         self.command = command or " ".join(["python", *sys.argv])
         self.stale_after, self.heartbeat = stale_after, heartbeat
@@ -156,8 +165,13 @@ class WorkDirLock:
             os.close(fd)
             raise
         self.fd = fd
-        self._info = {"host": socket.gethostname(), "pid": os.getpid(), "start": _process_start(os.getpid()),
-                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": self.command}  # fmt: skip
+        self._info = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "start": _process_start(os.getpid()),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": self.command,
+        }
         try:
             self._write(heartbeat=time.time())
         except OSError:  # a full disk: the dir is not ours after all

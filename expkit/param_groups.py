@@ -43,9 +43,12 @@ _RULE_KEYS = ("match", "name", "lr_mult", "decay_mult")
 
 def _kind_params(model: nn.Module, kind: str) -> set[str]:
     """Names of the parameters that modules of `kind` own directly."""
-    return {f"{module_name}.{p}" if module_name else p
-            for module_name, module in model.named_modules() if isinstance(module, KINDS[kind])
-            for p, _ in module.named_parameters(recurse=False)}  # fmt: skip
+    return {
+        f"{module_name}.{p}" if module_name else p
+        for module_name, module in model.named_modules()
+        if isinstance(module, KINDS[kind])
+        for p, _ in module.named_parameters(recurse=False)
+    }
 
 
 def _optimizer_arguments(factory: Callable) -> tuple[set[str], dict[str, Any]]:
@@ -60,8 +63,9 @@ def _optimizer_arguments(factory: Callable) -> tuple[set[str], dict[str, Any]]:
     return set(params) - {"params", "self"}, {**defaults, **keywords}
 
 
-def build_param_groups(model: nn.Module, rules: Sequence[Mapping[str, Any]], factory: Callable,
-                       key: str = "optim.param_groups") -> list[dict[str, Any]]:  # fmt: skip
+def build_param_groups(
+    model: nn.Module, rules: Sequence[Mapping[str, Any]], factory: Callable, key: str = "optim.param_groups"
+) -> list[dict[str, Any]]:
     """The optimizer's parameter groups for `model` under `rules`; logs one line per group."""
     accepted, settings = _optimizer_arguments(factory)
     named = list(model.named_parameters())
@@ -70,16 +74,23 @@ def build_param_groups(model: nn.Module, rules: Sequence[Mapping[str, Any]], fac
     for i, rule in enumerate(rules):
         where = f"{key}[{i}]"
         if not isinstance(rule, Mapping) or not isinstance(rule.get("match"), str):
-            raise ConfigError(f'{where}: a rule needs match: a glob on parameter names ("*.bias", "head.*") or a '
-                              f"kind of layer ({', '.join(KINDS)}); got {rule!r}")  # fmt: skip
+            raise ConfigError(
+                f'{where}: a rule needs match: a glob on parameter names ("*.bias", "head.*") or a '
+                f"kind of layer ({', '.join(KINDS)}); got {rule!r}"
+            )
         unknown = [k for k in rule if k not in _RULE_KEYS and k not in accepted]
         if unknown:
-            raise ConfigError(f"{where}: {', '.join(map(repr, unknown))} is not an argument of the optimizer; use "
-                              f"{', '.join(sorted(accepted))}, or lr_mult / decay_mult / name")  # fmt: skip
+            raise ConfigError(
+                f"{where}: {', '.join(map(repr, unknown))} is not an argument of the optimizer; use "
+                f"{', '.join(sorted(accepted))}, or lr_mult / decay_mult / name"
+            )
         pattern = rule["match"]
         chosen = _kind_params(model, pattern) if pattern in KINDS else None
-        matched = [n for n, _ in named if n not in owner and (n in chosen if chosen is not None else
-                                                               fnmatch.fnmatchcase(n, pattern))]  # fmt: skip
+        matched = [
+            n
+            for n, _ in named
+            if n not in owner and (n in chosen if chosen is not None else fnmatch.fnmatchcase(n, pattern))
+        ]
         group: dict[str, Any] = {k: v for k, v in rule.items() if k not in _RULE_KEYS}
         for mult, name in (("lr_mult", "lr"), ("decay_mult", "weight_decay")):
             if mult in rule:
@@ -90,8 +101,13 @@ def build_param_groups(model: nn.Module, rules: Sequence[Mapping[str, Any]], fac
             rule.get("name") or pattern.replace("*", "").strip(".") or f"group{i}"
         )  # logged: train/lr/<name>
         if not matched:
-            log.warning("%s (match: %s) matches no parameter that an earlier rule left over; it is ignored. "
-                        "Parameter names look like: %s", where, pattern, ", ".join(n for n, _ in named[:4]))  # fmt: skip
+            log.warning(
+                "%s (match: %s) matches no parameter that an earlier rule left over; it is ignored. "
+                "Parameter names look like: %s",
+                where,
+                pattern,
+                ", ".join(n for n, _ in named[:4]),
+            )
             continue
         owner.update(dict.fromkeys(matched, i))
         groups.append({**group, "_names": matched})

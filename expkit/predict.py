@@ -41,8 +41,9 @@ log = logging.getLogger("expkit")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
-def read_inputs(source: Path, data: Any, preprocessed: bool = False,
-                shape: tuple[int, ...] | None = None) -> tuple[list[str], torch.Tensor]:  # fmt: skip
+def read_inputs(
+    source: Path, data: Any, preprocessed: bool = False, shape: tuple[int, ...] | None = None
+) -> tuple[list[str], torch.Tensor]:
     """(a name per input, the inputs as the model takes them) from a folder, .npy, .pt or .csv.
     `preprocessed`: file inputs are already what the model takes (as the training transform
     made them): taken as float tensors, reshaped to `shape` when their size per input is its."""
@@ -94,8 +95,10 @@ def read_inputs(source: Path, data: Any, preprocessed: bool = False,
     except ExpkitError:
         raise
     except Exception as exc:
-        raise ConfigError(f"input={source}: inputs of shape {tuple(raw.shape[1:])} do not fit {type(data).__name__}'s "
-                          f"transform ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None  # fmt: skip
+        raise ConfigError(
+            f"input={source}: inputs of shape {tuple(raw.shape[1:])} do not fit {type(data).__name__}'s "
+            f"transform ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        ) from None
 
 
 def training_range(loaders: Any, batches: int = 20) -> tuple[float, float] | None:
@@ -179,8 +182,10 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
 
     for key in ("checkpoint", "input"):
         if OmegaConf.is_missing(cfg, key):
-            raise ConfigError(f"give {key}=..., e.g. python -m expkit.predict checkpoint=outputs/runs/<run> "
-                              "input=images/ output=predictions.csv")  # fmt: skip
+            raise ConfigError(
+                f"give {key}=..., e.g. python -m expkit.predict checkpoint=outputs/runs/<run> "
+                "input=images/ output=predictions.csv"
+            )
     output = Path(cfg.output) if cfg.output else work_dir / "predictions.csv"
     if output.suffix.lower() not in (".csv", ".jsonl", ".json"):
         raise ConfigError(f"output={output}: use a .csv or .jsonl file")
@@ -193,8 +198,9 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
     if not isinstance(preprocessed, bool):
         raise ConfigError(f"preprocessed must be true or false, got {preprocessed!r}")
     trust = TrustPolicy([str(t) for t in cfg.trusted_targets or []], config_dirs)
-    path, stored, loaders, model, data = restore(cfg.checkpoint, str(cfg.which), bool(cfg.ema),
-                                                 stored_overrides(cfg), trust)  # fmt: skip
+    path, stored, loaders, model, data = restore(
+        cfg.checkpoint, str(cfg.which), bool(cfg.ema), stored_overrides(cfg), trust
+    )
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device)
     model = model.to(device).eval()
     if Path(cfg.input).suffix.lower() == ".txt":  # texts: prompts for a language model, or texts to classify
@@ -206,8 +212,10 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
     expected = tuple(example.shape[1:])
     names, x = read_inputs(Path(cfg.input), data, preprocessed, expected)
     if tuple(x.shape[1:]) != expected:
-        raise ConfigError(f"input={cfg.input}: inputs of shape {tuple(x.shape[1:])}, but the model takes "
-                          f"{expected} (as its data, {stored.data._target_.rsplit('.', 1)[-1]}, gives them)")  # fmt: skip
+        raise ConfigError(
+            f"input={cfg.input}: inputs of shape {tuple(x.shape[1:])}, but the model takes "
+            f"{expected} (as its data, {stored.data._target_.rsplit('.', 1)[-1]}, gives them)"
+        )
     if not preprocessed and not Path(cfg.input).is_dir():
         check_range(x, training_range(loaders), data, str(cfg.input))
     outputs = []
@@ -217,8 +225,9 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
                 outputs.append(model(batch.to(device)).float().cpu())
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:  # inputs the model cannot take
         first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"input={cfg.input}: the model cannot take these inputs ({x.dtype}, shape "
-                          f"{tuple(x.shape[1:])}): {first}") from None  # fmt: skip
+        raise ConfigError(
+            f"input={cfg.input}: the model cannot take these inputs ({x.dtype}, shape {tuple(x.shape[1:])}): {first}"
+        ) from None
     y = torch.cat(outputs)
     classes = data.class_names()
     num_classes = getattr(model, "data_description", {}).get("num_classes")
@@ -237,8 +246,10 @@ def _text_rows(model: Any, data: Any, source: Path, cfg: DictConfig, device: tor
 
     tokenizer = fast_tokenizer(model) if isinstance(model, HFModel) else None
     if tokenizer is None:
-        raise ConfigError(f"input={source}: text inputs need a Hugging Face model trained with its tokenizer "
-                          "(experiment=hf_causal_lm or hf_text_classification); this checkpoint's model is not one")  # fmt: skip
+        raise ConfigError(
+            f"input={source}: text inputs need a Hugging Face model trained with its tokenizer "
+            "(experiment=hf_causal_lm or hf_text_classification); this checkpoint's model is not one"
+        )
     try:
         lines = [line for line in source.read_text(encoding="utf-8").splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError) as exc:
@@ -257,14 +268,20 @@ def _text_rows(model: Any, data: Any, source: Path, cfg: DictConfig, device: tor
         rows = []
         for prompt in lines:
             ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
-            out = model.generate(ids, max_new_tokens=int(cfg.get("max_new_tokens", 50)),
-                                 pad_token_id=tokenizer.pad_token_id, do_sample=False, **sampling)  # fmt: skip
+            out = model.generate(
+                ids,
+                max_new_tokens=int(cfg.get("max_new_tokens", 50)),
+                pad_token_id=tokenizer.pad_token_id,
+                do_sample=False,
+                **sampling,
+            )
             rows.append({"input": prompt, "text": tokenizer.decode(out[0], skip_special_tokens=True)})
     return rows
 
 
-def _rows(names: list[str], y: torch.Tensor, data: Any, classes: list[str] | None, top_k: int,
-          classifier: bool) -> list[dict[str, Any]]:  # fmt: skip
+def _rows(
+    names: list[str], y: torch.Tensor, data: Any, classes: list[str] | None, top_k: int, classifier: bool
+) -> list[dict[str, Any]]:
     if classifier:  # logits over the data's classes
         probabilities = y.softmax(dim=1)
         k = min(top_k, y.shape[1])
@@ -274,18 +291,23 @@ def _rows(names: list[str], y: torch.Tensor, data: Any, classes: list[str] | Non
             return classes[index] if classes and index < len(classes) else index
 
         return [
-            {"input": name, "prediction": label(int(idx[0])),
-             "top_k": [[label(int(i)), round(float(p), 6)] for i, p in zip(idx, prob)]}
+            {
+                "input": name,
+                "prediction": label(int(idx[0])),
+                "top_k": [[label(int(i)), round(float(p), 6)] for i, p in zip(idx, prob)],
+            }
             for name, idx, prob in zip(names, top.indices, top.values)
-        ]  # fmt: skip
+        ]
     if y.dim() == 1 or (y.dim() == 2 and y.shape[1] == 1):  # a regressor: one value each
         values = data.predict_output(y.reshape(-1))
         return [{"input": name, "value": float(v)} for name, v in zip(names, values)]
     if y.dim() == 2:  # several values each (a multi-output regressor, an embedding)
         values = data.predict_output(y)
         return [{"input": name, "value": [round(float(v), 7) for v in row]} for name, row in zip(names, values)]
-    raise ConfigError(f"the model outputs shape {tuple(y.shape[1:])} per input; predict writes classifiers' classes "
-                      "(N x classes) and values (N, or N x k)")  # fmt: skip
+    raise ConfigError(
+        f"the model outputs shape {tuple(y.shape[1:])} per input; predict writes classifiers' classes "
+        "(N x classes) and values (N, or N x k)"
+    )
 
 
 def _write(output: Path, rows: list[dict[str, Any]]) -> None:
@@ -302,9 +324,18 @@ def _write(output: Path, rows: list[dict[str, Any]]) -> None:
     else:
         k = len(rows[0]["top_k"])
         fields = ["input", "prediction"] + [f"{kind}{i}" for i in range(1, k + 1) for kind in ("class", "p")]
-        flat = [{"input": r["input"], "prediction": r["prediction"],
-                 **{f"{kind}{i}": pair[j] for i, pair in enumerate(r["top_k"], start=1)
-                    for j, kind in enumerate(("class", "p"))}} for r in rows]  # fmt: skip
+        flat = [
+            {
+                "input": r["input"],
+                "prediction": r["prediction"],
+                **{
+                    f"{kind}{i}": pair[j]
+                    for i, pair in enumerate(r["top_k"], start=1)
+                    for j, kind in enumerate(("class", "p"))
+                },
+            }
+            for r in rows
+        ]
     writer = csv.DictWriter(buffer, fieldnames=fields)
     writer.writeheader()
     writer.writerows(flat)

@@ -61,14 +61,15 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None, key: str) ->
 
     scheme = _SCHEME.match(url).group(1).lower()  # type: ignore[union-attr]
     if scheme not in known_implementations and scheme not in fsspec.available_protocols():
-        raise ConfigError(f"{key}={url}: unknown URL scheme {scheme}://; use s3://, gs://, memory:// or a local "
-                          "path (any scheme fsspec knows works)")  # fmt: skip
+        raise ConfigError(
+            f"{key}={url}: unknown URL scheme {scheme}://; use s3://, gs://, memory:// or a local "
+            "path (any scheme fsspec knows works)"
+        )
     try:
         fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     except ImportError as exc:
         extra = EXTRAS.get(scheme)
-        install = (f"pip install 'expkit[{extra}]'" if extra
-                   else f"install the package fsspec names: {_cause(exc)}")  # fmt: skip
+        install = f"pip install 'expkit[{extra}]'" if extra else f"install the package fsspec names: {_cause(exc)}"
         raise ConfigError(f"{key}={url}: {scheme}:// needs a package that is not installed; {install}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{key}={url}: {_cause(exc)} (check default_hooks.checkpoint.storage_options)") from None
@@ -78,9 +79,14 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None, key: str) ->
 class RemoteDir:
     """A run's checkpoint dir in object storage: ``<url>/<name>`` objects and a ``last_checkpoint``."""
 
-    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None,
-                 key: str = "default_hooks.checkpoint.out_dir", given: str | None = None,
-                 timeout: float | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        key: str = "default_hooks.checkpoint.out_dir",
+        given: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.key, self.given = key, given or self.url  # (errors name the key with the value it was given)
         self.fs, self.root = filesystem(self.url, storage_options, key)
@@ -126,8 +132,11 @@ class RemoteDir:
             else:
                 self._call("put_file", str(local), target)
         except Exception as exc:
-            kept = (f"{self.url}/{previous} (and last_checkpoint there) is intact" if previous
-                    else f"{self.url} holds no earlier checkpoint of this run")  # fmt: skip
+            kept = (
+                f"{self.url}/{previous} (and last_checkpoint there) is intact"
+                if previous
+                else f"{self.url} holds no earlier checkpoint of this run"
+            )
             raise CheckpointWriteError(
                 f"could not upload {local.name} to {self.url} ({_cause(exc)}); {kept}, and nothing local was "
                 f"deleted: resume=true continues from {local.parent}"
@@ -183,8 +192,9 @@ class RemoteDir:
         directory = info.get("type") == "directory"
         # the object's identity (ETag, else size and time): a cached copy of another object of the same name
         # (a run trained again into the same dir) is downloaded again
-        identity = repr([info.get(k) for k in ("ETag", "etag", "md5Hash", "size", "LastModified", "mtime",
-                                               "updated", "created")])  # fmt: skip
+        identity = repr(
+            [info.get(k) for k in ("ETag", "etag", "md5Hash", "size", "LastModified", "mtime", "updated", "created")]
+        )
         stamp = into / f".{name}.source"
         with contextlib.suppress(OSError):
             if (local.exists() or local.is_symlink()) and stamp.read_text() == identity and not local.is_symlink():

@@ -123,15 +123,23 @@ def save_checkpoint(
             optimizers = r.optimizers if save_optimizer else {}
             stage = functools.partial(writer.stage, kind=f"{kind} shards")
             shards = writer.shards
-            files = _failing_as_writes(r, path, lambda: shards.save(path, staged, r.model, optimizers, durable, kind,
-                                                                    stage))  # fmt: skip
+            files = _failing_as_writes(
+                r, path, lambda: shards.save(path, staged, r.model, optimizers, durable, kind, stage)
+            )
         job = functools.partial(_write, r, staged, path, is_best, durable, files=files)
         writer.submit(job, then=saved, kind=kind, position=r.position)
     return path
 
 
-def _write(r: Runner, checkpoint: dict[str, Any], path: Path, is_best: bool, durable: bool,
-           save_optimizer: bool = True, files: Callable[[], None] | None = None) -> None:  # fmt: skip
+def _write(
+    r: Runner,
+    checkpoint: dict[str, Any],
+    path: Path,
+    is_best: bool,
+    durable: bool,
+    save_optimizer: bool = True,
+    files: Callable[[], None] | None = None,
+) -> None:
     """Write the checkpoint file (or, collectively, the sharded directory; `files`: complete
     one started by async_save), then, for a regular checkpoint, move the ``last_checkpoint``
     pointer to it."""
@@ -153,8 +161,14 @@ def _write(r: Runner, checkpoint: dict[str, Any], path: Path, is_best: bool, dur
                 ) from exc
 
 
-def _write_files(r: Runner, checkpoint: dict[str, Any], path: Path, durable: bool, save_optimizer: bool,
-                 files: Callable[[], None] | None) -> None:  # fmt: skip
+def _write_files(
+    r: Runner,
+    checkpoint: dict[str, Any],
+    path: Path,
+    durable: bool,
+    save_optimizer: bool,
+    files: Callable[[], None] | None,
+) -> None:
     if files is not None:
         files()
     elif r.sharded:
@@ -284,13 +298,24 @@ def _check_fits(runner: Runner, checkpoint: dict[str, Any], source: Path, resume
     stored = {k.removeprefix("module."): v for k, v in checkpoint["state_dict"].items()}
     wanted = {k.removeprefix("module."): v for k, v in r.model.state_dict().items()}
     missing, unexpected = sorted(set(wanted) - set(stored)), sorted(set(stored) - set(wanted))
-    resized = [] if sharded_model else [
-        f"{k} {tuple(stored[k].shape)} for {tuple(wanted[k].shape)}" for k in sorted(set(stored) & set(wanted))
-        if getattr(stored[k], "shape", None) != wanted[k].shape
-    ]  # fmt: skip
-    problems = [f"{len(names)} {what} ({_few(names)})" for names, what in
-                ((missing, "weights missing"), (unexpected, "unexpected weights"), (resized, "of another shape"))
-                if names]  # fmt: skip
+    resized = (
+        []
+        if sharded_model
+        else [
+            f"{k} {tuple(stored[k].shape)} for {tuple(wanted[k].shape)}"
+            for k in sorted(set(stored) & set(wanted))
+            if getattr(stored[k], "shape", None) != wanted[k].shape
+        ]
+    )
+    problems = [
+        f"{len(names)} {what} ({_few(names)})"
+        for names, what in (
+            (missing, "weights missing"),
+            (unexpected, "unexpected weights"),
+            (resized, "of another shape"),
+        )
+        if names
+    ]
     if problems:
         config = checkpoint.get("config")
         model = config.get("model") if isinstance(config, dict) else None
@@ -353,8 +378,15 @@ def _resume_inside_epoch(r: Runner, meta: dict[str, Any]) -> None:
     if not r.inner_iter or not isinstance(saved, int) or saved == r.epoch_samples():
         return
     r.epoch_start = (saved, r.inner_iter)
-    log.info("Resuming inside epoch %d after %d samples of its order (saved with %s processes, now %d): the %d "
-             "processes share the rest of it", r.epoch + 1, saved, meta.get("world_size", "?"), world, world)  # fmt: skip
+    log.info(
+        "Resuming inside epoch %d after %d samples of its order (saved with %s processes, now %d): the %d "
+        "processes share the rest of it",
+        r.epoch + 1,
+        saved,
+        meta.get("world_size", "?"),
+        world,
+        world,
+    )
 
 
 def load_test_weights(runner: Runner) -> None:
@@ -393,8 +425,10 @@ def apply_checkpoint(
     r.val_metrics = dict(meta.get("val_metrics", {}))
     # recorded paths name this run's own files: read them in the dir of the file resumed from
     recorded = meta.get("best_checkpoints", {})
-    confined = {key: confine.confined(source.parent, path, source, "checkpoint")
-                for key, path in (recorded.items() if isinstance(recorded, dict) else ())}  # fmt: skip
+    confined = {
+        key: confine.confined(source.parent, path, source, "checkpoint")
+        for key, path in (recorded.items() if isinstance(recorded, dict) else ())
+    }
     r.best_checkpoints = {key: str(path) for key, path in confined.items() if path is not None}
     # one optimizer and scheduler ("optimizer", "scheduler"), or several by name
     if r.optimizer is not None and "optimizer" in checkpoint:

@@ -114,8 +114,11 @@ class Runner:
             name: slot.to(self.device)
             for name, slot in as_slots(metrics if metrics is not None else {"acc": Accuracy()}).items()
         }
-        sets = {mode: list(loader) for mode, loader in (("val", val_loader), ("test", test_loader))
-                if isinstance(loader, Mapping)}  # fmt: skip
+        sets = {
+            mode: list(loader)
+            for mode, loader in (("val", val_loader), ("test", test_loader))
+            if isinstance(loader, Mapping)
+        }
         self.directions = Directions(self.metrics, sets)  # the one answer to "is greater better?" for every metric key
         self.eval_set: str | None = None  # the named val/test set being evaluated, if there are several
         self.monitor = monitor

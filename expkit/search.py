@@ -68,8 +68,10 @@ def open_storage(spec: str) -> Any:
 
         Path(spec).parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(spec))
-    raise ValueError(f"storage={spec!r}: give a database URL (sqlite:///study.db) or a journal file "
-                     f"(a path ending in {', '.join(JOURNAL_SUFFIXES)})")  # fmt: skip
+    raise ValueError(
+        f"storage={spec!r}: give a database URL (sqlite:///study.db) or a journal file "
+        f"(a path ending in {', '.join(JOURNAL_SUFFIXES)})"
+    )
 
 
 def database_url(spec: str) -> str:
@@ -78,8 +80,11 @@ def database_url(spec: str) -> str:
     import importlib.util
 
     scheme, _, rest = spec.partition("://")
-    if (scheme in ("postgresql", "postgres") and importlib.util.find_spec("psycopg2") is None
-            and importlib.util.find_spec("psycopg") is not None):  # fmt: skip
+    if (
+        scheme in ("postgresql", "postgres")
+        and importlib.util.find_spec("psycopg2") is None
+        and importlib.util.find_spec("psycopg") is not None
+    ):
         return f"postgresql+psycopg://{rest}"
     return spec
 
@@ -148,5 +153,6 @@ class TrialReportHook(Hook):
             prune = self.trial.should_prune()
         if distributed.broadcast_object(prune):  # rank 0 decides for every rank of a multi-task job
             pruner = type(self.trial.study.pruner).__name__
-            runner.request_stop(f"pruned by {pruner} at step {runner.iter} ({runner.monitor}={value:.4f})",
-                                status="pruned")  # fmt: skip
+            runner.request_stop(
+                f"pruned by {pruner} at step {runner.iter} ({runner.monitor}={value:.4f})", status="pruned"
+            )

@@ -55,8 +55,10 @@ def block_names(model: nn.Module, given: Iterable[str] | None) -> list[str]:
         present = {type(m).__name__ for m in model.modules()}
         missing = [n for n in names if n not in present]
         if missing:
-            raise ConfigError(f"trainer.fsdp_blocks names {missing}, which the model does not contain; its module "
-                              f"classes are {sorted(present)}")  # fmt: skip
+            raise ConfigError(
+                f"trainer.fsdp_blocks names {missing}, which the model does not contain; its module "
+                f"classes are {sorted(present)}"
+            )
         return names
     declared = getattr(model, "fsdp_blocks", None) or getattr(model, "_no_split_modules", None)
     if declared:
@@ -67,11 +69,16 @@ def block_names(model: nn.Module, given: Iterable[str] | None) -> list[str]:
 def check_hooks(hooks: Mapping[str, Any]) -> None:
     """Refuse, at start-up, the hooks that say they do not work with sharded parameters
     (``supports_sharding = False``): better than a failure, or a hang, later."""
-    refused = [f"{name} ({type(hook).__name__})" for name, hook in hooks.items()
-               if not getattr(hook, "supports_sharding", True)]  # fmt: skip
+    refused = [
+        f"{name} ({type(hook).__name__})"
+        for name, hook in hooks.items()
+        if not getattr(hook, "supports_sharding", True)
+    ]
     if refused:
-        raise ConfigError(f"trainer.strategy=fsdp: the hook(s) {', '.join(refused)} do not work with sharded parameters "
-                          "yet; remove them (hooks=[...] without them) or use trainer.strategy=ddp")  # fmt: skip
+        raise ConfigError(
+            f"trainer.strategy=fsdp: the hook(s) {', '.join(refused)} do not work with sharded parameters "
+            "yet; remove them (hooks=[...] without them) or use trainer.strategy=ddp"
+        )
 
 
 def shard(model: nn.Module, blocks: Iterable[str] | None, device: torch.device) -> nn.Module:
@@ -85,20 +92,27 @@ def shard(model: nn.Module, blocks: Iterable[str] | None, device: torch.device) 
     from expkit.optimizers import owns_its_update
 
     if owns_its_update(model):
-        raise ConfigError("a model that owns its update (train_step(batch, optimizers)) is not supported with "
-                          "trainer.strategy=fsdp yet; train it with trainer.strategy=ddp")  # fmt: skip
+        raise ConfigError(
+            "a model that owns its update (train_step(batch, optimizers)) is not supported with "
+            "trainer.strategy=fsdp yet; train it with trainer.strategy=ddp"
+        )
     model = model.to(device)
     names = set(block_names(model, blocks))
     mesh = init_device_mesh(device.type, (distributed.rank_and_world()[1],))
-    chosen = [(path, m) for path, m in model.named_modules()
-              if type(m).__name__ in names and m is not model and any(True for _ in m.parameters())]  # fmt: skip
+    chosen = [
+        (path, m)
+        for path, m in model.named_modules()
+        if type(m).__name__ in names and m is not model and any(True for _ in m.parameters())
+    ]
     for path, module in [*reversed(chosen), ("(the root)", model)]:  # pre-order reversed: inner blocks first
         try:
             fully_shard(module, mesh=mesh)
         except Exception as exc:
-            raise ConfigError(f"trainer.strategy=fsdp: could not shard {path} ({type(module).__name__}): "
-                              f"{type(exc).__name__}: {exc}. Choose other blocks with trainer.fsdp_blocks=[ClassName,...] "
-                              "(a module used in two places cannot be its own block), or use trainer.strategy=ddp") from None  # fmt: skip
+            raise ConfigError(
+                f"trainer.strategy=fsdp: could not shard {path} ({type(module).__name__}): "
+                f"{type(exc).__name__}: {exc}. Choose other blocks with trainer.fsdp_blocks=[ClassName,...] "
+                "(a module used in two places cannot be its own block), or use trainer.strategy=ddp"
+            ) from None
     for method in FORWARD_METHODS:
         if callable(getattr(model, method, None)):
             register_fsdp_forward_method(model, method)
@@ -151,8 +165,9 @@ def checkpoint_name(name: str) -> str:
     return name.removesuffix(".pth").removesuffix(SUFFIX) + SUFFIX
 
 
-def _begin(path: Path, model: nn.Module,
-           optimizers: Mapping[str, torch.optim.Optimizer]) -> tuple[Path, dict[str, Any], dict[str, Any]]:  # fmt: skip
+def _begin(
+    path: Path, model: nn.Module, optimizers: Mapping[str, torch.optim.Optimizer]
+) -> tuple[Path, dict[str, Any], dict[str, Any]]:
     """(the temporary directory every rank writes into, the tensors for DCP, the optimizers'
     plain values), collectively: the temporary name is rank 0's and cleared before any rank writes."""
     tensors: dict[str, Any] = {"model": _model_state(model)}
@@ -170,8 +185,11 @@ def _complete(tmp: Path, path: Path, state: dict[str, Any], plain: dict[str, Any
     """Rank 0, once every shard and DCP's index are in `tmp`: ``state.pth`` beside them, then the name."""
     from expkit import atomic
 
-    atomic.save_atomic({**state, "sharded": {"optimizers": plain, "world_size": distributed.rank_and_world()[1]}},
-                       tmp / STATE_FILE, durable=durable)  # fmt: skip
+    atomic.save_atomic(
+        {**state, "sharded": {"optimizers": plain, "world_size": distributed.rank_and_world()[1]}},
+        tmp / STATE_FILE,
+        durable=durable,
+    )
     _replace_dir(tmp, path)
 
 
@@ -188,8 +206,13 @@ def _written(tmp: Path, write: Any) -> None:
         raise RuntimeError(f"torch.distributed.checkpoint could not write {tmp}: {exc}") from exc
 
 
-def save(path: Path, state: dict[str, Any], model: nn.Module, optimizers: Mapping[str, torch.optim.Optimizer],
-         durable: bool = False) -> Path:  # fmt: skip
+def save(
+    path: Path,
+    state: dict[str, Any],
+    model: nn.Module,
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    durable: bool = False,
+) -> Path:
     """Write a sharded checkpoint at `path` (a directory), collectively: every rank calls this.
     `state` is rank 0's checkpoint without weights and optimizers. Written under a temporary
     name and renamed by rank 0 once every shard and the index are complete."""
@@ -231,9 +254,16 @@ class AsyncShards:
         joined = dist.is_available() and dist.is_initialized()
         self.groups = {kind: dist.new_group(backend="gloo") if joined else None for kind in self.KINDS}
 
-    def save(self, path: Path, state: dict[str, Any], model: nn.Module,
-             optimizers: Mapping[str, torch.optim.Optimizer], durable: bool, kind: str,
-             stage: Any) -> Any:  # fmt: skip
+    def save(
+        self,
+        path: Path,
+        state: dict[str, Any],
+        model: nn.Module,
+        optimizers: Mapping[str, torch.optim.Optimizer],
+        durable: bool,
+        kind: str,
+        stage: Any,
+    ) -> Any:
         """Start writing a sharded checkpoint at `path`: returns once this rank's shards are
         copied to host memory (`stage`: a copy training does not change), with the call that
         completes it (in the writer's thread): wait for every rank's shards and the index,
@@ -247,9 +277,17 @@ class AsyncShards:
         plain = copy.deepcopy(plain)  # (learning rates: the scheduler changes them meanwhile)
         staged = stage(tensors)
         futures: list[Any] = []
-        _written(tmp, lambda: futures.append(dcp.async_save(
-            staged, storage_writer=dcp.FileSystemWriter(tmp, sync_files=durable),
-            process_group=self.groups[kind], async_stager=_Staged())))  # fmt: skip
+        _written(
+            tmp,
+            lambda: futures.append(
+                dcp.async_save(
+                    staged,
+                    storage_writer=dcp.FileSystemWriter(tmp, sync_files=durable),
+                    process_group=self.groups[kind],
+                    async_stager=_Staged(),
+                )
+            ),
+        )
 
         def complete() -> None:
             _written(tmp, futures[0].result)
@@ -299,8 +337,10 @@ def _replace_dir(new: Path, path: Path) -> None:
     count) is moved aside first and deleted after: a kill in between leaves a temporary name."""
     old = None
     if path.is_symlink() or (path.exists() and not is_checkpoint_dir(path)):
-        raise FileExistsError(f"{path} is in the way of the checkpoint to be saved there and is not one of "
-                              "expkit's sharded checkpoints; move it out of the checkpoints dir")  # fmt: skip
+        raise FileExistsError(
+            f"{path} is in the way of the checkpoint to be saved there and is not one of "
+            "expkit's sharded checkpoints; move it out of the checkpoints dir"
+        )
     if path.exists():
         old = path.with_name(f".{path.name}.tmp{os.getpid()}old")
         shutil.rmtree(old, ignore_errors=True)
@@ -317,15 +357,22 @@ def is_checkpoint_dir(path: Path) -> bool:
 
 # the classes a DCP index is made of, by module: nothing else is built while reading one
 _METADATA_CLASSES = {
-    "torch.distributed.checkpoint.metadata": {"Metadata", "MetadataIndex", "TensorStorageMetadata",
-                                              "BytesStorageMetadata", "ChunkStorageMetadata", "TensorProperties",
-                                              "StorageMeta", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata",
+        "MetadataIndex",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    },
     "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
     "torch.serialization": {"_get_layout"},
     "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
     "pathlib._local": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},  # (Python 3.13's name)
     "collections": {"OrderedDict"},
-}  # fmt: skip
+}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -410,8 +457,12 @@ def read_state(path: Path, key: str) -> dict[str, Any]:
     return state
 
 
-def load_into(path: Path, state: Mapping[str, Any], model: nn.Module,
-              optimizers: Mapping[str, torch.optim.Optimizer] | None = None) -> None:  # fmt: skip
+def load_into(
+    path: Path,
+    state: Mapping[str, Any],
+    model: nn.Module,
+    optimizers: Mapping[str, torch.optim.Optimizer] | None = None,
+) -> None:
     """Load a sharded checkpoint's weights (and the state of those of `optimizers` it holds) into
     `model`, sharded or not, on any number of processes: every rank calls this."""
     import torch.distributed.checkpoint as dcp
@@ -428,8 +479,9 @@ def load_into(path: Path, state: Mapping[str, Any], model: nn.Module,
         # a parameter the saved optimizer never stepped (unused in the loss) has no state there;
         # the template (from a zero step on every parameter) would ask for it
         state = tensors.get("state", {})
-        for fqn in [f for f, entries in state.items()
-                    if not all(f"optimizer.{name}.state.{f}.{k}" in saved for k in entries)]:  # fmt: skip
+        for fqn in [
+            f for f, entries in state.items() if not all(f"optimizer.{name}.state.{f}.{k}" in saved for k in entries)
+        ]:
             del state[fqn]
         template[f"optimizer.{name}"] = tensors
         plain[name] = saved_plain[name]
@@ -443,8 +495,9 @@ def load_into(path: Path, state: Mapping[str, Any], model: nn.Module,
     set_model_state_dict(model, template["model"])
     for name, optimizer in optimizers.items():
         # strict=False: parameters without saved state (never stepped) stay without state, as they were
-        set_optimizer_state_dict(model, optimizer, _merge(template[f"optimizer.{name}"], plain[name]),
-                                 options=StateDictOptions(strict=False))  # fmt: skip
+        set_optimizer_state_dict(
+            model, optimizer, _merge(template[f"optimizer.{name}"], plain[name]), options=StateDictOptions(strict=False)
+        )
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -501,7 +554,9 @@ def check_runner_inputs(
 ) -> None:
     """trainer.strategy=fsdp: the model is sharded under torchrun, and every hook works with it."""
     if distributed.is_distributed() and not is_sharded(model):
-        raise ConfigError("trainer.strategy=fsdp under torchrun needs the model sharded before its optimizer is built: "
-                          "expkit.build does it; from Python, call expkit.sharding.shard(model, blocks, device) first")  # fmt: skip
+        raise ConfigError(
+            "trainer.strategy=fsdp under torchrun needs the model sharded before its optimizer is built: "
+            "expkit.build does it; from Python, call expkit.sharding.shard(model, blocks, device) first"
+        )
     named = list(hooks.items()) if isinstance(hooks, Mapping) else [(type(h).__name__, h) for h in hooks]
     check_hooks(dict(named, **(default_hooks or {})))

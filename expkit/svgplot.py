@@ -35,8 +35,13 @@ class Series:
 
     __slots__ = ("errors", "label", "line", "points")
 
-    def __init__(self, points: Sequence[tuple[float, float]], label: str = "", line: bool = True,
-                 errors: Sequence[float] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        points: Sequence[tuple[float, float]],
+        label: str = "",
+        line: bool = True,
+        errors: Sequence[float] | None = None,
+    ) -> None:
         self.points, self.label, self.line, self.errors = points, label, line, errors
 
 
@@ -46,9 +51,17 @@ class Panel:
 
     __slots__ = ("categories", "legend", "log_x", "series", "title", "x_range", "xlabel", "ylabel")
 
-    def __init__(self, title: str, series: list[Series], xlabel: str = "step", ylabel: str = "",
-                 log_x: bool = False, categories: list[str] | None = None, legend: bool = False,
-                 x_range: tuple[float, float] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        title: str,
+        series: list[Series],
+        xlabel: str = "step",
+        ylabel: str = "",
+        log_x: bool = False,
+        categories: list[str] | None = None,
+        legend: bool = False,
+        x_range: tuple[float, float] | None = None,
+    ) -> None:
         self.title, self.series, self.xlabel, self.ylabel = title, series, xlabel, ylabel
         self.log_x, self.categories, self.legend = log_x, categories, legend
         self.x_range = x_range  # an x axis covering at least this (panels side by side on one scale)
@@ -125,13 +138,16 @@ def _panel(panel: Panel, x0: int, single_color: str) -> list[str]:
     out.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#888"/>')
     points = [p for s in series for p in s.points]
     if not points:
-        out.append(f'<text x="{left + plot_w / 2:.0f}" y="{top + plot_h / 2:.0f}" text-anchor="middle" '
-                   'font-size="11" fill="#888">no finite values</text>')  # fmt: skip
+        out.append(
+            f'<text x="{left + plot_w / 2:.0f}" y="{top + plot_h / 2:.0f}" text-anchor="middle" '
+            'font-size="11" fill="#888">no finite values</text>'
+        )
         return out
     xt, xlabels = _x_ticks(panel, [p[0] for p in points])
     spans = [(y - e, y + e) for bar in whiskers for _, y, e in bar]
-    yt = nice_ticks(min([p[1] for p in points] + [lo for lo, _ in spans]),
-                    max([p[1] for p in points] + [hi for _, hi in spans]))  # fmt: skip
+    yt = nice_ticks(
+        min([p[1] for p in points] + [lo for lo, _ in spans]), max([p[1] for p in points] + [hi for _, hi in spans])
+    )
 
     def px(x: float) -> float:
         return left + (x - xt[0]) / (xt[-1] - xt[0]) * plot_w
@@ -143,31 +159,43 @@ def _panel(panel: Panel, x0: int, single_color: str) -> list[str]:
         out.append(
             f'<line x1="{px(t):.1f}" y1="{top + plot_h}" x2="{px(t):.1f}" y2="{top + plot_h + 4}" stroke="#888"/>'
         )
-        out.append(f'<text x="{px(t):.1f}" y="{top + plot_h + 15}" text-anchor="middle" font-size="10">'
-                   f"{escape(label)}</text>")  # fmt: skip
+        out.append(
+            f'<text x="{px(t):.1f}" y="{top + plot_h + 15}" text-anchor="middle" font-size="10">{escape(label)}</text>'
+        )
     for t in yt:
         out.append(f'<line x1="{left}" y1="{py(t):.1f}" x2="{left + plot_w}" y2="{py(t):.1f}" stroke="#eee"/>')
         out.append(f'<text x="{left - 4}" y="{py(t) + 3:.1f}" text-anchor="end" font-size="10">{_label(t)}</text>')
-    out.append(f'<text x="{left + plot_w / 2:.0f}" y="{PANEL_H - 4}" text-anchor="middle" font-size="11">'
-               f"{escape(panel.xlabel)}</text>")  # fmt: skip
+    out.append(
+        f'<text x="{left + plot_w / 2:.0f}" y="{PANEL_H - 4}" text-anchor="middle" font-size="11">'
+        f"{escape(panel.xlabel)}</text>"
+    )
     if panel.ylabel:
-        out.append(f'<text x="{x0 + 10}" y="{top + plot_h / 2:.0f}" text-anchor="middle" font-size="11" '
-                   f'transform="rotate(-90 {x0 + 10} {top + plot_h / 2:.0f})">{escape(panel.ylabel)}</text>')  # fmt: skip
+        out.append(
+            f'<text x="{x0 + 10}" y="{top + plot_h / 2:.0f}" text-anchor="middle" font-size="11" '
+            f'transform="rotate(-90 {x0 + 10} {top + plot_h / 2:.0f})">{escape(panel.ylabel)}</text>'
+        )
     colors = [single_color] if len(series) == 1 else [COLORS[i % len(COLORS)] for i in range(len(series))]
     for s, color, bar in zip(series, colors, whiskers):
         tip = f"<title>{escape(s.label)}</title>" if s.label else ""
         for x, y, e in bar:
             X, lo, hi = px(x), py(y - e), py(y + e)
-            out.append(f'<path class="errorbar" d="M{X:.1f},{lo:.1f}V{hi:.1f}M{X - 4:.1f},{lo:.1f}h8M{X - 4:.1f},'
-                       f'{hi:.1f}h8" stroke="{color}" stroke-width="1.2" fill="none">{tip}</path>')  # fmt: skip
+            out.append(
+                f'<path class="errorbar" d="M{X:.1f},{lo:.1f}V{hi:.1f}M{X - 4:.1f},{lo:.1f}h8M{X - 4:.1f},'
+                f'{hi:.1f}h8" stroke="{color}" stroke-width="1.2" fill="none">{tip}</path>'
+            )
         if s.line and s.points:
             coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in s.points)
-            out.append(f'<polyline class="series" points="{coords}" fill="none" stroke="{color}" '
-                       f'stroke-width="1.5">{tip}</polyline>')  # fmt: skip
+            out.append(
+                f'<polyline class="series" points="{coords}" fill="none" stroke="{color}" '
+                f'stroke-width="1.5">{tip}</polyline>'
+            )
         if not s.line or len(s.points) < 50:
             kind = "marker" if s.line else "point"
-            out += [f'<circle class="{kind}" cx="{px(x):.1f}" cy="{py(y):.1f}" r="{2.5 if s.line else 3.5}" '
-                    f'fill="{color}">{tip}</circle>' for x, y in s.points]  # fmt: skip
+            out += [
+                f'<circle class="{kind}" cx="{px(x):.1f}" cy="{py(y):.1f}" r="{2.5 if s.line else 3.5}" '
+                f'fill="{color}">{tip}</circle>'
+                for x, y in s.points
+            ]
     if panel.legend:
         labelled = [(i, s) for i, s in enumerate(series) if s.label]
         for row, (i, s) in enumerate(labelled[:LEGEND_MAX]):
@@ -198,9 +226,11 @@ def charts(path: str | Path, panels: Sequence[Panel]) -> None:
     body: list[str] = []
     for i, panel in enumerate(panels):
         body += _panel(panel, i * PANEL_W, COLORS[i % len(COLORS)])
-    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" font-family="sans-serif">\n'
-           f'<rect width="{width}" height="{height}" fill="white"/>\n' + "\n".join(body) + "\n</svg>\n")  # fmt: skip
+    svg = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif">\n'
+        f'<rect width="{width}" height="{height}" fill="white"/>\n' + "\n".join(body) + "\n</svg>\n"
+    )
     write_text_atomic(Path(path), svg)
 
 

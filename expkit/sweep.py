@@ -40,8 +40,20 @@ from expkit.sweep_jobs import finished, job_order, job_target, key_kind, read_jo
 
 log = logging.getLogger("expkit")
 
-COLUMNS = ["job", "status", "resumed", "monitor", "best", "best_epoch", "final", "wall_time_s", "overrides",
-           "best_checkpoint", "work_dir", "error"]  # fmt: skip
+COLUMNS = [
+    "job",
+    "status",
+    "resumed",
+    "monitor",
+    "best",
+    "best_epoch",
+    "final",
+    "wall_time_s",
+    "overrides",
+    "best_checkpoint",
+    "work_dir",
+    "error",
+]
 
 
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's: ~10x faster than pure Python
@@ -127,8 +139,12 @@ def job_row(work_dir: Path) -> dict[str, Any] | None:
         values = [v for _, v in curve if isinstance(v, (int, float)) and math.isfinite(v)]
         pick = max if rule == "greater" else min
         best = pick(values) if values else None
-        row.update(status="running", best=best, best_epoch=next((e for e, v in curve if v == best), None),
-                   final=values[-1] if values else None)  # fmt: skip
+        row.update(
+            status="running",
+            best=best,
+            best_epoch=next((e for e, v in curve if v == best), None),
+            final=values[-1] if values else None,
+        )
     return row
 
 
@@ -207,8 +223,21 @@ def _best_json(top: dict[str, Any], jobs: int, statuses: dict[str, int], resumed
 
 # -- seed groups -------------------------------------------------------------------------------------
 DEFAULT_SEED_KEYS = ["trainer.seed"]
-GROUP_COLUMNS = ["group", "monitor", "mean", "std", "n", "min", "max", "final_mean", "final_std", "best_job", "jobs",
-                 "statuses", "overrides"]  # fmt: skip
+GROUP_COLUMNS = [
+    "group",
+    "monitor",
+    "mean",
+    "std",
+    "n",
+    "min",
+    "max",
+    "final_mean",
+    "final_std",
+    "best_job",
+    "jobs",
+    "statuses",
+    "overrides",
+]
 
 
 def seed_keys_of(sweep_dir: Path) -> list[str]:
@@ -232,8 +261,11 @@ def group_rows(rows: list[dict[str, Any]], seed_keys: list[str]) -> list[dict[st
         return None
     groups: dict[tuple[tuple[str, str], ...], list[dict[str, Any]]] = {}
     for r in rows:
-        key = tuple(sorted((k, str(v)) for k, v in r["override_values"].items()
-                           if k not in seed_keys and key_kind(k) != "control"))  # fmt: skip
+        key = tuple(
+            sorted(
+                (k, str(v)) for k, v in r["override_values"].items() if k not in seed_keys and key_kind(k) != "control"
+            )
+        )
         groups.setdefault(key, []).append(r)
     if all(len(members) < 2 for members in groups.values()):
         return None
@@ -241,22 +273,34 @@ def group_rows(rows: list[dict[str, Any]], seed_keys: list[str]) -> list[dict[st
     for key, members in groups.items():
         members.sort(key=lambda r: job_order(Path(r["job"])))
         values = [float(m["best"]) for m in members if _usable(m)]
-        finals = [float(m["final"]) for m in members
-                  if isinstance(m.get("final"), (int, float)) and math.isfinite(m["final"])]  # fmt: skip
+        finals = [
+            float(m["final"]) for m in members if isinstance(m.get("final"), (int, float)) and math.isfinite(m["final"])
+        ]
         mean, std = _stats(values)
         final_mean, final_std = _stats(finals)
         top = min(members, key=_sort_key)
         statuses: dict[str, int] = {}
         for m in members:
             statuses[str(m.get("status"))] = statuses.get(str(m.get("status")), 0) + 1
-        out.append({
-            "monitor": members[0]["monitor"], "rule": members[0]["rule"], "mean": mean, "std": std, "n": len(values),
-            "min": min(values, default=None), "max": max(values, default=None), "final_mean": final_mean,
-            "final_std": final_std, "best_job": top["job"] if _usable(top) else None,
-            "jobs": " ".join(m["job"] for m in members), "members": members,
-            "statuses": " ".join(f"{n} {s}" for s, n in sorted(statuses.items())),
-            "overrides": " ".join(f"{k}={v}" for k, v in key), "override_values": dict(key),
-        })  # fmt: skip
+        out.append(
+            {
+                "monitor": members[0]["monitor"],
+                "rule": members[0]["rule"],
+                "mean": mean,
+                "std": std,
+                "n": len(values),
+                "min": min(values, default=None),
+                "max": max(values, default=None),
+                "final_mean": final_mean,
+                "final_std": final_std,
+                "best_job": top["job"] if _usable(top) else None,
+                "jobs": " ".join(m["job"] for m in members),
+                "members": members,
+                "statuses": " ".join(f"{n} {s}" for s, n in sorted(statuses.items())),
+                "overrides": " ".join(f"{k}={v}" for k, v in key),
+                "override_values": dict(key),
+            }
+        )
     sign = -1 if out[0]["rule"] == "greater" else 1
     out.sort(key=lambda g: (g["mean"] is None, sign * (g["mean"] or 0.0), g["jobs"]))
     for i, g in enumerate(out):
@@ -272,9 +316,18 @@ def _best_group_json(groups: list[dict[str, Any]], rows: list[dict[str, Any]]) -
     for r in rows:
         statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1
     best = _best_json(member or top["members"][0], len(rows), statuses, [r["job"] for r in rows if r.get("resumed")])
-    best.update(value=top["mean"], mean=top["mean"], std=top["std"], n=top["n"], min=top["min"], max=top["max"],
-                group=top["overrides"], members=top["jobs"].split(), groups=len(groups),
-                member_value=member["best"] if member else None)  # fmt: skip
+    best.update(
+        value=top["mean"],
+        mean=top["mean"],
+        std=top["std"],
+        n=top["n"],
+        min=top["min"],
+        max=top["max"],
+        group=top["overrides"],
+        members=top["jobs"].split(),
+        groups=len(groups),
+        member_value=member["best"] if member else None,
+    )
     return best
 
 
@@ -313,8 +366,9 @@ class _Locked:
         self.file.close()  # releases the lock
 
 
-def summarize(sweep_dir: str | Path, plot: bool = True, fresh: bool = False,
-              seed_keys: list[str] | None = None) -> dict[str, Any] | None:  # fmt: skip
+def summarize(
+    sweep_dir: str | Path, plot: bool = True, fresh: bool = False, seed_keys: list[str] | None = None
+) -> dict[str, Any] | None:
     """Write summary.csv, summary.md, best.json (and sweep.svg) for `sweep_dir`, best first;
     returns best.json's content. A job's row comes from its cached row (written when it
     ended), else from its files; `fresh` reads every job's files and renews the cache.
@@ -367,14 +421,21 @@ def _write_summary(sweep_dir: Path, rows: list[dict[str, Any]], seed_keys: list[
     return best
 
 
-def _write_group_summary(sweep_dir: Path, rows: list[dict[str, Any]], groups: list[dict[str, Any]],
-                         columns: list[str], seed_keys: list[str]) -> dict[str, Any]:  # fmt: skip
+def _write_group_summary(
+    sweep_dir: Path, rows: list[dict[str, Any]], groups: list[dict[str, Any]], columns: list[str], seed_keys: list[str]
+) -> dict[str, Any]:
     """summary.csv/.md by seed group (best mean first), jobs.csv and a jobs table below."""
     top = groups[0]
-    title = (f"{len(groups)} groups of jobs that differ only in {', '.join(seed_keys)}, best first by mean "
-             f"{top['monitor']} ({top['rule']})")  # fmt: skip
-    lines = [f"# Sweep {sweep_dir.name}: {title}", "", "| " + " | ".join(GROUP_COLUMNS) + " |",
-             "|" + "---|" * len(GROUP_COLUMNS)]  # fmt: skip
+    title = (
+        f"{len(groups)} groups of jobs that differ only in {', '.join(seed_keys)}, best first by mean "
+        f"{top['monitor']} ({top['rule']})"
+    )
+    lines = [
+        f"# Sweep {sweep_dir.name}: {title}",
+        "",
+        "| " + " | ".join(GROUP_COLUMNS) + " |",
+        "|" + "---|" * len(GROUP_COLUMNS),
+    ]
     lines += [_md_line(g, GROUP_COLUMNS) for g in groups]
     shown = _md_columns(columns)
     lines += ["", f"## {len(rows)} jobs, best first", "", "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
@@ -417,8 +478,12 @@ def record_job_end(sweep_dir: Path, work_dir: Path) -> None:
             f.write(_csv_text([row], columns, header=new_file))
         shown = _md_columns(columns)
         if not md_path.is_file() or md_path.stat().st_size == 0:
-            header = _md_header(f"jobs in the order they ended (sorted best first by {row['monitor']} "
-                                f"({row['rule']}) when the sweep ends)", sweep_dir, shown)  # fmt: skip
+            header = _md_header(
+                f"jobs in the order they ended (sorted best first by {row['monitor']} "
+                f"({row['rule']}) when the sweep ends)",
+                sweep_dir,
+                shown,
+            )
             md_path.write_text("\n".join(header) + "\n", encoding="utf-8")
         with md_path.open("a", encoding="utf-8") as f:
             f.write(_md_line(row, shown) + "\n")
@@ -472,8 +537,9 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, seed_keys: list[str] | No
         points = [p for p in points if p[0] is not None and isinstance(p[1], (int, float)) and math.isfinite(p[1])]
         panel = Panel(f"best {monitor}", [], xlabel=key or "(nothing swept)", ylabel=f"best {monitor}")
         xs = _axis(panel, [x for x, _, _ in points])
-        panel.series = [Series([(x, y)], label=f"job {job}: {key}={raw}", line=False)
-                        for x, (raw, y, job) in zip(xs, points)]  # fmt: skip
+        panel.series = [
+            Series([(x, y)], label=f"job {job}: {key}={raw}", line=False) for x, (raw, y, job) in zip(xs, points)
+        ]
         panels.append(panel)
     trials = sorted((r for r in rows if r.get("trial") is not None), key=lambda r: r["trial"])
     if trials:  # an Optuna search: each trial's best value, and the best so far over the trials
@@ -482,8 +548,13 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, seed_keys: list[str] | No
         for r in trials:
             value = r.get("best")
             if isinstance(value, (int, float)) and math.isfinite(value):
-                done.append(Series([(float(r["trial"]), value)], label=f"trial {r['trial']} (job {r['job']}): "
-                                   f"{r.get('status')}", line=False))  # fmt: skip
+                done.append(
+                    Series(
+                        [(float(r["trial"]), value)],
+                        label=f"trial {r['trial']} (job {r['job']}): {r.get('status')}",
+                        line=False,
+                    )
+                )
                 if r.get("status") != "pruned":
                     best = value if best is None else pick(best, value)
             if best is not None:
@@ -501,8 +572,15 @@ def _group_panel(groups: list[dict[str, Any]], key: str, monitor: str) -> Any:
     points = [(x, g) for x, g in points if x is not None]
     panel = Panel(f"mean best {monitor} (± std)", [], xlabel=key or "(nothing swept)", ylabel=f"best {monitor}")
     xs = _axis(panel, [x for x, _ in points])
-    panel.series = [Series([(x, g["mean"])], label=f"group {g['group']} (n={g['n']}): {key}={raw}", line=False,
-                           errors=[g["std"] or 0.0]) for x, (raw, g) in zip(xs, points)]  # fmt: skip
+    panel.series = [
+        Series(
+            [(x, g["mean"])],
+            label=f"group {g['group']} (n={g['n']}): {key}={raw}",
+            line=False,
+            errors=[g["std"] or 0.0],
+        )
+        for x, (raw, g) in zip(xs, points)
+    ]
     return panel
 
 
@@ -593,8 +671,16 @@ class SweepSummaryCallback(Callback):
             best = self._summarize(sweep_dir, plot=True)
         if best and best.get("group") is not None and best["value"] is not None:
             spread = f" ± {best['std']:.4f}" if best.get("std") is not None else ""
-            log.info("Sweep best: %s, mean %s = %.4f%s over %d seeds; its best job %s (%s)", best["group"] or "(one group)",
-                     best["metric"], best["value"], spread, best["n"], best["job"], best["work_dir"])  # fmt: skip
+            log.info(
+                "Sweep best: %s, mean %s = %.4f%s over %d seeds; its best job %s (%s)",
+                best["group"] or "(one group)",
+                best["metric"],
+                best["value"],
+                spread,
+                best["n"],
+                best["job"],
+                best["work_dir"],
+            )
         elif best and best["job"] is not None:
             log.info("Sweep best: job %s, %s = %.4f, %s", best["job"], best["metric"], best["value"], best["work_dir"])
 
@@ -647,12 +733,18 @@ def main() -> None:
     def run(cfg: Any) -> None:
         sweep_dir = Path(cfg.sweep_dir)
         if not sweep_dir.is_dir():  # (Hydra parsed it: quotes, interpolations, the last of several)
-            print(f"Error: sweep_dir={sweep_dir} is not a directory; give a sweep dir (outputs/sweeps/<sweep>)",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"Error: sweep_dir={sweep_dir} is not a directory; give a sweep dir (outputs/sweeps/<sweep>)",
+                file=sys.stderr,
+            )
             sys.exit(2)
         keys = cfg.get("seed_keys")
-        code = rebuild(sweep_dir, plot=bool(cfg.plot), quiet=bool(cfg.quiet),
-                       seed_keys=None if keys is None else [str(k) for k in keys])  # fmt: skip
+        code = rebuild(
+            sweep_dir,
+            plot=bool(cfg.plot),
+            quiet=bool(cfg.quiet),
+            seed_keys=None if keys is None else [str(k) for k in keys],
+        )
         if code:
             sys.exit(code)
 

@@ -91,17 +91,44 @@ def stop_requested(sweep_dir: Path) -> int | None:
 # train.yaml, and every config group, is in one of the two lists (tests/test_sweep_identity.py);
 # the longest prefix decides; a key in neither (a user's own) counts as computing.
 CONTROL_KEYS = (
-    "hydra", "hydra_defaults", "resume", "retry_failed", "fail_fast", "show_hooks", "logger", "hparams_search",
-    "seed_keys", "sweep_output",
-    "default_hooks.logger", "default_hooks.timer", "default_hooks.runtime_info", "default_hooks.checkpoint",
-    "data.num_workers", "data.pin_memory",
-)  # fmt: skip
+    "hydra",
+    "hydra_defaults",
+    "resume",
+    "retry_failed",
+    "fail_fast",
+    "show_hooks",
+    "logger",
+    "hparams_search",
+    "seed_keys",
+    "sweep_output",
+    "default_hooks.logger",
+    "default_hooks.timer",
+    "default_hooks.runtime_info",
+    "default_hooks.checkpoint",
+    "data.num_workers",
+    "data.pin_memory",
+)
 COMPUTE_KEYS = (
-    "monitor", "load_from", "criterion", "metrics", "trainer", "data", "model", "optim", "sched", "hooks",
-    "debug", "experiment", "default_hooks", "default_hooks.sampler_seed", "default_hooks.param_scheduler",
-    "default_hooks.checkpoint.save_best", "default_hooks.checkpoint.rule", "default_hooks.checkpoint.greater_keys",
+    "monitor",
+    "load_from",
+    "criterion",
+    "metrics",
+    "trainer",
+    "data",
+    "model",
+    "optim",
+    "sched",
+    "hooks",
+    "debug",
+    "experiment",
+    "default_hooks",
+    "default_hooks.sampler_seed",
+    "default_hooks.param_scheduler",
+    "default_hooks.checkpoint.save_best",
+    "default_hooks.checkpoint.rule",
+    "default_hooks.checkpoint.greater_keys",
     "default_hooks.checkpoint.less_keys",  # (the best checkpoint is the test's weights)
-)  # fmt: skip
+)
 
 
 def key_kind(key: str) -> str | None:
@@ -226,8 +253,9 @@ def find_job(sweep_dir: Path, identity: list[str]) -> Path | None:
     if (index / INDEX_COMPLETE).is_file():
         return None
     found = None
-    for candidate in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")),
-                            key=job_order):  # fmt: skip
+    for candidate in sorted(
+        (p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")), key=job_order
+    ):
         job = read_job(candidate)
         if job is None or "alias_of" in job or not isinstance(job.get("overrides"), list):
             continue
@@ -298,8 +326,9 @@ def finished_job_value(cfg: DictConfig, work_dir: Path, rule: str, monitor: str)
     rule = result.get("monitor_rule") or rule  # the direction the run itself used
     status = result.get("status")
     if status == "failed" and not cfg.retry_failed:
-        log.info("Job in %s failed before (%s); kept as failed (retry_failed=true retries it)", work_dir,
-                 result.get("error"))  # fmt: skip
+        log.info(
+            "Job in %s failed before (%s); kept as failed (retry_failed=true retries it)", work_dir, result.get("error")
+        )
         return worst_value(rule)
     if finished(result):
         log.info("Job in %s is already %s; not trained again", work_dir, status)
@@ -327,8 +356,11 @@ def done_since_launch(work_dir: Path, monitor: str, rule: str) -> float | None:
         return None
     if not finished(result):
         return None
-    log.info("Job in %s was %s by another launch of this sweep; this launch does not run it again",
-             work_dir, result.get("status"))  # fmt: skip
+    log.info(
+        "Job in %s was %s by another launch of this sweep; this launch does not run it again",
+        work_dir,
+        result.get("status"),
+    )
     return best_value(result, monitor, rule)
 
 
@@ -365,5 +397,8 @@ def skip_busy_job(hydra_dir: Path, busy: Any) -> None:
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == hydra_dir.resolve():
             root.removeHandler(handler)
             handler.close()
-    log.warning("Job in %s is running in another launch of this sweep (%s); this launch skips it, so it runs once",
-                hydra_dir, describe(busy.owner))  # fmt: skip
+    log.warning(
+        "Job in %s is running in another launch of this sweep (%s); this launch skips it, so it runs once",
+        hydra_dir,
+        describe(busy.owner),
+    )

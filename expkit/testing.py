@@ -46,8 +46,9 @@ from expkit.stages import Stage
 __all__ = ["RecordingHook", "assert_resumes_exactly", "toy_loaders", "toy_model", "toy_runner"]
 
 
-def toy_loaders(n_train: int = 8, n_val: int = 4, n_test: int = 4, batch_size: int = 4,
-                seed: int = 0) -> tuple[DataLoader, DataLoader | None, DataLoader | None]:  # fmt: skip
+def toy_loaders(
+    n_train: int = 8, n_val: int = 4, n_test: int = 4, batch_size: int = 4, seed: int = 0
+) -> tuple[DataLoader, DataLoader | None, DataLoader | None]:
     """(train, val, test) loaders of 4-feature points labelled by the sign of the first feature;
     the same data every call, the train order a function of `seed` (as on resume). A size of
     0 gives None for val or test."""
@@ -70,9 +71,17 @@ def toy_model() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
 
 
-def toy_runner(work_dir: str | Path, *, hooks: Mapping[str, Hook] | Sequence[Hook] = (),
-               default_hooks: Mapping[str, Hook] | None = None, seed: int = 0, metrics: Any = None,
-               monitor: str | None = None, model: nn.Module | None = None, **settings: Any) -> Runner:  # fmt: skip
+def toy_runner(
+    work_dir: str | Path,
+    *,
+    hooks: Mapping[str, Hook] | Sequence[Hook] = (),
+    default_hooks: Mapping[str, Hook] | None = None,
+    seed: int = 0,
+    metrics: Any = None,
+    monitor: str | None = None,
+    model: nn.Module | None = None,
+    **settings: Any,
+) -> Runner:
     """A Runner over the toy loaders and model (SGD, lr 0.1), 2 epochs unless `settings` say
     otherwise (any ``TrainerSettings`` field: ``max_epochs=3``, ``max_iters=5``, ...; and
     ``resume=True`` or ``load_from=<checkpoint>``). The default hooks are the six defaults
@@ -126,9 +135,14 @@ for _stage in Stage:
     setattr(RecordingHook, _stage.value, _recording(_stage.value))
 
 
-def assert_resumes_exactly(*overrides: str, config_dir: str | Path | None = None, iters: int | None = None,
-                           scratch: str | Path | None = None, env: Mapping[str, str] | None = None,
-                           timeout: float = 1800) -> dict[str, Any]:  # fmt: skip
+def assert_resumes_exactly(
+    *overrides: str,
+    config_dir: str | Path | None = None,
+    iters: int | None = None,
+    scratch: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 1800,
+) -> dict[str, Any]:
     """Run ``python -m expkit.check`` on the experiment the `overrides` (and `config_dir`) make, as
     ``expkit.train`` would train it, and fail with the check's table and findings unless two runs
     from the same seed match bit for bit and a run killed mid-epoch resumes exactly. `iters`:
@@ -149,8 +163,9 @@ def assert_resumes_exactly(*overrides: str, config_dir: str | Path | None = None
             command.append(f"check.iters={iters}")
         if scratch is not None:
             command.append(f"check.dir={scratch}")
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **(env or {})})  # fmt: skip
+        proc = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+        )
         output = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if not line.startswith("["))
         if proc.returncode != 0 or not report.exists():
             raise AssertionError(f"python -m expkit.check {' '.join(overrides)} exited {proc.returncode}:\n{output}")

@@ -139,8 +139,9 @@ def _run_owned(
             done = sweep_jobs.done_since_launch(work_dir, monitor, rule)
         if done is not None:
             return done
-        if sweep_jobs.resuming_sweep(cfg) and any(checkpoint_io.is_checkpoint(p) for p in work_dir.glob("checkpoints/[!.]*")
-                                         if p.suffix in (".pth", ".dcp")):  # fmt: skip
+        if sweep_jobs.resuming_sweep(cfg) and any(
+            checkpoint_io.is_checkpoint(p) for p in work_dir.glob("checkpoints/[!.]*") if p.suffix in (".pth", ".dcp")
+        ):
             run_info["resumed_in_sweep"] = True
         if (sweep_dir / sweep_jobs.FAIL_FAST_MARKER).exists():
             earlier = (sweep_dir / sweep_jobs.FAIL_FAST_MARKER).read_text()
@@ -284,12 +285,18 @@ def _report_interruption(signum: int, sweeping: bool, sweep_dir: Path | None = N
     from expkit.search import live_workers
 
     others = live_workers(sweep_dir)  # (this worker of an Optuna search has let go of its lock)
-    going_on = (f"This worker stopped; {others} other worker{'s' if others > 1 else ''} of the search "
-                f"{'go' if others > 1 else 'goes'} on and finish{'' if others > 1 else 'es'} its trials.\n"
-                if others else "")  # fmt: skip
-    print(f"\nSweep interrupted ({name}): {', '.join(parts) or 'no job recorded'}"
-          f"{f' of {total}' if total else ''}, in {sweep_dir}.\n{going_on}"
-          f"Resume it with: {cli.continue_sweep_command(sys.argv[1:], sweep_dir)}", file=sys.stderr)  # fmt: skip
+    going_on = (
+        f"This worker stopped; {others} other worker{'s' if others > 1 else ''} of the search "
+        f"{'go' if others > 1 else 'goes'} on and finish{'' if others > 1 else 'es'} its trials.\n"
+        if others
+        else ""
+    )
+    print(
+        f"\nSweep interrupted ({name}): {', '.join(parts) or 'no job recorded'}"
+        f"{f' of {total}' if total else ''}, in {sweep_dir}.\n{going_on}"
+        f"Resume it with: {cli.continue_sweep_command(sys.argv[1:], sweep_dir)}",
+        file=sys.stderr,
+    )
 
 
 def _write_hydra_record(cfg: DictConfig, work_dir: Path) -> None:
@@ -314,16 +321,22 @@ def _share_run_dir_across_ranks() -> None:
     if not distributed.init():
         return
     if any(a in ("-m", "--multirun") for a in sys.argv[1:]):
-        print("Error: a sweep (-m) under torchrun is not supported; start one torchrun per job, or use "
-              "hydra/launcher=submitit_slurm with tasks_per_node", file=sys.stderr)  # fmt: skip
+        print(
+            "Error: a sweep (-m) under torchrun is not supported; start one torchrun per job, or use "
+            "hydra/launcher=submitit_slurm with tasks_per_node",
+            file=sys.stderr,
+        )
         sys.exit(2)
     given = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("hydra.run.dir=")), None)
     restarts = distributed.restart_count()
     if given is None and restarts > 0:  # the dir the first attempt picked, kept in torchrun's own store
         given = distributed.recall("run_dir")
         if given is None:  # (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: each attempt has a store of its own)
-            print(f"Error: torchrun restart {restarts}: the first attempt's work dir is not in torchrun's store; "
-                  "give it with hydra.run.dir=<dir> so that restarts continue that run", file=sys.stderr)  # fmt: skip
+            print(
+                f"Error: torchrun restart {restarts}: the first attempt's work dir is not in torchrun's store; "
+                "give it with hydra.run.dir=<dir> so that restarts continue that run",
+                file=sys.stderr,
+            )
             sys.exit(2)
     default = time.strftime("outputs/runs/%Y-%m-%d_%H-%M-%S-") + f"{time.time_ns() // 1000 % 10**6:06d}"
     run_dir = str(Path(distributed.broadcast_object(given or default)).resolve())

@@ -105,8 +105,10 @@ class TrustPolicy:
         self.user = tuple(str(t).strip() for t in trusted_targets if str(t).strip())
         for entry in self.user:
             if not all(part.isidentifier() for part in entry.split(".")):
-                raise ConfigError(f"trusted_targets: {entry!r} is not a dotted module or object name "
-                                  "(e.g. trusted_targets=[my_project] or [my_project.models.Net])")  # fmt: skip
+                raise ConfigError(
+                    f"trusted_targets: {entry!r} is not a dotted module or object name "
+                    "(e.g. trusted_targets=[my_project] or [my_project.models.Net])"
+                )
         self.exact = _shipped_targets() | config_dir_targets(config_dirs)
         self.prefixes = (*DEFAULT_TRUSTED, *self.user)
 

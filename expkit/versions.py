@@ -41,8 +41,10 @@ def check_installed() -> str | None:
     found = {"torch": torch.__version__, "hydra-core": hydra.__version__, "omegaconf": omegaconf.__version__}
     for package, (lowest, why) in MINIMUM.items():
         if parse(found[package]) < parse(lowest):
-            return (f"{package} {found[package]} is installed; expkit needs {package}>={lowest} ({why}). "
-                    f"Upgrade it: pip install '{package}>={lowest}'")  # fmt: skip
+            return (
+                f"{package} {found[package]} is installed; expkit needs {package}>={lowest} ({why}). "
+                f"Upgrade it: pip install '{package}>={lowest}'"
+            )
     return None
 
 

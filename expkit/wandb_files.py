@@ -128,8 +128,14 @@ def read_wandb_run(path: Path) -> dict[str, Any]:
         kind = record.WhichOneof("record_type")
         if kind == "run":
             run = record.run
-            out["run"] = {"id": run.run_id, "name": run.display_name, "group": run.run_group,
-                          "project": run.project, "job_type": run.job_type, "tags": list(run.tags)}  # fmt: skip
+            out["run"] = {
+                "id": run.run_id,
+                "name": run.display_name,
+                "group": run.run_group,
+                "project": run.project,
+                "job_type": run.job_type,
+                "tags": list(run.tags),
+            }
             out["config"].update({key(i): value(i) for i in run.config.update})
         elif kind == "config":
             out["config"].update({key(i): value(i) for i in record.config.update})

@@ -17,8 +17,12 @@ from conftest import run_cli
 from expkit.async_writer import BackgroundWriter
 from expkit.errors import CheckpointWriteError
 
-SAVES = ["trainer.max_epochs=3", "default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=15",
-         "default_hooks.checkpoint.max_keep_ckpts=2"]  # fmt: skip
+SAVES = [
+    "trainer.max_epochs=3",
+    "default_hooks.checkpoint.by_epoch=false",
+    "default_hooks.checkpoint.interval=15",
+    "default_hooks.checkpoint.max_keep_ckpts=2",
+]
 
 
 def test_the_loop_goes_on_while_a_write_runs_and_what_follows_it_waits_for_it():
@@ -158,16 +162,37 @@ def test_a_kill_during_a_background_write_resumes_from_the_previous_checkpoint_b
 
 
 # -- sharded checkpoints (trainer.strategy=fsdp): DCP's async_save ------------------------------------
-FSDP = ["data.batch_size=67", "default_hooks.logger.plot=false", "trainer.strategy=fsdp", "trainer.max_epochs=3",
-        "default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=4",
-        "default_hooks.checkpoint.max_keep_ckpts=2"]  # fmt: skip
+FSDP = [
+    "data.batch_size=67",
+    "default_hooks.logger.plot=false",
+    "trainer.strategy=fsdp",
+    "trainer.max_epochs=3",
+    "default_hooks.checkpoint.by_epoch=false",
+    "default_hooks.checkpoint.interval=4",
+    "default_hooks.checkpoint.max_keep_ckpts=2",
+]
 
 
 def _torchrun(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "-m", "expkit.train", *FSDP, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "expkit.train",
+            *FSDP,
+            *args,
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -249,8 +274,13 @@ def test_a_kill_during_a_background_sharded_write_resumes_from_the_previous_one_
     args = ["default_hooks.checkpoint.save_best=null", "default_hooks.checkpoint.async_save=true"]
     reference, work = tmp_path / "reference", tmp_path / "run"
     assert _torchrun(tmp_path, f"hydra.run.dir={reference}", *args).returncode == 0
-    killed = _torchrun(tmp_path, f"hydra.run.dir={work}", *args, "+hooks.kill._target_=killmidwrite.KillMidWrite",
-                       env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    killed = _torchrun(
+        tmp_path,
+        f"hydra.run.dir={work}",
+        *args,
+        "+hooks.kill._target_=killmidwrite.KillMidWrite",
+        env={"PYTHONPATH": str(tmp_path)},
+    )
     assert killed.returncode != 0
     assert (work / "killed").read_text() == "True"  # killed while iter_8.dcp was being written
     assert (work / "checkpoints" / "last_checkpoint").read_text() == "iter_4.dcp"

@@ -164,8 +164,14 @@ def test_sweep_svg_log_axis_and_named_values(tmp_path):
     from expkit.sweep import plot_sweep
 
     def row(job, lr, model, best):
-        return {"job": job, "monitor": "val/acc", "best": best, "overrides": f"optim.lr={lr} model={model}",
-                "override_values": {"optim.lr": lr, "model": model}, "curve": [(1, 0.3), (2, best)]}  # fmt: skip
+        return {
+            "job": job,
+            "monitor": "val/acc",
+            "best": best,
+            "overrides": f"optim.lr={lr} model={model}",
+            "override_values": {"optim.lr": lr, "model": model},
+            "curve": [(1, 0.3), (2, best)],
+        }
 
     rows = [row("0", "0.001", "mlp", 0.5), row("1", "0.1", "cnn", 0.9), row("2", "0.01", "cnn", float("nan"))]
     plot_sweep(rows, tmp_path / "sweep.svg")
@@ -179,8 +185,10 @@ def test_sweep_svg_log_axis_and_named_values(tmp_path):
 
 
 def test_optional_backends_are_not_imported_at_start_up():
-    code = ("import sys, expkit.train, expkit.build, expkit.hooks; "
-            "print([m for m in ('wandb', 'tensorboard', 'matplotlib', 'torch.utils.tensorboard') if m in sys.modules])")  # fmt: skip
+    code = (
+        "import sys, expkit.train, expkit.build, expkit.hooks; "
+        "print([m for m in ('wandb', 'tensorboard', 'matplotlib', 'torch.utils.tensorboard') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -194,8 +202,12 @@ def test_non_tty_prints_plain_lines_and_a_tty_gets_a_progress_line(tmp_path):
     master, slave = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "expkit.train", f"hydra.run.dir={tmp_path / 'tty'}", "trainer.max_epochs=1"],
-        cwd=REPO, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env={**os.environ, "TERM": "xterm"},
-    )  # fmt: skip
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+        env={**os.environ, "TERM": "xterm"},
+    )
     os.close(slave)
     chunks = []
     while True:
@@ -217,8 +229,14 @@ def test_non_tty_prints_plain_lines_and_a_tty_gets_a_progress_line(tmp_path):
 @pytest.mark.slow
 def test_two_jobs_of_a_sweep_are_two_wandb_runs_in_one_group(tmp_path):
     env = {"WANDB_SILENT": "true", "HOME": str(tmp_path)}
-    proc = run_cli("-m", "optim.lr=0.1,0.01", "trainer.max_epochs=1", "logger=[wandb,tensorboard]",
-                   f"hydra.sweep.dir={tmp_path / 'sweep'}", env=env)  # fmt: skip
+    proc = run_cli(
+        "-m",
+        "optim.lr=0.1,0.01",
+        "trainer.max_epochs=1",
+        "logger=[wandb,tensorboard]",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        env=env,
+    )
     assert proc.returncode == 0, proc.output
     runs = [read_wandb_run(offline_run_files(tmp_path / "sweep" / str(job))[0]) for job in (0, 1)]
     assert runs[0]["run"]["id"] != runs[1]["run"]["id"]

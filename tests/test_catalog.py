@@ -298,8 +298,11 @@ def test_sync_buffers_averages_over_two_real_processes(tmp_path):
     )
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     results = sorted(re.findall(r"RESULT (\d) (\d) (\[[^\]]*\])", proc.stdout))
     assert [r[0] for r in results] == ["0", "1"], proc.stdout + proc.stderr
     for _, synced, mean in results:  # running_mean and running_var averaged; the int counter is not

@@ -24,10 +24,22 @@ SHIPPED = sorted(p.stem for p in (REPO / "expkit" / "conf" / "experiment").glob(
 def check(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(FIXTURES), "HYDRA_FULL_ERROR": "0"}
     proc = subprocess.run(
-        [sys.executable, "-m", "expkit.check", "--config-dir", str(FIXTURES / "conf"), *args,
-         f"check.dir={tmp_path / 'scratch'}", f"check.out={tmp_path / 'check.json'}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "expkit.check",
+            "--config-dir",
+            str(FIXTURES / "conf"),
+            *args,
+            f"check.dir={tmp_path / 'scratch'}",
+            f"check.out={tmp_path / 'check.json'}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     proc.output = proc.stdout + proc.stderr  # type: ignore[attr-defined]
     return proc
 
@@ -44,9 +56,18 @@ def test_the_default_experiment_is_reproducible_and_resumes_exactly(tmp_path):
     )  # 1.5 epochs, killed in the 2nd
     rows = {r["check"]: r for r in report["rows"]}
     assert rows["interrupted after a checkpoint"]["detail"].startswith("SIGKILL after iteration 50 (epoch 2, batch 10")
-    for name in ("resume: same batches", "resume: final weights", "resume: final optimizer", "resume: final RNG streams",
-                 "resume: same hooks' state", "resume: same validation and test metrics", "resume: same metrics.jsonl",
-                 "resume: same result.json", "same seed: same batches", "same seed: same final state"):  # fmt: skip
+    for name in (
+        "resume: same batches",
+        "resume: final weights",
+        "resume: final optimizer",
+        "resume: final RNG streams",
+        "resume: same hooks' state",
+        "resume: same validation and test metrics",
+        "resume: same metrics.jsonl",
+        "resume: same result.json",
+        "same seed: same batches",
+        "same seed: same final state",
+    ):
         assert rows[name]["result"] == "ok", rows[name]
     # check.keep=true: the three work dirs are there to look at, c resumed from its checkpoint at 50
     kept = Path(report["scratch"])
@@ -70,20 +91,38 @@ def test_every_shipped_experiment_is_reproducible_and_resumes_exactly(tmp_path, 
 
 
 BROKEN = {
-    "hidden hook state": (["hooks=[hidden_ema]"],
-                          "hook `HiddenEMA` (hidden_ema) keeps state in `self.shadow` but has no state_dict()"),
-    "unseeded augmentation": (["data=clock_seeded"],
-                              "batch 0 of a second run from the same seed held the same samples with other values"),
-    "worker RNG": (["data=worker_random"], "the DataLoader's 2 workers draw their random seeds from the global generator"),
-    "non-resumable sampler": (["data=plain_shuffle"],
-                              "held other samples than without: the sampler `RandomSampler` has no state_dict()/set_epoch"),
-    "accumulating metric": (["+metrics.my_acc._target_=checkfix.AccumulatingAccuracy"],
-                            "metric `my_acc` (AccumulatingAccuracy) gave another value after resume with the same weights"),
-    "non-deterministic op": (["model=unpool"], "`torch.use_deterministic_algorithms` flagged `max_unpooling2d_forward_out` on cpu"),
-    "a weight changed after resume": (["hooks=[perturb]"],
-                                      ("iteration 50 after resume computed other losses or weights from the same "
-                                       "batches (first differing weight: net.1.weight)")),
-}  # fmt: skip
+    "hidden hook state": (
+        ["hooks=[hidden_ema]"],
+        "hook `HiddenEMA` (hidden_ema) keeps state in `self.shadow` but has no state_dict()",
+    ),
+    "unseeded augmentation": (
+        ["data=clock_seeded"],
+        "batch 0 of a second run from the same seed held the same samples with other values",
+    ),
+    "worker RNG": (
+        ["data=worker_random"],
+        "the DataLoader's 2 workers draw their random seeds from the global generator",
+    ),
+    "non-resumable sampler": (
+        ["data=plain_shuffle"],
+        "held other samples than without: the sampler `RandomSampler` has no state_dict()/set_epoch",
+    ),
+    "accumulating metric": (
+        ["+metrics.my_acc._target_=checkfix.AccumulatingAccuracy"],
+        "metric `my_acc` (AccumulatingAccuracy) gave another value after resume with the same weights",
+    ),
+    "non-deterministic op": (
+        ["model=unpool"],
+        "`torch.use_deterministic_algorithms` flagged `max_unpooling2d_forward_out` on cpu",
+    ),
+    "a weight changed after resume": (
+        ["hooks=[perturb]"],
+        (
+            "iteration 50 after resume computed other losses or weights from the same "
+            "batches (first differing weight: net.1.weight)"
+        ),
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(BROKEN))
@@ -102,8 +141,13 @@ def test_an_experiment_broken_on_purpose_fails_and_the_finding_names_the_piece(t
 
 def test_the_pytest_helper_fails_with_the_findings(tmp_path):
     with pytest.raises(AssertionError, match=r"(?s)exited 1.*metric `my_acc` \(AccumulatingAccuracy\) gave another"):
-        assert_resumes_exactly("+metrics.my_acc._target_=checkfix.AccumulatingAccuracy", "data.batch_size=128",
-                               config_dir=FIXTURES / "conf", scratch=tmp_path, env={"PYTHONPATH": str(FIXTURES)})  # fmt: skip
+        assert_resumes_exactly(
+            "+metrics.my_acc._target_=checkfix.AccumulatingAccuracy",
+            "data.batch_size=128",
+            config_dir=FIXTURES / "conf",
+            scratch=tmp_path,
+            env={"PYTHONPATH": str(FIXTURES)},
+        )
 
 
 @pytest.mark.parametrize(
@@ -130,11 +174,25 @@ def test_bad_input_exits_2_with_one_line_naming_it(tmp_path, args, message):
 def test_under_torchrun_each_run_has_as_many_processes_and_resumes_exactly(tmp_path, strategy):
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "expkit.check",
-         f"trainer.strategy={strategy}", "check.keep=true", f"check.dir={tmp_path / 'scratch'}",
-         f"check.out={tmp_path / 'check.json'}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "expkit.check",
+            f"trainer.strategy={strategy}",
+            "check.keep=true",
+            f"check.dir={tmp_path / 'scratch'}",
+            f"check.out={tmp_path / 'check.json'}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads((tmp_path / "check.json").read_text())
     assert report["ok"], report
@@ -157,8 +215,12 @@ def test_under_torchrun_each_run_has_as_many_processes_and_resumes_exactly(tmp_p
 def test_tensorboard_and_mlflow_are_read_back_and_compared_in_a_store_of_the_checks_own(tmp_path):
     """A metric never reset: its test value differs after resume in metrics.jsonl, and so in the
     TensorBoard event files and the MLflow store, both read back. Nothing lands where it ran."""
-    proc = check("+metrics.my_acc._target_=checkfix.AccumulatingAccuracy", "logger=[tensorboard,mlflow]",
-                 "data.batch_size=128", tmp_path=tmp_path)  # fmt: skip
+    proc = check(
+        "+metrics.my_acc._target_=checkfix.AccumulatingAccuracy",
+        "logger=[tensorboard,mlflow]",
+        "data.batch_size=128",
+        tmp_path=tmp_path,
+    )
     assert proc.returncode == 1, proc.output
     rows = {r["check"]: r for r in json.loads((tmp_path / "check.json").read_text())["rows"]}
     for name in ("resume: same TensorBoard scalars", "resume: same MLflow metrics"):
@@ -171,10 +233,20 @@ def test_ctrl_c_stops_the_runs_and_leaves_nothing(tmp_path):
     import time
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "expkit.check", f"check.dir={tmp_path / 'scratch'}", f"check.out={tmp_path / 'check.json'}"],
-        cwd=tmp_path, env={**os.environ, "HYDRA_FULL_ERROR": "0"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "expkit.check",
+            f"check.dir={tmp_path / 'scratch'}",
+            f"check.out={tmp_path / 'check.json'}",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "HYDRA_FULL_ERROR": "0"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.time() + 120
     while not list((tmp_path / "scratch").glob("*/a")) and time.time() < deadline:  # its runs have started
         time.sleep(0.1)

@@ -79,9 +79,11 @@ def test_filename_template(tmp_path):
 
 def test_max_keep_by_iteration(tmp_path):
     runner = toy_runner(
-        tmp_path, default_hooks={"checkpoint": CheckpointHook(interval=1, by_epoch=False, max_keep_ckpts=2)},
-        max_epochs=None, max_iters=5,
-    )  # fmt: skip
+        tmp_path,
+        default_hooks={"checkpoint": CheckpointHook(interval=1, by_epoch=False, max_keep_ckpts=2)},
+        max_epochs=None,
+        max_iters=5,
+    )
     runner.run()
     assert _names(tmp_path) == ["iter_4.pth", "iter_5.pth"]
 
@@ -120,8 +122,11 @@ def test_greater_and_less_keys_decide_the_rule(tmp_path):
     with pytest.raises(ConfigError, match="cannot tell whether val/score is better .* metrics.score.higher_is_better"):
         run("none")
     with pytest.raises(ConfigError, match=r"save_best='val/nope' is not a metric that validation reports; .*val/score"):
-        toy_runner(tmp_path / "typo", default_hooks={"checkpoint": CheckpointHook(save_best="val/nope")},
-                   metrics={"score": Score()}).run()  # fmt: skip
+        toy_runner(
+            tmp_path / "typo",
+            default_hooks={"checkpoint": CheckpointHook(save_best="val/nope")},
+            metrics={"score": Score()},
+        ).run()
     assert not (tmp_path / "typo" / "checkpoints").exists()  # refused at start-up, before training
     with pytest.raises(ValueError, match="rule must be"):
         CheckpointHook(save_best="val/acc", rule="bigger")
@@ -240,9 +245,12 @@ def test_a_failed_write_names_the_file_and_keeps_the_previous_checkpoint(tmp_pat
 def test_a_pointer_that_cannot_be_written_fails_the_run_naming_it_and_the_checkpoint_resumes(tmp_path):
     (tmp_path / "checkpoints" / "last_checkpoint" / "x").mkdir(parents=True)  # a directory in the pointer's place
     runner = toy_runner(tmp_path, max_epochs=2)
-    with pytest.raises(HookError, match=r"could not point .*last_checkpoint at epoch_1.pth: (IsADirectory|Permission)"
-                       r"Error.*epoch_1.pth itself is complete \(the old last_checkpoint is still there: remove it, "
-                       r"and resume=true finds epoch_1.pth\)"):  # fmt: skip
+    with pytest.raises(
+        HookError,
+        match=r"could not point .*last_checkpoint at epoch_1.pth: (IsADirectory|Permission)"
+        r"Error.*epoch_1.pth itself is complete \(the old last_checkpoint is still there: remove it, "
+        r"and resume=true finds epoch_1.pth\)",
+    ):
         runner.run()
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["status"] == "failed" and result["last_checkpoint"] == str(tmp_path / "checkpoints" / "epoch_1.pth")

@@ -85,8 +85,13 @@ def test_the_expkit_train_command_runs_like_python_m(tmp_path):
     command = Path(sys.executable).parent / "expkit-train"
     if not command.is_file():
         pytest.skip(f"{command} is not installed in this environment (pip install -e . installs it)")
-    proc = subprocess.run([str(command), f"hydra.run.dir={tmp_path}", "debug=fast"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [str(command), f"hydra.run.dir={tmp_path}", "debug=fast"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads((tmp_path / "result.json").read_text())["status"] == "completed"
 
@@ -163,9 +168,12 @@ def test_a_raising_user_hook_fails_the_run_by_name(tmp_path):
     (tmp_path / "conf" / "hooks" / "boom.yaml").write_text("boom:\n  _target_: userhooks.Boom\n")
     work = tmp_path / "run"
     proc = run_cli(
-        "--config-dir", str(tmp_path / "conf"), f"hydra.run.dir={work}", "hooks=[ema,boom]",
+        "--config-dir",
+        str(tmp_path / "conf"),
+        f"hydra.run.dir={work}",
+        "hooks=[ema,boom]",
         env={"PYTHONPATH": str(tmp_path)},
-    )  # fmt: skip
+    )
     assert proc.returncode == 1
     assert "in Boom.after_train_iter: ValueError: loss exploded" in proc.output
     assert "Hooks: runtime_info, boom, timer" in proc.output

@@ -57,8 +57,12 @@ def _craft(run: Path, **state) -> Path:
 def _resume(how: str, run: Path, *extra: str):
     if how == "true":
         return run_cli(f"hydra.run.dir={run}", "resume=true", "trainer.max_epochs=3", *extra)
-    return run_cli(f"hydra.run.dir={run.parent / 'new'}", f"resume={run / 'checkpoints' / 'epoch_2.pth'}",
-                   "trainer.max_epochs=3", *extra)  # fmt: skip
+    return run_cli(
+        f"hydra.run.dir={run.parent / 'new'}",
+        f"resume={run / 'checkpoints' / 'epoch_2.pth'}",
+        "trainer.max_epochs=3",
+        *extra,
+    )
 
 
 def _assert_all_there(victims: dict[str, Path]) -> None:
@@ -82,8 +86,11 @@ CASES = {
 def test_a_crafted_checkpoint_deletes_nothing_outside_the_run(tmp_path, finished_run, case, how):
     run, victims = _area(tmp_path, finished_run)
     state, extra = CASES[case]
-    absolute = {"{victim_dir}": str(victims["dir"]), "{victim_file}": str(victims["file"]),
-                "{victim_pth}": str(victims["pth"])}  # fmt: skip
+    absolute = {
+        "{victim_dir}": str(victims["dir"]),
+        "{victim_file}": str(victims["file"]),
+        "{victim_pth}": str(victims["pth"]),
+    }
     state = copy.deepcopy(state)
     for key, value in state.items():
         if isinstance(value, list):
@@ -191,8 +198,13 @@ def test_a_sweep_job_record_cannot_write_outside_its_hydra_dir(tmp_path):
     (job / ".hydra").mkdir(parents=True)
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
-    crafted = {"../../../victim.txt": "pwned", str(victim): "pwned", "../config.yaml": "pwned",
-               "config.yaml": "a: 1", "notes.txt": "pwned"}  # fmt: skip
+    crafted = {
+        "../../../victim.txt": "pwned",
+        str(victim): "pwned",
+        "../config.yaml": "pwned",
+        "config.yaml": "a: 1",
+        "notes.txt": "pwned",
+    }
     restore_hydra_record(job, {"hydra": crafted})
     assert victim.read_text() == "keep me"
     assert not (job / "config.yaml").exists() and not (job / ".hydra" / "notes.txt").exists()
@@ -235,8 +247,11 @@ def test_a_sharded_save_never_replaces_a_tree_that_is_not_a_checkpoint(tmp_path)
 # -- a refused resume changes nothing in the run it refuses (issue 43 A) ---------------------------
 def _digests(run: Path) -> dict[str, bytes]:
     """Every file of the run but its lock (which records its last owner) and train.log."""
-    return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
-            if p.is_file() and p.name not in (".lock", "train.log")}  # fmt: skip
+    return {
+        str(p.relative_to(run)): p.read_bytes()
+        for p in sorted(run.rglob("*"))
+        if p.is_file() and p.name not in (".lock", "train.log")
+    }
 
 
 @pytest.mark.parametrize(

@@ -74,10 +74,25 @@ def _torchrun(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.Comp
     (tmp_path / "ddp_probe.py").write_text(PROBE)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), "hooks=[probe]", *args],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "expkit.train",
+            "--config-dir",
+            str(tmp_path / "conf"),
+            "hooks=[probe]",
+            *args,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_two_processes_one_run(tmp_path):
@@ -114,9 +129,21 @@ def test_two_processes_one_run(tmp_path):
     assert seen[0]["0"] != seen[0]["1"]  # a new order each epoch
 
     # val/acc over both ranks equals one process evaluating the final weights on the whole set
-    evaluation = subprocess.run([sys.executable, "-m", "expkit.eval", "--config-dir", str(tmp_path / "conf"),
-                                 f"checkpoint={work}", "which=last", "split=val", f"work_dir={tmp_path / 'eval'}"],
-                                capture_output=True, text=True)  # the probe hook's config dir: its target is trusted # fmt: skip
+    evaluation = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "expkit.eval",
+            "--config-dir",
+            str(tmp_path / "conf"),
+            f"checkpoint={work}",
+            "which=last",
+            "split=val",
+            f"work_dir={tmp_path / 'eval'}",
+        ],
+        capture_output=True,
+        text=True,
+    )  # the probe hook's config dir: its target is trusted
     assert evaluation.returncode == 0, evaluation.stderr
     single = json.loads((tmp_path / "eval" / "result.json").read_text())["final_metrics"]
     assert single["val/acc"] == pytest.approx(result["final_metrics"]["val/acc"], abs=1e-9)
@@ -125,8 +152,9 @@ def test_two_processes_one_run(tmp_path):
     assert single["val/f1"] == pytest.approx(result["final_metrics"]["val/f1"], abs=1e-6)
 
     # the same checkpoint resumes in one process
-    resumed = run_cli(f"hydra.run.dir={tmp_path / 'single'}", f"resume={work / 'checkpoints' / 'epoch_2.pth'}",
-                      "trainer.max_epochs=3")  # fmt: skip
+    resumed = run_cli(
+        f"hydra.run.dir={tmp_path / 'single'}", f"resume={work / 'checkpoints' / 'epoch_2.pth'}", "trainer.max_epochs=3"
+    )
     assert resumed.returncode == 0, resumed.output
     assert json.loads((tmp_path / "single" / "result.json").read_text())["epoch"] == 3
 
@@ -134,8 +162,13 @@ def test_two_processes_one_run(tmp_path):
 def test_accumulation_under_ddp_syncs_once_per_step_and_equals_one_big_batch(tmp_path):
     """2 ranks x batch 32 x 2 micro-batches = one global batch of 128 per step (the ranks take
     alternate samples of one permutation), the shorter last window of an epoch included."""
-    proc = _torchrun(tmp_path, "trainer.max_epochs=2", "data.batch_size=32", "trainer.accumulate_grad_batches=2",
-                     "trainer.test_with=last")  # fmt: skip
+    proc = _torchrun(
+        tmp_path,
+        "trainer.max_epochs=2",
+        "data.batch_size=32",
+        "trainer.accumulate_grad_batches=2",
+        "trainer.test_with=last",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (work,) = list((tmp_path / "outputs" / "runs").iterdir())
     for rank in (0, 1):  # 629 samples a rank: 20 micro-batches, 10 steps an epoch; the MLP's gradients fill 1 bucket
@@ -165,8 +198,14 @@ def test_a_crashing_rank_stops_the_whole_run(tmp_path):
 
 def test_submitit_local_with_two_tasks_is_one_ddp_run(tmp_path):
     env = {"OMP_NUM_THREADS": "1"}
-    proc = run_cli("-m", "trainer.max_epochs=2", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2",
-                   f"hydra.sweep.dir={tmp_path}", env=env)  # fmt: skip
+    proc = run_cli(
+        "-m",
+        "trainer.max_epochs=2",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.tasks_per_node=2",
+        f"hydra.sweep.dir={tmp_path}",
+        env=env,
+    )
     assert proc.returncode == 0, proc.output
     result = json.loads((tmp_path / "0" / "result.json").read_text())
     assert result["status"] == "completed" and result["iter"] == 40  # two ranks share each epoch
@@ -244,9 +283,24 @@ class DieOnce(Hook):
 
 def _torchrun_elastic(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "--max-restarts=2", "-m", "expkit.train", *args],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "--max-restarts=2",
+            "-m",
+            "expkit.train",
+            *args,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_torchrun_restarts_resume_the_same_run_and_end_bit_identical(tmp_path):
@@ -268,8 +322,10 @@ def test_torchrun_restarts_resume_the_same_run_and_end_bit_identical(tmp_path):
     # (a second restart: a rank that aborted after the run had completed, fixed in distributed.shutdown)
     assert result["status"] == "completed" and result["restarts"] == 1 and result["iter"] == 60, story
     assert "Resumed from" in (work / "train.log").read_text()  # not re-initialised from scratch
-    final, expected = (torch.load(w / "checkpoints" / "iter_60.pth", weights_only=True)["state_dict"]
-                       for w in (work, tmp_path / "reference"))  # fmt: skip
+    final, expected = (
+        torch.load(w / "checkpoints" / "iter_60.pth", weights_only=True)["state_dict"]
+        for w in (work, tmp_path / "reference")
+    )
     assert all(torch.equal(final[k], expected[k]) for k in expected)
 
 

@@ -83,8 +83,14 @@ def test_site_builds_strict(tmp_path):
     if not mkdocs.exists():
         pytest.fail("mkdocs is not installed: run `bash scripts/setup.sh` (the docs extra installs it)")
     site = tmp_path / "site"
-    proc = subprocess.run([str(mkdocs), "build", "--strict", "-d", str(site)], cwd=REPO, env=CHILD_ENV,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [str(mkdocs), "build", "--strict", "-d", str(site)],
+        cwd=REPO,
+        env=CHILD_ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}{proc.stderr}"
     for page in PAGES:
         built = site / ("index.html" if page.stem == "index" else f"{page.stem}/index.html")
@@ -281,8 +287,15 @@ def _alone(check: Check) -> str | None:
 def _batch(checks: list[Check]) -> list[str]:
     """The failures among `checks`, run in one driver process (each failure confirmed alone)."""
     batch = [[[check.argv[0], *check.argv[2:]], str(check.cwd), check.pythonpath] for check in checks]
-    proc = subprocess.run([sys.executable, "-c", DRIVER], input=json.dumps(batch), cwd=REPO, env=CHILD_ENV,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER],
+        input=json.dumps(batch),
+        cwd=REPO,
+        env=CHILD_ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert "@@RESULTS@@" in proc.stdout, f"the driver process failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
     codes = json.loads(proc.stdout.rsplit("@@RESULTS@@", 1)[1])
     return [failure for check, code in zip(checks, codes) if code != 0 and (failure := _alone(check))]

@@ -100,8 +100,13 @@ def test_provenance_reads_commit_branch_and_changes_from_one_git_status(tmp_path
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "one"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    assert _GitQuery(repo / "src").state() == {"repository": str(repo), "commit": head, "branch": "main",
-                                               "dirty": False, "changed_files": []}  # fmt: skip
+    assert _GitQuery(repo / "src").state() == {
+        "repository": str(repo),
+        "commit": head,
+        "branch": "main",
+        "dirty": False,
+        "changed_files": [],
+    }
     subprocess.run([*git, "mv", "a.txt", "b.txt"], check=True)
     (repo / "c.txt").write_text("changed\n")
     (repo / "src" / "new file.py").write_text("x = 1\n")
@@ -140,8 +145,13 @@ def test_two_seeded_deterministic_runs_are_identical(tmp_path):
         rows = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
         return [{k: v for k, v in r.items() if "time" not in k} for r in rows]
 
-    overrides = ("trainer.deterministic=true", "trainer.seed=7", "trainer.max_epochs=2", "model.dropout=0.2",
-                 "data.num_workers=2")  # fmt: skip
+    overrides = (
+        "trainer.deterministic=true",
+        "trainer.seed=7",
+        "trainer.max_epochs=2",
+        "model.dropout=0.2",
+        "data.num_workers=2",
+    )
     for name in ("a", "b"):
         build_runner(_compose(*overrides), tmp_path / name).run()
     assert values(tmp_path / "a") == values(tmp_path / "b")
@@ -176,8 +186,10 @@ def test_eval_is_a_hydra_app_with_hydras_habits(tmp_path):
     proc = _eval("-m", f"checkpoint={tmp_path / 'a'},{tmp_path / 'b'}", f"hydra.sweep.dir={sweep}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = list(csv.DictReader((sweep / "summary.csv").open()))
-    scores = {Path(json.loads((sweep / r["job"] / "result.json").read_text())["checkpoint"]).parts[-3]:
-              float(r["best"]) for r in rows}  # fmt: skip
+    scores = {
+        Path(json.loads((sweep / r["job"] / "result.json").read_text())["checkpoint"]).parts[-3]: float(r["best"])
+        for r in rows
+    }
     assert sorted(scores) == ["a", "b"] and all(r["monitor"] == "test/acc" for r in rows)
     assert float(rows[0]["best"]) >= float(rows[1]["best"])  # best first
     assert json.loads((sweep / "best.json").read_text())["value"] == max(scores.values())
@@ -191,8 +203,17 @@ def test_hydra_argv_moves_stored_config_overrides_into_one_quoted_list_hydra_par
 
     from expkit.eval import hydra_argv
 
-    argv = ["checkpoint=run", "--config-dir", "conf", "work_dir=out", "data.batch_size=256", "logger=[tensorboard]",
-            "model.hidden=${data.size}", "data.root=C:\\x\\", "data.name=it's"]  # fmt: skip
+    argv = [
+        "checkpoint=run",
+        "--config-dir",
+        "conf",
+        "work_dir=out",
+        "data.batch_size=256",
+        "logger=[tensorboard]",
+        "model.hidden=${data.size}",
+        "data.root=C:\\x\\",
+        "data.name=it's",
+    ]
     out = hydra_argv(argv)
     assert out[:5] == ["checkpoint=run", "--config-dir", "conf", "hydra.run.dir=out", "logger=[tensorboard]"]
     (parsed,) = OverridesParser.create().parse_overrides([out[-1]])

@@ -14,8 +14,15 @@ PROJECT = REPO / "examples" / "my_project"
 
 
 def test_user_project_experiment_with_its_own_hook_model_and_data(tmp_path):
-    proc = run_cli("--config-dir", "conf", "experiment=my_exp", f"hydra.run.dir={tmp_path}", "trainer.max_epochs=3",
-                   cwd=PROJECT, env={"PYTHONPATH": str(PROJECT)})  # fmt: skip
+    proc = run_cli(
+        "--config-dir",
+        "conf",
+        "experiment=my_exp",
+        f"hydra.run.dir={tmp_path}",
+        "trainer.max_epochs=3",
+        cwd=PROJECT,
+        env={"PYTHONPATH": str(PROJECT)},
+    )
     assert proc.returncode == 0, proc.output
     assert "Hooks: runtime_info, weight_norm, timer," in proc.output  # ABOVE_NORMAL: before the NORMAL timer
     result = json.loads((tmp_path / "result.json").read_text())
@@ -28,8 +35,16 @@ def test_user_project_experiment_with_its_own_hook_model_and_data(tmp_path):
 
 
 def test_user_options_sit_beside_expkits_own(tmp_path):
-    proc = run_cli("--config-dir", "conf", "show_hooks=true", "hooks=[ema,weight_norm]", "model=residual_mlp",
-                   f"hydra.run.dir={tmp_path}", cwd=PROJECT, env={"PYTHONPATH": str(PROJECT)})  # fmt: skip
+    proc = run_cli(
+        "--config-dir",
+        "conf",
+        "show_hooks=true",
+        "hooks=[ema,weight_norm]",
+        "model=residual_mlp",
+        f"hydra.run.dir={tmp_path}",
+        cwd=PROJECT,
+        env={"PYTHONPATH": str(PROJECT)},
+    )
     assert proc.returncode == 0, proc.output
     table = proc.stdout
     epoch_stage = table.split("after_train_epoch:")[1].split(":\n")[0]
@@ -39,8 +54,12 @@ def test_user_options_sit_beside_expkits_own(tmp_path):
 
 
 def test_notebook_script(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "examples" / "notebook.py"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "notebook.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "batches per epoch: [20, 20" in proc.stdout  # 1,258 training images / 64, rounded up
     assert "(LOW         ) CountBatches [count]" in proc.stdout

@@ -20,8 +20,14 @@ pytestmark = pytest.mark.slow
 
 
 def _export(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "expkit.export", *args], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "HYDRA_FULL_ERROR": "0"}, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "expkit.export", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HYDRA_FULL_ERROR": "0"},
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +45,9 @@ def test_safetensors_hold_the_checkpoint_weights_and_the_ema_ones(run_dir, tmp_p
 
     for ema in ("false", "true"):
         out = tmp_path / f"ema_{ema}.safetensors"
-        proc = _export(f"checkpoint={run_dir}", "format=safetensors", f"ema={ema}", f"out={out}",
-                       f"hydra.run.dir={tmp_path / ema}")  # fmt: skip
+        proc = _export(
+            f"checkpoint={run_dir}", "format=safetensors", f"ema={ema}", f"out={out}", f"hydra.run.dir={tmp_path / ema}"
+        )
         assert proc.returncode == 0, proc.stderr
         info = json.loads(out.with_name(out.name + ".json").read_text())
         checkpoint = load_checkpoint(Path(info["checkpoint"]), "test")
@@ -50,8 +57,10 @@ def test_safetensors_hold_the_checkpoint_weights_and_the_ema_ones(run_dir, tmp_p
         assert (
             info["checkpoint_sha256"] == __import__("hashlib").sha256(Path(info["checkpoint"]).read_bytes()).hexdigest()
         )
-    assert not torch.equal(load_file(str(tmp_path / "ema_true.safetensors"))["net.1.weight"],
-                           load_file(str(tmp_path / "ema_false.safetensors"))["net.1.weight"])  # fmt: skip
+    assert not torch.equal(
+        load_file(str(tmp_path / "ema_true.safetensors"))["net.1.weight"],
+        load_file(str(tmp_path / "ema_false.safetensors"))["net.1.weight"],
+    )
 
 
 def test_onnx_runs_in_onnxruntime_with_any_batch_and_matches_torch(run_dir, tmp_path):
@@ -88,14 +97,16 @@ def test_torch_export_program_loads_and_runs_with_any_batch(run_dir, tmp_path):
 def test_export_is_a_hydra_app_and_bad_input_exits_2(run_dir, tmp_path):
     assert "format=safetensors|onnx|torch_export" in _export("--help").stdout
     assert "format: safetensors" in _export(f"checkpoint={run_dir}", "--cfg", "job").stdout
-    for args, named in ((["format=tflite"], "format=tflite: use format=safetensors"),
-                        ([], "checkpoint"),
-                        (["checkpoint=/nonexistent"], "checkpoint=/nonexistent: no such file or run dir"),
-                        (["format=safetensors", f"out={tmp_path}"], "is a directory; give a file name in it"),
-                        (["format=safetensors", f"out={tmp_path / 'f' / 'm.st'}"], "is a file, not a directory"),
-                        (["format=onnx", "opset=abc"], "opset='abc': give an ONNX opset version"),
-                        (["format=hf"], "format=hf: the checkpoint's model is a MLP, not a Hugging Face model"),
-                        (["format=hf", f"out={tmp_path / 'f'}"], "is a file; give a directory to create")):  # fmt: skip
+    for args, named in (
+        (["format=tflite"], "format=tflite: use format=safetensors"),
+        ([], "checkpoint"),
+        (["checkpoint=/nonexistent"], "checkpoint=/nonexistent: no such file or run dir"),
+        (["format=safetensors", f"out={tmp_path}"], "is a directory; give a file name in it"),
+        (["format=safetensors", f"out={tmp_path / 'f' / 'm.st'}"], "is a file, not a directory"),
+        (["format=onnx", "opset=abc"], "opset='abc': give an ONNX opset version"),
+        (["format=hf"], "format=hf: the checkpoint's model is a MLP, not a Hugging Face model"),
+        (["format=hf", f"out={tmp_path / 'f'}"], "is a file; give a directory to create"),
+    ):
         (tmp_path / "f").write_text("")
         if args and args[0].startswith("format"):
             args = [f"checkpoint={run_dir}", *args]

@@ -22,15 +22,34 @@ from expkit.errors import ConfigError
 
 # a small batch makes uneven evaluation shares (269 val samples: 135 and 134 per rank, 2 and 1
 # batches): FSDP's forwards must still pair up across ranks
-COMMON = ("data.batch_size=67", "trainer.clip_grad_norm=0.5", "trainer.accumulate_grad_batches=2",
-          "default_hooks.logger.plot=false")  # fmt: skip
+COMMON = (
+    "data.batch_size=67",
+    "trainer.clip_grad_norm=0.5",
+    "trainer.accumulate_grad_batches=2",
+    "default_hooks.logger.plot=false",
+)
 
 
 def _torchrun(cwd: Path, *args: str, nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                           "-m", "expkit.train", *COMMON, *args],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+            "expkit.train",
+            *COMMON,
+            *args,
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
@@ -62,8 +81,9 @@ def test_fsdp_trains_as_ddp_does_and_its_sharded_checkpoint_resumes_in_one_proce
     )
 
     # 2 -> 1 process: resumes from the sharded checkpoint (weights and optimizer state) and finishes
-    proc = run_cli(*COMMON, f"hydra.run.dir={fsdp}", "trainer.strategy=fsdp", "trainer.max_epochs=3", "resume=true",
-                   cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        *COMMON, f"hydra.run.dir={fsdp}", "trainer.strategy=fsdp", "trainer.max_epochs=3", "resume=true", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.output[-3000:]
     assert "Resumed from" in proc.output and "epoch_2.dcp at epoch 2" in proc.output
     resumed = json.loads((fsdp / "result.json").read_text())
@@ -72,9 +92,13 @@ def test_fsdp_trains_as_ddp_does_and_its_sharded_checkpoint_resumes_in_one_proce
     assert not (fsdp / "checkpoints" / "epoch_3.dcp" / "__1_0.distcp").exists()  # one process, one shard
 
     # expkit.eval scores the best (sharded) checkpoint as the run's own test did
-    evaluated = subprocess.run([sys.executable, "-m", "expkit.eval", f"checkpoint={fsdp}",
-                                f"work_dir={tmp_path / 'eval'}"], cwd=tmp_path, capture_output=True, text=True,
-                               timeout=300)  # fmt: skip
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "expkit.eval", f"checkpoint={fsdp}", f"work_dir={tmp_path / 'eval'}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     scored = json.loads((tmp_path / "eval" / "result.json").read_text())
     assert scored["checkpoint"].endswith(".dcp")
@@ -82,9 +106,22 @@ def test_fsdp_trains_as_ddp_does_and_its_sharded_checkpoint_resumes_in_one_proce
 
     # ... and it exports to one ordinary .pth (consolidated state_dict), loadable with weights_only=True
     out = tmp_path / "one.pth"
-    exported = subprocess.run([sys.executable, "-m", "expkit.export", f"checkpoint={fsdp}", "which=last",
-                               "format=pth", f"out={out}", f"hydra.run.dir={tmp_path / 'export'}"], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    exported = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "expkit.export",
+            f"checkpoint={fsdp}",
+            "which=last",
+            "format=pth",
+            f"out={out}",
+            f"hydra.run.dir={tmp_path / 'export'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert exported.returncode == 0, exported.stderr[-3000:]
     plain = torch.load(out, weights_only=True)
     last = _weights(fsdp / "checkpoints" / "epoch_3.dcp")
@@ -116,8 +153,13 @@ def test_a_sharded_run_resumed_on_two_processes_ends_bit_identical_and_one_to_tw
 
 
 def test_one_process_sharded_checkpoints_keep_retention_and_resume(tmp_path):
-    args = (f"hydra.run.dir={tmp_path}", "trainer.strategy=fsdp", "default_hooks.checkpoint.max_keep_ckpts=1",
-            "default_hooks.logger.plot=false", "data.batch_size=128")  # fmt: skip
+    args = (
+        f"hydra.run.dir={tmp_path}",
+        "trainer.strategy=fsdp",
+        "default_hooks.checkpoint.max_keep_ckpts=1",
+        "default_hooks.logger.plot=false",
+        "data.batch_size=128",
+    )
     proc = run_cli(*args, "trainer.max_epochs=2")
     assert proc.returncode == 0, proc.output[-3000:]
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
@@ -131,8 +173,13 @@ def test_one_process_sharded_checkpoints_keep_retention_and_resume(tmp_path):
     from expkit.eval import load_model
 
     other = tmp_path / "other"
-    proc = run_cli(f"hydra.run.dir={other}", f"load_from={tmp_path / 'checkpoints' / 'epoch_3.dcp'}",
-                   "trainer.max_epochs=1", "default_hooks.logger.plot=false", "data.batch_size=128")  # fmt: skip
+    proc = run_cli(
+        f"hydra.run.dir={other}",
+        f"load_from={tmp_path / 'checkpoints' / 'epoch_3.dcp'}",
+        "trainer.max_epochs=1",
+        "default_hooks.logger.plot=false",
+        "data.batch_size=128",
+    )
     assert proc.returncode == 0, proc.output[-3000:]
     assert "Loaded weights from" in proc.output and (other / "checkpoints" / "epoch_1.pth").is_file()
     model = load_model(tmp_path, which="last")
@@ -186,8 +233,14 @@ def test_a_sharded_checkpoint_whose_index_would_run_code_is_refused(tmp_path):
         return b"\x8c" + bytes([len(value)]) + value.encode()
 
     # a plain global, and a dotted name looked up through an allowed module (pickle protocol 4)
-    dotted = (b"\x80\x04" + text("torch.distributed.checkpoint.metadata") + text("os.system") + b"\x93"
-              + text(f"touch {marker}") + b"\x85R.")  # fmt: skip
+    dotted = (
+        b"\x80\x04"
+        + text("torch.distributed.checkpoint.metadata")
+        + text("os.system")
+        + b"\x93"
+        + text(f"touch {marker}")
+        + b"\x85R."
+    )
     for payload in (pickle.dumps(Payload()), dotted):
         (ckpt / ".metadata").write_bytes(payload)
         with pytest.raises(ConfigError, match="refused, its index"):
@@ -214,13 +267,26 @@ def test_an_index_naming_paths_as_any_python_writes_them_reads_on_this_one():
 @pytest.mark.slow
 def test_a_sharded_run_survives_a_dead_worker_with_torchrun_restarts_bit_identical(tmp_path):
     (tmp_path / "diehook.py").write_text(DIE_ONCE)
-    common = ["--max-restarts=2", "-m", "expkit.train", "trainer.strategy=fsdp", "trainer.max_epochs=2",
-              "default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=10"]  # fmt: skip
+    common = [
+        "--max-restarts=2",
+        "-m",
+        "expkit.train",
+        "trainer.strategy=fsdp",
+        "trainer.max_epochs=2",
+        "default_hooks.checkpoint.by_epoch=false",
+        "default_hooks.checkpoint.interval=10",
+    ]
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
 
     def torchrun(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                               *common, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *common, *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     reference, work = tmp_path / "reference", tmp_path / "work"
     assert torchrun(f"hydra.run.dir={reference}").returncode == 0
@@ -255,8 +321,9 @@ def test_a_sharded_checkpoint_restores_an_optimizer_whose_unused_parameters_have
     optimizer.step()
     sharding.save(tmp_path / "a.dcp", {"meta": {}}, model, {"optimizer": optimizer})
     fresh_model, fresh = make()
-    sharding.load_into(tmp_path / "a.dcp", sharding.read_state(tmp_path / "a.dcp", "resume"), fresh_model,
-                       {"optimizer": fresh})  # fmt: skip
+    sharding.load_into(
+        tmp_path / "a.dcp", sharding.read_state(tmp_path / "a.dcp", "resume"), fresh_model, {"optimizer": fresh}
+    )
     saved, loaded = optimizer.state_dict(), fresh.state_dict()
     assert [g["lr"] for g in loaded["param_groups"]] == [0.1, 0.01]
     assert sorted(loaded["state"]) == sorted(saved["state"]) == [0, 1]  # only the used parameters' state
@@ -284,8 +351,19 @@ def test_a_signal_on_one_rank_stops_every_rank_after_the_same_iteration_and_the_
     (tmp_path / "stophook.py").write_text(STOP_ON_ONE_RANK)
     work = tmp_path / "work"
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "expkit.train",
-            f"hydra.run.dir={work}", "trainer.strategy=fsdp", "trainer.max_epochs=2", "+hooks.stop._target_=stophook.StopOnOneRank"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "expkit.train",
+        f"hydra.run.dir={work}",
+        "trainer.strategy=fsdp",
+        "trainer.max_epochs=2",
+        "+hooks.stop._target_=stophook.StopOnOneRank",
+    ]
     proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     result = json.loads((work / "result.json").read_text())
     assert result["status"] == "stopped" and result["iter"] == 8, proc.stderr[-3000:]  # rank 0 stopped with rank 1

@@ -50,33 +50,63 @@ def test_hf_causal_lm_trains_saves_for_transformers_and_evaluates(tmp_path):
     assert all(torch.equal(v, last[f"model.{k}"]) for k, v in model.state_dict().items() if f"model.{k}" in last)
     assert model(ids).logits.shape == (1, ids.shape[1], len(tokenizer))
 
-    evaluated = subprocess.run([sys.executable, "-m", "expkit.eval", f"checkpoint={work}", "which=best",
-                                f"work_dir={tmp_path / 'eval'}"], capture_output=True, text=True)  # fmt: skip
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "expkit.eval", f"checkpoint={work}", "which=best", f"work_dir={tmp_path / 'eval'}"],
+        capture_output=True,
+        text=True,
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     got = json.loads((tmp_path / "eval" / "result.json").read_text())["final_metrics"]
     assert got["test/perplexity"] == pytest.approx(result["final_metrics"]["test/perplexity"], rel=1e-6)
 
     # expkit.predict continues prompts with model.generate (greedy: what plain transformers generates)
     (tmp_path / "prompts.txt").write_text("def \nThe for statement\n")
-    predicted = subprocess.run([sys.executable, "-m", "expkit.predict", f"checkpoint={work}", "which=last",
-                                f"input={tmp_path / 'prompts.txt'}", f"output={tmp_path / 'out.jsonl'}",
-                                "max_new_tokens=12", f"hydra.run.dir={tmp_path / 'pred'}"],
-                               capture_output=True, text=True)  # fmt: skip
+    predicted = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "expkit.predict",
+            f"checkpoint={work}",
+            "which=last",
+            f"input={tmp_path / 'prompts.txt'}",
+            f"output={tmp_path / 'out.jsonl'}",
+            "max_new_tokens=12",
+            f"hydra.run.dir={tmp_path / 'pred'}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert predicted.returncode == 0, predicted.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [r["input"] for r in rows] == ["def ", "The for statement"]
-    expected = tokenizer.decode(model.generate(tokenizer("def ", return_tensors="pt")["input_ids"], max_new_tokens=12,
-                                               do_sample=False, pad_token_id=tokenizer.pad_token_id)[0],
-                                skip_special_tokens=True)  # fmt: skip
+    expected = tokenizer.decode(
+        model.generate(
+            tokenizer("def ", return_tensors="pt")["input_ids"],
+            max_new_tokens=12,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+        )[0],
+        skip_special_tokens=True,
+    )
     assert rows[0]["text"] == expected and rows[0]["text"].startswith("def ")
 
     # any checkpoint, not only the end of the run, exports to transformers' own form
     first = work / "checkpoints" / "epoch_1.pth"
     exported = tmp_path / "export" / "epoch_1_hf"
     for attempt in (0, 1):
-        proc = subprocess.run([sys.executable, "-m", "expkit.export", f"checkpoint={first}", "format=hf",
-                               f"out={exported}", f"hydra.run.dir={tmp_path / 'export'}"],
-                              capture_output=True, text=True)  # fmt: skip
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "expkit.export",
+                f"checkpoint={first}",
+                "format=hf",
+                f"out={exported}",
+                f"hydra.run.dir={tmp_path / 'export'}",
+            ],
+            capture_output=True,
+            text=True,
+        )
         if attempt:  # a second export into the same directory would mix two models' files
             assert proc.returncode == 2 and "holds files already; give a new directory" in proc.stderr, proc.stderr
         else:
@@ -103,9 +133,20 @@ def test_hf_text_classification_tells_packages_apart_and_classifies_new_texts(tm
     assert model.config.num_labels == 4
 
     (tmp_path / "texts.txt").write_text("from email.message import Message\nclass T(unittest.TestCase):\n")
-    predicted = subprocess.run([sys.executable, "-m", "expkit.predict", f"checkpoint={work}", "top_k=4",
-                                f"input={tmp_path / 'texts.txt'}", f"output={tmp_path / 'out.jsonl'}",
-                                f"hydra.run.dir={tmp_path / 'pred'}"], capture_output=True, text=True)  # fmt: skip
+    predicted = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "expkit.predict",
+            f"checkpoint={work}",
+            "top_k=4",
+            f"input={tmp_path / 'texts.txt'}",
+            f"output={tmp_path / 'out.jsonl'}",
+            f"hydra.run.dir={tmp_path / 'pred'}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert predicted.returncode == 0, predicted.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(len(r["top_k"]) == 4 for r in rows)
@@ -119,14 +160,28 @@ def test_text_classes_from_a_csv_file_in_bf16_from_a_model_plain_transformers_sa
     from transformers import BertConfig, BertForSequenceClassification
 
     lines = [f"{'the cat sat on the mat' if i % 2 else 'def f(x): return x'} {i}" for i in range(200)]
-    (tmp_path / "texts.csv").write_text("text,label\n" + "".join(
-        f"{line},{'prose' if i % 2 else 'code'}\n" for i, line in enumerate(lines)))  # fmt: skip
+    (tmp_path / "texts.csv").write_text(
+        "text,label\n" + "".join(f"{line},{'prose' if i % 2 else 'code'}\n" for i, line in enumerate(lines))
+    )
     for name, vocab in (("bert", 400), ("small_vocab", 50)):
-        config = BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                            intermediate_size=64, max_position_embeddings=128, num_labels=7)  # fmt: skip
+        config = BertConfig(
+            vocab_size=vocab,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=128,
+            num_labels=7,
+        )
         BertForSequenceClassification(config).save_pretrained(str(tmp_path / name))
-    common = ["experiment=hf_text_classification", "trainer.max_epochs=2", f"data.source={tmp_path / 'texts.csv'}",
-              "data.vocab_size=300", "hooks=[]", "trainer.precision=bf16"]  # fmt: skip
+    common = [
+        "experiment=hf_text_classification",
+        "trainer.max_epochs=2",
+        f"data.source={tmp_path / 'texts.csv'}",
+        "data.vocab_size=300",
+        "hooks=[]",
+        "trainer.precision=bf16",
+    ]
     work = tmp_path / "runs" / "csv"
     proc = run_cli(f"hydra.run.dir={work}", *common, f"model.pretrained={tmp_path / 'bert'}")
     assert proc.returncode == 0, proc.output[-3000:]
@@ -156,9 +211,16 @@ def test_a_bare_pretrained_model_and_text_files_read_through_datasets(tmp_path):
     (corpus / "a.txt").write_text(text[:40000])
     (corpus / "b.txt").write_text(text[40000:])
     work = tmp_path / "runs" / "bare"  # the docs' example: examples/my_project/conf/model/my_gpt2.yaml
-    proc = run_cli("--config-dir", str(REPO / "examples" / "my_project" / "conf"), f"hydra.run.dir={work}",
-                   "experiment=hf_causal_lm", "model=my_gpt2", "trainer.max_epochs=1", f"data.text={corpus}/*.txt",
-                   "hooks=[]")  # fmt: skip
+    proc = run_cli(
+        "--config-dir",
+        str(REPO / "examples" / "my_project" / "conf"),
+        f"hydra.run.dir={work}",
+        "experiment=hf_causal_lm",
+        "model=my_gpt2",
+        "trainer.max_epochs=1",
+        f"data.text={corpus}/*.txt",
+        "hooks=[]",
+    )
     assert proc.returncode == 0, proc.output[-3000:]
     assert "Model HFModel" in proc.output and "GPT2LMHeadModel" in (work / ".hydra" / "config.yaml").read_text()
     assert json.loads((work / "result.json").read_text())["status"] == "completed"
@@ -175,14 +237,27 @@ def test_a_bare_pretrained_model_and_text_files_read_through_datasets(tmp_path):
         (["model.config.model_type=gtp2"], "model_type='gtp2' is not a transformers model type; close matches: gpt2"),
         (["model.config.n_positions=32"], "model.config allows 32 positions, fewer than data.block_size=64"),
         (["experiment=hf_text_classification", "data.source=NOLABEL"], "no label column (it has text)"),
-        (["experiment=hf_text_classification", "data.source=/nonexistent.csv"],
-         "data.source=/nonexistent.csv: give stdlib, or a .csv or .jsonl file"),
-        (["experiment=hf_text_classification", "data.packages=[asyncio,nosuchpackage]"],
-         "data.packages: nosuchpackage is not a standard-library package"),
+        (
+            ["experiment=hf_text_classification", "data.source=/nonexistent.csv"],
+            "data.source=/nonexistent.csv: give stdlib, or a .csv or .jsonl file",
+        ),
+        (
+            ["experiment=hf_text_classification", "data.packages=[asyncio,nosuchpackage]"],
+            "data.packages: nosuchpackage is not a standard-library package",
+        ),
     ],
-    ids=["tokenizer file", "text files", "empty text", "pretrained dir", "model type", "positions", "csv columns",
-         "csv file", "package"],
-)  # fmt: skip
+    ids=[
+        "tokenizer file",
+        "text files",
+        "empty text",
+        "pretrained dir",
+        "model type",
+        "positions",
+        "csv columns",
+        "csv file",
+        "package",
+    ],
+)
 def test_bad_input_exits_2_in_one_line(tmp_path, overrides, says):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
@@ -199,10 +274,28 @@ def test_bad_input_exits_2_in_one_line(tmp_path, overrides, says):
 def test_fsdp2_trains_a_transformers_model_and_saves_it_whole(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
     work = tmp_path / "runs" / "fsdp"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "-m", "expkit.train", f"hydra.run.dir={work}", "experiment=hf_causal_lm", *SMALL,
-                           "trainer.strategy=fsdp", "hooks=[hf_save_pretrained,hf_samples]", "trainer.accumulate_grad_batches=2"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "expkit.train",
+            f"hydra.run.dir={work}",
+            "experiment=hf_causal_lm",
+            *SMALL,
+            "trainer.strategy=fsdp",
+            "hooks=[hf_save_pretrained,hf_samples]",
+            "trainer.accumulate_grad_batches=2",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (work / "checkpoints" / "epoch_2.dcp").is_dir()
     samples = (work / "samples.txt").read_text()  # generated on both ranks together, written by rank 0

@@ -176,8 +176,12 @@ class SlowStep(Hook):
 
 
 def test_timer_tells_data_time_from_the_iteration_around_it(tmp_path):
-    runner = toy_runner(tmp_path, hooks=[SlowStep()], max_epochs=1, default_hooks=default_hooks(
-        timer=IterTimerHook(smoothing=1.0), logger=LoggerHook(plot=False)))  # fmt: skip
+    runner = toy_runner(
+        tmp_path,
+        hooks=[SlowStep()],
+        max_epochs=1,
+        default_hooks=default_hooks(timer=IterTimerHook(smoothing=1.0), logger=LoggerHook(plot=False)),
+    )
     loader = runner.train_loader
     runner.train_loader = torch.utils.data.DataLoader(SlowBatches(loader.dataset), batch_size=4)
     runner.run()

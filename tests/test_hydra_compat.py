@@ -94,8 +94,13 @@ def _changed_by_expkit(keys: list[str]) -> list[str]:
 
 @pytest.mark.slow
 def test_expkit_replaces_no_attribute_of_hydra_omegaconf_or_torch(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", SNAPSHOT, f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_epochs=1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", SNAPSHOT, f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_epochs=1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(line.removeprefix("RESULT "))
@@ -122,8 +127,12 @@ def test_resolvers_and_instantiate_go_without_a_warning_on_this_line():
         warnings.simplefilter("error")
         hydra_compat.register_resolver("expkit_test_twice", lambda x: 2 * int(x))
         assert OmegaConf.create({"a": "${expkit_test_twice:21}"}).a == 42
-        node = OmegaConf.create({"_target_": "torch.nn.Sequential",
-                                 "_args_": [{"_target_": "torch.nn.Linear", "in_features": 2, "out_features": 3}]})  # fmt: skip
+        node = OmegaConf.create(
+            {
+                "_target_": "torch.nn.Sequential",
+                "_args_": [{"_target_": "torch.nn.Linear", "in_features": 2, "out_features": 3}],
+            }
+        )
         model = hydra_compat.instantiate(node)
     assert model[0].out_features == 3
 
@@ -160,8 +169,12 @@ def test_a_default_run_a_grid_sweep_and_an_optuna_search_print_no_warning(tmp_pa
     proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_epochs=1")
     assert proc.returncode == 0, proc.output
     assert "Warning" not in proc.output and "deprecated" not in proc.output.lower(), proc.output
-    proc = run_cli("hparams_search=optuna", "hydra.sweeper.n_trials=2", "trainer.max_epochs=1",
-                   f"hydra.sweep.dir={tmp_path / 'search'}")  # fmt: skip
+    proc = run_cli(
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=2",
+        "trainer.max_epochs=1",
+        f"hydra.sweep.dir={tmp_path / 'search'}",
+    )
     assert proc.returncode == 0, proc.output
     assert "Warning" not in proc.output and "deprecated" not in proc.output.lower(), proc.output
     assert sorted(p.name for p in (tmp_path / "search").iterdir() if p.name.isdigit()) == ["0", "1"]
@@ -242,8 +255,14 @@ def _run_app(tmp_path, via: str, *args: str) -> tuple[subprocess.CompletedProces
         (work / "conf" / "sweeping.yaml").write_text("defaults:\n  - config\n  - _self_\nhydra:\n  mode: MULTIRUN\n")
         (work / "mine").mkdir()
         (work / "mine" / "config.yaml").write_text("x: mine\n")
-    proc = subprocess.run([sys.executable, "app.py", via, *args], cwd=work, capture_output=True, text=True,
-                          timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "app.py", via, *args],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+    )
     composed = re.search(r"COMPOSED (\d+)", proc.stdout)
     return proc, int(composed.group(1)) if composed else -1
 

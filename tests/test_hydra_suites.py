@@ -21,30 +21,36 @@ class TestExpkitSweeperWithTheBasicLauncher(LauncherTestSuite):
     pass
 
 
-@pytest.mark.parametrize(("launcher_name", "overrides"),
-                         [("basic", ["hydra/sweeper=expkit", "hydra.sweeper.max_batch_size=2", "hydra.job.chdir=True"])])  # fmt: skip
+@pytest.mark.parametrize(
+    ("launcher_name", "overrides"),
+    [("basic", ["hydra/sweeper=expkit", "hydra.sweeper.max_batch_size=2", "hydra.job.chdir=True"])],
+)
 class TestExpkitSweeperInBatches(BatchedSweeperTestSuite):
     pass
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("task_launcher_cfg", "extra_flags"),
-                         [({}, ["-m", "hydra/sweeper=expkit", "hydra/launcher=basic"])])  # fmt: skip
+@pytest.mark.parametrize(
+    ("task_launcher_cfg", "extra_flags"), [({}, ["-m", "hydra/sweeper=expkit", "hydra/launcher=basic"])]
+)
 class TestExpkitSweeperIntegration(IntegrationTestSuite):
     pass
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("task_launcher_cfg", "extra_flags"),
-                         [({"defaults": [{"override hydra/sweeper": "expkit"}, "_self_"]}, ["-m"])])  # fmt: skip
+@pytest.mark.parametrize(
+    ("task_launcher_cfg", "extra_flags"), [({"defaults": [{"override hydra/sweeper": "expkit"}, "_self_"]}, ["-m"])]
+)
 class TestExpkitSweeperChosenInAPlainAppsConfig(IntegrationTestSuite):
     """The sweeper chosen the way a plain Hydra app's own config chooses one (its defaults list),
     not on expkit's command line: the jobs must still honour hydra.sweep.dir and subdir."""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("task_launcher_cfg", "extra_flags"),
-                         [({}, ["-m", "hydra/sweeper=optuna", "hydra/launcher=basic", "hydra.sweeper.n_trials=1"])])  # fmt: skip
+@pytest.mark.parametrize(
+    ("task_launcher_cfg", "extra_flags"),
+    [({}, ["-m", "hydra/sweeper=optuna", "hydra/launcher=basic", "hydra.sweeper.n_trials=1"])],
+)
 class TestOptunaSweeperIntegration(IntegrationTestSuite):
     """expkit's Optuna sweeper in Hydra's test apps: job dirs, task names, working dirs. (The
     launcher and batch suites check grid sweeps, every combination once and in order, which a
@@ -55,14 +61,28 @@ class TestOptunaSweeperIntegration(IntegrationTestSuite):
         run's job in cli_dir_0 again. A search's job dirs are named by trial number, and the
         second run continues the study in that dir (trial 1), so its job is cli_dir_1: a search
         run again never overwrites a trial's dir."""
-        overrides = [*extra_flags, "hydra.job.chdir=True", "hydra.sweep.dir=cli_dir",
-                     "hydra.sweep.subdir=cli_dir_${hydra.job.num}"]  # fmt: skip
+        overrides = [
+            *extra_flags,
+            "hydra.job.chdir=True",
+            "hydra.sweep.dir=cli_dir",
+            "hydra.sweep.subdir=cli_dir_${hydra.job.num}",
+        ]
         cfg = OmegaConf.create(task_launcher_cfg or {})
-        integration_test(tmpdir=tmpdir, task_config=cfg, overrides=overrides,
-                         prints="hydra.utils.to_absolute_path('/foo/bar')",
-                         expected_outputs=str(Path("/foo/bar").absolute()))  # fmt: skip
+        integration_test(
+            tmpdir=tmpdir,
+            task_config=cfg,
+            overrides=overrides,
+            prints="hydra.utils.to_absolute_path('/foo/bar')",
+            expected_outputs=str(Path("/foo/bar").absolute()),
+        )
         for run in (1, 2):
-            integration_test(tmpdir=tmpdir, task_config=cfg, overrides=overrides,
-                             prints=["hydra.utils.to_absolute_path('foo/bar')", "os.getcwd()"],
-                             expected_outputs=[os.path.realpath(str(Path(tmpdir) / "foo/bar")),
-                                               str(Path(tmpdir) / f"cli_dir/cli_dir_{run}")])  # fmt: skip
+            integration_test(
+                tmpdir=tmpdir,
+                task_config=cfg,
+                overrides=overrides,
+                prints=["hydra.utils.to_absolute_path('foo/bar')", "os.getcwd()"],
+                expected_outputs=[
+                    os.path.realpath(str(Path(tmpdir) / "foo/bar")),
+                    str(Path(tmpdir) / f"cli_dir/cli_dir_{run}"),
+                ],
+            )

@@ -42,11 +42,23 @@ def _start_slow_run(tmp_path: Path, work: Path) -> subprocess.Popen:
     (conf / "slow.yaml").write_text("slow:\n  _target_: slowhook.Slow\n")
     (tmp_path / "slowhook.py").write_text(SLOW_HOOK)
     return subprocess.Popen(
-        [sys.executable, "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), "hooks=[slow]",
-         f"hydra.run.dir={work}", *COMMON],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(tmp_path)},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "expkit.train",
+            "--config-dir",
+            str(tmp_path / "conf"),
+            "hooks=[slow]",
+            f"hydra.run.dir={work}",
+            *COMMON,
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _wait_for_mid_epoch_checkpoint(work: Path, proc: subprocess.Popen, timeout: float = 120) -> int:
@@ -140,11 +152,20 @@ def test_a_sigterm_just_after_the_run_cuts_neither_the_error_line_nor_the_exit_c
     (tmp_path / "boomhook.py").write_text(BOOM_HOOK)
     work = tmp_path / "run"
     args = [f"hydra.run.dir={work}", "trainer.max_epochs=1"]
-    args += {"failed": ["+hooks.boom._target_=boomhook.Boom"], "completed": [],
-             "stopped early": ["hooks=[stop_after]", "hooks.stop_after.iters=5"]}[ending]  # fmt: skip
+    args += {
+        "failed": ["+hooks.boom._target_=boomhook.Boom"],
+        "completed": [],
+        "stopped early": ["hooks=[stop_after]", "hooks.stop_after.iters=5"],
+    }[ending]
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
-    proc = subprocess.run([sys.executable, str(tmp_path / "late.py"), *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "late.py"), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     output = proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads((work / "result.json").read_text())
     if ending == "failed":

@@ -25,9 +25,15 @@ def test_an_image_grid_of_validation_predictions_is_in_tensorboard_and_mlflow(tm
     from PIL import Image
 
     work = tmp_path / "run"
-    proc = run_cli(f"hydra.run.dir={work}", "hooks=[log_predictions]", "hooks.log_predictions.num_samples=12",
-                   "logger=[tensorboard,mlflow,wandb]", "logger.wandb.mode=offline", "trainer.max_epochs=2",
-                   cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        f"hydra.run.dir={work}",
+        "hooks=[log_predictions]",
+        "hooks.log_predictions.num_samples=12",
+        "logger=[tensorboard,mlflow,wandb]",
+        "logger.wandb.mode=offline",
+        "trainer.max_epochs=2",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.output[-3000:]
     assert "LogPredictionsHook:" not in proc.output and "Logging backend" not in proc.output  # no warning
     steps = [r["step"] for r in map(json.loads, (work / "metrics.jsonl").read_text().splitlines()) if "val/acc" in r]
@@ -52,8 +58,15 @@ def test_an_image_grid_of_validation_predictions_is_in_tensorboard_and_mlflow(tm
 
 def test_a_regressor_gets_a_table_of_targets_and_predictions(tmp_path):
     work = tmp_path / "run"
-    proc = run_cli(f"hydra.run.dir={work}", "experiment=regression", "hooks=[log_predictions]",
-                   "hooks.log_predictions.interval=5", "logger=[tensorboard]", "trainer.max_epochs=10", cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        f"hydra.run.dir={work}",
+        "experiment=regression",
+        "hooks=[log_predictions]",
+        "hooks.log_predictions.interval=5",
+        "logger=[tensorboard]",
+        "trainer.max_epochs=10",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.output[-3000:]
     texts = _events(work / "tb").Tensors("val/predictions/text_summary")
     steps = [r["step"] for r in map(json.loads, (work / "metrics.jsonl").read_text().splitlines()) if "val/mse" in r]

@@ -115,10 +115,13 @@ def test_a_metric_collection_reports_its_members_with_their_own_directions(tmp_p
 def test_the_direction_comes_from_the_setting_then_the_object_then_the_name():
     from torchmetrics import MeanSquaredError
 
-    slots = build_metrics(_compose("+metrics.acc_gap={_target_:expkit.metrics.Accuracy,higher_is_better:false}",
-                                   "+metrics.mse={_target_:torchmetrics.MeanSquaredError}",
-                                   "+metrics.top_err={_target_:torchmetrics.MeanSquaredError,"
-                                   "higher_is_better:true}").metrics)  # fmt: skip
+    slots = build_metrics(
+        _compose(
+            "+metrics.acc_gap={_target_:expkit.metrics.Accuracy,higher_is_better:false}",
+            "+metrics.mse={_target_:torchmetrics.MeanSquaredError}",
+            "+metrics.top_err={_target_:torchmetrics.MeanSquaredError,higher_is_better:true}",
+        ).metrics
+    )
     directions = Directions(slots)
     assert directions.rule("val/acc_gap") == "less"  # the setting beats the name (acc) and the object (Accuracy)
     assert directions.rule("val/mse") == "less" and MeanSquaredError.higher_is_better is False  # the object
@@ -136,8 +139,11 @@ def test_the_direction_comes_from_the_setting_then_the_object_then_the_name():
 
 
 def test_an_unknown_monitor_fails_at_start_up_naming_what_validation_reports(tmp_path):
-    with pytest.raises(ConfigError, match=r"monitor='val/nope' is not a metric that validation reports; it reports: "
-                                          r"val/loss, val/acc"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"monitor='val/nope' is not a metric that validation reports; it reports: "
+        r"val/loss, val/acc",
+    ):
         toy_runner(tmp_path, monitor="val/nope").run()
     assert not (tmp_path / "checkpoints").exists()
 
@@ -178,14 +184,29 @@ def test_a_direction_set_once_is_used_by_every_consumer(tmp_path):
     returns = tmp_path / "returns.jsonl"
     values = "[0.5,0.3,0.4,0.6,0.7,0.8]"  # best (least) at the 2nd validation; then 2 without improvement
     proc = subprocess.run(
-        [sys.executable, "-m", "expkit.train", "-m", f"hydra.sweep.dir={tmp_path / 'sweep'}",
-         f"+metrics.acc_gap={{_target_:scripted.Scripted,values:{values},higher_is_better:false}}",
-         "+metrics.acc_gap.offset=0.0,0.1", "monitor=val/acc_gap", "trainer.max_epochs=6", "trainer.test_with=last",
-         "hooks=[early_stopping]", "hooks.early_stopping.patience=2", "sched=plateau",
-         "default_hooks.param_scheduler.monitor=val/acc_gap", "+hydra.callbacks.returns._target_=scripted.ReturnValues"],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(tmp_path), "RETURNS": str(returns)},
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "expkit.train",
+            "-m",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            f"+metrics.acc_gap={{_target_:scripted.Scripted,values:{values},higher_is_better:false}}",
+            "+metrics.acc_gap.offset=0.0,0.1",
+            "monitor=val/acc_gap",
+            "trainer.max_epochs=6",
+            "trainer.test_with=last",
+            "hooks=[early_stopping]",
+            "hooks.early_stopping.patience=2",
+            "sched=plateau",
+            "default_hooks.param_scheduler.monitor=val/acc_gap",
+            "+hydra.callbacks.returns._target_=scripted.ReturnValues",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(tmp_path), "RETURNS": str(returns)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     sweep = tmp_path / "sweep"
     for job, offset in (("0", 0.0), ("1", 0.1)):
@@ -207,10 +228,22 @@ def test_a_direction_set_once_is_used_by_every_consumer(tmp_path):
 @pytest.mark.slow
 def test_a_sweep_summary_shows_a_torchmetrics_metric_as_a_float(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "expkit.train", "-m", f"hydra.sweep.dir={tmp_path}", F1, "monitor=val/f1",
-         "trainer.max_epochs=1", "optim.lr=0.1,0.01"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "expkit.train",
+            "-m",
+            f"hydra.sweep.dir={tmp_path}",
+            F1,
+            "monitor=val/f1",
+            "trainer.max_epochs=1",
+            "optim.lr=0.1,0.01",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     best = json.loads((tmp_path / "best.json").read_text())
     assert best["metric"] == "val/f1" and best["rule"] == "greater" and isinstance(best["value"], float)

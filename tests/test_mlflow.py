@@ -56,8 +56,14 @@ def test_a_run_logs_params_metrics_status_and_artifacts_equal_to_its_own_records
 
 
 def test_a_sweep_is_one_experiment_and_mlflow_server_answers_for_it(tmp_path):
-    proc = run_cli("-m", "logger=[mlflow]", "hydra.sweep.dir=outputs/sweeps/lr", "trainer.max_epochs=1",
-                   "optim.lr=0.1,0.05", cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        "-m",
+        "logger=[mlflow]",
+        "hydra.sweep.dir=outputs/sweeps/lr",
+        "trainer.max_epochs=1",
+        "optim.lr=0.1,0.05",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.output[-3000:]
     client = _client(tmp_path)
     experiment = client.get_experiment_by_name("expkit/lr")
@@ -68,10 +74,26 @@ def test_a_sweep_is_one_experiment_and_mlflow_server_answers_for_it(tmp_path):
     with socket.socket() as s:  # a free port on localhost
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                               "--backend-store-uri", f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}", "--workers", "1"],
-                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # fmt: skip
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}",
+            "--workers",
+            "1",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 90
@@ -87,8 +109,9 @@ def test_a_sweep_is_one_experiment_and_mlflow_server_answers_for_it(tmp_path):
                     )
                 time.sleep(0.5)
         query = json.dumps({"experiment_ids": [experiment.experiment_id], "max_results": 10}).encode()
-        request = urllib.request.Request(f"{url}/api/2.0/mlflow/runs/search", data=query,
-                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        request = urllib.request.Request(
+            f"{url}/api/2.0/mlflow/runs/search", data=query, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=30) as response:
             found = json.loads(response.read())["runs"]
         assert sorted(r["info"]["run_id"] for r in found) == sorted(r.info.run_id for r in runs)
@@ -101,8 +124,13 @@ def test_a_sweep_is_one_experiment_and_mlflow_server_answers_for_it(tmp_path):
 
 
 def test_a_failing_mlflow_store_warns_once_and_the_run_goes_on(tmp_path):
-    proc = run_cli("logger=[mlflow]", "logger.mlflow.tracking_uri=unknownscheme://nowhere", f"hydra.run.dir={tmp_path / 'r'}",
-                   "trainer.max_epochs=1", cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        "logger=[mlflow]",
+        "logger.mlflow.tracking_uri=unknownscheme://nowhere",
+        f"hydra.run.dir={tmp_path / 'r'}",
+        "trainer.max_epochs=1",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.output[-3000:]
     assert proc.output.count("Logging backend mlflow failed") == 1
     assert json.loads((tmp_path / "r" / "result.json").read_text())["status"] == "completed"
@@ -131,8 +159,13 @@ SCRATCH_MADE = "CREATE TABLE _alembic_tmp_datasets"
 
 
 def _killed(cwd: Path, module: str, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-c", KILLER, SCRATCH_MADE, module, *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLER, SCRATCH_MADE, module, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc
 
@@ -194,9 +227,11 @@ def test_a_half_made_store_that_holds_runs_is_kept_and_its_repair_keeps_them(tmp
         conn,
     ):  # a run of an older MLflow, whose upgrade was killed (the same leftovers)
         conn.execute("INSERT INTO experiments (experiment_id, name, lifecycle_stage) VALUES (1, 'older', 'active')")
-        conn.execute("INSERT INTO runs (run_uuid, name, source_type, user_id, status, start_time, lifecycle_stage, "
-                     "artifact_uri, experiment_id) VALUES ('0123456789abcdef0123456789abcdef', 'kept', 'LOCAL', "
-                     "'someone', 'FINISHED', 1, 'active', '', 1)")  # fmt: skip
+        conn.execute(
+            "INSERT INTO runs (run_uuid, name, source_type, user_id, status, start_time, lifecycle_stage, "
+            "artifact_uri, experiment_id) VALUES ('0123456789abcdef0123456789abcdef', 'kept', 'LOCAL', "
+            "'someone', 'FINISHED', 1, 'active', '', 1)"
+        )
     before = hashlib.sha256(db.read_bytes()).hexdigest()
     proc = run_cli("logger=[mlflow]", f"hydra.run.dir={tmp_path / 'refused'}", "trainer.max_epochs=1", cwd=tmp_path)
     assert proc.returncode == 2, proc.output[-3000:]

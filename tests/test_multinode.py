@@ -33,11 +33,26 @@ def _env(tmp_path: Path) -> dict[str, str]:
 def _two_nodes(tmp_path: Path, *args: str, restarts: int = 0) -> list[subprocess.CompletedProcess]:
     """Two torchrun agents, one per "node", joined by a c10d rendezvous on 127.0.0.1."""
     port = _free_port()
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=test{port}",
-               f"--max-restarts={restarts}", "-m", "expkit.train", *args]  # fmt: skip
-    nodes = [subprocess.Popen(command, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id=test{port}",
+        f"--max-restarts={restarts}",
+        "-m",
+        "expkit.train",
+        *args,
+    ]
+    nodes = [
+        subprocess.Popen(
+            command, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     done = []
     for node in nodes:
         out, err = node.communicate(timeout=400)
@@ -46,9 +61,23 @@ def _two_nodes(tmp_path: Path, *args: str, restarts: int = 0) -> list[subprocess
 
 
 def _one_node(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           "-m", "expkit.train", *args], cwd=tmp_path, env=_env(tmp_path), capture_output=True,
-                          text=True, timeout=400)  # fmt: skip
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "expkit.train",
+            *args,
+        ],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
@@ -90,7 +119,7 @@ def test_a_dead_worker_on_one_node_restarts_both_and_they_resume_bit_identical(t
     assert _one_node(tmp_path, *COMMON, f"trainer.strategy={strategy}", f"hydra.run.dir={reference}").returncode == 0
     procs = _two_nodes(
         tmp_path, *COMMON, f"trainer.strategy={strategy}", "+hooks.die._target_=diehook.DieOnce", restarts=1
-    )  # fmt: skip  (no hydra.run.dir: the restart finds rank 0's dir in the store)
+    )  # (no hydra.run.dir: the restart finds rank 0's dir in the store)
     assert all(p.returncode == 0 for p in procs), _story(procs)
     (work,) = (tmp_path / "outputs" / "runs").iterdir()
     assert sorted(p.name for p in (tmp_path / "outputs").iterdir()) == ["runs"]

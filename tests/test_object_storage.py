@@ -35,8 +35,12 @@ class S3:
         self.endpoint = f"http://127.0.0.1:{self.port}"
         # the first 3 requests (the user, its key, its policy) go unauthenticated, every later one is checked
         env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 60
         while True:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
@@ -45,18 +49,31 @@ class S3:
             time.sleep(0.1)
         import boto3  # (moto's own dependency: the test's IAM setup only)
 
-        iam = boto3.client("iam", endpoint_url=self.endpoint, region_name="us-east-1",
-                           aws_access_key_id="setup", aws_secret_access_key="setup")  # fmt: skip
+        iam = boto3.client(
+            "iam",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="setup",
+            aws_secret_access_key="setup",
+        )
         iam.create_user(UserName="trainer")
         key = iam.create_access_key(UserName="trainer")["AccessKey"]
-        iam.put_user_policy(UserName="trainer", PolicyName="all", PolicyDocument=json.dumps(
-            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))  # fmt: skip
+        iam.put_user_policy(
+            UserName="trainer",
+            PolicyName="all",
+            PolicyDocument=json.dumps(
+                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+            ),
+        )
         self.key, self.secret = key["AccessKeyId"], key["SecretAccessKey"]
         self.env = {  # what a user exports for a bucket (AWS_ENDPOINT_URL: an S3-compatible store such as MinIO)
-            "AWS_ACCESS_KEY_ID": self.key, "AWS_SECRET_ACCESS_KEY": self.secret, "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": str(tmp / "none"),
+            "AWS_ACCESS_KEY_ID": self.key,
+            "AWS_SECRET_ACCESS_KEY": self.secret,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": str(tmp / "none"),
             "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "none"),
-        }  # fmt: skip
+        }
         self.fs().mkdir(BUCKET)
 
     def fs(self):
@@ -129,8 +146,11 @@ def test_a_sharded_checkpoint_is_uploaded_whole_and_resumes_on_another_machine(t
     ]
     first = run_cli(f"hydra.run.dir={work}", *args, env=s3.env)
     assert first.returncode == 0, first.output
-    local = sorted(p.relative_to(work / "checkpoints" / "epoch_2.dcp").as_posix()
-                   for p in (work / "checkpoints" / "epoch_2.dcp").rglob("*") if p.is_file())  # fmt: skip
+    local = sorted(
+        p.relative_to(work / "checkpoints" / "epoch_2.dcp").as_posix()
+        for p in (work / "checkpoints" / "epoch_2.dcp").rglob("*")
+        if p.is_file()
+    )
     stored = sorted(p.split("epoch_2.dcp/", 1)[1] for p in s3.fs().find(f"{BUCKET}/runs/run/epoch_2.dcp"))
     assert stored == local and ".metadata" in stored and "state.pth" in stored
     assert s3.fs().cat(f"{BUCKET}/runs/run/last_checkpoint") == b"epoch_2.dcp"
@@ -155,33 +175,67 @@ def test_resume_from_the_local_cache_downloads_nothing_and_eval_reads_a_url(tmp_
     tested = json.loads((work / "result.json").read_text())["final_metrics"]
     for run in (1, 2):  # the second evaluation reads the downloaded copy
         evaluated = subprocess.run(
-            [sys.executable, "-m", "expkit.eval", f"checkpoint=s3://{BUCKET}/runs/run", "which=best",
-             f"work_dir={tmp_path / f'eval{run}'}"], capture_output=True, text=True, env={**os.environ, **s3.env},
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "expkit.eval",
+                f"checkpoint=s3://{BUCKET}/runs/run",
+                "which=best",
+                f"work_dir={tmp_path / f'eval{run}'}",
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **s3.env},
+        )
         assert evaluated.returncode == 0, evaluated.stderr
         got = json.loads((tmp_path / f"eval{run}" / "result.json").read_text())["final_metrics"]
         assert got["test/acc"] == tested["test/acc"]
 
     out = tmp_path / "model.safetensors"  # expkit.export (and expkit.predict) resolve the URL as eval does
-    exported = subprocess.run([sys.executable, "-m", "expkit.export", f"checkpoint=s3://{BUCKET}/runs/run/epoch_4.pth",
-                               f"out={out}", f"hydra.run.dir={tmp_path / 'export'}"], capture_output=True, text=True,
-                              env={**os.environ, **s3.env})  # fmt: skip
+    exported = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "expkit.export",
+            f"checkpoint=s3://{BUCKET}/runs/run/epoch_4.pth",
+            f"out={out}",
+            f"hydra.run.dir={tmp_path / 'export'}",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **s3.env},
+    )
     assert exported.returncode == 0, exported.stderr
     from safetensors.torch import load_file
 
     weights = torch.load(work / "checkpoints" / "epoch_4.pth", weights_only=True)["state_dict"]
     assert all(torch.equal(load_file(out)[k], weights[k]) for k in weights)
 
-    loaded = run_cli(f"hydra.run.dir={tmp_path / 'fine'}", "trainer.max_epochs=1",
-                     f"load_from=s3://{BUCKET}/runs/run/epoch_4.pth", env=s3.env)  # fmt: skip
+    loaded = run_cli(
+        f"hydra.run.dir={tmp_path / 'fine'}",
+        "trainer.max_epochs=1",
+        f"load_from=s3://{BUCKET}/runs/run/epoch_4.pth",
+        env=s3.env,
+    )
     assert loaded.returncode == 0, loaded.output
     assert "Loaded weights from" in loaded.output
 
     # expkit.check: its three runs (and the resume) start from the same stored weights
-    checked = subprocess.run([sys.executable, "-m", "expkit.check", f"load_from=s3://{BUCKET}/runs/run/epoch_4.pth",
-                              "check.keep=true",
-                              f"check.dir={tmp_path / 'scratch'}", f"check.out={tmp_path / 'check.json'}"],
-                             cwd=tmp_path, capture_output=True, text=True, env={**os.environ, **s3.env})  # fmt: skip
+    checked = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "expkit.check",
+            f"load_from=s3://{BUCKET}/runs/run/epoch_4.pth",
+            "check.keep=true",
+            f"check.dir={tmp_path / 'scratch'}",
+            f"check.out={tmp_path / 'check.json'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **s3.env},
+    )
     assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
     report = json.loads((tmp_path / "check.json").read_text())
     assert report["ok"] is True and report["findings"] == []
@@ -192,10 +246,15 @@ def test_resume_from_the_local_cache_downloads_nothing_and_eval_reads_a_url(tmp_
 def test_storage_options_in_the_config_instead_of_variables(tmp_path, s3):
     work = tmp_path / "run"
     env = {"AWS_CONFIG_FILE": s3.env["AWS_CONFIG_FILE"], "AWS_SHARED_CREDENTIALS_FILE": s3.env["AWS_CONFIG_FILE"]}
-    proc = run_cli(f"hydra.run.dir={work}", "trainer.max_epochs=1", f"default_hooks.checkpoint.out_dir=s3://{BUCKET}/o",
-                   f"+default_hooks.checkpoint.storage_options.endpoint_url={s3.endpoint}",
-                   f"+default_hooks.checkpoint.storage_options.key={s3.key}",
-                   f"+default_hooks.checkpoint.storage_options.secret={s3.secret}", env=env)  # fmt: skip
+    proc = run_cli(
+        f"hydra.run.dir={work}",
+        "trainer.max_epochs=1",
+        f"default_hooks.checkpoint.out_dir=s3://{BUCKET}/o",
+        f"+default_hooks.checkpoint.storage_options.endpoint_url={s3.endpoint}",
+        f"+default_hooks.checkpoint.storage_options.key={s3.key}",
+        f"+default_hooks.checkpoint.storage_options.secret={s3.secret}",
+        env=env,
+    )
     assert proc.returncode == 0, proc.output
     assert s3.fs().cat(f"{BUCKET}/o/run/last_checkpoint") == b"epoch_1.pth"
 
@@ -206,11 +265,15 @@ def test_storage_options_in_the_config_instead_of_variables(tmp_path, s3):
         ("s3://no-such-bucket/runs", None, "The specified bucket does not exist"),
         (f"s3://{BUCKET}/runs", "wrong", "signature"),
     ],
-)  # fmt: skip
+)
 def test_a_missing_bucket_or_bad_credentials_exit_2_before_training(tmp_path, s3, out_dir, secret, says):
     env = {**s3.env, **({"AWS_SECRET_ACCESS_KEY": secret} if secret else {})}
-    proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_epochs=1",
-                   f"default_hooks.checkpoint.out_dir={out_dir}", env=env)  # fmt: skip
+    proc = run_cli(
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "trainer.max_epochs=1",
+        f"default_hooks.checkpoint.out_dir={out_dir}",
+        env=env,
+    )
     assert proc.returncode == 2, proc.output
     assert f"default_hooks.checkpoint.out_dir={out_dir}: cannot write" in proc.stderr and says in proc.stderr
     assert "Traceback" not in proc.stderr and "Epoch(train)" not in proc.output
@@ -238,12 +301,21 @@ def test_a_store_that_stops_answering_mid_save_fails_the_run_and_loses_nothing(t
     reference = tmp_path / "reference"
     assert run_cli(f"hydra.run.dir={reference}", "trainer.max_epochs=3").returncode == 0
     work = tmp_path / "run"
-    args = [f"hydra.run.dir={work}", *COMMON, "default_hooks.checkpoint.upload_timeout=5",
-            "+default_hooks.checkpoint.storage_options.config_kwargs.read_timeout=2",
-            "+default_hooks.checkpoint.storage_options.config_kwargs.connect_timeout=2",
-            "+default_hooks.checkpoint.storage_options.config_kwargs.retries.max_attempts=1"]  # fmt: skip
-    failed = run_cli(*args, "+hooks.stop._target_=stopserver.StopServer", f"+hooks.stop.pid={s3.proc.pid}",
-                     env={**s3.env, "PYTHONPATH": str(tmp_path)}, timeout=120)  # fmt: skip
+    args = [
+        f"hydra.run.dir={work}",
+        *COMMON,
+        "default_hooks.checkpoint.upload_timeout=5",
+        "+default_hooks.checkpoint.storage_options.config_kwargs.read_timeout=2",
+        "+default_hooks.checkpoint.storage_options.config_kwargs.connect_timeout=2",
+        "+default_hooks.checkpoint.storage_options.config_kwargs.retries.max_attempts=1",
+    ]
+    failed = run_cli(
+        *args,
+        "+hooks.stop._target_=stopserver.StopServer",
+        f"+hooks.stop.pid={s3.proc.pid}",
+        env={**s3.env, "PYTHONPATH": str(tmp_path)},
+        timeout=120,
+    )
     s3.proc.send_signal(signal.SIGCONT)
     assert failed.returncode == 1, failed.output
     assert "could not upload epoch_2.pth to s3://ckpts/runs/run" in failed.stderr
@@ -268,7 +340,7 @@ def test_a_store_that_stops_answering_mid_save_fails_the_run_and_loses_nothing(t
         ("foo://bucket/runs", "unknown URL scheme foo://"),
         ("gs://bucket/runs", "pip install 'expkit[gcs]'"),
     ],
-)  # fmt: skip
+)
 def test_an_unknown_scheme_or_a_missing_package_exits_2_in_one_line(tmp_path, out_dir, says):
     if out_dir.startswith("gs://"):
         try:
@@ -277,7 +349,8 @@ def test_an_unknown_scheme_or_a_missing_package_exits_2_in_one_line(tmp_path, ou
             pass
         else:
             pytest.skip("gcsfs is installed here")
-    proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_epochs=1",
-                   f"default_hooks.checkpoint.out_dir={out_dir}")  # fmt: skip
+    proc = run_cli(
+        f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_epochs=1", f"default_hooks.checkpoint.out_dir={out_dir}"
+    )
     assert proc.returncode == 2, proc.output
     assert says in proc.stderr and "Traceback" not in proc.stderr

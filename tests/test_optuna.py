@@ -63,8 +63,13 @@ def test_hydra_sweep_syntax_maps_to_optuna_distributions():
 def test_a_stored_study_continues_and_the_trial_count_adds_up(tmp_path):
     storage = f"sqlite:///{tmp_path}/study.db"
     for n, sweep in ((6, "a"), (4, "b")):
-        proc = run_cli(*FAST, f"hydra.sweeper.n_trials={n}", f"hydra.sweeper.storage={storage}",
-                       "hydra.sweeper.study_name=s", f"hydra.sweep.dir={tmp_path / sweep}")  # fmt: skip
+        proc = run_cli(
+            *FAST,
+            f"hydra.sweeper.n_trials={n}",
+            f"hydra.sweeper.storage={storage}",
+            "hydra.sweeper.study_name=s",
+            f"hydra.sweep.dir={tmp_path / sweep}",
+        )
         assert proc.returncode == 0, proc.output
     study = _study(storage, "s")
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 10
@@ -99,8 +104,13 @@ def test_a_resumed_search_with_more_trials_explores_new_parameters(tmp_path):
 def test_pruning_stops_hopeless_trials_and_saves_epochs(tmp_path):
     common = ["hparams_search=optuna", "trainer.max_epochs=6", "hydra.sweeper.n_trials=8", LR_WIDE]
     storage = f"sqlite:///{tmp_path}/study.db"
-    pruned_run = run_cli(*common, MEDIAN, f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=p",
-                         f"hydra.sweep.dir={tmp_path / 'pruned'}")  # fmt: skip
+    pruned_run = run_cli(
+        *common,
+        MEDIAN,
+        f"hydra.sweeper.storage={storage}",
+        "hydra.sweeper.study_name=p",
+        f"hydra.sweep.dir={tmp_path / 'pruned'}",
+    )
     assert pruned_run.returncode == 0, pruned_run.output
     full_run = run_cli(*common, f"hydra.sweep.dir={tmp_path / 'full'}")
     assert full_run.returncode == 0, full_run.output
@@ -117,8 +127,10 @@ def test_pruning_stops_hopeless_trials_and_saves_epochs(tmp_path):
         assert _validations(work) < 6 and list((work / "checkpoints").glob("*.pth"))
         assert "test/acc" not in result["final_metrics"]  # a pruned trial skips the test pass
     assert all(_validations(tmp_path / "pruned" / j) == 6 for j, r in rows.items() if r["status"] == "completed")
-    epochs = {name: sum(_validations(p) for p in (tmp_path / name).iterdir() if (p / "metrics.jsonl").is_file())
-              for name in ("pruned", "full")}  # fmt: skip
+    epochs = {
+        name: sum(_validations(p) for p in (tmp_path / name).iterdir() if (p / "metrics.jsonl").is_file())
+        for name in ("pruned", "full")
+    }
     assert epochs["full"] == 8 * 6 and epochs["pruned"] < epochs["full"]
     best = json.loads((tmp_path / "pruned" / "best.json").read_text())
     assert best["value"] == pytest.approx(study.best_value)
@@ -129,9 +141,17 @@ def test_pruning_stops_hopeless_trials_and_saves_epochs(tmp_path):
 @pytest.mark.slow
 def test_two_joblib_workers_share_one_sqlite_study(tmp_path):
     storage = f"sqlite:///{tmp_path}/study.db"
-    proc = run_cli(*FAST, "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2", "hydra/launcher=joblib",
-                   "hydra.launcher.n_jobs=2", f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=j", MEDIAN,
-                   f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    proc = run_cli(
+        *FAST,
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.n_jobs=2",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        f"hydra.sweeper.storage={storage}",
+        "hydra.sweeper.study_name=j",
+        MEDIAN,
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )
     assert proc.returncode == 0, proc.output
     study = _study(storage, "j")
     assert sorted(t.number for t in study.trials) == [0, 1, 2, 3]
@@ -161,9 +181,16 @@ class ExitInTrial(Hook):
 def test_sweep_resume_finishes_the_trial_a_dead_sweep_left_running(tmp_path):
     (tmp_path / "exithook.py").write_text(EXIT_HOOK)
     storage = str(tmp_path / "sweep" / "optuna.journal")  # by default, the sweep dir keeps its study
-    args = ["hparams_search=optuna", "trainer.max_epochs=2", "hydra.sweeper.n_trials=3",
-            "hydra.sweeper.study_name=r", f"hydra.sweep.dir={tmp_path / 'sweep'}", "+hooks.exit._target_=exithook.ExitInTrial",
-            "default_hooks.checkpoint.interval=1", "default_hooks.checkpoint.by_epoch=false"]  # fmt: skip
+    args = [
+        "hparams_search=optuna",
+        "trainer.max_epochs=2",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.study_name=r",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "+hooks.exit._target_=exithook.ExitInTrial",
+        "default_hooks.checkpoint.interval=1",
+        "default_hooks.checkpoint.by_epoch=false",
+    ]
     env = {"PYTHONPATH": str(tmp_path)}
     killed = run_cli(*args, env=env)
     assert killed.returncode == 9, killed.output
@@ -183,8 +210,14 @@ def test_sweep_resume_finishes_the_trial_a_dead_sweep_left_running(tmp_path):
 @pytest.mark.slow
 def test_direction_follows_monitor_and_a_bad_setting_is_named(tmp_path):
     storage = f"sqlite:///{tmp_path}/study.db"
-    proc = run_cli(*FAST, "hydra.sweeper.n_trials=1", "monitor=val/loss", f"hydra.sweeper.storage={storage}",
-                   "hydra.sweeper.study_name=loss", f"hydra.sweep.dir={tmp_path / 'a'}")  # fmt: skip
+    proc = run_cli(
+        *FAST,
+        "hydra.sweeper.n_trials=1",
+        "monitor=val/loss",
+        f"hydra.sweeper.storage={storage}",
+        "hydra.sweeper.study_name=loss",
+        f"hydra.sweep.dir={tmp_path / 'a'}",
+    )
     assert proc.returncode == 0, proc.output
     assert _study(storage, "loss").direction == optuna.study.StudyDirection.MINIMIZE
     mse = run_cli(
@@ -199,8 +232,15 @@ def test_direction_follows_monitor_and_a_bad_setting_is_named(tmp_path):
     assert mse.returncode == 0, mse.output  # val/mse: torchmetrics' MeanSquaredError says lower is better
     assert _study(storage, "mse").direction == optuna.study.StudyDirection.MINIMIZE
     # a sweep dir holds one study's trials: another study aimed at it stops (the same study: one more worker)
-    second = run_cli(*FAST, "hydra.sweeper.n_trials=1", "monitor=val/loss", f"hydra.sweeper.storage={storage}",
-                     "hydra.sweeper.study_name=other", f"hydra.sweep.dir={tmp_path / 'a'}", "resume=true")  # fmt: skip
+    second = run_cli(
+        *FAST,
+        "hydra.sweeper.n_trials=1",
+        "monitor=val/loss",
+        f"hydra.sweeper.storage={storage}",
+        "hydra.sweeper.study_name=other",
+        f"hydra.sweep.dir={tmp_path / 'a'}",
+        "resume=true",
+    )
     assert second.returncode == 2 and "Traceback" not in second.stderr, second.output
     assert "holds the trials of study 'loss'" in second.stderr and "searches study 'other'" in second.stderr
     bad = run_cli(*FAST, "hydra.sweeper.direction=up", f"hydra.sweep.dir={tmp_path / 'b'}")
@@ -230,14 +270,22 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_optuna_dashboard_serves_the_study(tmp_path):
     storage = f"sqlite:///{tmp_path}/study.db"
-    proc = run_cli(*FAST, "hydra.sweeper.n_trials=2", f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=d",
-                   f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    proc = run_cli(
+        *FAST,
+        "hydra.sweeper.n_trials=2",
+        f"hydra.sweeper.storage={storage}",
+        "hydra.sweeper.study_name=d",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )
     assert proc.returncode == 0, proc.output
     port = _free_port()
     dashboard = shutil.which("optuna-dashboard", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     assert dashboard is not None, "optuna-dashboard is not installed beside this Python or on PATH"
-    server = subprocess.Popen([str(dashboard), storage, "--host", "127.0.0.1", "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    server = subprocess.Popen(
+        [str(dashboard), storage, "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline, studies = time.monotonic() + 30, None
         while studies is None and time.monotonic() < deadline:
@@ -261,8 +309,14 @@ def test_optuna_dashboard_serves_the_study(tmp_path):
 @pytest.mark.slow
 def test_submitit_jobs_report_to_the_study_from_their_own_processes(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_cli(*FAST, "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2", "hydra/launcher=submitit_local",
-                   MEDIAN, f"hydra.sweep.dir={sweep}")  # fmt: skip
+    proc = run_cli(
+        *FAST,
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.n_jobs=2",
+        "hydra/launcher=submitit_local",
+        MEDIAN,
+        f"hydra.sweep.dir={sweep}",
+    )
     assert proc.returncode == 0, proc.output
     study = _study(str(sweep / "optuna.journal"), "expkit")
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2

@@ -39,8 +39,13 @@ class Slow(Hook):
 
 def _write_owner(work: Path, **fields) -> None:
     work.mkdir(parents=True, exist_ok=True)
-    owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": "earlier", "command": "python x",
-             "heartbeat": time.time()} | fields  # fmt: skip
+    owner = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": "earlier",
+        "command": "python x",
+        "heartbeat": time.time(),
+    } | fields
     (work / LOCK_FILE).write_text(json.dumps(owner))
 
 
@@ -67,10 +72,20 @@ def test_a_lock_file_without_a_live_owner_is_taken_over_and_a_live_one_refuses(t
 
 
 def test_the_lock_is_held_while_the_owner_lives_and_dropped_when_it_is_killed(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from expkit.ownership import WorkDirLock\n"
-        f"lock = WorkDirLock(Path({str(tmp_path)!r}), 'holder', heartbeat=0.1).acquire(); print('held', flush=True)\n"
-        "time.sleep(60)")], stdout=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; from pathlib import Path; from expkit.ownership import WorkDirLock\n"
+                f"lock = WorkDirLock(Path({str(tmp_path)!r}), 'holder', heartbeat=0.1).acquire(); print('held', flush=True)\n"
+                "time.sleep(60)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         first = json.loads((tmp_path / LOCK_FILE).read_text())["heartbeat"]
@@ -91,9 +106,22 @@ def test_the_lock_is_held_while_the_owner_lives_and_dropped_when_it_is_killed(tm
 def _start_slow_run(tmp_path: Path, work: Path, *extra: str) -> subprocess.Popen:
     (tmp_path / "slowhook.py").write_text(SLOW_HOOK)
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    return subprocess.Popen([sys.executable, "-m", "expkit.train", f"hydra.run.dir={work}", "trainer.max_epochs=3",
-                             "+hooks.slow._target_=slowhook.Slow", "+hooks.slow.seconds=0.1", *extra],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "expkit.train",
+            f"hydra.run.dir={work}",
+            "trainer.max_epochs=3",
+            "+hooks.slow._target_=slowhook.Slow",
+            "+hooks.slow.seconds=0.1",
+            *extra,
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 @pytest.mark.slow
@@ -115,8 +143,9 @@ def test_a_second_writer_exits_2_naming_the_owner_and_a_killed_owner_is_taken_ov
         assert (work / "train.log").stat().st_size >= log_size and "is in use" not in (work / "train.log").read_text()
         owner.send_signal(signal.SIGKILL)
         owner.wait()
-        resumed = run_cli(f"hydra.run.dir={work}", "trainer.max_epochs=3", "resume=true",
-                          env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+        resumed = run_cli(
+            f"hydra.run.dir={work}", "trainer.max_epochs=3", "resume=true", env={"PYTHONPATH": str(tmp_path)}
+        )
         assert resumed.returncode == 0, resumed.output
         assert f"taking it over from pid {owner.pid}" in resumed.output and "is no longer running" in resumed.output
         assert json.loads((work / "result.json").read_text())["status"] == "completed"
@@ -128,16 +157,31 @@ def test_a_second_writer_exits_2_naming_the_owner_and_a_killed_owner_is_taken_ov
 def test_two_launches_of_one_sweep_run_each_job_once(tmp_path):
     (tmp_path / "slowhook.py").write_text(SLOW_HOOK)
     sweep = tmp_path / "sweep"
-    command = [sys.executable, "-m", "expkit.train", "-m", "optim.lr=0.1,0.05,0.02,0.01", "trainer.max_epochs=2",
-               "+hooks.slow._target_=slowhook.Slow", f"hydra.sweep.dir={sweep}", "sweep_output=full",
-               "resume=true"]  # fmt: skip  # (two launches of one sweep: each may find the other's jobs)
+    command = [
+        sys.executable,
+        "-m",
+        "expkit.train",
+        "-m",
+        "optim.lr=0.1,0.05,0.02,0.01",
+        "trainer.max_epochs=2",
+        "+hooks.slow._target_=slowhook.Slow",
+        f"hydra.sweep.dir={sweep}",
+        "sweep_output=full",
+        "resume=true",
+    ]  # (two launches of one sweep: each may find the other's jobs)
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    launches = [subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                for _ in range(2)]  # fmt: skip
+    launches = [
+        subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=300)[0] for p in launches]
     assert [p.returncode for p in launches] == [0, 0], outputs
-    skipped = sum(o.count("this launch skips it") + o.count("this launch does not run it again")
-                  + o.count("is already completed; not trained again") for o in outputs)  # fmt: skip
+    skipped = sum(
+        o.count("this launch skips it")
+        + o.count("this launch does not run it again")
+        + o.count("is already completed; not trained again")
+        for o in outputs
+    )
     assert skipped >= 4, outputs  # every job ran in one launch and was skipped by the other
     for job in range(4):
         work = sweep / str(job)

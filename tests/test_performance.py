@@ -76,10 +76,16 @@ def _image_runner(work_dir: Path, hooks=(), **settings) -> Runner:
     torch.manual_seed(0)
     model = CNN(3, 8, 2, channels=(8,))
     train, val = _image_loaders()
-    return Runner(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                  train_loader=train, val_loader=val, work_dir=work_dir, hooks=hooks,
-                  settings=TrainerSettings(device="cpu", seed=0, max_epochs=2, **settings),
-                  default_hooks=default_hooks(logger=LoggerHook(plot=False)))  # fmt: skip
+    return Runner(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+        train_loader=train,
+        val_loader=val,
+        work_dir=work_dir,
+        hooks=hooks,
+        settings=TrainerSettings(device="cpu", seed=0, max_epochs=2, **settings),
+        default_hooks=default_hooks(logger=LoggerHook(plot=False)),
+    )
 
 
 def test_training_reads_nothing_back_from_the_device_between_log_lines(tmp_path, monkeypatch):
@@ -92,12 +98,16 @@ def test_training_reads_nothing_back_from_the_device_between_log_lines(tmp_path,
     g = torch.Generator().manual_seed(1)
     x = torch.randn(256, 4, generator=g)
     train = TensorDataset(x, (x[:, 0] > 0).long())
-    runner = Runner(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                    train_loader=DataLoader(train, batch_size=4, sampler=SeededRandomSampler(train, 0)),
-                    val_loader=DataLoader(train, batch_size=64), work_dir=tmp_path,
-                    settings=TrainerSettings(device="cpu", max_epochs=2),
-                    default_hooks=default_hooks(logger=LoggerHook(interval=16, plot=False)),
-                    hooks={"ema": EMAHook(momentum=0.1), **counter.hooks})  # fmt: skip
+    runner = Runner(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        train_loader=DataLoader(train, batch_size=4, sampler=SeededRandomSampler(train, 0)),
+        val_loader=DataLoader(train, batch_size=64),
+        work_dir=tmp_path,
+        settings=TrainerSettings(device="cpu", max_epochs=2),
+        default_hooks=default_hooks(logger=LoggerHook(interval=16, plot=False)),
+        hooks={"ema": EMAHook(momentum=0.1), **counter.hooks},
+    )
     runner.run()
     assert runner.iter == 128 and len(counter.per_iter) == 128
     reading = [i for i, calls in enumerate(counter.per_iter) if calls]
@@ -118,11 +128,13 @@ class Inspect(Hook):
     def after_forward(self, runner: Runner, *, batch_idx, data_batch, outputs) -> None:
         conv = next(m for m in runner.model.modules() if isinstance(m, nn.Conv2d))
         images = data_batch[0]
-        self.seen.append((
-            images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous(),
-            conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous(),
-            outputs["logits"].dtype,
-        ))  # fmt: skip
+        self.seen.append(
+            (
+                images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous(),
+                conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous(),
+                outputs["logits"].dtype,
+            )
+        )
 
 
 def test_channels_last_changes_the_layout_not_the_result(tmp_path):
@@ -196,10 +208,15 @@ def test_gpu_step_has_no_host_sync_and_uses_pinned_memory_and_cudnn_benchmark(tm
         def before_train(self, runner: Runner) -> None:
             benchmark.append(torch.backends.cudnn.benchmark)
 
-    runner = Runner(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                    train_loader=train, val_loader=val, work_dir=tmp_path,
-                    settings=TrainerSettings(device="cuda", max_epochs=1, precision="bf16", channels_last=True),
-                    hooks={"ema": EMAHook(), "check": check, "benchmark": Benchmark()})  # fmt: skip
+    runner = Runner(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        train_loader=train,
+        val_loader=val,
+        work_dir=tmp_path,
+        settings=TrainerSettings(device="cuda", max_epochs=1, precision="bf16", channels_last=True),
+        hooks={"ema": EMAHook(), "check": check, "benchmark": Benchmark()},
+    )
     try:
         runner.run()
     finally:
@@ -214,9 +231,14 @@ def test_gpu_fp16_uses_a_grad_scaler_and_learns(tmp_path):
     train, val, _ = DigitsData(batch_size=32).loaders()
     torch.manual_seed(0)
     model = CNN(1, 8, 10)
-    runner = Runner(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                    train_loader=train, val_loader=val, work_dir=tmp_path,
-                    settings=TrainerSettings(device="cuda", max_epochs=2, precision="16"))  # fmt: skip
+    runner = Runner(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        train_loader=train,
+        val_loader=val,
+        work_dir=tmp_path,
+        settings=TrainerSettings(device="cuda", max_epochs=2, precision="16"),
+    )
     runner.run()
     assert runner.scaler is not None and runner.scaler.get_scale() > 0
     checkpoint = torch.load(tmp_path / "checkpoints" / "epoch_2.pth", weights_only=True)
@@ -249,14 +271,19 @@ def test_overhead_benchmark_runs(workload):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("script", "label"), [("benchmarks/startup.py", r"expkit\.train +min"),
-                                               ("benchmarks/sweep_overhead.py", r"overhead per job"),
-                                               ("benchmarks/sweep_async.py", r"optuna slots +against the ideal: min"),
-                                               ("benchmarks/memory.py", r"ratio"),
-                                               ("benchmarks/peers.py", r"\| expkit +\|"),
-                                               ("benchmarks/run_costs.py", r"\| whole run +\|"),
-                                               ("benchmarks/check_cost.py", r"default +6 +min"),
-                                               ("benchmarks/ckpt_stall.py", r"median/median")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("script", "label"),
+    [
+        ("benchmarks/startup.py", r"expkit\.train +min"),
+        ("benchmarks/sweep_overhead.py", r"overhead per job"),
+        ("benchmarks/sweep_async.py", r"optuna slots +against the ideal: min"),
+        ("benchmarks/memory.py", r"ratio"),
+        ("benchmarks/peers.py", r"\| expkit +\|"),
+        ("benchmarks/run_costs.py", r"\| whole run +\|"),
+        ("benchmarks/check_cost.py", r"default +6 +min"),
+        ("benchmarks/ckpt_stall.py", r"median/median"),
+    ],
+)
 def test_other_benchmarks_run(script, label):
     out = _bench(script)
     values = _ratios(out, label)

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.slow
 
 
 def _predict(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "expkit.predict", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "expkit.predict", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +34,9 @@ def digits_run(tmp_path_factory):
 def _sklearn_digits(n: int) -> tuple[np.ndarray, np.ndarray]:
     import sklearn
 
-    table = np.loadtxt(Path(sklearn.__file__).parent / "datasets" / "data" / "digits.csv.gz", delimiter=",",
-                       dtype=np.float32)  # fmt: skip
+    table = np.loadtxt(
+        Path(sklearn.__file__).parent / "datasets" / "data" / "digits.csv.gz", delimiter=",", dtype=np.float32
+    )
     return table[:n, :-1], table[:n, -1].astype(int)
 
 
@@ -93,8 +95,9 @@ def test_predict_a_regressor_from_csv_rows_in_the_targets_units(tmp_path):
     from expkit.tasks.regression import DiabetesData, load_diabetes
 
     work = tmp_path / "run"
-    proc = run_cli(f"hydra.run.dir={work}", "experiment=regression", "trainer.max_epochs=10",
-                   "default_hooks.logger.plot=false")  # fmt: skip
+    proc = run_cli(
+        f"hydra.run.dir={work}", "experiment=regression", "trainer.max_epochs=10", "default_hooks.logger.plot=false"
+    )
     assert proc.returncode == 0, proc.output[-2000:]
     x, y = load_diabetes()
     with (tmp_path / "patients.csv").open("w", newline="") as f:
@@ -116,13 +119,17 @@ def test_predict_a_regressor_from_csv_rows_in_the_targets_units(tmp_path):
     ("make", "message"),
     [
         (lambda d: None, "input=missing.npy: no such file or folder"),
-        (lambda d: np.save(d / "bad.npy", np.zeros((3, 5, 5), dtype=np.float32)),
-         "input=bad.npy: inputs of shape (5, 5), but the model takes (1, 8, 8)"),
+        (
+            lambda d: np.save(d / "bad.npy", np.zeros((3, 5, 5), dtype=np.float32)),
+            "input=bad.npy: inputs of shape (5, 5), but the model takes (1, 8, 8)",
+        ),
         (lambda d: (d / "bad.csv").write_text("1,2\n3,x\n"), "input=bad.csv: row 2 is not all numbers"),
-        (lambda d: (d / "broken").mkdir() or (d / "broken" / "x.png").write_bytes(b"not a png"),
-         "input: broken/x.png is not a readable image"),
+        (
+            lambda d: (d / "broken").mkdir() or (d / "broken" / "x.png").write_bytes(b"not a png"),
+            "input: broken/x.png is not a readable image",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_a_clear_error_naming_it(digits_run, tmp_path, make, message):
     make(tmp_path)
     name = {"input=missing.npy": "missing.npy", "input=bad.npy": "bad.npy", "input=bad.csv": "bad.csv"}
@@ -132,11 +139,17 @@ def test_bad_input_is_a_clear_error_naming_it(digits_run, tmp_path, make, messag
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize(("raw", "expected"), [
-    (torch.tensor([[0, 255]], dtype=torch.uint8), torch.tensor([[0.0, 1.0]])),  # 8-bit images: as ToTensor scales them
-    (torch.tensor([[3, 7]]), torch.tensor([[3, 7]])),  # token ids stay integers
-    (torch.tensor([[0.5, 2.0]], dtype=torch.float64), torch.tensor([[0.5, 2.0]])),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (
+            torch.tensor([[0, 255]], dtype=torch.uint8),
+            torch.tensor([[0.0, 1.0]]),
+        ),  # 8-bit images: as ToTensor scales them
+        (torch.tensor([[3, 7]]), torch.tensor([[3, 7]])),  # token ids stay integers
+        (torch.tensor([[0.5, 2.0]], dtype=torch.float64), torch.tensor([[0.5, 2.0]])),
+    ],
+)
 def test_the_default_input_transform_scales_bytes_and_keeps_integers(raw, expected):
     from expkit.data import DataModule
 

@@ -89,8 +89,13 @@ class Slow(Hook):
     def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
         time.sleep(0.03)
 """
-ACCUMULATE = ["trainer.max_epochs=3", "data.batch_size=32", "trainer.accumulate_grad_batches=2",
-              "default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=7"]  # fmt: skip
+ACCUMULATE = [
+    "trainer.max_epochs=3",
+    "data.batch_size=32",
+    "trainer.accumulate_grad_batches=2",
+    "default_hooks.checkpoint.by_epoch=false",
+    "default_hooks.checkpoint.interval=7",
+]
 
 
 @pytest.mark.slow
@@ -103,11 +108,22 @@ def test_accumulation_killed_mid_epoch_resumes_bit_identical(tmp_path):
     (tmp_path / "slowhook.py").write_text(SLOW_HOOK)
     work = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), "hooks=[slow]",
-         f"hydra.run.dir={work}", *ACCUMULATE],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(tmp_path)}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "expkit.train",
+            "--config-dir",
+            str(tmp_path / "conf"),
+            "hooks=[slow]",
+            f"hydra.run.dir={work}",
+            *ACCUMULATE,
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     pointer, deadline = work / "checkpoints" / "last_checkpoint", time.time() + 120
     try:
         while time.time() < deadline:
@@ -135,8 +151,12 @@ NO_DECAY = 'optim.param_groups=[{match:"*.bias",weight_decay:0.0},{match:norm,we
 def test_param_groups_put_biases_and_norm_parameters_in_zero_decay_groups(tmp_path):
     runner, _ = _train(tmp_path, "model=cnn", "optim=adamw", NO_DECAY, "trainer.max_epochs=1")
     names = {id(p): n for n, p in runner.model.named_parameters()}
-    norms = {f"{m}.{p}" for m, mod in runner.model.named_modules() if isinstance(mod, torch.nn.BatchNorm2d)
-             for p, _ in mod.named_parameters(recurse=False)}  # fmt: skip
+    norms = {
+        f"{m}.{p}"
+        for m, mod in runner.model.named_modules()
+        if isinstance(mod, torch.nn.BatchNorm2d)
+        for p, _ in mod.named_parameters(recurse=False)
+    }
     groups = {g["name"]: g for g in runner.optimizer.param_groups}
     assert list(groups) == ["default", "bias", "norm"]  # the rest first, then the rules in order
     zero = {names[id(p)] for name in ("bias", "norm") for p in groups[name]["params"]}
@@ -145,12 +165,16 @@ def test_param_groups_put_biases_and_norm_parameters_in_zero_decay_groups(tmp_pa
     assert groups["default"]["weight_decay"] == 0.01 and len(groups["default"]["params"]) == 3
     saved = torch.load(tmp_path / "checkpoints" / "epoch_1.pth", weights_only=True)["optimizer"]["param_groups"]
     assert [(g["name"], g["weight_decay"], len(g["params"])) for g in saved] == [
-        ("default", 0.01, 3), ("bias", 0.0, 3), ("norm", 0.0, 2)]  # fmt: skip
+        ("default", 0.01, 3),
+        ("bias", 0.0, 3),
+        ("norm", 0.0, 2),
+    ]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert {"train/lr/default", "train/lr/bias", "train/lr/norm"} <= set(next(r for r in records if "train/lr" in r))
 
-    resumed = build_runner(_compose("model=cnn", "optim=adamw", NO_DECAY, "trainer.max_epochs=2", "resume=true"),
-                           tmp_path)  # fmt: skip
+    resumed = build_runner(
+        _compose("model=cnn", "optim=adamw", NO_DECAY, "trainer.max_epochs=2", "resume=true"), tmp_path
+    )
     assert resumed.run()["epoch"] == 2 and resumed.optimizer.param_groups[1]["weight_decay"] == 0.0
 
 
@@ -177,11 +201,17 @@ def test_bad_param_group_rules_are_named(tmp_path, caplog):
 
 # -- several validation sets ----------------------------------------------------------------------
 def test_named_validation_sets_are_reported_monitored_and_checked(tmp_path):
-    noisy = ["data.noisy_val=0.5", "trainer.max_epochs=3", "monitor=val/clean/acc", "hooks=[early_stopping]",
-             "hooks.early_stopping.monitor=val/noisy/loss"]  # fmt: skip
+    noisy = [
+        "data.noisy_val=0.5",
+        "trainer.max_epochs=3",
+        "monitor=val/clean/acc",
+        "hooks=[early_stopping]",
+        "hooks.early_stopping.monitor=val/noisy/loss",
+    ]
     _, result = _train(tmp_path, *noisy)
-    validations = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
-                   if "val/clean/acc" in line]  # fmt: skip
+    validations = [
+        json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines() if "val/clean/acc" in line
+    ]
     assert len(validations) == 3
     assert {"val/clean/loss", "val/clean/acc", "val/noisy/loss", "val/noisy/acc"} <= set(validations[-1])
     assert all(v["val/noisy/acc"] < v["val/clean/acc"] for v in validations)  # the noisy copy is harder
@@ -235,8 +265,10 @@ def test_several_optimizers_need_a_model_that_owns_its_update(tmp_path):
     with pytest.raises(
         ConfigError, match=r"optim defines 2 optimizers \(generator, discriminator\): the model must own"
     ):
-        build_runner(_compose("optim=gan", "model=mlp", "optim.generator.module=null",
-                              "optim.discriminator.module=null"), tmp_path)  # fmt: skip
+        build_runner(
+            _compose("optim=gan", "model=mlp", "optim.generator.module=null", "optim.discriminator.module=null"),
+            tmp_path,
+        )
     with pytest.raises(ConfigError, match=r"optim.generator.module=gen: the model has no submodule 'gen'"):
         build_runner(_compose("experiment=gan", "optim.generator.module=gen"), tmp_path)
 
@@ -277,8 +309,12 @@ def test_byol_learns_a_representation_a_linear_probe_reads_better_than_random_in
 
 def test_byol_resumed_after_one_epoch_is_bit_identical(tmp_path):
     straight, _ = _train(tmp_path / "straight", "experiment=byol_digits", "hooks=[momentum_encoder]")
-    _train(tmp_path / "resumed", "experiment=byol_digits", "hooks=[momentum_encoder,stop_after]",
-           "hooks.stop_after.epochs=1")  # fmt: skip
+    _train(
+        tmp_path / "resumed",
+        "experiment=byol_digits",
+        "hooks=[momentum_encoder,stop_after]",
+        "hooks.stop_after.epochs=1",
+    )
     resumed, _ = _train(tmp_path / "resumed", "experiment=byol_digits", "hooks=[momentum_encoder]", "resume=true")
     for key, value in straight.model.state_dict().items():  # the target network included
         assert torch.equal(value, resumed.model.state_dict()[key]), key

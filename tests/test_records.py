@@ -36,8 +36,11 @@ def _tensorboard(work: Path) -> dict[str, list[tuple[int, float]]]:
 
     events = EventAccumulator(str(work / "tb"), size_guidance={"scalars": 0})
     events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
-            if tag.startswith(("train/loss", "val/"))}  # fmt: skip
+    return {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)]
+        for tag in events.Tags()["scalars"]
+        if tag.startswith(("train/loss", "val/"))
+    }
 
 
 class CrashAt(Hook):
@@ -75,8 +78,10 @@ def test_a_resumed_run_logs_what_an_uninterrupted_run_logs(tmp_path, crash):
 def _wandb(work: Path) -> list[dict]:
     from expkit.wandb_files import wandb_history
 
-    return [{k: v for k, v in row.items() if k not in TIMING and k not in ("_runtime", "_timestamp")}
-            for row in wandb_history(work)]  # fmt: skip
+    return [
+        {k: v for k, v in row.items() if k not in TIMING and k not in ("_runtime", "_timestamp")}
+        for row in wandb_history(work)
+    ]
 
 
 def test_a_resumed_run_continues_its_wandb_run_with_the_history_of_an_uninterrupted_run(tmp_path, monkeypatch):
@@ -145,8 +150,13 @@ def reference_cli(tmp_path_factory) -> Path:
 def test_killed_anywhere_then_resumed_records_equal_an_uninterrupted_run(tmp_path, point, reference_cli):
     (tmp_path / "exithook.py").write_text(EXIT_HOOK)
     work = tmp_path / "run"
-    killed = run_cli(f"hydra.run.dir={work}", *COMMON, "+hooks.exit._target_=exithook.ExitAt", f"+hooks.exit.point={point}",
-                     env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    killed = run_cli(
+        f"hydra.run.dir={work}",
+        *COMMON,
+        "+hooks.exit._target_=exithook.ExitAt",
+        f"+hooks.exit.point={point}",
+        env={"PYTHONPATH": str(tmp_path)},
+    )
     assert killed.returncode == 9, killed.output
     resumed = run_cli(f"hydra.run.dir={work}", *COMMON, "resume=true")
     assert resumed.returncode == 0, resumed.output
@@ -155,8 +165,9 @@ def test_killed_anywhere_then_resumed_records_equal_an_uninterrupted_run(tmp_pat
     result, reference = (json.loads((w / "result.json").read_text()) for w in (work, reference_cli))
     for key in ("status", "epoch", "iter", "final_metrics", "best_metrics", "monitor_rule"):
         assert result[key] == reference[key], key
-    final, expected = (torch.load(w / "checkpoints" / "epoch_3.pth", weights_only=True)["state_dict"]
-                       for w in (work, reference_cli))  # fmt: skip
+    final, expected = (
+        torch.load(w / "checkpoints" / "epoch_3.pth", weights_only=True)["state_dict"] for w in (work, reference_cli)
+    )
     assert all(torch.equal(final[k], expected[k]) for k in expected)
     assert not list(work.rglob("*.tmp*"))  # the killed writer's temporary file is gone
 
@@ -179,8 +190,10 @@ def test_a_full_disk_fails_naming_the_file_and_resumes_bit_identical_with_space(
         assert not (work / "checkpoints" / "epoch_3.pth").exists()
         resumed = run_cli(f"hydra.run.dir={work}", *COMMON, "resume=true")
         assert resumed.returncode == 0, resumed.output
-        final, expected = (torch.load(w / "checkpoints" / "epoch_3.pth", weights_only=True)["state_dict"]
-                           for w in (work, reference_cli))  # fmt: skip
+        final, expected = (
+            torch.load(w / "checkpoints" / "epoch_3.pth", weights_only=True)["state_dict"]
+            for w in (work, reference_cli)
+        )
         assert all(torch.equal(final[k], expected[k]) for k in expected)
 
 
@@ -210,8 +223,9 @@ def test_a_disk_filled_while_logging_fails_naming_metrics_jsonl_and_resumes(tmp_
     with small_disk(tmp_path / "disk", "16m") as disk:
         work = disk / "run"
         args = [f"hydra.run.dir={work}", *COMMON, "default_hooks.logger.interval=1"]  # a record per step
-        full = run_cli(*args, "+hooks.fill._target_=fillhook.Fill", "+hooks.fill.at=81",
-                       env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+        full = run_cli(
+            *args, "+hooks.fill._target_=fillhook.Fill", "+hooks.fill.at=81", env={"PYTHONPATH": str(tmp_path)}
+        )
         assert full.returncode == 1, full.output
         assert "could not append to " + str(work / "metrics.jsonl") in full.stderr, full.stderr
         assert "Traceback" not in full.stderr and "Logging error" not in full.stderr
@@ -225,23 +239,29 @@ def test_a_disk_filled_while_logging_fails_naming_metrics_jsonl_and_resumes(tmp_
         steps = [json.loads(line)["step"] for line in (work / "metrics.jsonl").read_text().splitlines()]
         assert steps == sorted(steps)  # no record twice, none out of order
         assert len([s for s in steps if s == 97]) == 1
-        final, expected = (torch.load(w / "checkpoints" / "epoch_3.pth", weights_only=True)["state_dict"]
-                           for w in (work, reference_cli))  # fmt: skip
+        final, expected = (
+            torch.load(w / "checkpoints" / "epoch_3.pth", weights_only=True)["state_dict"]
+            for w in (work, reference_cli)
+        )
         assert all(torch.equal(final[k], expected[k]) for k in expected)
         assert not list(work.rglob("*.tmp*")) and not (work / ".result.reserve").exists()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("args", "named"), [
-    (["optim.lr=nan"], "optim.lr=nan is not a finite number"),
-    (["optim.lr=inf"], "optim.lr=inf is not a finite number"),
-    (["model.hidden=[0]"], "layer widths must be positive integers"),
-    (["metrics.acc.top_k=20"], "metrics.acc (Accuracy) fails on the first validation batch"),
-    (["hydra.run.dir=/proc/expkit-test/run"], "hydra.run.dir=/proc/expkit-test/run: cannot create or write"),
-    (["x" * 5000 + "=1"], "5000-character key is not a key of the config"),
-    (["nokey=1"], "Could not override 'nokey'"),  # Hydra's own errors exit 2 too
-    (["optim.lr=[1"], "optim.lr=[1"),
-], ids=["nan", "inf", "zero-width", "top_k", "unwritable", "long-key", "unknown-key", "unparsable"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["optim.lr=nan"], "optim.lr=nan is not a finite number"),
+        (["optim.lr=inf"], "optim.lr=inf is not a finite number"),
+        (["model.hidden=[0]"], "layer widths must be positive integers"),
+        (["metrics.acc.top_k=20"], "metrics.acc (Accuracy) fails on the first validation batch"),
+        (["hydra.run.dir=/proc/expkit-test/run"], "hydra.run.dir=/proc/expkit-test/run: cannot create or write"),
+        (["x" * 5000 + "=1"], "5000-character key is not a key of the config"),
+        (["nokey=1"], "Could not override 'nokey'"),  # Hydra's own errors exit 2 too
+        (["optim.lr=[1"], "optim.lr=[1"),
+    ],
+    ids=["nan", "inf", "zero-width", "top_k", "unwritable", "long-key", "unknown-key", "unparsable"],
+)
 def test_bad_input_exits_2_with_one_message_naming_it(tmp_path, args, named):
     run_dir = [] if any(a.startswith("hydra.run.dir=") for a in args) else [f"hydra.run.dir={tmp_path / 'run'}"]
     proc = run_cli(*run_dir, *args, "trainer.max_epochs=1")
@@ -252,7 +272,12 @@ def test_bad_input_exits_2_with_one_message_naming_it(tmp_path, args, named):
 
 @pytest.mark.slow
 def test_the_fault_campaign_script_runs_and_finds_every_trial_consistent():
-    proc = subprocess.run([sys.executable, "benchmarks/fault_campaign.py", "--quick", "--seed", "1"], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/fault_campaign.py", "--quick", "--seed", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     assert "2 of 2 trials ended bit-identical with consistent records" in proc.stdout

@@ -37,7 +37,8 @@ def test_a_sweep_dir_that_holds_jobs_is_not_swept_over(tmp_path):
     assert "already holds sweep jobs: 2 completed, 0 interrupted, 0 failed" in again.stderr
     assert "hydra.sweep.dir" in again.stderr and "resume=true" in again.stderr
     assert _snapshot(sweep) == before
-    search = run_cli("hparams_search=optuna", "hydra.sweeper.n_trials=1", "trainer.max_epochs=1",
-                     f"hydra.sweep.dir={sweep}")  # fmt: skip
+    search = run_cli(
+        "hparams_search=optuna", "hydra.sweeper.n_trials=1", "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}"
+    )
     assert search.returncode == 2 and _snapshot(sweep) == before
     assert run_cli(*args, "resume=true").returncode == 0

@@ -34,11 +34,13 @@ TRAINING = {  # 40 iterations an epoch (digits, the default batch size)
 }
 SCHEDULES = {
     "every epoch": [],
-    "every 5 iterations (one ends the epoch)": ["default_hooks.checkpoint.by_epoch=false",
-                                                "default_hooks.checkpoint.interval=5"],
+    "every 5 iterations (one ends the epoch)": [
+        "default_hooks.checkpoint.by_epoch=false",
+        "default_hooks.checkpoint.interval=5",
+    ],
     "every 8 iterations": ["default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=8"],
     "every 7 iterations": ["default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=7"],
-}  # fmt: skip
+}
 
 
 def _records(run: Path) -> list[dict]:
@@ -59,8 +61,9 @@ def uninterrupted(tmp_path_factory) -> dict[str, list[dict]]:
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.parametrize("training", list(TRAINING))
-def test_a_kill_after_a_validation_then_resume_records_each_validation_once(tmp_path, uninterrupted, training,
-                                                                            schedule):  # fmt: skip
+def test_a_kill_after_a_validation_then_resume_records_each_validation_once(
+    tmp_path, uninterrupted, training, schedule
+):
     (tmp_path / "exitafterval.py").write_text(EXIT_AFTER_VALIDATION)
     run = tmp_path / "run"
     common = [f"hydra.run.dir={run}", *TRAINING[training], *SCHEDULES[schedule]]

@@ -43,8 +43,11 @@ class ExitAtSave(Hook):
 
 
 def _digests(directory: Path) -> dict[str, str]:
-    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file()}  # fmt: skip
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _names(work: Path) -> list[str]:
@@ -80,8 +83,12 @@ def test_resuming_a_copied_run_leaves_the_original_untouched(tmp_path):
 
 def _keep_one(work: Path) -> list[str]:
     """A 3-epoch run keeping one regular checkpoint, without best ones: the n-th save is epoch_n."""
-    return [f"hydra.run.dir={work}", "trainer.max_epochs=3", "default_hooks.checkpoint.max_keep_ckpts=1",
-            "default_hooks.checkpoint.save_best=null"]  # fmt: skip
+    return [
+        f"hydra.run.dir={work}",
+        "trainer.max_epochs=3",
+        "default_hooks.checkpoint.max_keep_ckpts=1",
+        "default_hooks.checkpoint.save_best=null",
+    ]
 
 
 def _write_exit_hook(tmp_path: Path, stage: str, count: int) -> tuple[list[str], dict[str, str]]:
@@ -135,9 +142,14 @@ def test_retention_never_leaves_the_run_without_a_complete_checkpoint(tmp_path):
 
     hooks = default_hooks(logger=LoggerHook(plot=False), checkpoint=CheckpointHook(max_keep_ckpts=1))
     toy_runner(tmp_path, default_hooks=hooks, hooks=[Watch()], max_epochs=3).run()
-    assert seen == [("before", []), ("after", ["epoch_1.pth"]),
-                    ("before", ["epoch_1.pth"]), ("after", ["epoch_1.pth", "epoch_2.pth"]),
-                    ("before", ["epoch_2.pth"]), ("after", ["epoch_2.pth", "epoch_3.pth"])]  # fmt: skip
+    assert seen == [
+        ("before", []),
+        ("after", ["epoch_1.pth"]),
+        ("before", ["epoch_1.pth"]),
+        ("after", ["epoch_1.pth", "epoch_2.pth"]),
+        ("before", ["epoch_2.pth"]),
+        ("after", ["epoch_2.pth", "epoch_3.pth"]),
+    ]
     assert _names(tmp_path) == ["epoch_3.pth"]
 
 
@@ -173,17 +185,34 @@ def test_the_continue_command_pastes_into_a_shell_with_flags_first():
     argv = flags_first(["model=cnn", "--config-dir", "my conf", "hydra.run.dir=old", "resume=true", "-m"])
     assert argv == ["--config-dir", "my conf", "-m", "model=cnn", "hydra.run.dir=old", "resume=true"]
     command = continue_command(argv, Path("/runs/with space/run 1"))
-    assert shlex.split(command)[3:] == ["--config-dir", "my conf", "-m", "model=cnn",
-                                        "hydra.run.dir=/runs/with space/run 1", "resume=true"]  # fmt: skip
+    assert shlex.split(command)[3:] == [
+        "--config-dir",
+        "my conf",
+        "-m",
+        "model=cnn",
+        "hydra.run.dir=/runs/with space/run 1",
+        "resume=true",
+    ]
 
 
 @pytest.mark.slow
 def test_overrides_may_come_before_and_after_config_dir(tmp_path):
     project = REPO / "examples" / "my_project"
     proc = subprocess.run(
-        [sys.executable, "-m", "expkit.train", "model=residual_mlp", "--config-dir", "conf", "show_hooks=true",
-         f"hydra.run.dir={tmp_path}"],
-        cwd=project, env={**os.environ, "PYTHONPATH": str(project)}, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "expkit.train",
+            "model=residual_mlp",
+            "--config-dir",
+            "conf",
+            "show_hooks=true",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=project,
+        env={**os.environ, "PYTHONPATH": str(project)},
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "CheckpointHook [checkpoint]" in proc.stdout

@@ -38,8 +38,10 @@ def test_golden_firing_order_with_two_equal_priority_hooks(tmp_path):
     transcript = "\n".join(e[2:] for e in log[0::2]) + "\n"
     if os.environ.get("EXPKIT_REGENERATE_GOLDEN") == "1":  # after an intended change of the order; review the diff
         GOLDEN.write_text(transcript)
-    assert GOLDEN.is_file(), (f"{GOLDEN} is missing: regenerate it with EXPKIT_REGENERATE_GOLDEN=1 .venv/bin/python "
-                              "-m pytest tests/test_runner.py -k golden, review it and commit it")  # fmt: skip
+    assert GOLDEN.is_file(), (
+        f"{GOLDEN} is missing: regenerate it with EXPKIT_REGENERATE_GOLDEN=1 .venv/bin/python "
+        "-m pytest tests/test_runner.py -k golden, review it and commit it"
+    )
     assert transcript == GOLDEN.read_text(), (
         "the firing order changed; if intended: EXPKIT_REGENERATE_GOLDEN=1 (see above)"
     )
@@ -58,9 +60,18 @@ def test_sorting_priorities_ties_and_defaults_first(tmp_path):
     names = runner.hook_names()
     # defaults register first: NORMAL customs run after timer and sampler_seed (both NORMAL)
     assert names == [
-        "runtime_info", "RecordingHook_3", "timer", "sampler_seed", "RecordingHook_2", "RecordingHook_4",
-        "RecordingHook_5", "logger", "param_scheduler", "RecordingHook", "checkpoint",
-    ]  # fmt: skip
+        "runtime_info",
+        "RecordingHook_3",
+        "timer",
+        "sampler_seed",
+        "RecordingHook_2",
+        "RecordingHook_4",
+        "RecordingHook_5",
+        "logger",
+        "param_scheduler",
+        "RecordingHook",
+        "checkpoint",
+    ]
     runner.call_hook(Stage.BEFORE_RUN)
     assert log == [f"{n}.before_run" for n in ("high", "n1", "n2", "p55", "low")]
 
@@ -396,8 +407,13 @@ def test_a_runner_that_dispatches_hooks_its_own_way_gets_every_iteration_stage(t
                 raise ValueError("third iteration")
 
     base = toy_runner(tmp_path / "a", max_epochs=1)
-    traced = Tracing(model=base.model, optimizer=base.optimizer, train_loader=base.train_loader,
-                     work_dir=tmp_path / "b", settings=base.settings)  # fmt: skip
+    traced = Tracing(
+        model=base.model,
+        optimizer=base.optimizer,
+        train_loader=base.train_loader,
+        work_dir=tmp_path / "b",
+        settings=base.settings,
+    )
     traced.run()
     assert seen.count("after_train_iter") == traced.iter == 2
     replaced = toy_runner(tmp_path / "c", max_epochs=1)

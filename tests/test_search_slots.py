@@ -71,12 +71,25 @@ def test_a_short_trial_starts_as_soon_as_a_slot_frees_not_after_the_slowest(tmp_
     (tmp_path / "gatehook.py").write_text(GATE_HOOK)
     storage = f"{tmp_path}/study.journal"
     _enqueued(storage, "slots", [2, 1, 1])
-    workers = (["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"] if launcher == "joblib"
-               else ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5"])  # fmt: skip
-    proc = run_cli("--config-dir", str(tmp_path / "conf"), "hparams_search=optuna", "hooks=[gate]", EPOCHS,
-                   "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=2", *workers,
-                   f"hydra.sweeper.storage={storage}", "hydra.sweeper.study_name=slots",
-                   f"hydra.sweep.dir={tmp_path / 'sweep'}", env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    workers = (
+        ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+        if launcher == "joblib"
+        else ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5"]
+    )
+    proc = run_cli(
+        "--config-dir",
+        str(tmp_path / "conf"),
+        "hparams_search=optuna",
+        "hooks=[gate]",
+        EPOCHS,
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.n_jobs=2",
+        *workers,
+        f"hydra.sweeper.storage={storage}",
+        "hydra.sweeper.study_name=slots",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        env={"PYTHONPATH": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.output
     study = optuna.load_study(study_name="slots", storage=open_storage(storage))
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
@@ -112,8 +125,9 @@ def _worker(tmp_path: Path, name: str, *args: str) -> tuple[subprocess.Popen, Pa
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "HYDRA_FULL_ERROR": "0"}
     command = [sys.executable, "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), *args]
     with out.open("w") as sink:
-        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
     return proc, out
 
 
@@ -167,8 +181,14 @@ def test_a_workers_trial_is_finished_by_another_when_it_is_killed_or_stopped(tmp
     other worker runs that trial's job again in its own dir, from its checkpoint, and tells
     the study once."""
     sweep = tmp_path / "sweep"
-    args = ["hparams_search=optuna", "hooks=[slow]", "trainer.max_epochs=3", "hydra.sweeper.n_trials=3",
-            "hydra.sweeper.study_name=k", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    args = [
+        "hparams_search=optuna",
+        "hooks=[slow]",
+        "trainer.max_epochs=3",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.study_name=k",
+        f"hydra.sweep.dir={sweep}",
+    ]
     workers = [_worker(tmp_path, f"w{i}", *args) for i in range(2)]
     try:
         deadline = time.time() + 300
@@ -232,8 +252,11 @@ def postgres():
     data = root / "data"
     subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "expkit"], check=True, capture_output=True)
     options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off"
-    started = subprocess.run([*as_user, pg_ctl, "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"],
-                             capture_output=True, text=True)  # fmt: skip
+    started = subprocess.run(
+        [*as_user, pg_ctl, "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"],
+        capture_output=True,
+        text=True,
+    )
     assert started.returncode == 0, started.stdout + started.stderr + (root / "log").read_text()
     try:
         yield f"postgresql://expkit@127.0.0.1:{port}/postgres"
@@ -262,17 +285,29 @@ def test_workers_on_two_sweep_dirs_share_a_postgresql_study(tmp_path, postgres):
 
 @pytest.mark.slow
 def test_bad_storages_and_a_second_search_on_one_study_stop_before_training(tmp_path, postgres):
-    unreachable = run_cli(*FAST, "hydra.sweeper.storage=postgresql://expkit@127.0.0.1:9/nowhere",
-                          f"hydra.sweep.dir={tmp_path / 'u'}")  # fmt: skip
+    unreachable = run_cli(
+        *FAST, "hydra.sweeper.storage=postgresql://expkit@127.0.0.1:9/nowhere", f"hydra.sweep.dir={tmp_path / 'u'}"
+    )
     assert unreachable.returncode == 2, unreachable.output
     assert "postgresql://expkit@127.0.0.1:9/nowhere" in unreachable.output and "pg_isready" in unreachable.output
     assert "Traceback" not in unreachable.output and not (tmp_path / "u" / "0").exists()
 
-    first = run_cli(*FAST, "hydra.sweeper.n_trials=1", "hydra.sweeper.study_name=one",
-                    f"hydra.sweeper.storage={postgres}", f"hydra.sweep.dir={tmp_path / 'a'}")  # fmt: skip
+    first = run_cli(
+        *FAST,
+        "hydra.sweeper.n_trials=1",
+        "hydra.sweeper.study_name=one",
+        f"hydra.sweeper.storage={postgres}",
+        f"hydra.sweep.dir={tmp_path / 'a'}",
+    )
     assert first.returncode == 0, first.output
-    other = run_cli(*FAST, "hydra.sweeper.n_trials=1", "hydra.sweeper.study_name=one", "optim.lr=choice(0.1,0.01)",
-                    f"hydra.sweeper.storage={postgres}", f"hydra.sweep.dir={tmp_path / 'b'}")  # fmt: skip
+    other = run_cli(
+        *FAST,
+        "hydra.sweeper.n_trials=1",
+        "hydra.sweeper.study_name=one",
+        "optim.lr=choice(0.1,0.01)",
+        f"hydra.sweeper.storage={postgres}",
+        f"hydra.sweep.dir={tmp_path / 'b'}",
+    )
     assert other.returncode == 2, other.output
     assert "study 'one'" in other.output and "optim.lr: CategoricalDistribution" in other.output
     assert "optim.lr: FloatDistribution" in other.output  # both spaces named

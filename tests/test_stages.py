@@ -10,11 +10,29 @@ from expkit import Hook, Priority, Stage, get_priority
 from expkit.stages import priority_name
 
 MMENGINE_STAGES = [
-    "before_run", "after_load_checkpoint", "before_train", "before_train_epoch", "before_train_iter",
-    "after_train_iter", "after_train_epoch", "before_val", "before_val_epoch", "before_val_iter",
-    "after_val_iter", "after_val_epoch", "after_val", "before_save_checkpoint", "after_train", "before_test",
-    "before_test_epoch", "before_test_iter", "after_test_iter", "after_test_epoch", "after_test", "after_run",
-]  # fmt: skip
+    "before_run",
+    "after_load_checkpoint",
+    "before_train",
+    "before_train_epoch",
+    "before_train_iter",
+    "after_train_iter",
+    "after_train_epoch",
+    "before_val",
+    "before_val_epoch",
+    "before_val_iter",
+    "after_val_iter",
+    "after_val_epoch",
+    "after_val",
+    "before_save_checkpoint",
+    "after_train",
+    "before_test",
+    "before_test_epoch",
+    "before_test_iter",
+    "after_test_iter",
+    "after_test_epoch",
+    "after_test",
+    "after_run",
+]
 
 
 def test_stage_list_equals_hook_methods():
@@ -50,9 +68,16 @@ def test_hook_payloads_are_keyword_only():
 
 def test_nine_levels_with_mmengine_values():
     assert {p.name: p.value for p in Priority} == {
-        "HIGHEST": 0, "VERY_HIGH": 10, "HIGH": 30, "ABOVE_NORMAL": 40, "NORMAL": 50,
-        "BELOW_NORMAL": 60, "LOW": 70, "VERY_LOW": 90, "LOWEST": 100,
-    }  # fmt: skip
+        "HIGHEST": 0,
+        "VERY_HIGH": 10,
+        "HIGH": 30,
+        "ABOVE_NORMAL": 40,
+        "NORMAL": 50,
+        "BELOW_NORMAL": 60,
+        "LOW": 70,
+        "VERY_LOW": 90,
+        "LOWEST": 100,
+    }
 
 
 @pytest.mark.parametrize(

@@ -89,15 +89,21 @@ def test_grid_with_joblib_and_two_workers(tmp_path):
 
 
 def test_submitit_local(tmp_path):
-    proc = run_cli("-m", "optim.lr=0.1,0.01", "trainer.max_epochs=1", "hydra/launcher=submitit_local",
-                   f"hydra.sweep.dir={tmp_path}")  # fmt: skip
+    proc = run_cli(
+        "-m",
+        "optim.lr=0.1,0.01",
+        "trainer.max_epochs=1",
+        "hydra/launcher=submitit_local",
+        f"hydra.sweep.dir={tmp_path}",
+    )
     assert proc.returncode == 0, proc.output
     _check_sweep(tmp_path, 2)
 
 
 def test_optuna_best_trial_agrees_with_best_json(tmp_path):
-    proc = run_cli("hparams_search=optuna", "hydra.sweeper.n_trials=4", "trainer.max_epochs=2",
-                   f"hydra.sweep.dir={tmp_path}")  # fmt: skip
+    proc = run_cli(
+        "hparams_search=optuna", "hydra.sweeper.n_trials=4", "trainer.max_epochs=2", f"hydra.sweep.dir={tmp_path}"
+    )
     assert proc.returncode == 0, proc.output
     best = _check_sweep(tmp_path, 4)
     study = yaml.safe_load((tmp_path / "optimization_results.yaml").read_text())
@@ -145,8 +151,10 @@ def test_rebuild_command_while_running_and_after(tmp_path):
 def test_two_sweeps_started_together_get_their_own_dirs(tmp_path):
     command = [sys.executable, "-m", "expkit.train", "-m", "trainer.max_epochs=1", "optim.lr=0.1", "show_hooks=true"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = [subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-             for _ in range(2)]  # fmt: skip
+    procs = [
+        subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        for _ in range(2)
+    ]
     for p in procs:
         assert p.wait(timeout=120) == 0
     dirs = list((tmp_path / "outputs" / "sweeps").iterdir())
@@ -175,8 +183,12 @@ def test_a_job_end_appends_its_row_and_updates_best_json_in_constant_time(three_
     assert [r["job"] for r in rows] == ["2", "0", "1"]  # appended as they ended
     best = json.loads((sweep / "best.json").read_text())
     top = max(final, key=final.get)
-    assert (best["job"], best["value"], best["jobs"], best["statuses"]) == (top, pytest.approx(final[top]), 3,
-                                                                          {"completed": 3})  # fmt: skip
+    assert (best["job"], best["value"], best["jobs"], best["statuses"]) == (
+        top,
+        pytest.approx(final[top]),
+        3,
+        {"completed": 3},
+    )
     before = {name: (sweep / name).read_bytes() for name in ("summary.csv", "summary.md", "best.json")}
     record_job_end(sweep, sweep / "0")  # a job a resumed sweep found finished: nothing changes
     assert before == {name: (sweep / name).read_bytes() for name in before}
@@ -203,8 +215,13 @@ def test_resume_finds_jobs_through_the_index_and_scans_an_old_sweep_dir_once(thr
 
 
 def test_the_bookkeeping_benchmark_runs(tmp_path):
-    proc = subprocess.run([sys.executable, "benchmarks/sweep_bookkeeping.py", "--jobs", "40", "--rounds", "1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/sweep_bookkeeping.py", "--jobs", "40", "--rounds", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "per-job bookkeeping in 40 job dirs vs 3" in proc.stdout and "full rebuild of 40 job dirs" in proc.stdout
 
@@ -229,8 +246,13 @@ def test_a_requeued_slurm_job_resumes_its_own_dir_and_ends_as_an_uninterrupted_o
     """Slurm reruns a requeued job's command with SLURM_RESTART_COUNT set (submitit's launcher
     requeues on preemption or timeout); the job must continue from its checkpoint, not start over."""
     (tmp_path / "killonce.py").write_text(KILL_ONCE)
-    common = ("trainer.max_epochs=2", "default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=10",
-              "+hooks.kill._target_=killonce.KillOnce", "optim.lr=0.05")  # fmt: skip
+    common = (
+        "trainer.max_epochs=2",
+        "default_hooks.checkpoint.by_epoch=false",
+        "default_hooks.checkpoint.interval=10",
+        "+hooks.kill._target_=killonce.KillOnce",
+        "optim.lr=0.05",
+    )
     env = {"PYTHONPATH": str(tmp_path)}
     reference = tmp_path / "reference"
     (reference / "0").mkdir(parents=True)
@@ -240,16 +262,23 @@ def test_a_requeued_slurm_job_resumes_its_own_dir_and_ends_as_an_uninterrupted_o
     sweep = tmp_path / "sweep"
     proc = run_cli("-m", f"hydra.sweep.dir={sweep}", *common, cwd=tmp_path, env=env)
     assert proc.returncode != 0 and (sweep / "0" / "killed").is_file()
-    proc = run_cli("-m", f"hydra.sweep.dir={sweep}", *common, "sweep_output=full", cwd=tmp_path,
-                   env={**env, "SLURM_RESTART_COUNT": "1"})  # fmt: skip
+    proc = run_cli(
+        "-m",
+        f"hydra.sweep.dir={sweep}",
+        *common,
+        "sweep_output=full",
+        cwd=tmp_path,
+        env={**env, "SLURM_RESTART_COUNT": "1"},
+    )
     assert proc.returncode == 0, proc.output[-3000:]
     result = json.loads((sweep / "0" / "result.json").read_text())
     assert result["status"] == "completed" and result["requeues"] == 1
     assert "Resumed from" in (sweep / "0" / "train.log").read_text() and "iter_20.pth" in proc.output
     import torch
 
-    final, expected = (torch.load(d / "0" / "checkpoints" / "iter_80.pth", weights_only=True)["state_dict"]
-                       for d in (sweep, reference))  # fmt: skip
+    final, expected = (
+        torch.load(d / "0" / "checkpoints" / "iter_80.pth", weights_only=True)["state_dict"] for d in (sweep, reference)
+    )
     assert all(torch.equal(final[k], expected[k]) for k in expected)
 
 
@@ -284,12 +313,24 @@ def test_the_first_job_warns_once_when_the_sweeps_checkpoints_would_not_fit(tmp_
     from conftest import small_disk
 
     with small_disk(tmp_path / "disk", "3m") as disk:
-        command = [sys.executable, "-m", "expkit.train", "-m", f"hydra.sweep.dir={disk / 'sweep'}",
-                   "trainer.max_epochs=1", "optim.lr=0.1,0.05"]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "expkit.train",
+            "-m",
+            f"hydra.sweep.dir={disk / 'sweep'}",
+            "trainer.max_epochs=1",
+            "optim.lr=0.1,0.05",
+        ]
         proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
         output = proc.stdout + proc.stderr
         assert output.count("The sweep's 2 jobs would keep about") == 1, output[-3000:]
         assert "max_keep_ckpts=1" in output
-    fits = subprocess.run([*command[:4], f"hydra.sweep.dir={tmp_path / 'sweep'}", *command[5:]], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    fits = subprocess.run(
+        [*command[:4], f"hydra.sweep.dir={tmp_path / 'sweep'}", *command[5:]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert fits.returncode == 0 and "would keep about" not in fits.stdout + fits.stderr

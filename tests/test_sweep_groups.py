@@ -22,8 +22,9 @@ def _best(job: Path) -> float:
 
 def test_seed_groups_summary_best_plot_progress_and_rebuild(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_cli("-m", "trainer.seed=0,1,2", "model.hidden=[32],[64]", "trainer.max_epochs=1",
-                   f"hydra.sweep.dir={sweep}")  # fmt: skip
+    proc = run_cli(
+        "-m", "trainer.seed=0,1,2", "model.hidden=[32],[64]", "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}"
+    )
     assert proc.returncode == 0, proc.output
     values = {j: _best(sweep / j) for j in "012345"}  # jobs 0,2,4: [32]; 1,3,5: [64] (Hydra's order)
     groups = list(csv.DictReader((sweep / "summary.csv").open()))
@@ -58,12 +59,17 @@ def test_seed_groups_summary_best_plot_progress_and_rebuild(tmp_path):
 
     # rebuilt from disk: the same groups; seed_keys=[] gives one row per job
     summary = (sweep / "summary.csv").read_text()
-    rebuilt = subprocess.run([sys.executable, "-m", "expkit.sweep", str(sweep)], cwd=REPO, capture_output=True,
-                             text=True)  # fmt: skip
+    rebuilt = subprocess.run(
+        [sys.executable, "-m", "expkit.sweep", str(sweep)], cwd=REPO, capture_output=True, text=True
+    )
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert (sweep / "summary.csv").read_text() == summary
-    per_job = subprocess.run([sys.executable, "-m", "expkit.sweep", f"sweep_dir={sweep}", "seed_keys=[]"], cwd=REPO,
-                             capture_output=True, text=True)  # fmt: skip
+    per_job = subprocess.run(
+        [sys.executable, "-m", "expkit.sweep", f"sweep_dir={sweep}", "seed_keys=[]"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert per_job.returncode == 0, per_job.stderr
     assert len(list(csv.DictReader((sweep / "summary.csv").open()))) == 6
 

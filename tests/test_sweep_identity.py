@@ -41,9 +41,19 @@ def test_every_key_of_train_yaml_and_every_group_is_classified():
 
 def test_control_keys_never_make_another_job():
     job = ["optim.lr=0.1", "model=cnn"]
-    assert job_identity([*job, "resume=true", "retry_failed=true", "fail_fast=true", "logger=[tensorboard]",
-                         "default_hooks.logger.interval=5", "+hydra.job.env_set.X=1", "hydra/launcher=joblib",
-                         "hparams_search=optuna"]) == sorted(job)  # fmt: skip
+    assert job_identity(
+        [
+            *job,
+            "resume=true",
+            "retry_failed=true",
+            "fail_fast=true",
+            "logger=[tensorboard]",
+            "default_hooks.logger.interval=5",
+            "+hydra.job.env_set.X=1",
+            "hydra/launcher=joblib",
+            "hparams_search=optuna",
+        ]
+    ) == sorted(job)
     assert job_identity([*job, "trainer.seed=1"]) != job_identity(job)
 
 

@@ -31,15 +31,31 @@ def _sweep(tmp_path: Path, *extra: str) -> list[str]:
     conf.mkdir(parents=True, exist_ok=True)
     (conf / "slow.yaml").write_text("slow:\n  _target_: slowhook.Slow\n")
     (tmp_path / "slowhook.py").write_text(SLOW)
-    return [sys.executable, "-m", "expkit.train", "-m", "--config-dir", str(tmp_path / "conf"), "hooks=[slow]",
-            *VALUES, f"hydra.sweep.dir={tmp_path / 'sweep'}", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "expkit.train",
+        "-m",
+        "--config-dir",
+        str(tmp_path / "conf"),
+        "hooks=[slow]",
+        *VALUES,
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        *extra,
+    ]
 
 
 def test_kill_during_the_third_job_then_resume(tmp_path):
     sweep = tmp_path / "sweep"
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    proc = subprocess.Popen(_sweep(tmp_path), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        _sweep(tmp_path),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 240
         while not (sweep / "2" / "checkpoints" / "epoch_1.pth").exists():

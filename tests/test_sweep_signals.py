@@ -48,8 +48,9 @@ def _interrupt(tmp_path: Path, command: list[str], ready: Path, *signals: signal
     exists; its exit status, its output, and the seconds from the first signal to its end."""
     out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}.txt"
     with out.open("w") as sink:
-        proc = subprocess.Popen(command, cwd=REPO, env=_env(tmp_path), stdout=sink, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            command, cwd=REPO, env=_env(tmp_path), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             deadline = time.time() + 240
             while not ready.exists():
@@ -121,8 +122,9 @@ def test_sigterm_exits_143_and_a_second_ctrl_c_exits_at_once_without_a_traceback
 
     sweep = tmp_path / "twice"
     command = _command(tmp_path, "-m", "optim.lr=0.1,0.05", "trainer.max_epochs=3", f"hydra.sweep.dir={sweep}")
-    rc, output, took = _interrupt(tmp_path, command, sweep / "0" / "checkpoints" / "epoch_1.pth",
-                                  signal.SIGINT, signal.SIGINT)  # fmt: skip
+    rc, output, took = _interrupt(
+        tmp_path, command, sweep / "0" / "checkpoints" / "epoch_1.pth", signal.SIGINT, signal.SIGINT
+    )
     assert rc == 130 and took < 30, output[-3000:]
     assert "Traceback" not in output and "Sweep interrupted (SIGINT)" in output
     assert _status(sweep / "0") == "stopped" and not (sweep / "1").exists()  # stopped, never failed
@@ -130,10 +132,16 @@ def test_sigterm_exits_143_and_a_second_ctrl_c_exits_at_once_without_a_traceback
 
 def test_ctrl_c_leaves_the_optuna_trial_running_for_resume_to_finish(tmp_path):
     sweep = tmp_path / "search"
-    args = ["hparams_search=optuna", "hydra.sweeper.n_trials=3", "trainer.max_epochs=3", "hydra.sweeper.study_name=s",
-            f"hydra.sweep.dir={sweep}"]  # fmt: skip
-    rc, output, _ = _interrupt(tmp_path, _command(tmp_path, *args), sweep / "1" / "checkpoints" / "epoch_1.pth",
-                               signal.SIGINT)  # fmt: skip
+    args = [
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=3",
+        "trainer.max_epochs=3",
+        "hydra.sweeper.study_name=s",
+        f"hydra.sweep.dir={sweep}",
+    ]
+    rc, output, _ = _interrupt(
+        tmp_path, _command(tmp_path, *args), sweep / "1" / "checkpoints" / "epoch_1.pth", signal.SIGINT
+    )
     assert rc == 130 and "Traceback" not in output, output[-3000:]
     assert "1 completed, 1 interrupted, 1 not started of 3" in output
     from expkit.search import open_storage
@@ -143,8 +151,9 @@ def test_ctrl_c_leaves_the_optuna_trial_running_for_resume_to_finish(tmp_path):
         return [t.state for t in optuna.load_study(study_name="s", storage=storage).trials]
 
     assert states() == [TrialState.COMPLETE, TrialState.RUNNING]  # not told as failed, nor complete
-    done = subprocess.run([*_command(tmp_path, *args), "resume=true"], cwd=REPO, env=_env(tmp_path),
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [*_command(tmp_path, *args), "resume=true"], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert states() == [TrialState.COMPLETE] * 3
     assert json.loads((sweep / "1" / "result.json").read_text())["resumed_in_sweep"] is True
@@ -152,8 +161,15 @@ def test_ctrl_c_leaves_the_optuna_trial_running_for_resume_to_finish(tmp_path):
 
 def test_ctrl_c_stops_joblib_workers_after_they_save_and_starts_no_other_job(tmp_path):
     sweep = tmp_path / "joblib"
-    command = _command(tmp_path, "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
-                       "optim.lr=0.1,0.05,0.02,0.01", "trainer.max_epochs=6", f"hydra.sweep.dir={sweep}")  # fmt: skip
+    command = _command(
+        tmp_path,
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "optim.lr=0.1,0.05,0.02,0.01",
+        "trainer.max_epochs=6",
+        f"hydra.sweep.dir={sweep}",
+    )
     both = tmp_path / "both_running"
     _when_saved([sweep / j for j in "01"], both)  # the signal goes when both workers have a checkpoint
     rc, output, took = _interrupt(tmp_path, command, both, signal.SIGINT)
@@ -173,8 +189,15 @@ def test_ctrl_c_stops_joblib_workers_after_they_save_and_starts_no_other_job(tmp
 
 def test_ctrl_c_stops_submitit_local_jobs_after_they_save_and_starts_no_other_job(tmp_path):
     sweep = tmp_path / "submitit"
-    command = _command(tmp_path, "-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
-                       "optim.lr=0.1,0.05,0.02", "trainer.max_epochs=6", f"hydra.sweep.dir={sweep}")  # fmt: skip
+    command = _command(
+        tmp_path,
+        "-m",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.timeout_min=10",
+        "optim.lr=0.1,0.05,0.02",
+        "trainer.max_epochs=6",
+        f"hydra.sweep.dir={sweep}",
+    )
     started = tmp_path / "started"
     _when_saved([sweep / j for j in "012"], started)  # submitit_local runs the batch's jobs side by side
     rc, output, took = _interrupt(tmp_path, command, started, signal.SIGINT)
@@ -197,8 +220,16 @@ def test_ctrl_c_stops_an_optuna_search_in_slots_and_resume_finishes_its_trials(t
     Ctrl-C lets both save and stop, asks the study for nothing more, leaves both running for
     resume=true, which finishes them and the trials still missing."""
     sweep = tmp_path / "slots"
-    args = ["hparams_search=optuna", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2", "hydra/launcher=joblib",
-            "hydra.launcher.n_jobs=2", "trainer.max_epochs=6", "hydra.sweeper.study_name=s", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    args = [
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.n_jobs=2",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "trainer.max_epochs=6",
+        "hydra.sweeper.study_name=s",
+        f"hydra.sweep.dir={sweep}",
+    ]
     both = tmp_path / "both_running"
     _when_saved([sweep / j for j in "01"], both)
     rc, output, took = _interrupt(tmp_path, _command(tmp_path, *args), both, signal.SIGINT)
@@ -215,8 +246,9 @@ def test_ctrl_c_stops_an_optuna_search_in_slots_and_resume_finishes_its_trials(t
         return [t.state for t in optuna.load_study(study_name="s", storage=storage).trials]
 
     assert states() == [TrialState.RUNNING] * 2  # no trial asked after the signal, none told failed
-    done = subprocess.run([*_command(tmp_path, *args), "resume=true"], cwd=REPO, env=_env(tmp_path),
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [*_command(tmp_path, *args), "resume=true"], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert states() == [TrialState.COMPLETE] * 4
     assert [_status(sweep / j) for j in "0123"] == ["completed"] * 4

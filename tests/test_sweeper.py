@@ -36,8 +36,12 @@ finally:
 def _sweep(tmp_path: Path, *overrides: str) -> tuple[int, subprocess.CompletedProcess]:
     proc = subprocess.run(
         [sys.executable, "-c", COUNTING, "-m", *overrides, "debug=fast", f"hydra.sweep.dir={tmp_path}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     out = proc.stdout + proc.stderr
     counts = [int(line.split()[1]) for line in out.splitlines() if line.startswith("COMPOSITIONS")]
     assert counts, out

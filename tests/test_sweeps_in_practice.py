@@ -36,12 +36,19 @@ def test_the_page_commands_do_what_it_says(tmp_path):
         if expected == 2:
             assert "already holds sweep jobs: 3 completed, 0 interrupted, 0 failed" in proc.stderr
     sweeps = tmp_path / "outputs" / "sweeps"
-    statuses = {j.name: json.loads((j / "result.json").read_text())["status"] for j in (sweeps / "fails").iterdir()
-                if j.name.isdigit()}  # fmt: skip
+    statuses = {
+        j.name: json.loads((j / "result.json").read_text())["status"]
+        for j in (sweeps / "fails").iterdir()
+        if j.name.isdigit()
+    }
     assert statuses == {"0": "completed", "1": "failed"}
     assert (sweeps / "fails" / "1" / "train.log").read_text().count("Job failed") == 2  # retried, in its dir
     per_job = list(csv.DictReader((sweeps / "seeds" / "summary.csv").open()))  # the last command: seed_keys=[]
     assert len(per_job) == 6
-    grouped = subprocess.run([sys.executable, "-m", "expkit.sweep", str(sweeps / "seeds"), "--quiet"], cwd=tmp_path,
-                             capture_output=True, text=True)  # fmt: skip
+    grouped = subprocess.run(
+        [sys.executable, "-m", "expkit.sweep", str(sweeps / "seeds"), "--quiet"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert grouped.returncode == 0 and json.loads((sweeps / "seeds" / "best.json").read_text())["n"] == 3

@@ -65,8 +65,13 @@ def test_regression_reaches_a_useful_r2_and_loads_back(tmp_path):
 
 
 def test_char_lm_writes_samples_and_a_loaded_model_generates(tmp_path):
-    overrides = ["experiment=char_lm", "trainer.max_epochs=1", "data.max_chars=60000", "model.hidden_size=64",
-                 "hooks.text_sample.length=40"]  # fmt: skip
+    overrides = [
+        "experiment=char_lm",
+        "trainer.max_epochs=1",
+        "data.max_chars=60000",
+        "model.hidden_size=64",
+        "hooks.text_sample.length=40",
+    ]
     result = build_runner(_compose(*overrides), tmp_path).run()
     assert result["final_metrics"]["val/perplexity"] < 30  # uniform over ~90 characters would be ~90
     samples = (tmp_path / "samples.txt").read_text()
@@ -85,13 +90,26 @@ def test_a_model_config_reads_what_the_data_describes(tmp_path):
 @pytest.mark.slow
 def test_a_regression_sweep_picks_the_lowest_mse(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "expkit.train", "-m", "experiment=regression", "optim.lr=0.1,0.01,0.001",
-         "monitor=val/mse", f"hydra.sweep.dir={tmp_path}"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "expkit.train",
+            "-m",
+            "experiment=regression",
+            "optim.lr=0.1,0.01,0.001",
+            "monitor=val/mse",
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    bests = {job: json.loads((tmp_path / job / "result.json").read_text())["best_metrics"]["val/mse"]["value"]
-             for job in ("0", "1", "2")}  # fmt: skip
+    bests = {
+        job: json.loads((tmp_path / job / "result.json").read_text())["best_metrics"]["val/mse"]["value"]
+        for job in ("0", "1", "2")
+    }
     chosen = json.loads((tmp_path / "best.json").read_text())
     assert chosen["job"] == min(bests, key=bests.get) and chosen["rule"] == "less"
     assert chosen["value"] == pytest.approx(min(bests.values()))

@@ -24,8 +24,9 @@ class CountIterations(Hook):
 def test_a_users_hook_runs_in_the_toy_runner_and_its_order_is_recorded(tmp_path):
     seen: list[str] = []
     hook = CountIterations()
-    result = toy_runner(tmp_path, hooks={"count": hook, "rec": RecordingHook("rec", seen, priority="LOWEST")},
-                        max_epochs=3).run()  # fmt: skip
+    result = toy_runner(
+        tmp_path, hooks={"count": hook, "rec": RecordingHook("rec", seen, priority="LOWEST")}, max_epochs=3
+    ).run()
     assert result["status"] == "completed" and hook.count == 6  # 8 samples, batch 4, 3 epochs
     assert json.loads((tmp_path / "count.json").read_text()) == 6
     assert seen[0] == "rec.before_run" and seen[-1] == "rec.after_run"

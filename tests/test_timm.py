@@ -28,8 +28,11 @@ def test_timm_digits_trains_and_evaluates(tmp_path):
     result = json.loads((work / "result.json").read_text())
     assert result["status"] == "completed" and result["final_metrics"]["val/acc"] > 0.9
     assert "Model ResNet" in proc.output  # timm's ResNet class, 10 classes on 1 channel
-    evaluated = subprocess.run([sys.executable, "-m", "expkit.eval", f"checkpoint={work}", "which=best",
-                                f"work_dir={tmp_path / 'eval'}"], capture_output=True, text=True)  # fmt: skip
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "expkit.eval", f"checkpoint={work}", "which=best", f"work_dir={tmp_path / 'eval'}"],
+        capture_output=True,
+        text=True,
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     got = json.loads((tmp_path / "eval" / "result.json").read_text())["final_metrics"]
     assert got["test/acc"] == result["final_metrics"]["test/acc"]
@@ -45,18 +48,29 @@ def test_the_model_takes_the_datas_classes_and_channels():
     ("overrides", "says"),
     [
         (["model=timm", "model.name=resnet_18"], "model.name='resnet_18' is not a timm model; close matches: resnet18"),
-        (["model=timm", "model.name=resnet18", "model.pretrained=true"],
-         "model.pretrained=true: no local weights for timm model 'resnet18' (looked in the Hugging Face cache"),
-        (["model=timm", "model.pretrained=true", "model.weights=/nonexistent/model.safetensors"],
-         "model.weights=/nonexistent/model.safetensors: no such file"),
+        (
+            ["model=timm", "model.name=resnet18", "model.pretrained=true"],
+            "model.pretrained=true: no local weights for timm model 'resnet18' (looked in the Hugging Face cache",
+        ),
+        (
+            ["model=timm", "model.pretrained=true", "model.weights=/nonexistent/model.safetensors"],
+            "model.weights=/nonexistent/model.safetensors: no such file",
+        ),
         (["model=timm", "model.weights=/nonexistent/model.safetensors"], "add model.pretrained=true"),
         # timm's own factory with its default head: 1000 classes on the 10 digits
-        (["model=cnn", "model._target_=timm.create_model", "+model.model_name=test_resnet", "+model.in_chans=1",
-          "~model.channels"],
-         "the model outputs 1000 classes (logits of shape [32, 1000]) but the data has 10: set model.num_classes=10"),
+        (
+            [
+                "model=cnn",
+                "model._target_=timm.create_model",
+                "+model.model_name=test_resnet",
+                "+model.in_chans=1",
+                "~model.channels",
+            ],
+            "the model outputs 1000 classes (logits of shape [32, 1000]) but the data has 10: set model.num_classes=10",
+        ),
     ],
     ids=["unknown name", "no local weights", "missing weights file", "weights without pretrained", "1000-class head"],
-)  # fmt: skip
+)
 def test_what_cannot_be_built_here_exits_2_before_training(tmp_path, overrides, says):
     proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_epochs=1", *overrides)
     assert proc.returncode == 2, proc.output[-3000:]
@@ -77,8 +91,9 @@ def _pretrained_file(path) -> dict[str, torch.Tensor]:
 
 def test_pretrained_weights_from_a_local_file_are_adapted_to_the_data(tmp_path):
     weights = _pretrained_file(tmp_path / "model.safetensors")
-    model = timm_model("test_resnet", num_classes=10, in_channels=1, pretrained=True,
-                       weights=str(tmp_path / "model.safetensors"))  # fmt: skip
+    model = timm_model(
+        "test_resnet", num_classes=10, in_channels=1, pretrained=True, weights=str(tmp_path / "model.safetensors")
+    )
     state = model.state_dict()
     inner = [k for k in weights if k.startswith("layer") and k.endswith("conv1.weight")]
     assert inner and all(torch.equal(state[k], weights[k]) for k in inner)  # the body: the file's weights
@@ -95,9 +110,11 @@ def test_pretrained_weights_come_from_the_hugging_face_cache_timm_downloaded_to(
     (repo / "refs" / "main").write_text("0" * 40)
     (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
     (tmp_path / "w.safetensors").rename(repo / "snapshots" / ("0" * 40) / "model.safetensors")
-    code = ("import torch; from expkit.models import timm_model; "
-            "m = timm_model('test_resnet', num_classes=10, in_channels=3, pretrained=True); "
-            "torch.save(m.state_dict(), 'loaded.pth')")  # fmt: skip
+    code = (
+        "import torch; from expkit.models import timm_model; "
+        "m = timm_model('test_resnet', num_classes=10, in_channels=3, pretrained=True); "
+        "torch.save(m.state_dict(), 'loaded.pth')"
+    )
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -54,17 +54,23 @@ def _attacks(marker: Path, pickle_file: Path) -> dict[str, tuple[str, object]]:
         "open": ("data", {"_target_": "builtins.open", "file": str(marker), "mode": "w"}),
         "torch_load": ("model", {"_target_": "torch.load", "f": str(pickle_file), "weights_only": False}),
         "popen": ("criterion", {"_target_": "subprocess.Popen", "args": touch}),
-        "nested_argument": ("model", {"_target_": "expkit.models.MLP", "hidden": {"_target_": "subprocess.Popen",
-                                                                                  "args": touch}}),
+        "nested_argument": (
+            "model",
+            {"_target_": "expkit.models.MLP", "hidden": {"_target_": "subprocess.Popen", "args": touch}},
+        ),
         "partial": ("criterion", {"_target_": "subprocess.Popen", "_partial_": True, "args": touch}),
-        "args_list": ("criterion", {"_target_": "torch.nn.Sequential",
-                                    "_args_": [{"_target_": "subprocess.Popen", "args": touch}]}),
-        "module_alias": ("model", {"_target_": "torch.nn.functional.torch.load", "f": str(pickle_file),
-                                   "weights_only": False}),
+        "args_list": (
+            "criterion",
+            {"_target_": "torch.nn.Sequential", "_args_": [{"_target_": "subprocess.Popen", "args": touch}]},
+        ),
+        "module_alias": (
+            "model",
+            {"_target_": "torch.nn.functional.torch.load", "f": str(pickle_file), "weights_only": False},
+        ),
         "imported_name": ("data", {"_target_": "expkit.data.Path.touch", "self": str(marker)}),
         "dunder": ("data", {"_target_": "torch.nn.Module.__init__.__globals__"}),
         "interpolation": ("data", "${oc.decode:'{_target_: subprocess.Popen, args: [touch, " + str(marker) + "]}'}"),
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture
@@ -96,20 +102,34 @@ def test_load_model_refuses_every_untrusted_target_before_it_runs(attacks):
 @pytest.mark.slow
 def test_eval_refuses_them_with_exit_2_naming_the_target(attacks, tmp_path):
     marker, files = attacks
-    expected = {"open": "builtins.open", "torch_load": "torch.load", "popen": "subprocess.Popen",
-                "nested_argument": "subprocess.Popen", "partial": "subprocess.Popen", "args_list": "subprocess.Popen",
-                "module_alias": "torch.nn.functional.torch.load", "imported_name": "expkit.data.Path.touch",
-                "dunder": "__globals__", "interpolation": "subprocess.Popen"}  # fmt: skip
+    expected = {
+        "open": "builtins.open",
+        "torch_load": "torch.load",
+        "popen": "subprocess.Popen",
+        "nested_argument": "subprocess.Popen",
+        "partial": "subprocess.Popen",
+        "args_list": "subprocess.Popen",
+        "module_alias": "torch.nn.functional.torch.load",
+        "imported_name": "expkit.data.Path.touch",
+        "dunder": "__globals__",
+        "interpolation": "subprocess.Popen",
+    }
     for name, path in files.items():
-        proc = subprocess.run([sys.executable, "-m", "expkit.eval", f"checkpoint={path}", f"work_dir={tmp_path / name}"],
-                              cwd=REPO, capture_output=True, text=True)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "expkit.eval", f"checkpoint={path}", f"work_dir={tmp_path / name}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == 2, (name, proc.stderr)
         assert "refused to build" in proc.stderr and expected[name] in proc.stderr, (name, proc.stderr)
         assert "Traceback" not in proc.stderr
         assert not marker.exists(), f"{name} ran: {marker} was created"
         # refused before anything was built: the work dir holds Hydra's record of the command only
-        assert not (tmp_path / name).exists() or sorted(p.name for p in (tmp_path / name).iterdir()) in ([".hydra"],
-                                                                                                      [".hydra", "eval.log"])  # fmt: skip
+        assert not (tmp_path / name).exists() or sorted(p.name for p in (tmp_path / name).iterdir()) in (
+            [".hydra"],
+            [".hydra", "eval.log"],
+        )
 
 
 def test_a_trusted_package_is_built_and_an_exact_name_beats_the_module_check(trained, tmp_path):
@@ -139,9 +159,22 @@ def test_the_users_own_package_loads_once_trusted(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_eval_command_trusts_a_package_or_a_config_dir(tmp_path):
     env = {"PYTHONPATH": str(PROJECT), "PATH": "/usr/bin:/bin"}
-    train = subprocess.run([sys.executable, "-m", "expkit.train", "--config-dir", "conf", "model=residual_mlp",
-                            "trainer.max_epochs=1", f"hydra.run.dir={tmp_path / 'run'}"],
-                           cwd=PROJECT, env=env, capture_output=True, text=True)  # fmt: skip
+    train = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "expkit.train",
+            "--config-dir",
+            "conf",
+            "model=residual_mlp",
+            "trainer.max_epochs=1",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert train.returncode == 0, train.stderr
     base = [sys.executable, "-m", "expkit.eval", f"checkpoint={tmp_path / 'run'}"]
     refused = subprocess.run(
@@ -149,8 +182,9 @@ def test_eval_command_trusts_a_package_or_a_config_dir(tmp_path):
     )
     assert refused.returncode == 2 and "trusted_targets=[my_project]" in refused.stderr
     for i, extra in enumerate([["trusted_targets=[my_project]"], ["--config-dir", "conf"]]):
-        proc = subprocess.run([*base, *extra, f"work_dir={tmp_path / f'e{i + 1}'}"], cwd=PROJECT, env=env,
-                              capture_output=True, text=True)  # fmt: skip
+        proc = subprocess.run(
+            [*base, *extra, f"work_dir={tmp_path / f'e{i + 1}'}"], cwd=PROJECT, env=env, capture_output=True, text=True
+        )
         assert proc.returncode == 0, proc.stderr
         assert (tmp_path / f"e{i + 1}" / "result.json").is_file()
     # one trust rule for every command that reads a checkpoint: predict and export honour --config-dir too
@@ -158,15 +192,28 @@ def test_eval_command_trusts_a_package_or_a_config_dir(tmp_path):
     from sklearn.datasets import load_digits
 
     np.save(tmp_path / "x.npy", load_digits().data[:3].astype(np.float32))
-    for command, args in (("predict", [f"input={tmp_path / 'x.npy'}", f"output={tmp_path / 'p.csv'}"]),
-                          ("export", [f"out={tmp_path / 'm.safetensors'}"])):  # fmt: skip
-        line = [sys.executable, "-m", f"expkit.{command}", f"checkpoint={tmp_path / 'run'}", *args,
-                f"hydra.run.dir={tmp_path / command}"]  # fmt: skip
+    for command, args in (
+        ("predict", [f"input={tmp_path / 'x.npy'}", f"output={tmp_path / 'p.csv'}"]),
+        ("export", [f"out={tmp_path / 'm.safetensors'}"]),
+    ):
+        line = [
+            sys.executable,
+            "-m",
+            f"expkit.{command}",
+            f"checkpoint={tmp_path / 'run'}",
+            *args,
+            f"hydra.run.dir={tmp_path / command}",
+        ]
         refused = subprocess.run(line, cwd=PROJECT, env=env, capture_output=True, text=True)
         assert refused.returncode == 2 and "trusted_targets=[my_project]" in refused.stderr, refused.stderr
         assert "expkit.eval, predict or export" in refused.stderr
-        proc = subprocess.run([line[0], *line[1:3], "--config-dir", "conf", *line[3:]], cwd=PROJECT, env=env,
-                              capture_output=True, text=True)  # fmt: skip
+        proc = subprocess.run(
+            [line[0], *line[1:3], "--config-dir", "conf", *line[3:]],
+            cwd=PROJECT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "p.csv").is_file() and (tmp_path / "m.safetensors").is_file()
 
@@ -196,6 +243,7 @@ def test_a_sweep_summary_never_builds_a_run_dirs_config(tmp_path):
         f"model: {{_target_: subprocess.Popen, args: [touch, {marker}]}}\n"
     )
     (job / ".hydra" / "overrides.yaml").write_text("- optim.lr=0.1\n")
-    proc = subprocess.run([sys.executable, "-m", "expkit.sweep", str(tmp_path / "sweep")], cwd=REPO,
-                          capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "expkit.sweep", str(tmp_path / "sweep")], cwd=REPO, capture_output=True, text=True
+    )
     assert not marker.exists(), proc.stderr

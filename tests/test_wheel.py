@@ -33,22 +33,37 @@ def test_wheel_contains_the_configs_and_runs_outside_the_repo(tmp_path):
 
     env = {**os.environ, "PYTHONPATH": str(site)}
     where = subprocess.run(
-        [sys.executable, "-c", "import expkit; print(expkit.__file__)"], cwd=tmp_path, env=env,
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        [sys.executable, "-c", "import expkit; print(expkit.__file__)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert where.stdout.strip().startswith(str(site))
     proc = subprocess.run(
-        [sys.executable, "-m", "expkit.train", f"hydra.run.dir={work}", "model=cnn", "hooks=[ema]",
-         "trainer.max_epochs=1"],
-        cwd=tmp_path, env=env, capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "expkit.train",
+            f"hydra.run.dir={work}",
+            "model=cnn",
+            "hooks=[ema]",
+            "trainer.max_epochs=1",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads((work / "result.json").read_text())["status"] == "completed"
 
     # the expkit-train command imports expkit.train instead of running it with -m: Hydra then
     # looks the configs up as the package expkit.conf
     command = site / "bin" / "expkit-train"
-    proc = subprocess.run([str(command), f"hydra.run.dir={work}_cmd", "debug=fast"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run(
+        [str(command), f"hydra.run.dir={work}_cmd", "debug=fast"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads((tmp_path / "run_cmd" / "result.json").read_text())["status"] == "completed"

@@ -37,10 +37,14 @@ ARGS = ["+hooks.seen._target_=seenprobe.Seen", "trainer.max_epochs=1", "default_
 
 def _launch(tmp_path: Path, processes: int, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    start = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
-             if processes > 1 else [sys.executable])  # fmt: skip
-    return subprocess.run([*start, "-m", "expkit.train", *ARGS, *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=400)  # fmt: skip
+    start = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+        if processes > 1
+        else [sys.executable]
+    )
+    return subprocess.run(
+        [*start, "-m", "expkit.train", *ARGS, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400
+    )
 
 
 def _seen(work: Path) -> Counter:
@@ -102,10 +106,20 @@ def test_the_iteration_that_ends_a_resumed_epoch_saves_after_its_validation(tmp_
 
     (tmp_path / "seenprobe.py").write_text(PROBE)
     work = tmp_path / "run"
-    saves = ["default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=1",
-             "default_hooks.checkpoint.max_keep_ckpts=-1", "default_hooks.checkpoint.save_best=null"]  # fmt: skip
-    stopped = _launch(tmp_path, 2, f"hydra.run.dir={work}", *saves, "+hooks.stop._target_=expkit.hooks.StopAfterHook",
-                      "+hooks.stop.iters=7")  # fmt: skip
+    saves = [
+        "default_hooks.checkpoint.by_epoch=false",
+        "default_hooks.checkpoint.interval=1",
+        "default_hooks.checkpoint.max_keep_ckpts=-1",
+        "default_hooks.checkpoint.save_best=null",
+    ]
+    stopped = _launch(
+        tmp_path,
+        2,
+        f"hydra.run.dir={work}",
+        *saves,
+        "+hooks.stop._target_=expkit.hooks.StopAfterHook",
+        "+hooks.stop.iters=7",
+    )
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     proc = _launch(tmp_path, 1, f"hydra.run.dir={work}", *saves, "trainer.max_epochs=2", "resume=true")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

@@ -40,11 +40,29 @@ def _as_list(value: str | Sequence[str] | None) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
-_FLAGS = ("by_epoch", "save_optimizer", "save_param_scheduler", "save_last", "best_save_optimizer", "fsync",
-          "async_save")  # fmt: skip
+_FLAGS = (
+    "by_epoch",
+    "save_optimizer",
+    "save_param_scheduler",
+    "save_last",
+    "best_save_optimizer",
+    "fsync",
+    "async_save",
+)
 # the top-level keys of an expkit checkpoint (a hook may add its own, e.g. the EMA hook's ema_state_dict)
-CHECKPOINT_KEYS = ("meta", "state_dict", "config", "optimizer", "optimizers", "scheduler", "schedulers",
-                   "grad_scaler", "rng", "hooks", "ema_state_dict")  # fmt: skip
+CHECKPOINT_KEYS = (
+    "meta",
+    "state_dict",
+    "config",
+    "optimizer",
+    "optimizers",
+    "scheduler",
+    "schedulers",
+    "grad_scaler",
+    "rng",
+    "hooks",
+    "ema_state_dict",
+)
 
 
 def _check_settings(given: dict[str, Any]) -> None:
@@ -69,8 +87,10 @@ def _check_settings(given: dict[str, Any]) -> None:
         )
     published = _as_list(given["published_keys"])
     if published and not set(published) & {"meta", "state_dict"}:
-        raise ValueError(f"published_keys {published} names none of a checkpoint's keys; "
-                         f"choose from {', '.join(CHECKPOINT_KEYS)}, e.g. [meta,state_dict]")  # fmt: skip
+        raise ValueError(
+            f"published_keys {published} names none of a checkpoint's keys; "
+            f"choose from {', '.join(CHECKPOINT_KEYS)}, e.g. [meta,state_dict]"
+        )
 
 
 def _plain(value: Any) -> Any:
@@ -219,8 +239,12 @@ class CheckpointHook(Hook):
 
     # -- state: file names relative to self.dir, so that a copied run dir resumes from its own files --
     def state_dict(self) -> dict[str, Any]:
-        return {"best_scores": self.best_scores, "best_paths": dict(self.best_paths), "kept": list(self.kept),
-                "dropping": list(self._dropping)}  # fmt: skip
+        return {
+            "best_scores": self.best_scores,
+            "best_paths": dict(self.best_paths),
+            "kept": list(self.kept),
+            "dropping": list(self._dropping),
+        }
 
     def after_load_checkpoint(self, runner: Runner, *, checkpoint: dict[str, Any]) -> None:
         self._source = runner.load_source if runner.load_purpose == "resume" else None
@@ -290,8 +314,10 @@ class CheckpointHook(Hook):
         if self.save_last:
             policy.append("the last")
         if self.save_best:
-            policy.append("best by " + ", ".join(f"{k} ({self.rules.get(k, 'decided at the first validation')})"
-                                                 for k in self.save_best))  # fmt: skip
+            policy.append(
+                "best by "
+                + ", ".join(f"{k} ({self.rules.get(k, 'decided at the first validation')})" for k in self.save_best)
+            )
         if self.max_keep_ckpts > 0:
             policy.append(f"keeping the newest {self.max_keep_ckpts} (max_keep_ckpts; -1 keeps all)")
         else:
@@ -316,9 +342,12 @@ class CheckpointHook(Hook):
             self.kept.append(name)
         first = self._last_saved_position is None and runner.is_main
         runner.save_checkpoint(
-            self.dir / name, save_optimizer=self.save_optimizer, save_scheduler=self.save_param_scheduler,
-            durable=self.fsync, writer=self.writer,
-        )  # fmt: skip
+            self.dir / name,
+            save_optimizer=self.save_optimizer,
+            save_scheduler=self.save_param_scheduler,
+            durable=self.fsync,
+            writer=self.writer,
+        )
         self._last_saved_position = runner.position
         if self._remote is not None and runner.is_main:
             self._after_write(functools.partial(self._upload, self.dir / name, True))
@@ -354,9 +383,14 @@ class CheckpointHook(Hook):
             log.warning(
                 "The sweep's %d jobs would keep about %s of checkpoints (%s each, %d a job), but %s holds %s free: "
                 "keep fewer (default_hooks.checkpoint.max_keep_ckpts=1), save less often (interval=), or write "
-                "elsewhere (out_dir=)", jobs, _mb(projected), _mb(size), per_run + len(self.save_best), path.parent,
+                "elsewhere (out_dir=)",
+                jobs,
+                _mb(projected),
+                _mb(size),
+                per_run + len(self.save_best),
+                path.parent,
                 _mb(free),
-            )  # fmt: skip
+            )
 
     def _saves_planned(self, runner: Runner) -> int:
         """Regular saves of a whole run (keeping all of them)."""
@@ -453,14 +487,20 @@ class CheckpointHook(Hook):
             self._uploaded = self._remote.pointer()  # (named if an upload fails)
         if self._foreign:
             runner.best_checkpoints = {}
-            log.info("Resumed from %s, outside %s: this run keeps, retires and ranks only its own checkpoints",
-                     self._source, self.dir)  # fmt: skip
+            log.info(
+                "Resumed from %s, outside %s: this run keeps, retires and ranks only its own checkpoints",
+                self._source,
+                self.dir,
+            )
             return
         self._delete_retired(runner)
         for key in self.save_best:
             own = confine.name_pattern(f"best_{key.replace('/', '_')}_{self.filename_tmpl}")  # not best_<key>_top5_*
-            files = sorted(p for p in self.dir.glob(f"best_{key.replace('/', '_')}_*")
-                           if own.fullmatch(p.name) and confine.inside(self.dir, p))  # fmt: skip
+            files = sorted(
+                p
+                for p in self.dir.glob(f"best_{key.replace('/', '_')}_*")
+                if own.fullmatch(p.name) and confine.inside(self.dir, p)
+            )
             scored = []
             for path in files:
                 try:

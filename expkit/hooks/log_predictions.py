@@ -88,16 +88,23 @@ class LogPredictionsHook(Hook):
         inputs, targets = batch
         try:  # (rank 0 alone from here: a failure must not end the run, nor leave the other ranks waiting)
             predictions = _predictions(outputs)
-            if inputs.dim() == 4 and inputs.shape[1] in (1, 3) and predictions.dim() == 1 \
-                    and not predictions.is_floating_point():  # fmt: skip
+            if (
+                inputs.dim() == 4
+                and inputs.shape[1] in (1, 3)
+                and predictions.dim() == 1
+                and not predictions.is_floating_point()
+            ):
                 self._send(runner, "image", _grid(inputs, predictions, targets, self.tile))
             else:
                 self._send(runner, "table", _table(predictions, targets))
         except Exception as exc:
             if "predictions" not in self._warned:
                 self._warned.add("predictions")
-                log.warning("LogPredictionsHook: cannot show this model's predictions (%s: %s); nothing logged",
-                            type(exc).__name__, exc)  # fmt: skip
+                log.warning(
+                    "LogPredictionsHook: cannot show this model's predictions (%s: %s); nothing logged",
+                    type(exc).__name__,
+                    exc,
+                )
 
     def _send(self, runner: Runner, kind: str, content: Any) -> None:
         tag, step = "val/predictions", runner.iter
@@ -117,8 +124,13 @@ class LogPredictionsHook(Hook):
                 getattr(backend, f"log_{kind}")(tag, content, step)
             except Exception as exc:
                 self._warned.add(name)
-                log.warning("LogPredictionsHook: %s could not take the %s (%s: %s); not tried again", name, kind,
-                            type(exc).__name__, exc)  # fmt: skip
+                log.warning(
+                    "LogPredictionsHook: %s could not take the %s (%s: %s); not tried again",
+                    name,
+                    kind,
+                    type(exc).__name__,
+                    exc,
+                )
 
 
 def _predictions(outputs: dict[str, Any]) -> torch.Tensor:

@@ -94,8 +94,12 @@ class LoggerHook(Hook):
         except Exception as exc:  # one warning, then the run goes on without it
             log.warning(
                 "Logging backend %s failed in %s (%s: %s); it is off for the rest of this run. "
-                "metrics.jsonl and checkpoints are not affected.", backend.name, what, type(exc).__name__, exc,
-            )  # fmt: skip
+                "metrics.jsonl and checkpoints are not affected.",
+                backend.name,
+                what,
+                type(exc).__name__,
+                exc,
+            )
             if backend in self._backends:
                 self._backends.remove(backend)
             try:
@@ -133,8 +137,10 @@ class LoggerHook(Hook):
     def state_dict(self) -> dict[str, Any]:
         if not self._losses and not self._logged:
             return {}
-        return {"pending_losses": [float(x) for x in self._losses],
-                "pending_logged": {k: [float(v) for v in vs] for k, vs in self._logged.items()}}  # fmt: skip
+        return {
+            "pending_losses": [float(x) for x in self._losses],
+            "pending_logged": {k: [float(v) for v in vs] for k, vs in self._logged.items()},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._losses = [torch.tensor(x, dtype=torch.float32) for x in state.get("pending_losses", [])]
@@ -304,8 +310,10 @@ class LoggerHook(Hook):
         where = f"epoch {runner.epoch + 1}/{runner.settings.max_epochs}" if runner.settings.by_epoch else "iter"
         speed = self._batch_size / record["train/time"] if record.get("train/time") else 0.0
         eta = datetime.timedelta(seconds=int(runner.scalars.get("eta_s", 0)))
-        text = (f"\r\x1b[K{where} [{bar}] {done}/{total}  loss {record['train/loss']:.4f}  "
-                f"lr {record.get('train/lr', 0):.2e}  {speed:,.0f} samples/s  eta {eta}")  # fmt: skip
+        text = (
+            f"\r\x1b[K{where} [{bar}] {done}/{total}  loss {record['train/loss']:.4f}  "
+            f"lr {record.get('train/lr', 0):.2e}  {speed:,.0f} samples/s  eta {eta}"
+        )
         for h in self._tty:
             h.stream.write(text)
             h.stream.flush()
@@ -349,9 +357,16 @@ def plot_curves(metrics_file: Any, path: Any) -> None:
         by_metric.setdefault(key.split("/", 1)[1], []).append(key)
     last = max(float(r.get("step", 0)) for r in records)
     panels = [
-        Panel(metric, [Series([(r["step"], r[key]) for r in records if key in r], key, not key.startswith("test/"))
-                       for key in members],
-              ylabel=metric, legend=True, x_range=(0.0, last))
+        Panel(
+            metric,
+            [
+                Series([(r["step"], r[key]) for r in records if key in r], key, not key.startswith("test/"))
+                for key in members
+            ],
+            ylabel=metric,
+            legend=True,
+            x_range=(0.0, last),
+        )
         for metric, members in sorted(by_metric.items(), key=lambda item: (item[0] != "loss", item[0]))
-    ]  # fmt: skip
+    ]
     charts(path, panels)

@@ -66,6 +66,9 @@ class ModelComplexityHook(Hook):
         r = self.result
         log.info(
             "Model complexity for input %s: %s FLOPs, %s parameters (%s trainable), %s activations",
-            "x".join(map(str, shape)), f"{r['flops']:,}", f"{r['params']:,}", f"{r['trainable_params']:,}",
+            "x".join(map(str, shape)),
+            f"{r['flops']:,}",
+            f"{r['params']:,}",
+            f"{r['trainable_params']:,}",
             f"{r['activations']:,}",
-        )  # fmt: skip
+        )

@@ -34,8 +34,14 @@ class MomentumEncoderHook(Hook):
     supports_sharding = False  # its copies of the parameters are not sharded; not checked with FSDP2 yet
     priority = Priority.NORMAL
 
-    def __init__(self, online: str = "online", target: str = "target", momentum: float = 0.99,
-                 schedule: str = "cosine", end_momentum: float = 1.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        online: str = "online",
+        target: str = "target",
+        momentum: float = 0.99,
+        schedule: str = "cosine",
+        end_momentum: float = 1.0,
+    ) -> None:
         if not 0.0 <= momentum <= end_momentum <= 1.0:
             raise ValueError(f"need 0 <= momentum <= end_momentum <= 1, got {momentum} and {end_momentum}")
         if schedule not in SCHEDULES:

@@ -52,8 +52,9 @@ class BYOLDigits(nn.Module):
     """``encoder`` (the representation), ``online`` = encoder + projector, ``target`` = a copy of
     ``online`` (no gradients; MomentumEncoderHook moves it), ``predictor`` on top of online."""
 
-    def __init__(self, in_channels: int, image_size: int, width: int = 256, features: int = 64,
-                 projection: int = 32) -> None:  # fmt: skip
+    def __init__(
+        self, in_channels: int, image_size: int, width: int = 256, features: int = 64, projection: int = 32
+    ) -> None:
         super().__init__()
         pixels = in_channels * image_size * image_size
         self.encoder = nn.Sequential(nn.Flatten(), _mlp(pixels, width, features))
@@ -153,8 +154,14 @@ class LinearProbeHook(Hook):
             if hasattr(module, "reset_parameters") and module is not random_init:
                 module.reset_parameters()
         torch.set_rng_state(rng)  # the baseline's draws leave the run's random stream as it was
-        result = {"acc": linear_probe(encoder, runner.train_loader, val, runner.device, self.steps),
-                  "random_init_acc": linear_probe(random_init, runner.train_loader, val, runner.device, self.steps)}  # fmt: skip
-        log.info("Linear probe on %s: val accuracy %.4f (a randomly initialised encoder: %.4f)", self.encoder,
-                 result["acc"], result["random_init_acc"])  # fmt: skip
+        result = {
+            "acc": linear_probe(encoder, runner.train_loader, val, runner.device, self.steps),
+            "random_init_acc": linear_probe(random_init, runner.train_loader, val, runner.device, self.steps),
+        }
+        log.info(
+            "Linear probe on %s: val accuracy %.4f (a randomly initialised encoder: %.4f)",
+            self.encoder,
+            result["acc"],
+            result["random_init_acc"],
+        )
         runner.run_info["linear_probe"] = result

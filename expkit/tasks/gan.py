@@ -27,13 +27,23 @@ class DigitsGAN(nn.Module):
         self.shape = (in_channels, image_size, image_size)
         self.latent_dim = latent_dim
         self.generator = nn.Sequential(
-            nn.Linear(latent_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, pixels),
+            nn.Linear(latent_dim, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, pixels),
             nn.Sigmoid(),
-        )  # fmt: skip
+        )
         self.discriminator = nn.Sequential(
-            nn.Flatten(), nn.Linear(pixels, hidden), nn.LeakyReLU(0.2), nn.Dropout(0.3), nn.Linear(hidden, hidden),
-            nn.LeakyReLU(0.2), nn.Dropout(0.3), nn.Linear(hidden, 1),
-        )  # fmt: skip
+            nn.Flatten(),
+            nn.Linear(pixels, hidden),
+            nn.LeakyReLU(0.2),
+            nn.Dropout(0.3),
+            nn.Linear(hidden, hidden),
+            nn.LeakyReLU(0.2),
+            nn.Dropout(0.3),
+            nn.Linear(hidden, 1),
+        )
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         """Images generated from latent codes z (N, latent_dim)."""
@@ -49,8 +59,9 @@ class DigitsGAN(nn.Module):
         fake = self.sample(len(real), real.device)
 
         optimizers.zero_grad("discriminator")
-        d_loss = F.binary_cross_entropy_with_logits(self.discriminator(real), 0.9 * ones) + \
-            F.binary_cross_entropy_with_logits(self.discriminator(fake.detach()), torch.zeros_like(ones))  # fmt: skip
+        d_loss = F.binary_cross_entropy_with_logits(
+            self.discriminator(real), 0.9 * ones
+        ) + F.binary_cross_entropy_with_logits(self.discriminator(fake.detach()), torch.zeros_like(ones))
         optimizers.backward(d_loss)
         optimizers.step("discriminator")
 

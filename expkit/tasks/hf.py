@@ -64,14 +64,17 @@ def _needs(package: str) -> None:
 
 def is_transformers_model(model: Any) -> bool:
     """A ``transformers`` PreTrainedModel (told without importing transformers)."""
-    return any(c.__module__ == "transformers.modeling_utils" and c.__name__ == "PreTrainedModel"
-               for c in type(model).__mro__)  # fmt: skip
+    return any(
+        c.__module__ == "transformers.modeling_utils" and c.__name__ == "PreTrainedModel" for c in type(model).__mro__
+    )
 
 
 def _check_tokenizer_file(tokenizer: str | None) -> None:
     if tokenizer is not None and not Path(tokenizer).expanduser().is_file():
-        raise ConfigError(f"data.tokenizer={tokenizer}: no such file; give a tokenizer.json (tokenizers' "
-                          "Tokenizer.save), or data.tokenizer=null to train one on the text")  # fmt: skip
+        raise ConfigError(
+            f"data.tokenizer={tokenizer}: no such file; give a tokenizer.json (tokenizers' "
+            "Tokenizer.save), or data.tokenizer=null to train one on the text"
+        )
 
 
 def bpe_tokenizer(train_docs: list[str], path: str | None, vocab_size: int, cache_dir: Path) -> Any:
@@ -91,8 +94,12 @@ def bpe_tokenizer(train_docs: list[str], path: str | None, vocab_size: int, cach
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL),
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(train_docs, trainer=trainer)
     cached.parent.mkdir(parents=True, exist_ok=True)
     from expkit import atomic
@@ -116,9 +123,18 @@ class TextBlocks(DataModule):
     ``block_size``.
     """
 
-    def __init__(self, text: str = "pydoc", tokenizer: str | None = None, vocab_size: int = 2000,
-                 block_size: int = 64, max_chars: int | None = None, val_fraction: float = 0.05,
-                 test_fraction: float = 0.05, cache_dir: str | None = None, **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        text: str = "pydoc",
+        tokenizer: str | None = None,
+        vocab_size: int = 2000,
+        block_size: int = 64,
+        max_chars: int | None = None,
+        val_fraction: float = 0.05,
+        test_fraction: float = 0.05,
+        cache_dir: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         _needs("tokenizers")
         _needs("datasets")
@@ -199,9 +215,13 @@ class TextBlocks(DataModule):
     def describe(self) -> dict[str, Any]:
         if self.tokenizer is None:
             raise RuntimeError("TextBlocks.describe() needs the tokenizer: call loaders() or datasets() first")
-        return {"vocab_size": self.tokenizer.get_vocab_size(), "tokenizer_json": self.tokenizer.to_str(),
-                "eos_token_id": self.tokenizer.token_to_id(SPECIAL[0]),
-                "pad_token_id": self.tokenizer.token_to_id(SPECIAL[1]), "block_size": self.block_size}  # fmt: skip
+        return {
+            "vocab_size": self.tokenizer.get_vocab_size(),
+            "tokenizer_json": self.tokenizer.to_str(),
+            "eos_token_id": self.tokenizer.token_to_id(SPECIAL[0]),
+            "pad_token_id": self.tokenizer.token_to_id(SPECIAL[1]),
+            "block_size": self.block_size,
+        }
 
 
 STDLIB_PACKAGES = ("asyncio", "email", "unittest", "xml")
@@ -220,10 +240,21 @@ class TextClasses(DataModule):
     ``vocab_size``, ``tokenizer_json``, ``pad_token_id``; ``class_names()``: the labels.
     """
 
-    def __init__(self, source: str = "stdlib", packages: tuple[str, ...] | list[str] = STDLIB_PACKAGES,
-                 lines: int = 6, max_per_class: int = 600, tokenizer: str | None = None, vocab_size: int = 2000,
-                 max_length: int = 64, val_fraction: float = 0.15, test_fraction: float = 0.15,
-                 split_seed: int = 0, cache_dir: str | None = None, **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        source: str = "stdlib",
+        packages: tuple[str, ...] | list[str] = STDLIB_PACKAGES,
+        lines: int = 6,
+        max_per_class: int = 600,
+        tokenizer: str | None = None,
+        vocab_size: int = 2000,
+        max_length: int = 64,
+        val_fraction: float = 0.15,
+        test_fraction: float = 0.15,
+        split_seed: int = 0,
+        cache_dir: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         _needs("tokenizers")
         _needs("datasets")
@@ -260,20 +291,25 @@ class TextClasses(DataModule):
             root = _stdlib()
             for package in self.packages:  # (checked here: an error inside the generator reaches us wrapped)
                 if not list((root / package).glob("*.py")):
-                    raise ConfigError(f"data.packages: {package} is not a standard-library package of this Python "
-                                      f"({root}); e.g. asyncio, email, json, unittest, xml")  # fmt: skip
+                    raise ConfigError(
+                        f"data.packages: {package} is not a standard-library package of this Python "
+                        f"({root}); e.g. asyncio, email, json, unittest, xml"
+                    )
             self.names = list(self.packages)
             return Dataset.from_generator(self._stdlib, cache_dir=cache)
         path = Path(self.source).expanduser()
         kind = {".csv": "csv", ".jsonl": "json", ".json": "json"}.get(path.suffix.lower())
         if kind is None or not path.is_file():
-            raise ConfigError(f"data.source={self.source}: give stdlib, or a .csv or .jsonl file with text and label "
-                              "columns")  # fmt: skip
+            raise ConfigError(
+                f"data.source={self.source}: give stdlib, or a .csv or .jsonl file with text and label columns"
+            )
         rows = load_dataset(kind, data_files=str(path), split="train", cache_dir=cache)
         missing = {"text", "label"} - set(rows.column_names)
         if missing:
-            raise ConfigError(f"data.source={self.source}: no {', '.join(sorted(missing))} column (it has "
-                              f"{', '.join(rows.column_names)})")  # fmt: skip
+            raise ConfigError(
+                f"data.source={self.source}: no {', '.join(sorted(missing))} column (it has "
+                f"{', '.join(rows.column_names)})"
+            )
         if not len(rows):
             raise ConfigError(f"data.source={self.source}: the file holds no rows")
         self.names = sorted({str(v) for v in rows["label"]})
@@ -298,8 +334,11 @@ class TextClasses(DataModule):
             if not len(part):
                 return None
             encodings = self.tokenizer.encode_batch(list(part["text"]))
-            return _Encoded(torch.tensor([e.ids for e in encodings]), torch.tensor([e.attention_mask for e in encodings]),
-                            torch.tensor(list(part["label"])))  # fmt: skip
+            return _Encoded(
+                torch.tensor([e.ids for e in encodings]),
+                torch.tensor([e.attention_mask for e in encodings]),
+                torch.tensor(list(part["label"])),
+            )
 
         parts = (train, rows.select(range(n - n_val - n_test, n - n_test)), rows.select(range(n - n_test, n)))
         return tuple(encoded(part) for part in parts)  # type: ignore[return-value]
@@ -307,9 +346,13 @@ class TextClasses(DataModule):
     def describe(self) -> dict[str, Any]:
         if self.tokenizer is None:
             raise RuntimeError("TextClasses.describe() needs the tokenizer: call loaders() or datasets() first")
-        return {"num_classes": len(self.names), "vocab_size": self.tokenizer.get_vocab_size(),
-                "tokenizer_json": self.tokenizer.to_str(), "pad_token_id": self.tokenizer.token_to_id(SPECIAL[1]),
-                "max_length": self.max_length}  # fmt: skip
+        return {
+            "num_classes": len(self.names),
+            "vocab_size": self.tokenizer.get_vocab_size(),
+            "tokenizer_json": self.tokenizer.to_str(),
+            "pad_token_id": self.tokenizer.token_to_id(SPECIAL[1]),
+            "max_length": self.max_length,
+        }
 
     def class_names(self) -> list[str] | None:
         return self.names or None
@@ -417,19 +460,31 @@ def _check_pretrained(model: Any, pretrained: str, vocab_size: int, length_key: 
     rows = model.get_input_embeddings().num_embeddings
     if vocab_size > rows:
         own = Path(pretrained).expanduser() / "tokenizer.json"
-        hint = (f"give the model's own tokenizer, data.tokenizer={own}" if own.is_file() else
-                f"give data.tokenizer=<the tokenizer.json the model was trained with>, or data.vocab_size={rows}")  # fmt: skip
-        raise ConfigError(f"model.pretrained={pretrained}: the model embeds {rows} token ids but the data's tokenizer "
-                          f"has {vocab_size}; {hint}")  # fmt: skip
+        hint = (
+            f"give the model's own tokenizer, data.tokenizer={own}"
+            if own.is_file()
+            else f"give data.tokenizer=<the tokenizer.json the model was trained with>, or data.vocab_size={rows}"
+        )
+        raise ConfigError(
+            f"model.pretrained={pretrained}: the model embeds {rows} token ids but the data's tokenizer "
+            f"has {vocab_size}; {hint}"
+        )
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if length is not None and isinstance(positions, int) and positions < length:
-        raise ConfigError(f"model.pretrained={pretrained}: the model allows {positions} positions, fewer than "
-                          f"{length_key}={length}")  # fmt: skip
+        raise ConfigError(
+            f"model.pretrained={pretrained}: the model allows {positions} positions, fewer than {length_key}={length}"
+        )
 
 
-def causal_lm(vocab_size: int, config: Mapping[str, Any] | None = None, pretrained: str | None = None,
-              tokenizer_json: str | None = None, eos_token_id: int | None = None,
-              pad_token_id: int | None = None, block_size: int | None = None) -> HFModel:  # fmt: skip
+def causal_lm(
+    vocab_size: int,
+    config: Mapping[str, Any] | None = None,
+    pretrained: str | None = None,
+    tokenizer_json: str | None = None,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+    block_size: int | None = None,
+) -> HFModel:
     """A causal language model: ``AutoModelForCausalLM.from_config`` of ``config`` (a dict
     with ``model_type``, e.g. ``gpt2``, and that model type's settings), sized to the data's
     vocabulary; or ``from_pretrained`` of a local directory (``pretrained``: never downloaded)."""
@@ -438,8 +493,10 @@ def causal_lm(vocab_size: int, config: Mapping[str, Any] | None = None, pretrain
 
     if pretrained is not None:
         if not (Path(pretrained).expanduser() / "config.json").is_file():
-            raise ConfigError(f"model.pretrained={pretrained}: not a local model directory (no config.json in it); "
-                              "expkit does not download: give a directory written by save_pretrained")  # fmt: skip
+            raise ConfigError(
+                f"model.pretrained={pretrained}: not a local model directory (no config.json in it); "
+                "expkit does not download: give a directory written by save_pretrained"
+            )
         model = AutoModelForCausalLM.from_pretrained(str(Path(pretrained).expanduser()), local_files_only=True)
         _check_pretrained(model, pretrained, vocab_size, "data.block_size", block_size)
         return HFModel(model, tokenizer_json)
@@ -457,9 +514,15 @@ def causal_lm(vocab_size: int, config: Mapping[str, Any] | None = None, pretrain
     return HFModel(AutoModelForCausalLM.from_config(hf_config), tokenizer_json)
 
 
-def sequence_classifier(vocab_size: int, num_classes: int, config: Mapping[str, Any] | None = None,
-                        pretrained: str | None = None, tokenizer_json: str | None = None,
-                        pad_token_id: int | None = None, max_length: int | None = None) -> HFModel:  # fmt: skip
+def sequence_classifier(
+    vocab_size: int,
+    num_classes: int,
+    config: Mapping[str, Any] | None = None,
+    pretrained: str | None = None,
+    tokenizer_json: str | None = None,
+    pad_token_id: int | None = None,
+    max_length: int | None = None,
+) -> HFModel:
     """A sequence classifier: ``AutoModelForSequenceClassification.from_config`` of ``config``
     (``model_type`` and its settings), with the data's vocabulary and ``num_labels`` = the data's
     classes; or ``from_pretrained`` of a local directory (its head resized to the classes)."""
@@ -468,11 +531,16 @@ def sequence_classifier(vocab_size: int, num_classes: int, config: Mapping[str, 
 
     if pretrained is not None:
         if not (Path(pretrained).expanduser() / "config.json").is_file():
-            raise ConfigError(f"model.pretrained={pretrained}: not a local model directory (no config.json in it); "
-                              "expkit does not download: give a directory written by save_pretrained")  # fmt: skip
+            raise ConfigError(
+                f"model.pretrained={pretrained}: not a local model directory (no config.json in it); "
+                "expkit does not download: give a directory written by save_pretrained"
+            )
         model = AutoModelForSequenceClassification.from_pretrained(
-            str(Path(pretrained).expanduser()), num_labels=num_classes, ignore_mismatched_sizes=True,
-            local_files_only=True)  # fmt: skip
+            str(Path(pretrained).expanduser()),
+            num_labels=num_classes,
+            ignore_mismatched_sizes=True,
+            local_files_only=True,
+        )
         _check_pretrained(model, pretrained, vocab_size, "data.max_length", max_length)
         return HFModel(model, tokenizer_json)
     settings = dict(config or {})
@@ -497,15 +565,18 @@ def fast_tokenizer(model: HFModel) -> Any:
         return None
     from tokenizers import Tokenizer
 
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(model.tokenizer_json),
-                                   eos_token=SPECIAL[0], pad_token=SPECIAL[1])  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(model.tokenizer_json), eos_token=SPECIAL[0], pad_token=SPECIAL[1]
+    )
 
 
 def _unwrapped(runner: Runner) -> HFModel:
     model = runner.model
     if not isinstance(model, HFModel):
-        raise ConfigError(f"this hook needs a Hugging Face model (expkit.tasks.hf.HFModel, e.g. model=hf_causal_lm), "
-                          f"not {type(model).__name__}")  # fmt: skip
+        raise ConfigError(
+            f"this hook needs a Hugging Face model (expkit.tasks.hf.HFModel, e.g. model=hf_causal_lm), "
+            f"not {type(model).__name__}"
+        )
     return model
 
 
@@ -563,8 +634,9 @@ class SampleText(Hook):
 
     priority = Priority.LOW
 
-    def __init__(self, prompt: str = "The ", max_new_tokens: int = 40, num_samples: int = 2,
-                 temperature: float = 0.8) -> None:  # fmt: skip
+    def __init__(
+        self, prompt: str = "The ", max_new_tokens: int = 40, num_samples: int = 2, temperature: float = 0.8
+    ) -> None:
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
         self.num_samples, self.temperature = num_samples, temperature
 
@@ -586,9 +658,15 @@ class SampleText(Hook):
                 model.unshard()  # type: ignore[operator]
             ids = tokenizer(self.prompt, return_tensors="pt")["input_ids"].to(runner.device)
             # synced_gpus: under FSDP2 every rank runs as many forward passes (each gathers weights)
-            out = model.generate(ids, do_sample=True, temperature=self.temperature,
-                                 max_new_tokens=self.max_new_tokens, num_return_sequences=self.num_samples,
-                                 pad_token_id=tokenizer.pad_token_id, synced_gpus=runner.sharded)  # fmt: skip
+            out = model.generate(
+                ids,
+                do_sample=True,
+                temperature=self.temperature,
+                max_new_tokens=self.max_new_tokens,
+                num_return_sequences=self.num_samples,
+                pad_token_id=tokenizer.pad_token_id,
+                synced_gpus=runner.sharded,
+            )
         finally:
             if runner.sharded:
                 model.reshard()  # type: ignore[operator]

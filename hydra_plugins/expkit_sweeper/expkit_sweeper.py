@@ -116,8 +116,10 @@ def check_seed_keys(config: DictConfig) -> None:
     missing = object()
     for key in keys:
         if OmegaConf.select(config, key, default=missing) is missing:
-            raise SweepConfigError(f"seed_keys: {key} is not a key of the config; give the keys that hold a seed, "
-                                   f"e.g. seed_keys=[trainer.seed] (see --cfg job)")  # fmt: skip
+            raise SweepConfigError(
+                f"seed_keys: {key} is not a key of the config; give the keys that hold a seed, "
+                f"e.g. seed_keys=[trainer.seed] (see --cfg job)"
+            )
 
 
 class StopBetweenJobs:
@@ -158,8 +160,10 @@ class StopBetweenJobs:
             if not got:
                 got.append(signum)
                 request_stop(self._sweep_dir, signum)
-                log.warning("%s: the running jobs save and stop; no other job starts (Ctrl-C again quits at once)",
-                            signal.Signals(signum).name)  # fmt: skip
+                log.warning(
+                    "%s: the running jobs save and stop; no other job starts (Ctrl-C again quits at once)",
+                    signal.Signals(signum).name,
+                )
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         watcher = None
@@ -233,9 +237,20 @@ class _StopWatcher:
 
         self._sweep_dir = sweep_dir
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        self._proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHER, str(sweep_dir / STOP_FILE),
-                                       os.environ.get(SWEEP_LAUNCHED_ENV, "")],
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        self._proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-I",
+                "-S",
+                "-c",
+                _WATCHER,
+                str(sweep_dir / STOP_FILE),
+                os.environ.get(SWEEP_LAUNCHED_ENV, ""),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self._proc.stdout is not None
         self._proc.stdout.readline()  # its handlers are in place
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controllers started now inherit this

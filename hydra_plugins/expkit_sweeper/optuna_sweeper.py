@@ -99,8 +99,9 @@ def distribution(value: Any) -> Any:
         return FloatDistribution(float(min(start, last)), float(max(start, last)), step=abs(float(step)))
     if isinstance(value, ChoiceSweep):
         primitive = (type(None), bool, int, float, str)
-        return CategoricalDistribution([v if isinstance(v, primitive) else Override._get_value_element_as_str(v)
-                                        for v in value.list])  # fmt: skip
+        return CategoricalDistribution(
+            [v if isinstance(v, primitive) else Override._get_value_element_as_str(v) for v in value.list]
+        )
     raise ValueError(f"{value!r} is not interval(...), range(...) or choice(...)")
 
 
@@ -113,13 +114,23 @@ def override_value(value: Any) -> str:
 
 
 class OptunaSweeper(Sweeper):
-    def __init__(self, direction: str | None = None, study_name: str | None = "expkit", storage: str | None = None,
-                 n_trials: int = 20, n_jobs: int = 1, sampler: Any = None, pruner: Any = None,
-                 params: dict[str, Any] | None = None, custom_search_space: str | None = None,
-                 seeds_per_trial: int = 1) -> None:  # fmt: skip
+    def __init__(
+        self,
+        direction: str | None = None,
+        study_name: str | None = "expkit",
+        storage: str | None = None,
+        n_trials: int = 20,
+        n_jobs: int = 1,
+        sampler: Any = None,
+        pruner: Any = None,
+        params: dict[str, Any] | None = None,
+        custom_search_space: str | None = None,
+        seeds_per_trial: int = 1,
+    ) -> None:
         if direction not in (None, "maximize", "minimize"):
-            raise SearchConfigError(f"hydra.sweeper.direction={direction}: use maximize, minimize, or null "
-                                    "(from monitor)")  # fmt: skip
+            raise SearchConfigError(
+                f"hydra.sweeper.direction={direction}: use maximize, minimize, or null (from monitor)"
+            )
         for key, number in (("n_trials", n_trials), ("n_jobs", n_jobs), ("seeds_per_trial", seeds_per_trial)):
             if isinstance(number, bool) or not isinstance(number, int) or number < 1:
                 raise SearchConfigError(f"hydra.sweeper.{key}={number}: a whole number >= 1")
@@ -164,8 +175,9 @@ class OptunaSweeper(Sweeper):
                 try:
                     space[key] = distribution(override.value())
                 except ValueError as exc:
-                    raise SearchConfigError(f"hydra.sweeper.params.{key}={override.input_line.partition('=')[2]}: "
-                                            f"{exc}") from None  # fmt: skip
+                    raise SearchConfigError(
+                        f"hydra.sweeper.params.{key}={override.input_line.partition('=')[2]}: {exc}"
+                    ) from None
             else:
                 fixed[key] = override.input_line
         return list(fixed.values()), space
@@ -237,8 +249,10 @@ class OptunaSweeper(Sweeper):
             raise SearchConfigError(_storage_error(storage, exc)) from None
         study.sampler = self._continued(study, sampler, build)
         if study.direction.name.lower() != direction:
-            raise SearchConfigError(f"study {self.study_name!r} in {storage} {study.direction.name.lower()}s; this search "
-                             f"would {direction} (set hydra.sweeper.direction, or another study_name)")  # fmt: skip
+            raise SearchConfigError(
+                f"study {self.study_name!r} in {storage} {study.direction.name.lower()}s; this search "
+                f"would {direction} (set hydra.sweeper.direction, or another study_name)"
+            )
         self._same_search(study, storage, space)
         bind_sweep_dir(sweep_dir, storage, self.study_name)
         self._search(study, sweep_dir, storage, fixed, space, sampler, pruner, direction)
@@ -248,15 +262,19 @@ class OptunaSweeper(Sweeper):
         the first search; another search pointed at the same study name stops here (exit 2)."""
         from optuna.distributions import distribution_to_json
 
-        mine = {"params": {k: json.loads(distribution_to_json(d)) for k, d in sorted(space.items())},
-                "custom_search_space": self.custom_search_space}  # fmt: skip
+        mine = {
+            "params": {k: json.loads(distribution_to_json(d)) for k, d in sorted(space.items())},
+            "custom_search_space": self.custom_search_space,
+        }
         theirs = study.user_attrs.get(SEARCH_ATTR)
         if theirs is None:
             study.set_user_attr(SEARCH_ATTR, mine)
         elif theirs != mine:
-            raise SearchConfigError(f"study {self.study_name!r} in {storage} is another search: its space is "
-                                    f"{_space_text(theirs)}; this one's is {_space_text(mine)}. Give this search "
-                                    "another hydra.sweeper.study_name (or the same space)")  # fmt: skip
+            raise SearchConfigError(
+                f"study {self.study_name!r} in {storage} is another search: its space is "
+                f"{_space_text(theirs)}; this one's is {_space_text(mine)}. Give this search "
+                "another hydra.sweeper.study_name (or the same space)"
+            )
 
     def _continued(self, study: Any, sampler: Any, build: Any) -> Any:
         """The sampler for a study that already holds trials: a seeded sampler built again with
@@ -272,12 +290,26 @@ class OptunaSweeper(Sweeper):
         import numpy as np
 
         derived = int(np.random.SeedSequence([int(seed), done, *([peers] if peers else [])]).generate_state(1)[0])
-        log.info("Optuna: the study holds %d trials; the sampler continues with seed %d (from seed %s and %d)",
-                 done, derived, seed, done)  # fmt: skip
+        log.info(
+            "Optuna: the study holds %d trials; the sampler continues with seed %d (from seed %s and %d)",
+            done,
+            derived,
+            seed,
+            done,
+        )
         return build({**OmegaConf.to_container(spec, resolve=True), "seed": derived})  # type: ignore[dict-item]
 
-    def _search(self, study: Any, sweep_dir: Path, storage: str, fixed: list[str], space: dict[str, Any],
-                sampler: Any, pruner: Any, direction: str) -> None:  # fmt: skip
+    def _search(
+        self,
+        study: Any,
+        sweep_dir: Path,
+        storage: str,
+        fixed: list[str],
+        space: dict[str, Any],
+        sampler: Any,
+        pruner: Any,
+        direction: str,
+    ) -> None:
         from optuna.trial import TrialState
 
         from expkit import search
@@ -285,9 +317,16 @@ class OptunaSweeper(Sweeper):
 
         assert self.config is not None
         ledger = Ledger(sweep_dir / LEDGER)
-        log.info("Optuna study %s (%s, %s): %d trials, %d at once; sampler %s, pruner %s", self.study_name,
-                 storage, direction, self.n_trials, self.n_jobs, type(sampler).__name__,
-                 type(pruner).__name__)  # fmt: skip
+        log.info(
+            "Optuna study %s (%s, %s): %d trials, %d at once; sampler %s, pruner %s",
+            self.study_name,
+            storage,
+            direction,
+            self.n_trials,
+            self.n_jobs,
+            type(sampler).__name__,
+            type(pruner).__name__,
+        )
         seeds = self._seeds(fixed)
         lock = threading.Lock()  # this process's asks and tells
         total = self._join(ledger, sweep_dir) + self.n_trials  # the trials the sweep dir holds when done
@@ -306,8 +345,15 @@ class OptunaSweeper(Sweeper):
                         return self._take_over(study, ledger, storage, entry, number)
                 if len(ledger.trials) < total:
                     trial = study.ask(fixed_distributions=space)
-                    jobs = [[*fixed, *self._overrides(trial, space), *seed,
-                             *search.job_env(trial, self.study_name, storage)] for seed in seeds]  # fmt: skip
+                    jobs = [
+                        [
+                            *fixed,
+                            *self._overrides(trial, space),
+                            *seed,
+                            *search.job_env(trial, self.study_name, storage),
+                        ]
+                        for seed in seeds
+                    ]
                     first = trial.number * len(seeds)  # job dirs named by the study's trial number
                     self._add(ledger, trial, jobs, first)
                     return trial, jobs, first
@@ -339,8 +385,9 @@ class OptunaSweeper(Sweeper):
         base = launch.get("base")
         return base if isinstance(base, int) and base >= 0 else 0
 
-    def _take_over(self, study: Any, ledger: "Ledger", storage: str, entry: dict[str, Any],
-                   number: str) -> tuple[Any, list[list[str]], int]:  # fmt: skip
+    def _take_over(
+        self, study: Any, ledger: "Ledger", storage: str, entry: dict[str, Any], number: str
+    ) -> tuple[Any, list[list[str]], int]:
         """A trial whose worker is gone (killed, or stopped by a signal) with the trial left
         running: this worker runs its jobs again in their own dirs (each resumes from its
         checkpoint, or returns its result if it had finished) and tells the study."""
@@ -354,8 +401,12 @@ class OptunaSweeper(Sweeper):
             job = [o for o in overrides if not o.startswith("+hydra.job.env_set.")]
             job += search.job_env(trial, self.study_name, storage)
             jobs.append(job if "resume=true" in job else [*job, "resume=true"])
-        log.info("Optuna: trial %s was left running by %s; resuming it in job %s", number,
-                 entry.get("worker", "an earlier launch"), entry["job"])  # fmt: skip
+        log.info(
+            "Optuna: trial %s was left running by %s; resuming it in job %s",
+            number,
+            entry.get("worker", "an earlier launch"),
+            entry["job"],
+        )
         self._add(ledger, trial, jobs, int(entry["job"]))
         return trial, jobs, int(entry["job"])
 
@@ -367,8 +418,9 @@ class OptunaSweeper(Sweeper):
         while time.time() < deadline and stop_requested(sweep_dir) is None:
             time.sleep(0.2)
 
-    def _in_slots(self, slots: int, take: Any, study: Any, ledger: "Ledger", lock: threading.Lock,
-                  sweep_dir: Path) -> None:  # fmt: skip
+    def _in_slots(
+        self, slots: int, take: Any, study: Any, ledger: "Ledger", lock: threading.Lock, sweep_dir: Path
+    ) -> None:
         """`slots` threads, each launching one trial at a time (its jobs run in the launcher's
         workers: joblib processes, submitit jobs) and telling the study how it ended. The first
         error stops every slot from taking another trial and is raised here once all returned."""
@@ -389,8 +441,16 @@ class OptunaSweeper(Sweeper):
         if errors:
             raise errors[0]
 
-    def _slot(self, take: Any, launch: Any, study: Any, ledger: "Ledger", lock: threading.Lock, sweep_dir: Path,
-              errors: Sequence[BaseException] = ()) -> None:  # fmt: skip
+    def _slot(
+        self,
+        take: Any,
+        launch: Any,
+        study: Any,
+        ledger: "Ledger",
+        lock: threading.Lock,
+        sweep_dir: Path,
+        errors: Sequence[BaseException] = (),
+    ) -> None:
         """One slot: take a trial, launch its jobs, tell the study; until none is left (or
         another slot failed: `errors`)."""
         while not errors and (taken := take()) is not None:
@@ -410,12 +470,16 @@ class OptunaSweeper(Sweeper):
         assert self.config is not None
         key = str((self.config.get("seed_keys") or ["trainer.seed"])[0])
         if any(f.lstrip("+").partition("=")[0] == key for f in fixed):
-            raise SearchConfigError(f"hydra.sweeper.seeds_per_trial={self.seeds_per_trial} sets {key} itself; "
-                                    f"leave {key} out of the command line and the search space")  # fmt: skip
+            raise SearchConfigError(
+                f"hydra.sweeper.seeds_per_trial={self.seeds_per_trial} sets {key} itself; "
+                f"leave {key} out of the command line and the search space"
+            )
         base = OmegaConf.select(self.config, key)
         if isinstance(base, bool) or not isinstance(base, int):
-            raise SearchConfigError(f"hydra.sweeper.seeds_per_trial: {key} (the first of seed_keys) is {base!r}, "
-                                    "not a whole number to count seeds from")  # fmt: skip
+            raise SearchConfigError(
+                f"hydra.sweeper.seeds_per_trial: {key} (the first of seed_keys) is {base!r}, "
+                "not a whole number to count seeds from"
+            )
         return [[f"{key}={base + i}"] for i in range(self.seeds_per_trial)]
 
     def _overrides(self, trial: Any, space: dict[str, Any]) -> list[str]:
@@ -433,8 +497,11 @@ class OptunaSweeper(Sweeper):
         ledger.add(trial, jobs, first, self.worker)
         from optuna.distributions import CategoricalDistribution
 
-        choices = {(k, repr(v)) for k, v in trial.params.items()
-                   if isinstance(trial.distributions.get(k), CategoricalDistribution)}  # fmt: skip
+        choices = {
+            (k, repr(v))
+            for k, v in trial.params.items()
+            if isinstance(trial.distributions.get(k), CategoricalDistribution)
+        }
         if self.in_process or self.checked is None or not choices <= self.checked:
             self.validate_batch_is_legal(jobs)  # (in this process: the launch then uses the composed config)
             self.checked = (self.checked or set()) | choices
@@ -458,8 +525,10 @@ class OptunaSweeper(Sweeper):
             ends.append((result, value if usable else None))
             rule = result.get("monitor_rule")
             if rule in ("greater", "less") and rule != ("greater" if study.direction.name == "MAXIMIZE" else "less"):
-                raise SearchConfigError(f"the study {study.direction.name.lower()}s, but {monitor} is better when "
-                                        f"{rule} (the run's rule); set hydra.sweeper.direction")  # fmt: skip
+                raise SearchConfigError(
+                    f"the study {study.direction.name.lower()}s, but {monitor} is better when "
+                    f"{rule} (the run's rule); set hydra.sweeper.direction"
+                )
         statuses = [r.get("status") for r, _ in ends]
         if any(r.get("status") == "stopped" and not finished(r) for r, _ in ends):
             ledger.finish(trial, "interrupted")  # preempted: left running in the study, for resume=true
@@ -482,8 +551,13 @@ class OptunaSweeper(Sweeper):
         except ValueError:  # no trial completed
             log.warning("Optuna study %s has no completed trial", self.study_name)
             return
-        results = {"name": "optuna", "study_name": self.study_name, "best_trial": best.number,
-                   "best_params": dict(best.params), "best_value": best.value}  # fmt: skip
+        results = {
+            "name": "optuna",
+            "study_name": self.study_name,
+            "best_trial": best.number,
+            "best_params": dict(best.params),
+            "best_value": best.value,
+        }
         OmegaConf.save(OmegaConf.create(results), sweep_dir / "optimization_results.yaml")
         log.info("Optuna best: trial %d, value %.4f, %s", best.number, best.value, best.params)
 
@@ -529,8 +603,13 @@ class Ledger:
 
     def add(self, trial: Any, jobs: list[list[str]], first: int, worker: str) -> None:
         """The trial's jobs (one per seed), numbered from `first`, run by `worker` (inside ``locked``)."""
-        entry = {"trial_id": trial._trial_id, "job": str(first), "overrides": jobs[0], "status": "running",
-                 "worker": worker}  # fmt: skip
+        entry = {
+            "trial_id": trial._trial_id,
+            "job": str(first),
+            "overrides": jobs[0],
+            "status": "running",
+            "worker": worker,
+        }
         if len(jobs) > 1:
             entry.update(jobs=[str(first + i) for i in range(len(jobs))], seed_overrides=jobs)
         self.trials[str(trial.number)] = entry
@@ -562,8 +641,11 @@ def _alive(sweep_dir: Path, entry: dict[str, Any]) -> bool:
 
     if _worker_alive(sweep_dir, entry.get("worker")):
         return True
-    jobs = [confined(sweep_dir, job, sweep_dir / LEDGER, "job dir") for job in entry.get("jobs") or [entry.get("job")]
-            if job]  # fmt: skip
+    jobs = [
+        confined(sweep_dir, job, sweep_dir / LEDGER, "job dir")
+        for job in entry.get("jobs") or [entry.get("job")]
+        if job
+    ]
     return any(job is not None and live_owner(job) is not None for job in jobs)
 
 
@@ -593,9 +675,11 @@ def bind_sweep_dir(sweep_dir: Path, storage: str | None, study_name: str) -> Non
         theirs = mine
     if theirs != mine:
         where = lambda b: f"study {b.get('study_name')!r} in {b.get('storage') or 'the sweep dir'}"
-        raise SearchConfigError(f"hydra.sweep.dir={sweep_dir} holds the trials of {where(theirs)}; this command "
-                                f"searches {where(mine)}. Give another hydra.sweep.dir, or the same "
-                                "hydra.sweeper.study_name and storage to join that search")  # fmt: skip
+        raise SearchConfigError(
+            f"hydra.sweep.dir={sweep_dir} holds the trials of {where(theirs)}; this command "
+            f"searches {where(mine)}. Give another hydra.sweep.dir, or the same "
+            "hydra.sweeper.study_name and storage to join that search"
+        )
 
 
 def _storage_error(storage: str, exc: Exception) -> str:
@@ -607,8 +691,10 @@ def _storage_error(storage: str, exc: Exception) -> str:
     if isinstance(exc, ModuleNotFoundError) and scheme in ("postgresql", "postgres"):
         check = "install the driver: pip install -e '.[postgres]' (psycopg)"
     elif scheme in ("postgresql", "postgres"):
-        check = (f"check that the server runs and takes connections from here: pg_isready -d '{shown_url(storage)}' "
-                 "(or psql with the same URL); the form is postgresql://user:password@host:5432/database")  # fmt: skip
+        check = (
+            f"check that the server runs and takes connections from here: pg_isready -d '{shown_url(storage)}' "
+            "(or psql with the same URL); the form is postgresql://user:password@host:5432/database"
+        )
     elif scheme == "sqlite":
         check = "check that the file's dir exists and is writable (sqlite:///relative/path.db, sqlite:////abs/path.db)"
     elif scheme:

@@ -10,8 +10,15 @@ class ResidualMLP(nn.Module):
     """Flatten, a stem, ``blocks`` residual Linear-ReLU blocks, a classifier. expkit passes
     in_channels, image_size and num_classes from the data module."""
 
-    def __init__(self, in_channels: int, image_size: int, num_classes: int, width: int = 128, blocks: int = 2,
-                 label_smoothing: float = 0.1) -> None:  # fmt: skip
+    def __init__(
+        self,
+        in_channels: int,
+        image_size: int,
+        num_classes: int,
+        width: int = 128,
+        blocks: int = 2,
+        label_smoothing: float = 0.1,
+    ) -> None:
         super().__init__()
         self.stem = nn.Sequential(nn.Flatten(), nn.Linear(in_channels * image_size * image_size, width), nn.ReLU())
         self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(blocks))
