@@ -22,6 +22,11 @@ import torch
 PathT = TypeVar("PathT", str, Path)
 
 
+def disk_full(exc: BaseException) -> bool:
+    """ENOSPC, however it surfaced (an OSError, or torch's zip writer's RuntimeError)."""
+    return getattr(exc, "errno", None) == errno.ENOSPC or "unexpected pos" in str(exc) or "No space left" in str(exc)
+
+
 def _write_atomic(path: PathT, write: Callable[[int], None], durable: bool) -> PathT:
     """Write through `.<name>.tmp<pid>` then rename, in plain system calls (Python's file
     object around a small write cost about 20 us). `write` gets the temporary file's

@@ -28,6 +28,16 @@ log = logging.getLogger("expkit")
 AXIS_KEYS = ("step", "epoch", "iter")
 
 
+TABLE_COLUMNS = ["sample", "target", "prediction"]  # a predictions table's (log_table's rows: [i, target, prediction])
+
+
+def markdown_table(rows: list[list[Any]]) -> str:
+    """A predictions table (``log_table``'s rows) as Markdown."""
+    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|---|---|---|"]
+    lines += [f"| {i} | {t} | {p} |" for i, t, p in rows]
+    return "\n".join(lines) + "\n"
+
+
 def scalars(record: dict[str, Any]) -> dict[str, float]:
     """The plottable values of a metrics.jsonl record (not the axis fields)."""
     return {
@@ -109,9 +119,7 @@ class TensorBoardBackend(Backend):
         self.writer.add_image(tag, image, step, dataformats="HWC")
 
     def log_table(self, tag: str, rows: list[list[Any]], step: int) -> None:
-        from expkit.hooks.log_predictions import _markdown
-
-        self.writer.add_text(tag, _markdown(rows), step)
+        self.writer.add_text(tag, markdown_table(rows), step)
 
     def resume(self, step: int) -> None:
         """What SummaryWriter(purge_step=step) writes: readers drop the events of earlier files
@@ -250,8 +258,6 @@ class WandbBackend(Backend):
 
     def log_table(self, tag: str, rows: list[list[Any]], step: int) -> None:
         import wandb
-
-        from expkit.hooks.log_predictions import TABLE_COLUMNS
 
         self._started().log({tag: wandb.Table(columns=TABLE_COLUMNS, data=rows)}, step=step)
 

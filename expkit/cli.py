@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -308,3 +309,65 @@ def hydra_quoted(value: str) -> str:
 
     escaped = re.sub(r"\\+(?='|$)", lambda m: m.group(0) * 2, value).replace("'", "\\'")
     return f"'{escaped}'"
+
+
+def hydra_argv(argv: list[str], options: Sequence[str]) -> list[str]:
+    """The command line as Hydra takes it. ``work_dir=DIR`` is ``hydra.run.dir=DIR``, and any
+    ``key=value`` that is not one of the command's settings (`options`) overrides the checkpoint's stored
+    config: it goes into ``overrides=[...]``, so ``data.batch_size=256`` works as before."""
+    out, stored, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        key, sep, value = arg.partition("=")
+        root = key.lstrip("+~").split(".", 1)[0]
+        if arg.startswith("-") or not sep:  # a flag (--config-dir DIR takes the next word along)
+            out.append(arg)
+            if arg in (
+                "--config-dir",
+                "-cd",
+                "--config-name",
+                "-cn",
+                "--config-path",
+                "-cp",
+                "--cfg",
+                "-c",
+                "--package",
+                "-p",
+                "--info",
+                "-i",
+            ) and i + 1 < len(argv):
+                out.append(argv[i + 1])
+                i += 1
+        elif key == "work_dir":
+            out.append(f"hydra.run.dir={value}")
+        elif root in options or root.startswith("hydra"):
+            out.append(arg)
+        else:
+            stored.append(arg)
+        i += 1
+    if stored:
+        quoted = ",".join(hydra_quoted(a) for a in stored)
+        explicit = next((j for j, a in enumerate(out) if a.startswith("overrides=")), None)
+        if explicit is None:
+            out.append(f"overrides=[{quoted}]")
+        else:  # an explicit overrides=[...] too: one list
+            inner = out[explicit].split("=", 1)[1].strip()
+            inner = inner[1:-1] if inner.startswith("[") and inner.endswith("]") else inner
+            out[explicit] = f"overrides=[{inner + ',' if inner else ''}{quoted}]"
+    return out
+
+
+def command_main(run: Callable[[], Any], options: Sequence[str], started: Callable[[], bool]) -> None:
+    """The entry point of a command over a checkpoint (eval, predict, export): the command line
+    made Hydra's (``hydra_argv``, flags first), then the Hydra app `run`. Hydra's own errors
+    before the task `started` (a missing key, an unknown one) are the user's to fix: exit 2."""
+    from expkit import versions
+
+    versions.require()
+    sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:], options))  # (Hydra's parser takes flags before overrides)
+    try:
+        run()
+    except SystemExit as exc:
+        if exc.code == 1 and not started():
+            sys.exit(2)
+        raise

@@ -91,7 +91,7 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
     import torch
 
     from expkit.cli import output_file_problem
-    from expkit.eval import _restore, _weights, stored_overrides
+    from expkit.restore import restore, stored_overrides, weights
     from expkit.trust import TrustPolicy
 
     if OmegaConf.is_missing(cfg, "checkpoint"):
@@ -109,7 +109,9 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
     if opset is not None and (isinstance(opset, bool) or not isinstance(opset, int) or opset < 7):
         raise ConfigError(f"opset={opset!r}: give an ONNX opset version, a whole number such as opset=18, or null")
     trust = TrustPolicy([str(t) for t in cfg.trusted_targets or []], config_dirs)
-    path, stored, loaders, model = _restore(cfg.checkpoint, str(cfg.which), bool(cfg.ema), stored_overrides(cfg), trust)
+    path, stored, loaders, model, _ = restore(
+        cfg.checkpoint, str(cfg.which), bool(cfg.ema), stored_overrides(cfg), trust
+    )
     model.eval()
     out.parent.mkdir(parents=True, exist_ok=True)
     x = example_input(loaders)
@@ -131,8 +133,8 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
     elif fmt == "safetensors":
         from safetensors.torch import save_file
 
-        weights = _weights(checkpoint_io.load_checkpoint(path, "checkpoint"), path, bool(cfg.ema))
-        tensors = {k: v.detach().cpu().contiguous().clone() for k, v in weights.items()}  # no shared storage
+        state = weights(checkpoint_io.load_checkpoint(path, "checkpoint"), path, bool(cfg.ema))
+        tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state.items()}  # no shared storage
         save_file(tensors, str(out), metadata={"checkpoint": str(path.resolve()), "ema": str(bool(cfg.ema)).lower()})
     else:
         batch = torch.export.Dim("batch", min=1)
@@ -244,7 +246,7 @@ OPTIONS = (
 
 
 def main() -> None:
-    from expkit.eval import command_main
+    from expkit.cli import command_main
 
     command_main(run, OPTIONS, lambda: _STARTED)  # data.batch_size=8 means overrides=[...]
 

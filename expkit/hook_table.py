@@ -58,6 +58,17 @@ def overrides(hook: Hook, stage: str) -> bool:
     return getattr(type(hook), stage) is not getattr(Hook, stage)
 
 
+def call_hook(runner: Any, stage: str, **payload: Any) -> None:
+    """Run every hook registered at `stage`, in priority order; an error names the hook and
+    the stage. ``Runner.call_hook`` is this function (instrumented runs use
+    ``HookTable.call_instrumented``)."""
+    for class_name, _, method in runner.hook_table.dispatch[stage]:
+        try:
+            method(runner, **payload)
+        except Exception as exc:
+            raise_hook_error(class_name, stage, exc)
+
+
 def raise_hook_error(class_name: str, stage: str, exc: Exception) -> NoReturn:
     """An exception from a hook, named: a HookError as it is, bad input found by a hook as a
     ConfigError (still the user's to fix), anything else as a HookError naming hook and stage."""

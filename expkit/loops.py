@@ -26,7 +26,7 @@ from expkit.distributed import (
     is_distributed,
     reduce_device,
 )
-from expkit.hook_table import NULL, raise_hook_error
+from expkit.hook_table import NULL
 from expkit.optimizers import Optimizers
 from expkit.stages import Stage
 
@@ -150,9 +150,6 @@ class TrainLoop:
             or s.accumulate_grad_batches != 1
         )
         self.plain_optimizer = r.optimizers.get(self.only_optimizer) if plain else None
-        from expkit.runner import PLAIN_CALL_HOOK
-
-        self.plain_call_hook = PLAIN_CALL_HOOK
 
     def _phased(self, name: str, fn: Callable[..., Any], autocast: bool = False) -> Callable[..., Any]:
         r = self.runner
@@ -271,14 +268,7 @@ class TrainLoop:
         r.position = (r.epoch, r.iter + 1, consumed)  # what a checkpoint saved from here on records
         if AFTER_OPTIMIZER_STEP not in idle:
             call(AFTER_OPTIMIZER_STEP, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
-        if getattr(call, "__func__", None) is not self.plain_call_hook:
-            call(AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
-        else:  # Runner.call_hook in place
-            for class_name, _, method in r.hook_table.dispatch[AFTER_TRAIN_ITER]:
-                try:
-                    method(r, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
-                except Exception as exc:
-                    raise_hook_error(class_name, AFTER_TRAIN_ITER, exc)
+        call(AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         r.iter += 1
         r.inner_iter = consumed
 

@@ -445,3 +445,16 @@ def probe_metrics(runner: Any) -> None:
     finally:
         r.model.train(was_training)
         set_rng_states(states)
+
+
+def monitor_of(config: dict[str, Any] | None) -> tuple[str, str]:
+    """The job's monitored metric and its rule as far as its config tells (before the run
+    decided it: a run records the rule it used as result.json's ``monitor_rule``, which wins)."""
+    config = config or {}
+    monitor = str(config.get("monitor") or "val/acc")
+    metric = (config.get("metrics") or {}).get(monitor.partition("/")[2].split("/")[0])
+    rule = rule_of_flag(metric.get("higher_is_better")) if isinstance(metric, dict) else None
+    if rule is None:
+        rule = ((config.get("default_hooks") or {}).get("checkpoint") or {}).get("rule")
+        rule = (rule[0] if rule else None) if isinstance(rule, list) else rule
+    return monitor, rule or infer_rule(monitor) or "greater"

@@ -353,7 +353,7 @@ class MLflowBackend(Backend):
         self.client.log_image(self.run_id, image, key=tag.replace("/", "_"), step=step)
 
     def log_table(self, tag: str, rows: list[list[Any]], step: int) -> None:
-        from expkit.hooks.log_predictions import TABLE_COLUMNS
+        from expkit.backends import TABLE_COLUMNS
 
         columns = {name: [row[i] for row in rows] for i, name in enumerate(TABLE_COLUMNS)}
         self.client.log_table(self.run_id, data=columns, artifact_file=f"{tag}/step_{step}.json")

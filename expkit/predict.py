@@ -176,8 +176,8 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
     """Predict `cfg.input` with `cfg.checkpoint`'s model; write `cfg.output`; returns a summary.
     `config_dirs`: the --config-dir whose targets are trusted, as for ``expkit.eval``."""
     from expkit.cli import output_file_problem
-    from expkit.eval import restore, stored_overrides
     from expkit.export import example_input
+    from expkit.restore import restore, stored_overrides
     from expkit.trust import TrustPolicy
 
     for key in ("checkpoint", "input"):
@@ -379,7 +379,7 @@ OPTIONS = (
 
 
 def main() -> None:
-    from expkit.eval import command_main
+    from expkit.cli import command_main
 
     command_main(run, OPTIONS, lambda: _STARTED)  # data.batch_size=8 means overrides=[...]
 

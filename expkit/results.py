@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from expkit import distributed, provenance
-from expkit.atomic import SpaceReserve, write_json_atomic
-from expkit.run_checkpoint import disk_full
+from expkit.atomic import SpaceReserve, disk_full, write_json_atomic
 
 if TYPE_CHECKING:
     from expkit.runner import Runner

@@ -8,7 +8,6 @@ checkpoints are ``expkit.sharding``'s.
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging
 import os
@@ -197,12 +196,9 @@ def _failing_as_writes(r: Runner, path: Path, write: Callable[[], T]) -> T:
 
 def _cause(exc: BaseException) -> str:
     """Why a checkpoint write failed, in words, on one line."""
-    return "no space left on the device" if disk_full(exc) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-
-
-def disk_full(exc: BaseException) -> bool:
-    """ENOSPC, however it surfaced (an OSError, or torch's zip writer's RuntimeError)."""
-    return getattr(exc, "errno", None) == errno.ENOSPC or "unexpected pos" in str(exc) or "No space left" in str(exc)
+    return (
+        "no space left on the device" if atomic.disk_full(exc) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    )
 
 
 def check_start(runner: Runner) -> None:

@@ -22,7 +22,7 @@ from torch import nn
 from expkit import atomic, distributed, hook_table, logs, provenance, results, run_checkpoint
 from expkit.backends import Backend
 from expkit.devices import StepModule, move, precision, run_device
-from expkit.hook_table import NULL, HookTable, raise_hook_error
+from expkit.hook_table import NULL, HookTable
 from expkit.hooks.base import Hook
 from expkit.loops import EvalLoop, TrainLoop
 from expkit.metrics import Accuracy, Directions, MetricSlot, as_slots, probe_metrics
@@ -213,13 +213,7 @@ class Runner:
         """Add a hook; `priority` beats the hook's own `priority` attribute."""
         self.hook_table.register(hook, name, priority)
 
-    def call_hook(self, stage: str, **payload: Any) -> None:
-        """Run every hook registered at `stage`; an error names the hook and the stage."""
-        for class_name, _, method in self.hook_table.dispatch[stage]:
-            try:
-                method(self, **payload)
-            except Exception as exc:
-                raise_hook_error(class_name, stage, exc)
+    call_hook = hook_table.call_hook  # (stage, **payload): every hook at a stage, in order
 
     def instrument(self, *, markers: bool | None = None, timing: bool | None = None) -> None:
         """``markers``: wrap every stage, hook call and loop phase in ``record_function`` so
@@ -468,6 +462,3 @@ class Runner:
     def epoch_complete(self) -> bool:
         """True inside after_train_epoch when the epoch ran to its end (not cut short by a stop)."""
         return self.position[0] > self.epoch
-
-
-PLAIN_CALL_HOOK = Runner.call_hook  # the loop dispatches after_train_iter itself while this is the one

@@ -35,7 +35,7 @@ from hydra.experimental.callback import Callback
 
 from expkit import confine, hydra_compat
 from expkit.atomic import write_json_atomic, write_text_atomic
-from expkit.metrics import infer_rule, rule_of_flag
+from expkit.metrics import monitor_of
 from expkit.sweep_jobs import finished, job_order, job_target, key_kind, read_job
 
 log = logging.getLogger("expkit")
@@ -77,19 +77,6 @@ def _records(work_dir: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:  # a line being written right now
             continue
     return records
-
-
-def monitor_of(config: dict[str, Any] | None) -> tuple[str, str]:
-    """The job's monitored metric and its rule as far as its config tells (before the run
-    decided it: a run records the rule it used as result.json's ``monitor_rule``, which wins)."""
-    config = config or {}
-    monitor = str(config.get("monitor") or "val/acc")
-    metric = (config.get("metrics") or {}).get(monitor.partition("/")[2].split("/")[0])
-    rule = rule_of_flag(metric.get("higher_is_better")) if isinstance(metric, dict) else None
-    if rule is None:
-        rule = ((config.get("default_hooks") or {}).get("checkpoint") or {}).get("rule")
-        rule = (rule[0] if rule else None) if isinstance(rule, list) else rule
-    return monitor, rule or infer_rule(monitor) or "greater"
 
 
 def job_row(work_dir: Path) -> dict[str, Any] | None:

@@ -26,10 +26,9 @@ from omegaconf import DictConfig
 
 from expkit import atomic, checkpoint_io, cli, hydra_compat, logs, run_checkpoint, sweep_jobs, versions
 from expkit.errors import ConfigError, ExpkitError, ResumeRefused
-from expkit.metrics import worst_value
+from expkit.metrics import monitor_of, worst_value
 from expkit.results import write_failure
 from expkit.signals import SweepInterrupted, raise_on_sigterm, stop_on_signals
-from expkit.sweep import monitor_of
 
 log = logging.getLogger("expkit")
 

@@ -201,7 +201,8 @@ def test_eval_is_a_hydra_app_with_hydras_habits(tmp_path):
 def test_hydra_argv_moves_stored_config_overrides_into_one_quoted_list_hydra_parses():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from expkit.eval import hydra_argv
+    from expkit.cli import hydra_argv
+    from expkit.eval import OPTIONS
 
     argv = [
         "checkpoint=run",
@@ -214,7 +215,7 @@ def test_hydra_argv_moves_stored_config_overrides_into_one_quoted_list_hydra_par
         "data.root=C:\\x\\",
         "data.name=it's",
     ]
-    out = hydra_argv(argv)
+    out = hydra_argv(argv, OPTIONS)
     assert out[:5] == ["checkpoint=run", "--config-dir", "conf", "hydra.run.dir=out", "logger=[tensorboard]"]
     (parsed,) = OverridesParser.create().parse_overrides([out[-1]])
     assert parsed.key_or_group == "overrides"

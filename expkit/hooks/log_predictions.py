@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from expkit.backends import markdown_table
 from expkit.hooks.base import Hook
 from expkit.stages import Priority
 
@@ -116,7 +117,7 @@ class LogPredictionsHook(Hook):
 
                 Image.fromarray(content).save(folder / f"step_{step}.png")
             else:
-                (folder / f"step_{step}.md").write_text(_markdown(content), encoding="utf-8")
+                (folder / f"step_{step}.md").write_text(markdown_table(content), encoding="utf-8")
         for name, backend in runner.loggers.items():
             if name in self._warned:  # failed before: not tried again
                 continue
@@ -166,9 +167,6 @@ def _grid(inputs: torch.Tensor, predictions: torch.Tensor, targets: torch.Tensor
     return np.asarray(canvas)
 
 
-TABLE_COLUMNS = ["sample", "target", "prediction"]
-
-
 def _table(predictions: torch.Tensor, targets: torch.Tensor) -> list[list[Any]]:
     def value(t: torch.Tensor) -> Any:
         if t.numel() == 1:
@@ -176,9 +174,3 @@ def _table(predictions: torch.Tensor, targets: torch.Tensor) -> list[list[Any]]:
         return f"tensor{tuple(t.shape)}"
 
     return [[i, value(t), value(p)] for i, (t, p) in enumerate(zip(targets, predictions))]
-
-
-def _markdown(rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|---|---|---|"]
-    lines += [f"| {i} | {t} | {p} |" for i, t, p in rows]
-    return "\n".join(lines) + "\n"

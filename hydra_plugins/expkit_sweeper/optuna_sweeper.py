@@ -188,8 +188,7 @@ class OptunaSweeper(Sweeper):
         if self.direction is not None:
             return self.direction
         from expkit.build import build_metrics
-        from expkit.metrics import Directions
-        from expkit.sweep import monitor_of
+        from expkit.metrics import Directions, monitor_of
 
         assert self.config is not None
         monitor, rule = monitor_of(OmegaConf.to_container(self.config, resolve=False))  # type: ignore[arg-type]
