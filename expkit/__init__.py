@@ -5,8 +5,7 @@ from expkit import Runner, Hook, Priority, Stage, TrainerSettings
 
 from expkit import data_info as data_info  # registers ${data_info:KEY} before any config is composed
 from expkit.errors import ConfigError, ExpkitError, HookError
-from expkit.hook_table import default_hooks
-from expkit.hooks import Hook
+from expkit.hooks import Hook, default_hooks
 from expkit.rng import seed_everything
 from expkit.runner import Runner
 from expkit.settings import TrainerSettings

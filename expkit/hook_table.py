@@ -30,29 +30,6 @@ PAYLOADS: dict[str, tuple[str, ...]] = {
 NULL = contextlib.nullcontext()  # shared: entering it costs next to nothing
 
 
-def default_hooks(**overrides: Hook | None) -> dict[str, Hook]:
-    """MMEngine's six default hooks by name; pass NAME=hook to replace, NAME=None to drop."""
-    from expkit.hooks import (
-        CheckpointHook,
-        DistSamplerSeedHook,
-        IterTimerHook,
-        LoggerHook,
-        ParamSchedulerHook,
-        RuntimeInfoHook,
-    )
-
-    hooks: dict[str, Hook | None] = {
-        "runtime_info": RuntimeInfoHook(),
-        "timer": IterTimerHook(),
-        "sampler_seed": DistSamplerSeedHook(),
-        "logger": LoggerHook(),
-        "param_scheduler": ParamSchedulerHook(),
-        "checkpoint": CheckpointHook(interval=1),
-    }
-    hooks.update(overrides)
-    return {name: hook for name, hook in hooks.items() if hook is not None}
-
-
 def overrides(hook: Hook, stage: str) -> bool:
     """Whether `hook`'s class overrides `stage` (only those are called there)."""
     return getattr(type(hook), stage) is not getattr(Hook, stage)

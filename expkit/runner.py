@@ -23,6 +23,7 @@ from expkit import atomic, distributed, hook_table, logs, provenance, results, r
 from expkit.backends import Backend
 from expkit.devices import StepModule, move, precision, run_device
 from expkit.hook_table import NULL, HookTable
+from expkit.hooks import default_hooks as make_default_hooks
 from expkit.hooks.base import Hook
 from expkit.loops import EvalLoop, TrainLoop
 from expkit.metrics import Accuracy, Directions, MetricSlot, as_slots, probe_metrics
@@ -173,7 +174,7 @@ class Runner:
         self.hook_times = self.hook_table.hook_times  # (stage, hook name) -> [seconds, calls], while timing
         self.phase_times = self.hook_table.phase_times  # loop phase -> [seconds, calls], while timing
         self.extra_scalars: dict[str, float] = {}  # hooks' values for the next log record (cleared there)
-        hooks_in = default_hooks if default_hooks is not None else hook_table.default_hooks()
+        hooks_in = default_hooks if default_hooks is not None else make_default_hooks()
         for name, hook in hooks_in.items():
             self.register_hook(hook, name=name)
         named = hooks.items() if isinstance(hooks, Mapping) else ((type(h).__name__, h) for h in hooks)

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from expkit.hook_table import default_hooks as _make_default_hooks
+from expkit.hooks import default_hooks as _make_default_hooks
 from expkit.hooks.base import Hook
 from expkit.runner import Runner
 from expkit.samplers import SeededRandomSampler

@@ -18,8 +18,7 @@ from conftest import REPO, run_cli, toy_runner
 from expkit import Hook
 from expkit.cli import continue_command, flags_first
 from expkit.errors import ConfigError
-from expkit.hook_table import default_hooks
-from expkit.hooks import CheckpointHook, LoggerHook
+from expkit.hooks import CheckpointHook, LoggerHook, default_hooks
 
 EXIT_HOOK = """
 import os

@@ -1,5 +1,7 @@
 """Hooks: the base class, the six default hooks and the custom catalog (one per file)."""
 
+from __future__ import annotations
+
 from expkit.hooks.activation_stats import ActivationStatsHook
 from expkit.hooks.base import Hook
 from expkit.hooks.checkpoint import CheckpointHook
@@ -23,6 +25,21 @@ from expkit.hooks.runtime_info import RuntimeInfoHook
 from expkit.hooks.sampler_seed import DistSamplerSeedHook
 from expkit.hooks.stop_after import StopAfterHook
 from expkit.hooks.sync_buffers import SyncBuffersHook
+
+
+def default_hooks(**overrides: Hook | None) -> dict[str, Hook]:
+    """MMEngine's six default hooks by name; pass NAME=hook to replace, NAME=None to drop."""
+    hooks: dict[str, Hook | None] = {
+        "runtime_info": RuntimeInfoHook(),
+        "timer": IterTimerHook(),
+        "sampler_seed": DistSamplerSeedHook(),
+        "logger": LoggerHook(),
+        "param_scheduler": ParamSchedulerHook(),
+        "checkpoint": CheckpointHook(interval=1),
+    }
+    hooks.update(overrides)
+    return {name: hook for name, hook in hooks.items() if hook is not None}
+
 
 __all__ = [
     "ActivationStatsHook",
@@ -49,4 +66,5 @@ __all__ = [
     "RuntimeInfoHook",
     "StopAfterHook",
     "SyncBuffersHook",
+    "default_hooks",
 ]
