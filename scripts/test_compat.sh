@@ -82,4 +82,4 @@ tests=(
 if [ "$line" = newest ]; then  # a study in PostgreSQL (a server of the test's own), through psycopg
     tests+=(tests/test_search_slots.py::test_bad_storages_and_a_second_search_on_one_study_stop_before_training)
 fi
-exec "$venv/bin/python" -m pytest -p no:cacheprovider -n 2 "$@" "${tests[@]}"
+exec "$venv/bin/python" -m pytest -p no:cacheprovider -n 2 --dist worksteal "$@" "${tests[@]}"

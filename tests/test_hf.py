@@ -123,7 +123,9 @@ def test_hf_causal_lm_trains_saves_for_transformers_and_evaluates(tmp_path):
 @pytest.mark.slow
 def test_hf_text_classification_tells_packages_apart_and_classifies_new_texts(tmp_path):
     work = tmp_path / "runs" / "tc"
-    proc = run_cli(f"hydra.run.dir={work}", "experiment=hf_text_classification", "trainer.max_epochs=4")
+    proc = run_cli(
+        f"hydra.run.dir={work}", "experiment=hf_text_classification", "trainer.max_epochs=4", "data.max_per_class=300"
+    )
     assert proc.returncode == 0, proc.output[-3000:]
     result = json.loads((work / "result.json").read_text())
     assert result["final_metrics"]["val/acc"] > 0.6  # 4 packages: chance is 0.25
