@@ -189,9 +189,8 @@ def test_the_default_hooks_in_code_are_the_yaml_ones():
     checkpoint unless asked, as MMEngine's CheckpointHook."""
     import inspect
 
-    from hydra.utils import instantiate
-
     from expkit import default_hooks
+    from expkit.hydra_compat import instantiate  # (Hydra 1.4 warns about a bare instantiate)
 
     cfg = _compose()
     code = default_hooks()
