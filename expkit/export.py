@@ -115,16 +115,14 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
     model.eval()
     out.parent.mkdir(parents=True, exist_ok=True)
     x = example_input(loaders)
-    if fmt == "hf":
-        _write_hf(model, out)
-    elif not isinstance(x, torch.Tensor):
+    if fmt != "hf" and not isinstance(x, torch.Tensor):
         raise ConfigError(
             f"{fmt}: the model's input is a {type(x).__name__}, not one tensor; export takes a model called as model(x)"
         )
     from expkit import atomic, checkpoint_io
 
     if fmt == "hf":
-        pass  # (written above)
+        _write_hf(model, out)
     elif fmt == "pth":
         checkpoint = checkpoint_io.load_checkpoint(path, "checkpoint")
         checkpoint.pop("sharded", None)

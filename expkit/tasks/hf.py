@@ -469,11 +469,25 @@ def _check_pretrained(model: Any, pretrained: str, vocab_size: int, length_key: 
             f"model.pretrained={pretrained}: the model embeds {rows} token ids but the data's tokenizer "
             f"has {vocab_size}; {hint}"
         )
+    _check_positions(config, f"model.pretrained={pretrained}: the model", length_key, length)
+
+
+def _check_positions(config: Any, who: str, length_key: str, length: int | None) -> None:
+    """A model config (`who` in the message) must allow the data's sequence length."""
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if length is not None and isinstance(positions, int) and positions < length:
+        raise ConfigError(f"{who} allows {positions} positions, fewer than {length_key}={length}")
+
+
+def _local_dir(pretrained: str) -> str:
+    """`pretrained` as a local save_pretrained directory; never a hub name (nothing is downloaded)."""
+    path = Path(pretrained).expanduser()
+    if not (path / "config.json").is_file():
         raise ConfigError(
-            f"model.pretrained={pretrained}: the model allows {positions} positions, fewer than {length_key}={length}"
+            f"model.pretrained={pretrained}: not a local model directory (no config.json in it); "
+            "expkit does not download: give a directory written by save_pretrained"
         )
+    return str(path)
 
 
 def causal_lm(
@@ -492,12 +506,7 @@ def causal_lm(
     from transformers import AutoModelForCausalLM
 
     if pretrained is not None:
-        if not (Path(pretrained).expanduser() / "config.json").is_file():
-            raise ConfigError(
-                f"model.pretrained={pretrained}: not a local model directory (no config.json in it); "
-                "expkit does not download: give a directory written by save_pretrained"
-            )
-        model = AutoModelForCausalLM.from_pretrained(str(Path(pretrained).expanduser()), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(_local_dir(pretrained), local_files_only=True)
         _check_pretrained(model, pretrained, vocab_size, "data.block_size", block_size)
         return HFModel(model, tokenizer_json)
     settings = dict(config or {})
@@ -508,9 +517,7 @@ def causal_lm(
         if value is not None:
             settings.setdefault(key, value)
     hf_config = _auto_config(kind, vocab_size=vocab_size, **settings)
-    positions = getattr(hf_config, "max_position_embeddings", None)
-    if block_size is not None and isinstance(positions, int) and positions < block_size:
-        raise ConfigError(f"model.config allows {positions} positions, fewer than data.block_size={block_size}")
+    _check_positions(hf_config, "model.config", "data.block_size", block_size)
     return HFModel(AutoModelForCausalLM.from_config(hf_config), tokenizer_json)
 
 
@@ -530,13 +537,8 @@ def sequence_classifier(
     from transformers import AutoModelForSequenceClassification
 
     if pretrained is not None:
-        if not (Path(pretrained).expanduser() / "config.json").is_file():
-            raise ConfigError(
-                f"model.pretrained={pretrained}: not a local model directory (no config.json in it); "
-                "expkit does not download: give a directory written by save_pretrained"
-            )
         model = AutoModelForSequenceClassification.from_pretrained(
-            str(Path(pretrained).expanduser()),
+            _local_dir(pretrained),
             num_labels=num_classes,
             ignore_mismatched_sizes=True,
             local_files_only=True,
@@ -550,9 +552,7 @@ def sequence_classifier(
     if pad_token_id is not None:
         settings.setdefault("pad_token_id", pad_token_id)
     hf_config = _auto_config(kind, vocab_size=vocab_size, num_labels=num_classes, **settings)
-    positions = getattr(hf_config, "max_position_embeddings", None)
-    if max_length is not None and isinstance(positions, int) and positions < max_length:
-        raise ConfigError(f"model.config allows {positions} positions, fewer than data.max_length={max_length}")
+    _check_positions(hf_config, "model.config", "data.max_length", max_length)
     return HFModel(AutoModelForSequenceClassification.from_config(hf_config), tokenizer_json)
 
 
