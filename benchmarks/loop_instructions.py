@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from peers import EXPKIT, RAW
+from peers import EXPKIT, RAW, run_once
 
 SIDES = {"raw loop": RAW, "expkit": EXPKIT}
 # --part train: the training iterations alone (no validation, no checkpoint on either side)
@@ -72,16 +72,7 @@ def quick() -> None:
         tmp = Path(tmp_name)
         for part, sides in (("whole", SIDES), ("train", TRAIN_ONLY)):
             for name, code in sides.items():
-                run_dir = Path(tempfile.mkdtemp(dir=tmp))
-                out = subprocess.run(
-                    [sys.executable, "-c", code, "1", str(run_dir)],
-                    capture_output=True,
-                    text=True,
-                    env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
-                    cwd=run_dir,
-                )
-                if out.returncode != 0 or "RESULT" not in out.stdout:
-                    raise RuntimeError(f"{part}/{name}: exit {out.returncode}: {out.stderr[-2000:]}")
+                run_once(code, 1, tmp)  # (raises, naming the exit status and stderr, when a side fails)
                 print(f"{part}, {name}: ran")
         count = instructions("print('RESULT')", 0, tmp, tmp / "count.out")
         print(f"cachegrind read: {count:,} instructions for a Python that prints one line")
@@ -117,13 +108,7 @@ def main() -> None:
         keep.mkdir(parents=True, exist_ok=True)
         sides = SIDES if args.part == "whole" else TRAIN_ONLY
         for code in sides.values():  # not counted: writes the byte-code caches, as peers.py does
-            subprocess.run(
-                [sys.executable, "-c", code, "1", str(Path(tempfile.mkdtemp(dir=tmp)))],
-                capture_output=True,
-                check=True,
-                env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
-                cwd=tmp,
-            )
+            run_once(code, 1, tmp)
         per_epoch = {}
         for name, code in sides.items():
             tag = name.split()[0]
