@@ -6,12 +6,15 @@
 #            pyproject declares (uv --resolution lowest-direct): .venv-lowest
 #   newest   Python 3.13, the newest release of every dependency on the index, Hydra 1.4 and
 #            OmegaConf 2.4 pre-releases included: .venv-newest
-# Usage: bash scripts/test_compat.sh lowest|newest [pytest arguments]
+# Usage: bash scripts/test_compat.sh lowest|newest [--install-only | pytest arguments]
+# (--install-only builds the environment and stops: .ci/run downloads a line while the suite runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-line="${1:?usage: scripts/test_compat.sh lowest|newest [pytest arguments]}"
+line="${1:?usage: scripts/test_compat.sh lowest|newest [--install-only | pytest arguments]}"
 shift
-bash scripts/setup.sh   # .venv brings uv (the dev extra)
+if [ ! -x .venv/bin/uv ]; then
+    bash scripts/setup.sh   # .venv brings uv (the dev extra)
+fi
 case "$line" in
     lowest) python_version=3.10; resolve=(--resolution lowest-direct); extra=(); extras=vision,sweep,logging,metrics,export,dev ;;
     newest) python_version=3.13; resolve=(--resolution highest --upgrade); extra=('hydra-core>=1.4.0rc3')
@@ -50,6 +53,9 @@ if sys.argv[1] == "lowest":  # pyproject's lower bounds are the versions this jo
     if off:
         sys.exit("scripts/test_compat.sh: raise these lower bounds in pyproject.toml to what installs: " + "; ".join(off))
 EOF
+if [ "${1:-}" = --install-only ]; then
+    exit 0
+fi
 # every command once, on this line: train and resume, eval, predict, export (safetensors, ONNX in
 # onnxruntime, torch.export), -m sweeps (basic, joblib, submitit_local), Optuna (in slots, two workers,
 # on the newest line a PostgreSQL study), sweep resume, a kill and its resume, a user's
