@@ -1,7 +1,9 @@
-"""ruff (lint and format, settings in pyproject.toml) passes on the whole repository."""
+"""ruff (lint and format, settings in pyproject.toml) passes on the whole repository, and the
+import layers in pyproject.toml hold (import-linter)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -43,3 +45,53 @@ def test_the_formatter_is_switched_off_nowhere_without_a_reason():
     ]
     without_reason = [s for s in skips if not s.split("# fmt: ", 1)[1].split(None, 1)[1:]]
     assert len(skips) <= 5 and not without_reason, "\n".join(skips)
+
+
+# -- the layers (pyproject.toml's [tool.importlinter]; CONTRIBUTING.md, "The layout") ------------
+needs_import_linter = pytest.mark.skipif(sys.version_info < (3, 11), reason="import-linter needs Python 3.11")
+
+
+def _lint_imports(cwd: Path) -> subprocess.CompletedProcess:
+    found = Path(sys.executable).with_name("lint-imports")  # the venv's, pinned in constraints.txt
+    if not found.exists():
+        pytest.fail("import-linter is not installed: run `bash scripts/setup.sh` (the lint extra installs it)")
+    env = {**os.environ, "PYTHONPATH": str(cwd)}  # the expkit in cwd, not the installed one
+    return subprocess.run([str(found), "--no-cache"], cwd=cwd, env=env, capture_output=True, text=True)
+
+
+def _layers() -> list[str]:
+    import tomllib
+
+    (contract,) = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    return contract["layers"]
+
+
+@needs_import_linter
+def test_no_module_imports_from_a_layer_above_its_own():
+    proc = _lint_imports(ROOT)
+    assert proc.returncode == 0, f"lint-imports (pyproject.toml's layers) failed:\n{proc.stdout[-4000:]}{proc.stderr}"
+    assert "1 kept, 0 broken" in proc.stdout, proc.stdout[-2000:]
+
+
+@needs_import_linter
+def test_every_module_of_the_package_is_in_one_layer():
+    """A new module outside every layer would go unchecked."""
+    named = [name.strip() for layer in _layers() for name in layer.split(":")]
+    package = ROOT / "expkit"
+    modules = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    modules |= {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+    assert sorted(named) == sorted(set(named)), "a module is named in two layers"
+    assert set(named) == modules, (
+        f"in no layer: {sorted(modules - set(named))}; no such module: {sorted(set(named) - modules)}"
+    )
+
+
+@needs_import_linter
+def test_an_import_from_a_lower_layer_to_a_command_breaks_the_contract(tmp_path):
+    shutil.copytree(ROOT / "expkit", tmp_path / "expkit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    with (tmp_path / "expkit" / "atomic.py").open("a") as f:
+        f.write("\nimport expkit.train  # noqa: E402 (upward, on purpose)\n")
+    proc = _lint_imports(tmp_path)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "expkit.atomic is not allowed to import expkit.train" in proc.stdout, proc.stdout[-2000:]
