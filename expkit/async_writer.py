@@ -23,6 +23,9 @@ from typing import Any
 
 import torch
 
+__all__ = ["BackgroundWriter"]
+
+
 log = logging.getLogger("expkit")
 
 _IMMUTABLE = (str, int, float, bool, bytes, type(None), torch.dtype, torch.device)

@@ -19,6 +19,9 @@ from typing import Any, TypeVar
 
 import torch
 
+__all__ = ["SpaceReserve", "disk_full", "save_atomic", "write_bytes_atomic", "write_json_atomic", "write_text_atomic"]
+
+
 PathT = TypeVar("PathT", str, Path)
 
 

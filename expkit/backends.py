@@ -23,6 +23,18 @@ from expkit.wandb_files import wait_for_wandb_run
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+__all__ = [
+    "AXIS_KEYS",
+    "TABLE_COLUMNS",
+    "Backend",
+    "TensorBoardBackend",
+    "WandbBackend",
+    "hparams_of",
+    "markdown_table",
+    "scalars",
+]
+
+
 log = logging.getLogger("expkit")
 
 AXIS_KEYS = ("step", "epoch", "iter")

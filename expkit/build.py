@@ -33,6 +33,19 @@ from expkit.runner import Runner
 from expkit.settings import TrainerSettings
 from expkit.stages import get_priority
 
+__all__ = [
+    "build_hook",
+    "build_loggers",
+    "build_metrics",
+    "build_model",
+    "build_optimizers",
+    "build_runner",
+    "build_trainer_settings",
+    "describe_data",
+    "instantiate_node",
+]
+
+
 log = logging.getLogger("expkit")
 
 _RESERVED = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")

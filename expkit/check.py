@@ -41,6 +41,30 @@ from expkit import cli, hydra_compat, versions
 from expkit.check_probe import KILL_AT_ENV, records_name
 from expkit.errors import ConfigError
 
+__all__ = [
+    "DETERMINISM_WARNING",
+    "RESULT_RUN_KEYS",
+    "TIMING",
+    "TORCHRUN_ENV",
+    "Comparison",
+    "Finding",
+    "Plan",
+    "Row",
+    "Run",
+    "RunFailed",
+    "Trace",
+    "compare",
+    "diff",
+    "main",
+    "plan",
+    "read_trace",
+    "render",
+    "run",
+    "split_argv",
+    "train_all",
+]
+
+
 log = logging.getLogger("expkit")
 _STARTED = False
 _NPROC = 1  # processes per run: torchrun ... -m expkit.check starts its runs with as many

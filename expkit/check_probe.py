@@ -32,6 +32,19 @@ from expkit.stages import Priority
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+__all__ = [
+    "KILL_AT_ENV",
+    "RECORDS",
+    "CheckProbe",
+    "attributes",
+    "digest",
+    "fingerprint",
+    "loader_facts",
+    "records_name",
+    "tensor_digest",
+]
+
+
 KILL_AT_ENV = "EXPKIT_CHECK_KILL_AT"  # the iteration whose checkpoint this process dies right after
 RECORDS = "check_probe.jsonl"
 

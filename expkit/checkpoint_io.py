@@ -20,6 +20,20 @@ from expkit.atomic import write_text_atomic
 from expkit.confine import confined, inside
 from expkit.errors import ConfigError
 
+__all__ = [
+    "LAST_CHECKPOINT",
+    "find_last_checkpoint",
+    "is_checkpoint",
+    "load_checkpoint",
+    "load_checkpoint_file",
+    "load_resumable",
+    "point_last_checkpoint",
+    "regular_checkpoints",
+    "remove_checkpoint",
+    "remove_stale_temporaries",
+]
+
+
 log = logging.getLogger("expkit")
 
 LAST_CHECKPOINT = "last_checkpoint"

@@ -15,6 +15,32 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+__all__ = [
+    "CONF_DIR",
+    "INFO_TOPICS",
+    "NO_RUN_FLAGS",
+    "VALUED_FLAGS",
+    "available_options",
+    "check_group_choices",
+    "check_keys",
+    "check_output_dirs",
+    "check_owner",
+    "check_parsable",
+    "check_rerun",
+    "command_main",
+    "config_dirs_of",
+    "continue_command",
+    "continue_sweep_command",
+    "flags_first",
+    "hydra_argv",
+    "hydra_quoted",
+    "output_file_problem",
+    "search_is_multirun",
+    "searching",
+    "sweeping",
+]
+
+
 CONF_DIR = Path(__file__).parent / "conf"
 
 

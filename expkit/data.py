@@ -20,6 +20,17 @@ from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 from expkit.errors import ConfigError
 from expkit.samplers import SeededRandomSampler, ShardSampler, seed_worker
 
+__all__ = [
+    "DataModule",
+    "DigitsData",
+    "FakeImageData",
+    "ImageFolderData",
+    "RandomImages",
+    "check_fractions",
+    "load_digits",
+    "stratified_split",
+]
+
 
 def check_fractions(val_fraction: float, test_fraction: float) -> None:
     """The shares of the data held out for validation and test: each in (0, 1) (test may be 0:

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from expkit.runner import Runner
 
 
+__all__ = ["StepModule", "move", "precision", "run_device"]
+
+
 def run_device(settings: TrainerSettings) -> torch.device:
     """The device of this process: ``trainer.device`` (auto: cuda when available), and under
     torchrun on GPUs, this rank's own GPU."""

@@ -16,6 +16,31 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+__all__ = [
+    "PEERS",
+    "agree_on_stop",
+    "all_reduce_sum",
+    "barrier",
+    "broadcast_object",
+    "dead_ranks",
+    "gather_peers",
+    "init",
+    "is_distributed",
+    "is_main",
+    "local_rank",
+    "peer_failure",
+    "rank",
+    "rank_and_world",
+    "recall",
+    "reduce_device",
+    "remember",
+    "requeue_count",
+    "restart_count",
+    "shutdown",
+    "world_size",
+    "writes_for_the_group",
+]
+
 
 def _from_slurm() -> None:
     """Fill torch's variables inside a submitit job (submitit_slurm or submitit_local with

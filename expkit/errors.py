@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["CheckpointWriteError", "ConfigError", "ExpkitError", "HookError", "ResumeRefused"]
+
 
 class ExpkitError(Exception):
     """A problem the user can fix; the message says what to type instead."""

@@ -37,14 +37,29 @@ from expkit.restore import load_model, resolve_checkpoint, restore, stored_confi
 from expkit.results import write_failure
 from expkit.trust import TrustPolicy
 
-__all__ = ["evaluate", "load_model", "main", "resolve_checkpoint", "restore", "stored_config"]
+__all__ = ["evaluate", "load_model", "main", "resolve_checkpoint", "restore", "run", "stored_config"]
 
 log = logging.getLogger("expkit")
 OPTIONS = ("checkpoint", "which", "split", "ema", "logger", "trusted_targets", "overrides")  # eval.yaml's keys
 
 
 def evaluate(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = ()) -> dict[str, Any]:
-    """Evaluate ``cfg.checkpoint`` (eval.yaml's settings) into `work_dir`; returns result.json's content."""
+    """Evaluate a checkpoint on the test or validation split, as ``python -m expkit.eval`` does.
+
+    Args:
+        cfg: eval.yaml's settings: ``checkpoint`` (a ``.pth`` file, a ``.dcp`` dir or a run dir),
+            ``split`` (``test``, ``val`` or ``both``), ``ema``, ``which`` and the rest.
+        work_dir: where result.json, metrics.jsonl and the loggers' files go.
+        config_dirs: the ``--config-dir`` folders whose ``_target_``s are trusted beside
+            expkit's own ([What is trusted](../evaluation.md#what-is-trusted)).
+
+    Returns:
+        result.json's content: the metrics of each split, the checkpoint and its epoch.
+
+    Raises:
+        ConfigError: bad input (no checkpoint, an unknown split, no test set); the command
+            exits 2 with its message.
+    """
     from expkit import Runner, default_hooks
     from expkit.build import build_loggers, build_metrics, build_trainer_settings, instantiate_node
 

@@ -35,6 +35,9 @@ from omegaconf import DictConfig, OmegaConf
 from expkit import hydra_compat
 from expkit.errors import ConfigError, ExpkitError
 
+__all__ = ["OPTIONS", "SUFFIX", "example_input", "export", "main", "run", "sha256"]
+
+
 log = logging.getLogger("expkit")
 
 SUFFIX = {"safetensors": ".safetensors", "onnx": ".onnx", "torch_export": ".pt2", "pth": ".pth", "hf": ""}
@@ -86,8 +89,22 @@ def _quiet_exporter() -> Iterator[None]:
 
 
 def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = ()) -> dict[str, Any]:
-    """Export the checkpoint `cfg.checkpoint` as `cfg.format`; returns the JSON written beside it.
-    `config_dirs`: the --config-dir whose targets are trusted, as for ``expkit.eval``."""
+    """Export a checkpoint's model, as ``python -m expkit.export`` does.
+
+    Args:
+        cfg: export.yaml's settings: ``checkpoint``, ``format`` (``safetensors``, ``onnx``,
+            ``torch_export`` or ``hf``), ``output``, ``ema`` and the rest.
+        work_dir: the command's own dir (its log).
+        config_dirs: the ``--config-dir`` folders whose ``_target_``s are trusted, as for
+            [evaluate][expkit.eval.evaluate].
+
+    Returns:
+        The JSON written beside the export: its file, format, size, sha256 and checks.
+
+    Raises:
+        ConfigError: bad input (an unknown format, an output in the way, a model the format
+            cannot hold); the command exits 2 with its message.
+    """
     import torch
 
     from expkit.cli import output_file_problem

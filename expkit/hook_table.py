@@ -21,6 +21,9 @@ from expkit.errors import ConfigError, HookError
 from expkit.hooks.base import Hook
 from expkit.stages import Stage, get_priority, priority_name
 
+__all__ = ["NULL", "PAYLOADS", "HookTable", "Phase", "call_hook", "check_hook_methods", "overrides", "raise_hook_error"]
+
+
 _STAGE_NAMES = frozenset(s.value for s in Stage)
 # keyword payload of each stage, read off the base class signatures
 PAYLOADS: dict[str, tuple[str, ...]] = {

@@ -12,6 +12,9 @@ import sys
 import threading
 from pathlib import Path
 
+__all__ = ["LOG_FORMAT", "errors_in_one_line", "log_to_file", "log_to_rank_file", "quiet_terminal", "show_progress"]
+
+
 log = logging.getLogger("expkit")
 LOG_FORMAT = ("[%(asctime)s] %(message)s", "%H:%M:%S")  # (format, datefmt), as hydra.job_logging in conf/*.yaml
 

@@ -33,6 +33,9 @@ from expkit.stages import Stage
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+__all__ = ["EVAL_STAGES", "EvalLoop", "TrainLoop"]
+
+
 log = logging.getLogger("expkit")
 
 # the stages of an iteration as plain strings (an Enum member costs a Python-level lookup each time)

@@ -24,6 +24,25 @@ import torch
 
 from expkit.errors import ConfigError
 
+__all__ = [
+    "DEFAULT_INPUTS",
+    "GREATER_KEYS",
+    "LESS_KEYS",
+    "RULES",
+    "Accuracy",
+    "Directions",
+    "Metric",
+    "MetricSlot",
+    "as_slots",
+    "better",
+    "infer_rule",
+    "monitor_of",
+    "probe_metrics",
+    "rule_of_flag",
+    "worst_value",
+]
+
+
 # MMEngine's defaults: a key containing one of these is better when greater / less
 GREATER_KEYS = ("acc", "top", "AR@", "auc", "precision", "mAP", "mDice", "mIoU", "mAcc", "aAcc", "f1", "recall")
 LESS_KEYS = ("loss", "error", "err", "perplexity")

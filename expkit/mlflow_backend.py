@@ -58,6 +58,25 @@ from expkit.errors import ConfigError
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+__all__ = [
+    "BATCH",
+    "BOOKKEEPING",
+    "PARAM_VALUE_LIMIT",
+    "SCRATCH",
+    "STALE_PARTIAL_S",
+    "MLflowBackend",
+    "StoreState",
+    "check_store",
+    "default_tracking_uri",
+    "flatten",
+    "half_made_message",
+    "has_scratch",
+    "inspect_store",
+    "make_store",
+    "sqlite_file",
+]
+
+
 log = logging.getLogger("expkit")
 
 PARAM_VALUE_LIMIT = 6000  # MLflow's longest param value

@@ -13,6 +13,8 @@ from torch import nn
 
 from expkit.errors import ConfigError
 
+__all__ = ["CNN", "MLP", "mlp_layers", "submodule", "timm_model", "torchvision_resnet"]
+
 
 def submodule(model: nn.Module, path: str, key: str) -> nn.Module:
     """The model's submodule at the dotted `path` (empty: the model itself); a ConfigError

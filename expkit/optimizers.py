@@ -26,6 +26,8 @@ import torch
 
 from expkit.errors import ConfigError
 
+__all__ = ["Optimizers", "check_owned_update", "owns_its_update"]
+
 
 def owns_its_update(model: torch.nn.Module) -> bool:
     """Whether the model's ``train_step`` takes the optimizers (a second parameter)."""

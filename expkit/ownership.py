@@ -26,6 +26,19 @@ from typing import Any
 
 from expkit.errors import ConfigError
 
+__all__ = [
+    "HEARTBEAT_S",
+    "LOCK_FILE",
+    "STALE_AFTER_S",
+    "WorkDirBusy",
+    "WorkDirLock",
+    "busy_message",
+    "describe",
+    "live_owner",
+    "why_stale",
+]
+
+
 log = logging.getLogger("expkit")
 
 LOCK_FILE = ".lock"

@@ -28,6 +28,9 @@ from torch import nn
 
 from expkit.errors import ConfigError
 
+__all__ = ["KINDS", "build_param_groups"]
+
+
 log = logging.getLogger("expkit")
 
 KINDS: dict[str, tuple[type[nn.Module], ...]] = {

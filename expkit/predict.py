@@ -36,6 +36,9 @@ from omegaconf import DictConfig, OmegaConf
 from expkit import hydra_compat
 from expkit.errors import ConfigError, ExpkitError
 
+__all__ = ["IMAGE_SUFFIXES", "OPTIONS", "check_range", "main", "predict", "read_inputs", "run", "training_range"]
+
+
 log = logging.getLogger("expkit")
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -173,8 +176,23 @@ def _batches(x: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
 
 
 def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = ()) -> dict[str, Any]:
-    """Predict `cfg.input` with `cfg.checkpoint`'s model; write `cfg.output`; returns a summary.
-    `config_dirs`: the --config-dir whose targets are trusted, as for ``expkit.eval``."""
+    """Predict new inputs with a checkpoint's model, as ``python -m expkit.predict`` does.
+
+    Args:
+        cfg: predict.yaml's settings: ``checkpoint``, ``input`` (a folder of images, a ``.npy``,
+            ``.pt`` or ``.csv`` file, or a prompt for a language model), ``output`` (``.csv`` or
+            ``.jsonl``), ``top_k`` and the rest.
+        work_dir: the command's own dir (its log).
+        config_dirs: the ``--config-dir`` folders whose ``_target_``s are trusted, as for
+            [evaluate][expkit.eval.evaluate].
+
+    Returns:
+        A summary: the output file, how many inputs, the checkpoint.
+
+    Raises:
+        ConfigError: bad input (an unreadable or empty input, an output of another kind,
+            inputs outside what the model was trained on); the command exits 2 with its message.
+    """
     from expkit.cli import output_file_problem
     from expkit.export import example_input
     from expkit.restore import restore, stored_overrides

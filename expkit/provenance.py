@@ -22,6 +22,9 @@ import torch
 
 from expkit.atomic import write_json_atomic, write_text_atomic
 
+__all__ = ["collect", "finish", "installed_packages", "start"]
+
+
 log = logging.getLogger("expkit")
 
 

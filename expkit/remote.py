@@ -28,6 +28,9 @@ from typing import Any
 
 from expkit.errors import CheckpointWriteError, ConfigError
 
+__all__ = ["EXTRAS", "LAST_CHECKPOINT", "RemoteDir", "fetch", "filesystem", "is_url", "local_path"]
+
+
 LAST_CHECKPOINT = "last_checkpoint"
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}  # scheme -> the expkit extra that brings its package
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")

@@ -19,6 +19,9 @@ from expkit import checkpoint_io, confine
 from expkit.errors import ConfigError
 from expkit.trust import TrustPolicy
 
+__all__ = ["load_model", "resolve_checkpoint", "restore", "stored_config", "stored_overrides", "weights"]
+
+
 log = logging.getLogger("expkit")
 
 

@@ -19,6 +19,9 @@ from expkit.atomic import SpaceReserve, disk_full, write_json_atomic
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+__all__ = ["RESULT", "failure_message", "run_result", "write_failure", "write_run_result"]
+
+
 log = logging.getLogger("expkit")
 RESULT = "result.json"
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+__all__ = ["algorithm_settings", "rng_states", "seed_everything", "set_deterministic", "set_rng_states"]
+
 
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (all devices)."""

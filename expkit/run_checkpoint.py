@@ -26,6 +26,17 @@ if TYPE_CHECKING:
     from expkit.remote import RemoteDir
     from expkit.runner import Runner
 
+__all__ = [
+    "apply_checkpoint",
+    "check_start",
+    "checkpoint_name",
+    "load_or_resume",
+    "load_test_weights",
+    "save_checkpoint",
+    "state_checkpoint",
+]
+
+
 log = logging.getLogger("expkit")
 T = TypeVar("T")
 

@@ -36,21 +36,44 @@ from expkit.stages import Stage
 if TYPE_CHECKING:
     from expkit.async_writer import BackgroundWriter
 
+__all__ = ["Runner"]
+
+
 log = logging.getLogger("expkit")
 
 
 class Runner:
     """Trains ``model`` with ``optimizer`` on ``train_loader``; validates and tests.
 
-    ``loggers``: backends (TensorBoard, wandb) the LoggerHook writes to besides metrics.jsonl.
-    ``metrics``: name -> any object with update/compute/reset (torchmetrics included), or a
-    ``MetricSlot`` that says which step outputs it reads and its direction. ``monitor``: the
-    metric key (``val/acc``) whose best value result.json reports first; checked at start-up.
-    ``default_hooks``: None gives the six defaults (see ``default_hooks()``); a mapping
-    gives exactly those. ``hooks``: custom hooks, a name->hook mapping or a sequence.
-    Default hooks register first; then everything is sorted by priority, ties kept in
-    registration order. ``resume``: True continues from ``work_dir``'s last checkpoint,
-    a path from that checkpoint. ``load_from``: a checkpoint whose weights only are loaded.
+    Every argument is keyword-only; ``expkit.build.build_runner`` makes them from a config.
+
+    Args:
+        model: the model; the task (``criterion``, or a task's own step) gives its loss.
+        optimizer: one optimizer, a name -> optimizer mapping (a task with several, a GAN), or
+            None (evaluation only).
+        train_loader: the training batches; None for evaluation only.
+        work_dir: the run's dir: checkpoints, metrics.jsonl, result.json, the loggers' files.
+        val_loader: validation batches, each ``settings.val_interval`` epochs; None: none.
+        test_loader: test batches, once after training (and the best checkpoint's); None: none.
+        scheduler: a learning-rate scheduler, stepped each epoch or each iteration.
+        scheduler_by_epoch: True steps ``scheduler`` after each epoch, False after each iteration.
+        criterion: ``loss = criterion(output, target)`` for the plain supervised step.
+        metrics: name -> any object with update/compute/reset (torchmetrics included), or a
+            ``MetricSlot`` that says which step outputs it reads and its direction.
+        monitor: the metric key (``val/acc``) whose best value result.json reports first;
+            checked at start-up.
+        settings: the trainer's settings (epochs, precision, strategy, ...); None: defaults.
+        default_hooks: None gives the six defaults (see ``default_hooks()``); a mapping gives
+            exactly those.
+        hooks: custom hooks, a name -> hook mapping or a sequence. Default hooks register
+            first; then everything is sorted by priority, ties kept in registration order.
+        loggers: backends (TensorBoard, wandb, MLflow) the LoggerHook writes to besides
+            metrics.jsonl.
+        resume: True continues from ``work_dir``'s last checkpoint; a path, from that checkpoint.
+        load_from: a checkpoint whose weights only are loaded (a new run from them).
+        config: the composed config, saved in checkpoints and result.json.
+        run_info: what the command knows of the run (its command line, the sweep job).
+        data_info: what the data module says of itself (classes, shapes), saved for predict.
     """
 
     def __init__(

@@ -12,6 +12,8 @@ from collections.abc import Iterator, Sized
 import torch
 from torch.utils.data import Sampler
 
+__all__ = ["SeededRandomSampler", "ShardSampler", "seed_worker"]
+
 
 def seed_worker(worker_id: int) -> None:
     """Seed Python and NumPy in a DataLoader worker from torch's per-worker seed (which the

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+__all__ = ["warmup_cosine"]
+
 
 def warmup_cosine(
     optimizer: torch.optim.Optimizer,

@@ -21,6 +21,22 @@ from expkit.hooks.base import Hook
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+__all__ = [
+    "JOURNAL_SUFFIXES",
+    "STORAGE_ENV",
+    "STUDY_ENV",
+    "TRIAL_ENV",
+    "WORKERS",
+    "TrialReportHook",
+    "current_trial",
+    "database_url",
+    "job_env",
+    "live_workers",
+    "open_storage",
+    "shown_url",
+]
+
+
 log = logging.getLogger("expkit")
 
 TRIAL_ENV = "EXPKIT_OPTUNA_TRIAL"  # "<trial id> <trial number>"

@@ -9,6 +9,8 @@ import torch
 
 from expkit.errors import ConfigError
 
+__all__ = ["TrainerSettings"]
+
 
 @dataclasses.dataclass
 class TrainerSettings:

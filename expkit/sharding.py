@@ -34,6 +34,27 @@ from torch import nn
 from expkit import distributed
 from expkit.errors import ConfigError
 
+__all__ = [
+    "FORWARD_METHODS",
+    "STATE_FILE",
+    "SUFFIX",
+    "AsyncShards",
+    "block_names",
+    "check_hooks",
+    "check_runner_inputs",
+    "checkpoint_name",
+    "is_checkpoint_dir",
+    "is_sharded",
+    "load_into",
+    "read_consolidated",
+    "read_state",
+    "read_tensors",
+    "read_weights",
+    "save",
+    "shard",
+]
+
+
 STATE_FILE = "state.pth"  # beside DCP's shards: everything but the tensors of weights and optimizers
 SUFFIX = ".dcp"
 FORWARD_METHODS = ("train_step", "eval_step", "generate")  # model methods that run like forward under FSDP2

@@ -8,6 +8,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+__all__ = ["SweepInterrupted", "raise_on_sigterm", "stop_on_signals"]
+
 
 class SweepInterrupted(BaseException):  # (a stop, as KeyboardInterrupt is, not an error)
     """A signal stopped a sweep: raised after the job it stopped has saved and recorded itself

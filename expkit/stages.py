@@ -57,6 +57,8 @@ from __future__ import annotations
 
 import enum
 
+__all__ = ["PRIORITY_CHOICES", "Priority", "Stage", "get_priority", "priority_name"]
+
 
 class Stage(str, enum.Enum):
     """The mount points. The value is the name of the Hook method that runs there."""

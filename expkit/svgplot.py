@@ -13,6 +13,9 @@ from pathlib import Path
 
 from expkit.atomic import write_text_atomic
 
+__all__ = ["COLORS", "Panel", "Series", "charts", "escape", "line_charts", "nice_ticks"]
+
+
 PANEL_W, PANEL_H = 320, 220
 LEFT, RIGHT, TOP, BOTTOM = 52, 12, 26, 34  # margins inside a panel: tick labels, title, axis label
 LEGEND_LINE, LEGEND_MAX = 13, 20  # px per legend entry; entries shown before "... and N more"

@@ -38,6 +38,26 @@ from expkit.atomic import write_json_atomic, write_text_atomic
 from expkit.metrics import monitor_of
 from expkit.sweep_jobs import finished, job_order, job_target, key_kind, read_job
 
+__all__ = [
+    "COLUMNS",
+    "DEFAULT_SEED_KEYS",
+    "GROUP_COLUMNS",
+    "LOCK_FILE",
+    "ROWS_DIR",
+    "UNSORTED",
+    "SweepSummaryCallback",
+    "group_rows",
+    "job_row",
+    "main",
+    "plot_sweep",
+    "progress_line",
+    "rebuild",
+    "record_job_end",
+    "seed_keys_of",
+    "summarize",
+]
+
+
 log = logging.getLogger("expkit")
 
 COLUMNS = [

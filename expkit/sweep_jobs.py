@@ -25,6 +25,43 @@ from expkit.atomic import write_json_atomic, write_text_atomic
 from expkit.metrics import worst_value
 from expkit.results import write_failure
 
+__all__ = [
+    "COMPUTE_KEYS",
+    "CONTROL_KEYS",
+    "FAIL_FAST_MARKER",
+    "INDEX_COMPLETE",
+    "INDEX_DIR",
+    "JOB_FILE",
+    "STOP_FILE",
+    "SWEEP_JOBS_ENV",
+    "SWEEP_LAUNCHED_ENV",
+    "SWEEP_PID_ENV",
+    "best_value",
+    "done_since_launch",
+    "find_job",
+    "finished",
+    "finished_job_value",
+    "in_launching_process",
+    "job_failed",
+    "job_identity",
+    "job_order",
+    "job_result",
+    "job_target",
+    "key_kind",
+    "mark_launch",
+    "own_job_dir",
+    "place_job",
+    "read_job",
+    "record_job",
+    "request_stop",
+    "restore_hydra_record",
+    "resuming_sweep",
+    "skip_busy_job",
+    "stop_requested",
+    "tally_jobs",
+]
+
+
 log = logging.getLogger("expkit")
 
 

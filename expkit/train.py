@@ -30,6 +30,9 @@ from expkit.metrics import monitor_of, worst_value
 from expkit.results import write_failure
 from expkit.signals import SweepInterrupted, raise_on_sigterm, stop_on_signals
 
+__all__ = ["main", "run", "task_overrides"]
+
+
 log = logging.getLogger("expkit")
 
 # The shipped Optuna search's TPE sampler sets constant_liar, which Optuna 4 calls experimental (a

@@ -33,6 +33,16 @@ import yaml
 
 from expkit.errors import ConfigError
 
+__all__ = [
+    "DEFAULT_TRUSTED",
+    "NEVER_TRUSTED",
+    "SHIPPED_CONF",
+    "TrustPolicy",
+    "UntrustedTargetError",
+    "config_dir_targets",
+]
+
+
 # Modules whose every public callable may be built from a stored config.
 DEFAULT_TRUSTED = (
     "expkit.models",

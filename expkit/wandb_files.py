@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+__all__ = ["offline_run_files", "read_wandb_run", "wait_for_wandb_run", "wandb_history", "wandb_run_complete"]
+
 
 def offline_run_files(work_dir: Path) -> list[Path]:
     """The wandb offline run logs in a work dir (``wandb/offline-run-*/run-*.wandb``)."""

@@ -3,6 +3,7 @@ import layers in pyproject.toml hold (import-linter)."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -95,3 +96,55 @@ def test_an_import_from_a_lower_layer_to_a_command_breaks_the_contract(tmp_path)
     proc = _lint_imports(tmp_path)
     assert proc.returncode != 0, proc.stdout[-2000:]
     assert "expkit.atomic is not allowed to import expkit.train" in proc.stdout, proc.stdout[-2000:]
+
+
+# -- the public API: __all__ in every module ------------------------------------------------------
+def _bound_and_public(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """Every name a module binds at its top level (ifs and trys included), and the public
+    functions and classes it defines there."""
+    bound: set[str] = set()
+    public: set[str] = set()
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+            if not node.name.startswith("_") and node in tree.body:
+                public.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                bound.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try)):
+            stack.extend([*node.body, *node.orelse, *getattr(node, "finalbody", [])])
+            for handler in getattr(node, "handlers", []):
+                stack.extend(handler.body)
+    return bound, public
+
+
+def test_every_module_says_what_it_exports_and_exports_its_public_functions_and_classes():
+    """`__all__` names what `from module import *` and the API pages take: it must exist in
+    every module, name only what the module binds, and hold every public function and class
+    the module defines (a helper meant to stay inside starts with `_`)."""
+    problems = []
+    for path in sorted([*(ROOT / "expkit").rglob("*.py"), *(ROOT / "hydra_plugins").rglob("*.py")]):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        declared = [
+            node.value
+            for node in tree.body
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+        ]
+        name = path.relative_to(ROOT)
+        if not declared:
+            problems.append(f"{name}: no __all__")
+            continue
+        listed = set(ast.literal_eval(declared[0]))
+        bound, public = _bound_and_public(tree)
+        if listed - bound:
+            problems.append(f"{name}: __all__ names what the module does not bind: {sorted(listed - bound)}")
+        if public - listed:
+            problems.append(
+                f"{name}: public but not in __all__ (add it, or start its name with _): {sorted(public - listed)}"
+            )
+    assert not problems, "\n".join(problems)

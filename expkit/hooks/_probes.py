@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+__all__ = ["OutputProbe", "leaf_modules"]
+
 
 def leaf_modules(model: nn.Module) -> dict[str, nn.Module]:
     """Modules without children, by name (the root itself when it has none)."""

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from expkit.runner import Runner
 
 
+__all__ = ["ActivationStatsHook"]
+
+
 class ActivationStatsHook(Hook):
     """Every ``interval`` iterations, records ``activations/<layer>/mean`` and ``/std`` of the
     named modules' outputs (``layers``: names as in ``model.named_modules()``; None: every

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from expkit.runner import Runner
 
 
+__all__ = ["Hook"]
+
+
 class Hook:
     """Base class of every hook. Subclasses set ``priority`` and override stage methods."""
 

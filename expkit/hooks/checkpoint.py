@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from expkit.remote import RemoteDir
     from expkit.runner import Runner
 
+__all__ = ["CHECKPOINT_KEYS", "CheckpointHook"]
+
+
 log = logging.getLogger("expkit")
 
 

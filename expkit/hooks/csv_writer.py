@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from expkit.runner import Runner
 
 
+__all__ = ["CSVHook"]
+
+
 class CSVHook(Hook):
     """emloop's WriteCSV: columns ``epoch``, ``step`` and ``variables`` (``train/loss`` is the
     epoch's mean training loss; others are the last validation's metrics, empty when that

@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from expkit.runner import Runner
 
 
+__all__ = ["DetectAnomalyHook"]
+
+
 class DetectAnomalyHook(Hook):
     """Turns on ``torch.autograd.set_detect_anomaly`` for training: a backward pass that
     produces NaN fails with the forward operation that caused it. Slows training several

@@ -15,6 +15,9 @@ from expkit.stages import Priority
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+__all__ = ["EarlyStoppingHook"]
+
+
 log = logging.getLogger("expkit")
 
 

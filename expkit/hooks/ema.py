@@ -18,6 +18,9 @@ from expkit.stages import Priority
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+__all__ = ["EMA_TYPES", "EMAHook"]
+
+
 EMA_TYPES = ("ExponentialMovingAverage", "StochasticWeightAverage", "MomentumAnnealingEMA")
 
 

@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from expkit.runner import Runner
 
 
+__all__ = ["EmptyCacheHook"]
+
+
 class EmptyCacheHook(Hook):
     """``torch.cuda.empty_cache()`` before / after each train, val and test epoch and after
     each iteration, as chosen. Costs a synchronisation each time; a no-op without CUDA

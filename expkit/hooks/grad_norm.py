@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from expkit.runner import Runner
 
 
+__all__ = ["GradNormHook"]
+
+
 class GradNormHook(Hook):
     """Every ``interval`` iterations, after backward (and before clipping), publishes
     ``train/grad_norm``: the L2 norm of all gradients together, as clip_grad_norm_ sees it.

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from expkit.runner import Runner
 
 
+__all__ = ["InvalidLossError", "InvalidLossHook"]
+
+
 class InvalidLossError(ExpkitError):
     """The training loss is not finite."""
 

@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from expkit.runner import Runner
 
 
+__all__ = ["IterTimerHook"]
+
+
 class IterTimerHook(Hook):
     """Publishes ``train/data_time`` and ``train/time`` (seconds, smoothed over about
     ``1/smoothing`` iterations) and ``eta_s`` in ``runner.scalars`` each iteration."""

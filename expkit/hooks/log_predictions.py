@@ -23,6 +23,9 @@ from expkit.stages import Priority
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+__all__ = ["LogPredictionsHook"]
+
+
 log = logging.getLogger("expkit")
 
 

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from expkit.backends import Backend
     from expkit.runner import Runner
 
+__all__ = ["LoggerHook", "plot_curves"]
+
+
 log = logging.getLogger("expkit")
 
 

@@ -16,6 +16,9 @@ from expkit.stages import Priority
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+__all__ = ["MB", "MemorySummaryHook", "memory_now"]
+
+
 log = logging.getLogger("expkit")
 MB = 1024 * 1024
 

@@ -16,6 +16,9 @@ from expkit.stages import Priority
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+__all__ = ["ModelComplexityHook", "model_complexity"]
+
+
 log = logging.getLogger("expkit")
 
 

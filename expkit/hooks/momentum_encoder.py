@@ -22,6 +22,9 @@ from expkit.stages import Priority
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+__all__ = ["SCHEDULES", "MomentumEncoderHook"]
+
+
 SCHEDULES = ("constant", "cosine")
 
 

@@ -14,6 +14,9 @@ from expkit.stages import Priority, Stage
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+__all__ = ["ParamSchedulerHook"]
+
+
 log = logging.getLogger("expkit")
 
 

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
     from expkit.runner import Runner
 
+__all__ = ["ProfilerHook"]
+
+
 log = logging.getLogger("expkit")
 
 

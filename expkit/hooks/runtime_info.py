@@ -12,6 +12,9 @@ from expkit.stages import Priority
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+__all__ = ["RuntimeInfoHook"]
+
+
 log = logging.getLogger("expkit")
 
 

@@ -11,6 +11,9 @@ if TYPE_CHECKING:
     from expkit.runner import Runner
 
 
+__all__ = ["DistSamplerSeedHook"]
+
+
 class DistSamplerSeedHook(Hook):
     """Calls ``set_epoch(runner.epoch)`` on the train sampler (or the batch sampler's).
 

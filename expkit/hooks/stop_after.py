@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from expkit.runner import Runner
 
 
+__all__ = ["StopAfterHook"]
+
+
 class StopAfterHook(Hook):
     """Requests a stop once ``epochs`` epochs, ``iters`` iterations or ``minutes`` of training
     time are reached (whichever comes first; None: no limit). The stop saves a checkpoint,

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from expkit.runner import Runner
 
 
+__all__ = ["SyncBuffersHook", "sync_buffers"]
+
+
 def sync_buffers(module: torch.nn.Module) -> int:
     """All-reduce (mean) every floating-point buffer, e.g. BatchNorm running statistics.
     Returns how many were averaged; 0 outside a distributed run."""

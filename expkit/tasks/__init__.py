@@ -18,3 +18,5 @@ generates it.
 
 The submodules are imported only when a config names them, so importing ``expkit`` stays fast.
 """
+
+__all__ = []

@@ -26,6 +26,9 @@ from expkit.stages import Priority
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+__all__ = ["BYOLDigits", "LinearProbeHook", "augment", "linear_probe"]
+
+
 log = logging.getLogger("expkit")
 
 

@@ -24,6 +24,9 @@ from expkit.stages import Priority
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+__all__ = ["CharCorpusData", "CharGRU", "CharWindows", "TextSampleHook", "load_pydoc_topics"]
+
+
 log = logging.getLogger("expkit")
 
 

@@ -17,6 +17,8 @@ from torch import nn
 from expkit.metrics import Metric
 from expkit.optimizers import Optimizers
 
+__all__ = ["DigitsGAN", "NearestRealDistance"]
+
 
 class DigitsGAN(nn.Module):
     """An MLP generator (latent noise -> image in [0, 1]) and an MLP discriminator (image -> logit)."""

@@ -36,6 +36,23 @@ from expkit.stages import Priority
 if TYPE_CHECKING:
     from expkit.runner import Runner
 
+__all__ = [
+    "SPECIAL",
+    "STDLIB_PACKAGES",
+    "HFModel",
+    "SampleText",
+    "SavePretrained",
+    "TextBlocks",
+    "TextClasses",
+    "bpe_tokenizer",
+    "causal_lm",
+    "fast_tokenizer",
+    "is_transformers_model",
+    "sequence_classifier",
+    "write_pretrained",
+]
+
+
 log = logging.getLogger("expkit")
 
 SPECIAL = ("<|endoftext|>", "<|pad|>")  # the BPE tokenizer's special tokens: documents' end, padding

@@ -18,6 +18,8 @@ from expkit.data import DataModule, check_fractions
 from expkit.errors import ConfigError
 from expkit.models import mlp_layers
 
+__all__ = ["DiabetesData", "RegressionMLP", "load_diabetes"]
+
 
 class DiabetesData(DataModule):
     """scikit-learn's diabetes data (442 patients, 10 features, disease progression after one

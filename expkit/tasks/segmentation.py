@@ -17,6 +17,9 @@ from torch.utils.data import Dataset, TensorDataset
 from expkit.data import DataModule
 from expkit.errors import ConfigError
 
+__all__ = ["CLASS_NAMES", "SegNet", "ShapesData", "make_shapes"]
+
+
 BACKGROUND, CIRCLE, SQUARE, TRIANGLE = 0, 1, 2, 3
 CLASS_NAMES = ("background", "circle", "square", "triangle")
 

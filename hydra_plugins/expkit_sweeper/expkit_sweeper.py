@@ -27,6 +27,21 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from expkit.hydra_compat import basic_launcher, basic_sweeper
 
+__all__ = [
+    "MAX_HELD",
+    "ComposeOnce",
+    "ExpkitSweeper",
+    "ExpkitSweeperConf",
+    "StopBetweenJobs",
+    "SweepConfigError",
+    "check_batch",
+    "check_seed_keys",
+    "compose_once",
+    "count_jobs",
+    "stoppable",
+]
+
+
 log = logging.getLogger("expkit")
 
 T = TypeVar("T")
@@ -34,6 +49,15 @@ T = TypeVar("T")
 
 @dataclass
 class ExpkitSweeperConf:  # OmegaConf reads these annotations at run time (hence Optional)
+    """``hydra/sweeper=expkit`` (the default of ``-m``): Hydra's grid, with a summary, the best
+    run, resume and Ctrl-C that saves ([Sweeps](../sweeps.md)).
+
+    Attributes:
+        max_batch_size: jobs checked (composed) per batch before the batch launches; None: all.
+        params: sweep values in the config, as ``hydra/sweeper=basic`` takes them:
+            ``{optim.lr: "0.1,0.01"}``.
+    """
+
     _target_: str = "hydra_plugins.expkit_sweeper.expkit_sweeper.ExpkitSweeper"
     max_batch_size: int | None = None  # jobs checked (composed) per batch before the batch launches; None: all
     params: dict[str, str] | None = None  # sweep values in the config: {optim.lr: "0.1,0.01"}, as hydra/sweeper=basic

@@ -48,6 +48,22 @@ from hydra_plugins.expkit_sweeper.expkit_sweeper import (
     stoppable,
 )
 
+__all__ = [
+    "BINDING",
+    "LEDGER",
+    "SEARCH_ATTR",
+    "WAIT",
+    "WAIT_S",
+    "Ledger",
+    "OptunaSweeper",
+    "OptunaSweeperConf",
+    "SearchConfigError",
+    "bind_sweep_dir",
+    "distribution",
+    "override_value",
+]
+
+
 log = logging.getLogger("expkit")
 
 LEDGER = "optuna_trials.json"
@@ -59,6 +75,25 @@ class SearchConfigError(SweepConfigError):
 
 @dataclass
 class OptunaSweeperConf:  # OmegaConf reads these annotations at run time (hence Optional)
+    """``hparams_search=optuna`` (``hydra/sweeper=optuna``): an Optuna study, trials in slots
+    ([Sweeps](../sweeps.md), [Sweeps in practice](../sweeps-in-practice.md)).
+
+    Attributes:
+        direction: ``maximize`` or ``minimize``; None: from ``monitor``, by expkit's one rule
+            of which direction is better.
+        study_name: the study's name in its storage.
+        storage: None: ``<sweep dir>/optuna.journal``; or ``sqlite:///study.db``, a
+            ``.journal`` file, ``postgresql://...``.
+        n_trials: trials this command runs (``resume=true``: until the sweep dir holds this many).
+        n_jobs: trials at once (with a parallel launcher: joblib, submitit).
+        sampler: the Optuna sampler, as a ``_target_`` node (default: TPE).
+        pruner: an Optuna pruner as a ``_target_`` node; None: no pruning.
+        params: name -> ``interval(..)``, ``tag(log, interval(..))``, ``choice(..)``, ``range(..)``.
+        custom_search_space: ``"module.function"``: ``function(cfg, trial)`` suggests more.
+        seeds_per_trial: N: each trial runs N jobs (seeds from ``seed_keys[0]``); the study
+            gets their mean.
+    """
+
     _target_: str = "hydra_plugins.expkit_sweeper.optuna_sweeper.OptunaSweeper"
     direction: str | None = None  # maximize | minimize; null: from `monitor`, by expkit's one "better" rule
     study_name: str | None = "expkit"
