@@ -15,12 +15,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _ruff() -> list[str]:
-    beside = Path(sys.executable).with_name("ruff")  # the venv's ruff, pinned in constraints.txt
-    found = str(beside) if beside.exists() else shutil.which("ruff")
+def _tool(name: str, extra: str) -> str:
+    """The venv's `name` (pinned in constraints.txt), else one on PATH."""
+    beside = Path(sys.executable).with_name(name)
+    found = str(beside) if beside.exists() else shutil.which(name)
     if found is None:
-        pytest.fail("ruff is not installed: run `bash scripts/setup.sh` (the dev extra installs it)")
-    return [found]
+        pytest.fail(f"{name} is not installed: run `bash scripts/setup.sh` (the {extra} extra installs it)")
+    return found
+
+
+def _ruff() -> list[str]:
+    return [_tool("ruff", "dev")]
 
 
 @pytest.mark.parametrize("args", [["check", "."], ["format", "--check", "."]], ids=["lint", "format"])
@@ -53,11 +58,10 @@ needs_import_linter = pytest.mark.skipif(sys.version_info < (3, 11), reason="imp
 
 
 def _lint_imports(cwd: Path) -> subprocess.CompletedProcess:
-    found = Path(sys.executable).with_name("lint-imports")  # the venv's, pinned in constraints.txt
-    if not found.exists():
-        pytest.fail("import-linter is not installed: run `bash scripts/setup.sh` (the lint extra installs it)")
     env = {**os.environ, "PYTHONPATH": str(cwd)}  # the expkit in cwd, not the installed one
-    return subprocess.run([str(found), "--no-cache"], cwd=cwd, env=env, capture_output=True, text=True)
+    return subprocess.run(
+        [_tool("lint-imports", "lint"), "--no-cache"], cwd=cwd, env=env, capture_output=True, text=True
+    )
 
 
 def _layers() -> list[str]:
@@ -81,7 +85,7 @@ def test_every_module_of_the_package_is_in_one_layer():
     package = ROOT / "expkit"
     modules = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
     modules |= {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
-    assert sorted(named) == sorted(set(named)), "a module is named in two layers"
+    assert len(named) == len(set(named)), "a module is named in two layers"
     assert set(named) == modules, (
         f"in no layer: {sorted(modules - set(named))}; no such module: {sorted(set(named) - modules)}"
     )
