@@ -88,4 +88,7 @@ tests=(
 if [ "$line" = newest ]; then  # a study in PostgreSQL (a server of the test's own), through psycopg
     tests+=(tests/test_search_slots.py::test_bad_storages_and_a_second_search_on_one_study_stop_before_training)
 fi
+# uv installs no compiled modules: the first process to import one writes it, the others read it
+# (with PYTHONDONTWRITEBYTECODE set, every process would compile torch again: 6 s of CPU, not 2.5 s)
+unset PYTHONDONTWRITEBYTECODE
 exec "$venv/bin/python" -m pytest -p no:cacheprovider -n 2 --dist worksteal "$@" "${tests[@]}"
