@@ -68,6 +68,26 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     return proc
 
 
+def torchrun(
+    *args: str,
+    cwd: Path,
+    nproc: int = 2,
+    module: str | None = "expkit.train",
+    launcher: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    timeout: int = 300,
+):
+    """``torchrun --standalone --nproc_per_node=NPROC [LAUNCHER] -m MODULE ARGS`` in a subprocess
+    (``module=None``: ARGS start with a script); one thread per process. Returns CompletedProcess
+    (+ .output: both streams)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *launcher]
+    command += ["-m", module, *args] if module else list(args)
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
+    proc = subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+    proc.output = proc.stdout + proc.stderr  # type: ignore[attr-defined]
+    return proc
+
+
 @pytest.fixture
 def recorder_log() -> list[str]:
     return []

@@ -4,15 +4,13 @@ file is written in the background, and nothing a synchronous save promises is lo
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import run_cli, torchrun
 
 from expkit.async_writer import BackgroundWriter
 from expkit.errors import CheckpointWriteError
@@ -174,25 +172,7 @@ FSDP = [
 
 
 def _torchrun(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "-m",
-            "expkit.train",
-            *FSDP,
-            *args,
-        ],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return torchrun(*FSDP, *args, cwd=cwd, env=env)
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import re
 
 import pytest
 import torch
-from conftest import toy_runner
+from conftest import torchrun, toy_runner
 from torch import nn
 
 from expkit import ConfigError, Hook, HookError, default_hooks
@@ -281,8 +280,6 @@ def test_csv_has_one_row_per_epoch_matching_the_metrics(tmp_path):
 
 @pytest.mark.slow
 def test_sync_buffers_averages_over_two_real_processes(tmp_path):
-    import subprocess
-    import sys
 
     script = tmp_path / "sync.py"
     script.write_text(
@@ -296,13 +293,7 @@ def test_sync_buffers_averages_over_two_real_processes(tmp_path):
         "print(f'RESULT {rank} {n} {bn.running_mean.tolist()}')\n"
         "dist.destroy_process_group()\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    proc = torchrun(str(script), cwd=tmp_path, module=None, timeout=120)
     results = sorted(re.findall(r"RESULT (\d) (\d) (\[[^\]]*\])", proc.stdout))
     assert [r[0] for r in results] == ["0", "1"], proc.stdout + proc.stderr
     for _, synced, mean in results:  # running_mean and running_var averaged; the int counter is not

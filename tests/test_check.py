@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, torchrun
 
 from expkit.testing import assert_resumes_exactly
 
@@ -175,25 +175,13 @@ def test_bad_input_exits_2_with_one_line_naming_it(tmp_path, args, message):
 # -- torchrun ... -m expkit.check: each run on as many processes, rank 0 killed ------------------------
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_under_torchrun_each_run_has_as_many_processes_and_resumes_exactly(tmp_path, strategy):
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "-m",
-            "expkit.check",
-            f"trainer.strategy={strategy}",
-            "check.keep=true",
-            f"check.dir={tmp_path / 'scratch'}",
-            f"check.out={tmp_path / 'check.json'}",
-        ],
+    proc = torchrun(
+        f"trainer.strategy={strategy}",
+        "check.keep=true",
+        f"check.dir={tmp_path / 'scratch'}",
+        f"check.out={tmp_path / 'check.json'}",
         cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
+        module="expkit.check",
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import run_cli, torchrun
 
 from expkit.hydra_compat import INIT_KWARGS
 
@@ -72,25 +71,13 @@ def _torchrun(tmp_path: Path, *args: str, timeout: int = 300) -> subprocess.Comp
     conf.mkdir(parents=True, exist_ok=True)
     (conf / "probe.yaml").write_text("probe:\n  _target_: ddp_probe.Probe\n  crash_rank: -1\n")
     (tmp_path / "ddp_probe.py").write_text(PROBE)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "-m",
-            "expkit.train",
-            "--config-dir",
-            str(tmp_path / "conf"),
-            "hooks=[probe]",
-            *args,
-        ],
+    return torchrun(
+        "--config-dir",
+        str(tmp_path / "conf"),
+        "hooks=[probe]",
+        *args,
         cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
+        env={"PYTHONPATH": str(tmp_path)},
         timeout=timeout,
     )
 
@@ -282,25 +269,7 @@ class DieOnce(Hook):
 
 
 def _torchrun_elastic(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "--max-restarts=2",
-            "-m",
-            "expkit.train",
-            *args,
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return torchrun(*args, cwd=tmp_path, launcher=("--max-restarts=2",), env={"PYTHONPATH": str(tmp_path)})
 
 
 def test_torchrun_restarts_resume_the_same_run_and_end_bit_identical(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import run_cli, torchrun
 from test_ddp import DIE_ONCE  # rank 1 SIGKILLed once, at iteration 25
 
 from expkit import atomic, checkpoint_io
@@ -31,25 +31,7 @@ COMMON = (
 
 
 def _torchrun(cwd: Path, *args: str, nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={nproc}",
-            "-m",
-            "expkit.train",
-            *COMMON,
-            *args,
-        ],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return torchrun(*COMMON, *args, cwd=cwd, nproc=nproc, timeout=timeout)
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
@@ -268,29 +250,18 @@ def test_an_index_naming_paths_as_any_python_writes_them_reads_on_this_one():
 def test_a_sharded_run_survives_a_dead_worker_with_torchrun_restarts_bit_identical(tmp_path):
     (tmp_path / "diehook.py").write_text(DIE_ONCE)
     common = [
-        "--max-restarts=2",
-        "-m",
-        "expkit.train",
         "trainer.strategy=fsdp",
         "trainer.max_epochs=2",
         "default_hooks.checkpoint.by_epoch=false",
         "default_hooks.checkpoint.interval=10",
     ]
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
 
-    def torchrun(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *common, *args],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+    def restarting(*args: str) -> subprocess.CompletedProcess:
+        return torchrun(*common, *args, cwd=tmp_path, launcher=("--max-restarts=2",), env={"PYTHONPATH": str(tmp_path)})
 
     reference, work = tmp_path / "reference", tmp_path / "work"
-    assert torchrun(f"hydra.run.dir={reference}").returncode == 0
-    proc = torchrun(f"hydra.run.dir={work}", "+hooks.die._target_=diehook.DieOnce")
+    assert restarting(f"hydra.run.dir={reference}").returncode == 0
+    proc = restarting(f"hydra.run.dir={work}", "+hooks.die._target_=diehook.DieOnce")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (work / "died").is_file() and "torchrun restart 1: resuming" in proc.stderr
     result = json.loads((work / "result.json").read_text())

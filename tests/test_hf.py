@@ -7,13 +7,12 @@ and the bad input of this path."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, torchrun
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -274,28 +273,15 @@ def test_bad_input_exits_2_in_one_line(tmp_path, overrides, says):
 
 @pytest.mark.slow
 def test_fsdp2_trains_a_transformers_model_and_saves_it_whole(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
     work = tmp_path / "runs" / "fsdp"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "-m",
-            "expkit.train",
-            f"hydra.run.dir={work}",
-            "experiment=hf_causal_lm",
-            *SMALL,
-            "trainer.strategy=fsdp",
-            "hooks=[hf_save_pretrained,hf_samples]",
-            "trainer.accumulate_grad_batches=2",
-        ],
+    proc = torchrun(
+        f"hydra.run.dir={work}",
+        "experiment=hf_causal_lm",
+        *SMALL,
+        "trainer.strategy=fsdp",
+        "hooks=[hf_save_pretrained,hf_samples]",
+        "trainer.accumulate_grad_batches=2",
         cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

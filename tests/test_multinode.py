@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import torchrun
 from test_ddp import DIE_ONCE  # rank 1 (the second node's worker) SIGKILLed once, at iteration 25
 
 pytestmark = pytest.mark.slow
@@ -61,23 +62,7 @@ def _two_nodes(tmp_path: Path, *args: str, restarts: int = 0) -> list[subprocess
 
 
 def _one_node(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            "-m",
-            "expkit.train",
-            *args,
-        ],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    return torchrun(*args, cwd=tmp_path, env=_env(tmp_path), timeout=400)
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:

@@ -6,13 +6,12 @@ padding sample or two aside), none twice."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import run_cli, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -36,15 +35,10 @@ ARGS = ["+hooks.seen._target_=seenprobe.Seen", "trainer.max_epochs=1", "default_
 
 
 def _launch(tmp_path: Path, processes: int, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    start = (
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
-        if processes > 1
-        else [sys.executable]
-    )
-    return subprocess.run(
-        [*start, "-m", "expkit.train", *ARGS, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400
-    )
+    env = {"PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    if processes > 1:
+        return torchrun(*ARGS, *args, cwd=tmp_path, nproc=processes, env=env, timeout=400)
+    return run_cli(*ARGS, *args, cwd=tmp_path, env=env, timeout=400)
 
 
 def _seen(work: Path) -> Counter:
