@@ -38,6 +38,7 @@ __all__ = [
     "search_is_multirun",
     "searching",
     "sweeping",
+    "tokens",
 ]
 
 
@@ -137,22 +138,26 @@ VALUED_FLAGS = (
 INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 
 
+def tokens(argv: Sequence[str]) -> list[list[str]]:
+    """The command line in the units Hydra's parser reads, for every command's argv handling: a
+    flag with the value it takes (``["--config-dir", "conf"]``, ``["--info", "plugins"]``), a flag
+    alone (``["-m"]``), or one word that is not a flag (an override, a bare path)."""
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        takes_value = i + 1 < len(argv) and (
+            arg in VALUED_FLAGS or (arg in ("--info", "-i") and argv[i + 1] in INFO_TOPICS)
+        )
+        out.append(list(argv[i : i + 2]) if takes_value else [arg])
+        i += 2 if takes_value else 1
+    return out
+
+
 def flags_first(argv: list[str]) -> list[str]:
     """Hydra's flags (with their values) before the overrides: Hydra's argument parser takes the
     overrides only as one block, so `model=x --config-dir conf optim.lr=1` would be refused."""
-    flags, overrides, i = [], [], 0
-    while i < len(argv):
-        arg = argv[i]
-        takes_value = arg in VALUED_FLAGS or (
-            arg in ("--info", "-i") and i + 1 < len(argv) and argv[i + 1] in INFO_TOPICS
-        )
-        if takes_value:
-            flags += argv[i : i + 2]
-            i += 2
-            continue
-        (flags if arg.startswith("-") else overrides).append(arg)
-        i += 1
-    return flags + overrides
+    parts = tokens(argv)
+    return [a for t in parts if t[0].startswith("-") for a in t] + [t[0] for t in parts if not t[0].startswith("-")]
 
 
 def output_file_problem(path: Path) -> str | None:
@@ -341,36 +346,19 @@ def hydra_argv(argv: list[str], options: Sequence[str]) -> list[str]:
     """The command line as Hydra takes it. ``work_dir=DIR`` is ``hydra.run.dir=DIR``, and any
     ``key=value`` that is not one of the command's settings (`options`) overrides the checkpoint's stored
     config: it goes into ``overrides=[...]``, so ``data.batch_size=256`` works as before."""
-    out, stored, i = [], [], 0
-    while i < len(argv):
-        arg = argv[i]
+    out, stored = [], []
+    for token in tokens(argv):
+        arg = token[0]
         key, sep, value = arg.partition("=")
         root = key.lstrip("+~").split(".", 1)[0]
-        if arg.startswith("-") or not sep:  # a flag (--config-dir DIR takes the next word along)
-            out.append(arg)
-            if arg in (
-                "--config-dir",
-                "-cd",
-                "--config-name",
-                "-cn",
-                "--config-path",
-                "-cp",
-                "--cfg",
-                "-c",
-                "--package",
-                "-p",
-                "--info",
-                "-i",
-            ) and i + 1 < len(argv):
-                out.append(argv[i + 1])
-                i += 1
+        if arg.startswith("-") or not sep:  # a flag, with its value
+            out += token
         elif key == "work_dir":
             out.append(f"hydra.run.dir={value}")
         elif root in options or root.startswith("hydra"):
             out.append(arg)
         else:
             stored.append(arg)
-        i += 1
     if stored:
         quoted = ",".join(hydra_quoted(a) for a in stored)
         explicit = next((j for j, a in enumerate(out) if a.startswith("overrides=")), None)

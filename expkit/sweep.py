@@ -713,14 +713,15 @@ def rebuild(sweep_dir: Path, plot: bool = True, quiet: bool = False, seed_keys: 
 
 def _hydra_argv(argv: list[str]) -> list[str]:
     """The older command line (``DIR [--no-plot] [--quiet]``) as Hydra's ``sweep_dir=DIR plot=false quiet=true``."""
-    from expkit.cli import INFO_TOPICS, VALUED_FLAGS, hydra_quoted
+    from expkit.cli import hydra_quoted, tokens
 
-    aliases, out, previous = {"--no-plot": "plot=false", "--quiet": "quiet=true"}, [], ""
-    for arg in argv:
-        takes = previous in VALUED_FLAGS or (previous in ("--info", "-i") and arg in INFO_TOPICS)
-        alone = not takes and not arg.startswith("-") and ("=" not in arg or Path(arg).is_dir())  # the sweep dir
-        out.append(aliases.get(arg, f"sweep_dir={hydra_quoted(arg)}" if alone else arg))
-        previous = arg
+    aliases, out = {"--no-plot": "plot=false", "--quiet": "quiet=true"}, []
+    for token in tokens(argv):
+        arg = token[0]
+        if len(token) == 1 and not arg.startswith("-") and ("=" not in arg or Path(arg).is_dir()):  # the sweep dir
+            out.append(f"sweep_dir={hydra_quoted(arg)}")
+        else:
+            out += [aliases.get(arg, arg), *token[1:]]
     return out
 
 

@@ -248,3 +248,46 @@ def test_data_info_interpolations_work_on_the_command_line(tmp_path):
     assert weights["net.1.weight"].shape == (10, 64)  # a hidden layer as wide as digits has classes
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["overrides"][1] == "model.hidden=[${data_info:num_classes}]"  # recorded as typed
+
+
+def test_every_command_reads_its_command_line_in_the_same_units(tmp_path):
+    from expkit.cli import flags_first, hydra_argv, tokens
+    from expkit.sweep import _hydra_argv
+
+    argv = ["model=cnn", "--config-dir", "my conf", "--info", "plugins", "-m", "--cfg", "job", "x=1"]
+    assert tokens(argv) == [
+        ["model=cnn"],
+        ["--config-dir", "my conf"],
+        ["--info", "plugins"],
+        ["-m"],
+        ["--cfg", "job"],
+        ["x=1"],
+    ]
+    assert tokens(["--info", "a=1", "--config-dir"]) == [["--info"], ["a=1"], ["--config-dir"]]  # (no topic; no value)
+    assert flags_first(argv) == [
+        "--config-dir",
+        "my conf",
+        "--info",
+        "plugins",
+        "-m",
+        "--cfg",
+        "job",
+        "model=cnn",
+        "x=1",
+    ]
+    # a flag's value is never read as an override or as the sweep dir, in any command
+    assert hydra_argv(["--config-dir", "a=b", "optim.lr=1", "work_dir=w"], ["checkpoint"]) == [
+        "--config-dir",
+        "a=b",
+        "hydra.run.dir=w",
+        "overrides=['optim.lr=1']",
+    ]
+    conf, sweep = tmp_path / "conf", tmp_path / "sweep"
+    conf.mkdir(), sweep.mkdir()
+    assert _hydra_argv(["--config-dir", str(conf), str(sweep), "--no-plot", "--quiet"]) == [
+        "--config-dir",
+        str(conf),
+        f"sweep_dir='{sweep}'",
+        "plot=false",
+        "quiet=true",
+    ]
