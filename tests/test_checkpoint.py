@@ -364,3 +364,37 @@ def test_without_its_pointer_a_run_dir_still_gives_its_newest_checkpoint(tmp_pat
     for path in (tmp_path / "checkpoints").glob("epoch_*.pth"):
         path.unlink()
     assert find_last_checkpoint(tmp_path) is None
+
+
+FIXTURE = Path(__file__).parent / "fixtures" / "iter_50-2026-11-27.pth"  # (tests/fixtures/README.md)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_from_an_earlier_expkit_resumes_bit_identically(tmp_path):
+    from conftest import run_cli
+
+    stored = torch.load(FIXTURE, weights_only=True)  # tensors and plain containers, nothing to execute
+    assert (stored["meta"]["epoch"], stored["meta"]["iter"]) == (1, 50) and "ema" in json.dumps(list(stored["hooks"]))
+    args = [
+        "model.hidden=[16]",
+        "hooks=[ema]",
+        "trainer.max_epochs=2",
+        "default_hooks.checkpoint.by_epoch=false",
+        "default_hooks.checkpoint.interval=50",
+    ]
+    shutil.copy(FIXTURE, tmp_path / "iter_50.pth")
+    resumed = run_cli(*args, f"resume={tmp_path / 'iter_50.pth'}", f"hydra.run.dir={tmp_path / 'resumed'}")
+    assert resumed.returncode == 0, resumed.output[-3000:]
+    assert "iter_50.pth" in (tmp_path / "resumed" / "train.log").read_text()
+    assert not (tmp_path / "resumed" / "checkpoints" / "iter_50.pth").exists()  # it trained iterations 51-80 only
+    straight = run_cli(*args, f"hydra.run.dir={tmp_path / 'straight'}")
+    assert straight.returncode == 0, straight.output[-3000:]
+    ends = [_ckpt(tmp_path / run, "iter_80.pth") for run in ("resumed", "straight")]
+    for part in ("state_dict", "optimizer", "ema_state_dict", "rng"):  # weights, momentum, EMA weights, RNG streams
+        a, b = (torch.utils._pytree.tree_leaves(end[part]) for end in ends)
+        assert len(a) == len(b) > 0 and all(
+            torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b, strict=True)
+        ), part
+    assert ends[0]["hooks"]["ema"] == ends[1]["hooks"]["ema"] == {"steps": 80}
+    results = [json.loads((tmp_path / run / "result.json").read_text()) for run in ("resumed", "straight")]
+    assert results[0]["final_metrics"] == results[1]["final_metrics"] and "test/acc" in results[0]["final_metrics"]
