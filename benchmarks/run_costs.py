@@ -41,7 +41,7 @@ EXPKIT_TIMED = EXPKIT.replace(
     "from expkit import Runner, TrainerSettings\n"
     + TIMERS
     + """
-import expkit.runner as R, expkit.run_checkpoint as RC, expkit.checkpoint_io as CIO, expkit.atomic as A
+import expkit.engine.runner as R, expkit.checkpoint.run_checkpoint as RC, expkit.checkpoint.checkpoint_io as CIO, expkit.core.atomic as A
 import expkit.hooks.logger as LG
 timed(R.provenance, "start", "provenance.json: collected, git started")
 timed(R.provenance._GitQuery, "state", "provenance.json: git's answers waited for")

@@ -48,7 +48,7 @@ def _span(sweep: Path) -> tuple[float, float]:
 def _enqueue(storage: str, seeds: int, short: int, long: int) -> None:
     import optuna
 
-    from expkit.search import open_storage
+    from expkit.sweeps.search import open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name="bench", storage=open_storage(storage), direction="maximize")

@@ -37,9 +37,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from expkit import cli, hydra_compat, versions
 from expkit.check_probe import KILL_AT_ENV, records_name
-from expkit.errors import ConfigError
+from expkit.config import cli
+from expkit.core import hydra_compat, versions
+from expkit.core.errors import ConfigError
 
 __all__ = [
     "DETERMINISM_WARNING",
@@ -123,8 +124,8 @@ def plan(cfg: DictConfig, nproc: int = 1) -> Plan:
     """The budget and the interruption point, from the train loader's length: by default an
     epoch and a half (the first epoch's end and its validation are crossed), killed halfway
     through the second epoch; never more than the run's own budget."""
-    from expkit.build import build_trainer_settings, instantiate_node
-    from expkit.rng import seed_everything
+    from expkit.config.build import build_trainer_settings, instantiate_node
+    from expkit.core.rng import seed_everything
 
     settings = build_trainer_settings(cfg)
     if settings.seed is None:
@@ -330,14 +331,14 @@ def _records(work_dir: Path) -> list[dict[str, Any]]:
 def _final_checkpoint(work_dir: Path) -> dict[str, Any] | None:
     """The run's last checkpoint, read as expkit reads any checkpoint (tensors and plain
     containers only; the pointer confined to the run's own checkpoints/)."""
-    from expkit import checkpoint_io
+    from expkit.checkpoint import checkpoint_io
 
     path = checkpoint_io.find_last_checkpoint(work_dir)
     if path is None:
         return None
     try:
         if path.is_dir():  # a sharded (FSDP2) checkpoint: its state, every tensor of it whole
-            from expkit import sharding
+            from expkit.checkpoint import sharding
 
             state = sharding.read_state(path, "check")
             state["sharded"].pop("path", None)  # (the run's own dir)
@@ -978,7 +979,7 @@ def _check(cfg: DictConfig) -> None:
             "findings": [vars(f) for f in result.findings],
             "scratch": str(scratch) if cfg.check.keep else None,
         }
-        from expkit import atomic
+        from expkit.core import atomic
 
         atomic.write_text_atomic(Path(out), json.dumps(report, indent=2) + "\n")
     if not ok:

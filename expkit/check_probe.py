@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from expkit.core.stages import Priority
 from expkit.hooks.base import Hook
-from expkit.stages import Priority
 
 if TYPE_CHECKING:
-    from expkit.runner import Runner
+    from expkit.engine.runner import Runner
 
 __all__ = [
     "KILL_AT_ENV",
@@ -173,7 +173,7 @@ class CheckProbe(Hook):
         self._file.write(json.dumps(record) + "\n")
 
     def before_run(self, runner: Runner) -> None:
-        from expkit import distributed
+        from expkit.core import distributed
 
         self.rank = distributed.rank()
         self._file = open(Path(runner.work_dir) / records_name(self.rank), "a", buffering=1)  # noqa: SIM115  (closed in after_run)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
-from expkit.errors import ConfigError
+from expkit.core.errors import ConfigError
 from expkit.samplers import SeededRandomSampler, ShardSampler, seed_worker
 
 __all__ = [
@@ -115,7 +115,7 @@ class DataModule:
                 **extra,
             )
 
-        from expkit import distributed
+        from expkit.core import distributed
 
         rank, replicas = distributed.rank_and_world()
 

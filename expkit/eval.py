@@ -14,7 +14,7 @@ The model, data and metrics come from the config stored in the checkpoint; any o
 
 The stored config is data from whoever wrote the checkpoint: every ``_target_`` in it must be
 trusted before anything is built (expkit's own, torch.nn, torch.optim, torchvision.models,
-torchmetrics, and what you trust; see ``expkit.trust``). Results go to the work dir (metrics.jsonl, result.json) and the terminal. In Python,
+torchmetrics, and what you trust; see ``expkit.core.trust``). Results go to the work dir (metrics.jsonl, result.json) and the terminal. In Python,
 ``load_model(path)`` returns the trained model, weights loaded, in eval mode.
 """
 
@@ -30,12 +30,12 @@ from typing import Any
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from expkit import hydra_compat
-from expkit.cli import command_main, config_dirs_of
-from expkit.errors import ConfigError, ExpkitError
-from expkit.restore import load_model, resolve_checkpoint, restore, stored_config, stored_overrides
-from expkit.results import write_failure
-from expkit.trust import TrustPolicy
+from expkit.config.cli import command_main, config_dirs_of
+from expkit.config.restore import load_model, resolve_checkpoint, restore, stored_config, stored_overrides
+from expkit.core import hydra_compat
+from expkit.core.errors import ConfigError, ExpkitError
+from expkit.core.trust import TrustPolicy
+from expkit.workdir.results import write_failure
 
 __all__ = ["evaluate", "load_model", "main", "resolve_checkpoint", "restore", "run", "stored_config"]
 
@@ -61,7 +61,7 @@ def evaluate(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] 
             exits 2 with its message.
     """
     from expkit import Runner, default_hooks
-    from expkit.build import build_loggers, build_metrics, build_trainer_settings, instantiate_node
+    from expkit.config.build import build_loggers, build_metrics, build_trainer_settings, instantiate_node
 
     if OmegaConf.is_missing(cfg, "checkpoint"):
         raise ConfigError("give checkpoint=<.pth file, .dcp dir or run dir>")
@@ -103,7 +103,7 @@ def evaluate(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] 
             "command": command,
         },
     )
-    from expkit.ownership import WorkDirLock
+    from expkit.workdir.ownership import WorkDirLock
 
     with WorkDirLock(work_dir, command):  # one writer per work dir (exit 2 when taken)
         return runner.run()

@@ -32,8 +32,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from expkit import hydra_compat
-from expkit.errors import ConfigError, ExpkitError
+from expkit.core import hydra_compat
+from expkit.core.errors import ConfigError, ExpkitError
 
 __all__ = ["OPTIONS", "SUFFIX", "example_input", "export", "main", "run", "sha256"]
 
@@ -107,9 +107,9 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
     """
     import torch
 
-    from expkit.cli import output_file_problem
-    from expkit.restore import restore, stored_overrides, weights
-    from expkit.trust import TrustPolicy
+    from expkit.config.cli import output_file_problem
+    from expkit.config.restore import restore, stored_overrides, weights
+    from expkit.core.trust import TrustPolicy
 
     if OmegaConf.is_missing(cfg, "checkpoint"):
         raise ConfigError("give checkpoint=<run dir or .pth file>")
@@ -136,7 +136,8 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
         raise ConfigError(
             f"{fmt}: the model's input is a {type(x).__name__}, not one tensor; export takes a model called as model(x)"
         )
-    from expkit import atomic, checkpoint_io
+    from expkit.checkpoint import checkpoint_io
+    from expkit.core import atomic
 
     if fmt == "hf":
         _write_hf(model, out)
@@ -196,7 +197,7 @@ def _input_description(x: Any) -> dict[str, Any]:
 def _output_dir_problem(path: Path) -> str | None:
     """Why `path` cannot become the exported directory: a file stands there, it holds files
     already, or its parent cannot be written."""
-    from expkit.cli import output_file_problem
+    from expkit.config.cli import output_file_problem
 
     if path.is_dir():
         return "holds files already; give a new directory" if any(path.iterdir()) else None
@@ -240,7 +241,7 @@ def run(cfg: DictConfig) -> None:
     _STARTED = True
     work_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        from expkit.cli import config_dirs_of
+        from expkit.config.cli import config_dirs_of
 
         export(cfg, work_dir, config_dirs_of(sys.argv[1:])[1:])
     except ExpkitError as exc:
@@ -261,7 +262,7 @@ OPTIONS = (
 
 
 def main() -> None:
-    from expkit.cli import command_main
+    from expkit.config.cli import command_main
 
     command_main(run, OPTIONS, lambda: _STARTED)  # data.batch_size=8 means overrides=[...]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from expkit.errors import ConfigError
+from expkit.core.errors import ConfigError
 
 __all__ = [
     "DEFAULT_INPUTS",
@@ -108,7 +108,7 @@ class Metric:
     @staticmethod
     def sum_over_ranks(*values: Any) -> list[float]:
         """The sums over all DDP ranks of these numbers (as float64); the numbers in one process."""
-        from expkit.distributed import all_reduce_sum, is_distributed, reduce_device
+        from expkit.core.distributed import all_reduce_sum, is_distributed, reduce_device
 
         if not is_distributed():
             return [float(v) for v in values]
@@ -429,7 +429,7 @@ def probe_metrics(runner: Any) -> None:
     run's random state and the metrics as they were."""
     import copy
 
-    from expkit.rng import rng_states, set_rng_states
+    from expkit.core.rng import rng_states, set_rng_states
 
     r = runner
     classes = getattr(r, "data_info", {}).get("num_classes")

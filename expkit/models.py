@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from expkit.errors import ConfigError
+from expkit.core.errors import ConfigError
 
 __all__ = ["CNN", "MLP", "mlp_layers", "submodule", "timm_model", "torchvision_resnet"]
 
@@ -19,7 +19,7 @@ __all__ = ["CNN", "MLP", "mlp_layers", "submodule", "timm_model", "torchvision_r
 def submodule(model: nn.Module, path: str, key: str) -> nn.Module:
     """The model's submodule at the dotted `path` (empty: the model itself); a ConfigError
     naming the config `key` and the model's children when there is none."""
-    from expkit.errors import ConfigError
+    from expkit.core.errors import ConfigError
 
     module = model
     for part in path.split(".") if path else ():

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from expkit.errors import ConfigError
+from expkit.core.errors import ConfigError
 
 __all__ = ["Optimizers", "check_owned_update", "owns_its_update"]
 
@@ -94,7 +94,7 @@ def check_owned_update(runner: Any) -> None:
     """Several optimizers need a model that owns its update (``train_step(batch, optimizers)``),
     and such a model neither accumulates nor runs under DDP or FSDP yet."""
     r = runner
-    from expkit import distributed
+    from expkit.core import distributed
 
     owned, is_distributed = r.manual_optimization, distributed.is_distributed()
     if len(r.optimizers) > 1 and not owned:

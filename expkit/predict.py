@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from expkit import hydra_compat
-from expkit.errors import ConfigError, ExpkitError
+from expkit.core import hydra_compat
+from expkit.core.errors import ConfigError, ExpkitError
 
 __all__ = ["IMAGE_SUFFIXES", "OPTIONS", "check_range", "main", "predict", "read_inputs", "run", "training_range"]
 
@@ -193,10 +193,10 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
         ConfigError: bad input (an unreadable or empty input, an output of another kind,
             inputs outside what the model was trained on); the command exits 2 with its message.
     """
-    from expkit.cli import output_file_problem
+    from expkit.config.cli import output_file_problem
+    from expkit.config.restore import restore, stored_overrides
+    from expkit.core.trust import TrustPolicy
     from expkit.export import example_input
-    from expkit.restore import restore, stored_overrides
-    from expkit.trust import TrustPolicy
 
     for key in ("checkpoint", "input"):
         if OmegaConf.is_missing(cfg, key):
@@ -329,7 +329,7 @@ def _rows(
 
 
 def _write(output: Path, rows: list[dict[str, Any]]) -> None:
-    from expkit.atomic import write_text_atomic
+    from expkit.core.atomic import write_text_atomic
 
     output.parent.mkdir(parents=True, exist_ok=True)
     if output.suffix.lower() in (".jsonl", ".json"):
@@ -370,7 +370,7 @@ def run(cfg: DictConfig) -> None:
     global _STARTED
     _STARTED = True
     try:
-        from expkit.cli import config_dirs_of
+        from expkit.config.cli import config_dirs_of
 
         predict(cfg, Path(HydraConfig.get().runtime.output_dir), config_dirs_of(sys.argv[1:])[1:])
     except ExpkitError as exc:
@@ -397,7 +397,7 @@ OPTIONS = (
 
 
 def main() -> None:
-    from expkit.cli import command_main
+    from expkit.config.cli import command_main
 
     command_main(run, OPTIONS, lambda: _STARTED)  # data.batch_size=8 means overrides=[...]
 

@@ -1,4 +1,4 @@
-"""Learning-rate schedules that need the run's length (build.py passes it in)."""
+"""Learning-rate schedules that need the run's length (config/build.py passes it in)."""
 
 from __future__ import annotations
 

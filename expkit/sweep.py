@@ -33,10 +33,10 @@ from typing import Any
 import yaml
 from hydra.experimental.callback import Callback
 
-from expkit import confine, hydra_compat
-from expkit.atomic import write_json_atomic, write_text_atomic
+from expkit.core import confine, hydra_compat
+from expkit.core.atomic import write_json_atomic, write_text_atomic
 from expkit.metrics import monitor_of
-from expkit.sweep_jobs import finished, job_order, job_target, key_kind, read_job
+from expkit.sweeps.sweep_jobs import finished, job_order, job_target, key_kind, read_job
 
 __all__ = [
     "COLUMNS",
@@ -525,7 +525,7 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, seed_keys: list[str] | No
     hyperparameter: each job's best value against its value (a log axis when positive
     values span 20x or more; names in order for values that are not numbers). With seed
     groups, each group's mean best value with its standard deviation, instead of each job's."""
-    from expkit.svgplot import Panel, Series, charts
+    from expkit.loggers.svgplot import Panel, Series, charts
 
     groups = group_rows(rows, seed_keys or DEFAULT_SEED_KEYS) if rows else None
     keys = {k for r in rows for k in r["override_values"] if key_kind(k) != "control"}
@@ -573,7 +573,7 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, seed_keys: list[str] | No
 
 def _group_panel(groups: list[dict[str, Any]], key: str, monitor: str) -> Any:
     """Each seed group's mean best value against its value of `key`, with its standard deviation."""
-    from expkit.svgplot import Panel, Series
+    from expkit.loggers.svgplot import Panel, Series
 
     points = [(g["override_values"].get(key), g) for g in groups if g["mean"] is not None]
     points = [(x, g) for x, g in points if x is not None]
@@ -614,7 +614,7 @@ def progress_line(sweep_dir: Path, job: str) -> str:
     the time left (from this launch's finished jobs). Reads the cached rows and best.json."""
     import os
 
-    from expkit.sweep_jobs import SWEEP_JOBS_ENV, SWEEP_LAUNCHED_ENV
+    from expkit.sweeps.sweep_jobs import SWEEP_JOBS_ENV, SWEEP_LAUNCHED_ENV
 
     rows = [r for r in (_cached_row(sweep_dir, p.stem) for p in (sweep_dir / ROWS_DIR).glob("*.json")) if r]
     done = [r for r in rows if r.get("status") != "running"]
@@ -713,7 +713,7 @@ def rebuild(sweep_dir: Path, plot: bool = True, quiet: bool = False, seed_keys: 
 
 def _hydra_argv(argv: list[str]) -> list[str]:
     """The older command line (``DIR [--no-plot] [--quiet]``) as Hydra's ``sweep_dir=DIR plot=false quiet=true``."""
-    from expkit.cli import hydra_quoted, tokens
+    from expkit.config.cli import hydra_quoted, tokens
 
     aliases, out = {"--no-plot": "plot=false", "--quiet": "quiet=true"}, []
     for token in tokens(argv):
@@ -728,7 +728,7 @@ def _hydra_argv(argv: list[str]) -> list[str]:
 def main() -> None:
     """``python -m expkit.sweep``: a Hydra app over conf/sweep.yaml (``--help``, ``--cfg job``)."""
 
-    from expkit import versions
+    from expkit.core import versions
 
     versions.require()
     sys.argv[1:] = argv = _hydra_argv(sys.argv[1:])

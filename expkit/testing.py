@@ -36,12 +36,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from expkit.core.settings import TrainerSettings
+from expkit.core.stages import Stage
+from expkit.engine.runner import Runner
 from expkit.hooks import default_hooks as _make_default_hooks
 from expkit.hooks.base import Hook
-from expkit.runner import Runner
 from expkit.samplers import SeededRandomSampler
-from expkit.settings import TrainerSettings
-from expkit.stages import Stage
 
 __all__ = ["RecordingHook", "assert_resumes_exactly", "toy_loaders", "toy_model", "toy_runner"]
 

@@ -24,11 +24,15 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from expkit import atomic, checkpoint_io, cli, hydra_compat, logs, run_checkpoint, sweep_jobs, versions
-from expkit.errors import ConfigError, ExpkitError, ResumeRefused
+from expkit.checkpoint import checkpoint_io, run_checkpoint
+from expkit.config import cli
+from expkit.core import atomic, hydra_compat, versions
+from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused
+from expkit.core.signals import SweepInterrupted, raise_on_sigterm, stop_on_signals
+from expkit.loggers import logs
 from expkit.metrics import monitor_of, worst_value
-from expkit.results import write_failure
-from expkit.signals import SweepInterrupted, raise_on_sigterm, stop_on_signals
+from expkit.sweeps import sweep_jobs
+from expkit.workdir.results import write_failure
 
 __all__ = ["main", "run", "task_overrides"]
 
@@ -65,7 +69,7 @@ def run(cfg: DictConfig) -> float | None:
     a failed or diverged job in a sweep returns the worst value)."""
     from omegaconf import OmegaConf
 
-    from expkit import distributed
+    from expkit.core import distributed
 
     global _TASK_STARTED
     _TASK_STARTED = True
@@ -118,9 +122,10 @@ def _run_owned(
     owned: contextlib.ExitStack,
 ) -> float | None:
     """The task once the work dir is known: owned (its lock in `owned`), built, run, reported."""
-    from expkit import distributed, search
-    from expkit.build import build_runner
-    from expkit.ownership import WorkDirBusy, WorkDirLock
+    from expkit.config.build import build_runner
+    from expkit.core import distributed
+    from expkit.sweeps import search
+    from expkit.workdir.ownership import WorkDirBusy, WorkDirLock
 
     sweep_dir = Path(hc.sweep.dir)
     if multirun:
@@ -284,7 +289,7 @@ def _report_interruption(signum: int, sweeping: bool, sweep_dir: Path | None = N
         from expkit.sweep import summarize
 
         summarize(sweep_dir)
-    from expkit.search import live_workers
+    from expkit.sweeps.search import live_workers
 
     others = live_workers(sweep_dir)  # (this worker of an Optuna search has let go of its lock)
     going_on = (
@@ -318,7 +323,7 @@ def _share_run_dir_across_ranks() -> None:
     """Under torchrun: one run, one work dir. Rank 0 picks the dir (the usual default, or
     hydra.run.dir when given) and every rank uses it; ranks > 0 write no .hydra/ and log to
     rank<N>.log. Without this, each rank's Hydra would make a work dir of its own."""
-    from expkit import distributed
+    from expkit.core import distributed
 
     if not distributed.init():
         return
@@ -380,7 +385,7 @@ def main() -> None:
         if message:
             print(f"Error: {message}", file=sys.stderr)
             sys.exit(2)
-        from expkit import distributed
+        from expkit.core import distributed
 
         if distributed.rank() == 0:
             _defer_hydra_record(sys.argv[1:])
@@ -406,7 +411,7 @@ def main() -> None:
     finally:
         import gc
 
-        from expkit import distributed
+        from expkit.core import distributed
 
         distributed.shutdown()  # (the run's objects are garbage by now, on a SystemExit too: collected there)
         gc.unfreeze()  # a process that calls main() again (a test, a driver script) collects this run's objects

@@ -12,8 +12,8 @@ import pytest
 import torch
 from conftest import run_cli, torchrun
 
-from expkit.async_writer import BackgroundWriter
-from expkit.errors import CheckpointWriteError
+from expkit.checkpoint.async_writer import BackgroundWriter
+from expkit.core.errors import CheckpointWriteError
 
 SAVES = [
     "trainer.max_epochs=3",
@@ -184,7 +184,7 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 
 def _shards(path: Path) -> dict:
     """Every tensor of a sharded checkpoint (weights, optimizer state), whole."""
-    from expkit import sharding
+    from expkit.checkpoint import sharding
 
     return _flat(sharding.read_tensors(path))
 
@@ -195,7 +195,7 @@ def test_sharded_async_saves_on_two_processes_write_what_synchronous_saves_write
     for mode, work in runs.items():
         proc = _torchrun(tmp_path, f"hydra.run.dir={work}", f"default_hooks.checkpoint.async_save={mode}")
         assert proc.returncode == 0, proc.stderr[-3000:]
-    from expkit import sharding
+    from expkit.checkpoint import sharding
 
     names = sorted(p.name for p in (runs["false"] / "checkpoints").glob("*.dcp"))
     assert names == sorted(p.name for p in (runs["true"] / "checkpoints").glob("*.dcp"))
@@ -278,7 +278,7 @@ def test_a_kill_during_a_background_sharded_write_resumes_from_the_previous_one_
 def _agree(rank: int, port: int, errors: list) -> None:
     import torch.distributed as dist
 
-    from expkit.sharding import AsyncShards
+    from expkit.checkpoint.sharding import AsyncShards
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:

@@ -1,4 +1,4 @@
-"""Atomic writes (expkit.atomic): readers see the old file or the new one, never half of one."""
+"""Atomic writes (expkit.core.atomic): readers see the old file or the new one, never half of one."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import small_disk
 
-from expkit import atomic
+from expkit.core import atomic
 
 
 @pytest.mark.parametrize("durable", [False, True])

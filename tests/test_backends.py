@@ -16,9 +16,9 @@ import pytest
 from conftest import REPO, run_cli, toy_runner
 
 from expkit import default_hooks
-from expkit.backends import Backend, TensorBoardBackend, WandbBackend
 from expkit.hooks import LoggerHook
-from expkit.wandb_files import offline_run_files, read_wandb_run, wait_for_wandb_run, wandb_run_complete
+from expkit.loggers.backends import Backend, TensorBoardBackend, WandbBackend
+from expkit.loggers.wandb_files import offline_run_files, read_wandb_run, wait_for_wandb_run, wandb_run_complete
 
 
 def _records(work_dir: Path) -> list[dict]:
@@ -147,7 +147,7 @@ def test_curves_svg_draws_every_metric_against_the_step(tmp_path):
 
 
 def test_svg_ticks_cover_the_data_and_skip_non_finite_values(tmp_path):
-    from expkit.svgplot import line_charts, nice_ticks
+    from expkit.loggers.svgplot import line_charts, nice_ticks
 
     for lo, hi in [(0.0123, 0.9876), (3, 3), (-5.5, 120.0), (1e-6, 3e-6), (800, 16000)]:
         ticks = nice_ticks(lo, hi)
@@ -186,7 +186,7 @@ def test_sweep_svg_log_axis_and_named_values(tmp_path):
 
 def test_optional_backends_are_not_imported_at_start_up():
     code = (
-        "import sys, expkit.train, expkit.build, expkit.hooks; "
+        "import sys, expkit.train, expkit.config.build, expkit.hooks; "
         "print([m for m in ('wandb', 'tensorboard', 'matplotlib', 'torch.utils.tensorboard') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

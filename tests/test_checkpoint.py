@@ -17,9 +17,9 @@ import torch
 from conftest import Score, toy_runner
 
 from expkit import ConfigError, Hook, HookError, default_hooks
-from expkit.checkpoint_io import load_checkpoint
+from expkit.checkpoint.checkpoint_io import load_checkpoint
+from expkit.core.rng import rng_states, set_rng_states
 from expkit.hooks import CheckpointHook
-from expkit.rng import rng_states, set_rng_states
 
 
 def _names(work_dir: Path, pattern: str = "*.pth") -> list[str]:
@@ -349,7 +349,7 @@ def test_an_empty_pointer_falls_back_to_the_newest_loadable_checkpoint(tmp_path)
 def test_without_its_pointer_a_run_dir_still_gives_its_newest_checkpoint(tmp_path):
     """The pointer is replaced by removing the old one first (see point_last_checkpoint): a
     reader in between, or after a kill there, gets the newest checkpoint file instead."""
-    from expkit.checkpoint_io import find_last_checkpoint, load_resumable
+    from expkit.checkpoint.checkpoint_io import find_last_checkpoint, load_resumable
     from expkit.eval import resolve_checkpoint
 
     toy_runner(tmp_path, max_epochs=3).run()

@@ -251,7 +251,7 @@ def test_data_info_interpolations_work_on_the_command_line(tmp_path):
 
 
 def test_every_command_reads_its_command_line_in_the_same_units(tmp_path):
-    from expkit.cli import flags_first, hydra_argv, tokens
+    from expkit.config.cli import flags_first, hydra_argv, tokens
     from expkit.sweep import _hydra_argv
 
     argv = ["model=cnn", "--config-dir", "my conf", "--info", "plugins", "-m", "--cfg", "job", "x=1"]

@@ -9,10 +9,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from expkit.build import build_runner
-from expkit.cli import CONF_DIR, check_group_choices
+from expkit.config.build import build_runner
+from expkit.config.cli import CONF_DIR, check_group_choices
+from expkit.core.hydra_compat import INIT_KWARGS
 from expkit.hooks import EMAHook
-from expkit.hydra_compat import INIT_KWARGS
 
 FAST = ["trainer.max_epochs=null", "trainer.max_iters=2", "trainer.val_interval=2", "trainer.device=cpu"]
 
@@ -170,7 +170,7 @@ def test_every_trainer_setting_has_one_default_in_code_and_yaml():
     default for every field, and neither has a key the other lacks."""
     import dataclasses
 
-    from expkit.settings import TrainerSettings
+    from expkit.core.settings import TrainerSettings
 
     yaml = OmegaConf.to_container(OmegaConf.load(Path(CONF_DIR) / "trainer" / "default.yaml"))
     code = {
@@ -190,7 +190,7 @@ def test_the_default_hooks_in_code_are_the_yaml_ones():
     import inspect
 
     from expkit import default_hooks
-    from expkit.hydra_compat import instantiate  # (Hydra 1.4 warns about a bare instantiate)
+    from expkit.core.hydra_compat import instantiate  # (Hydra 1.4 warns about a bare instantiate)
 
     cfg = _compose()
     code = default_hooks()

@@ -17,9 +17,10 @@ import pytest
 import torch
 from conftest import run_cli
 
-from expkit import checkpoint_io, confine
+from expkit.checkpoint import checkpoint_io
+from expkit.core import confine
 from expkit.sweep import ROWS_DIR, _cached_row
-from expkit.sweep_jobs import JOB_FILE, job_target, restore_hydra_record
+from expkit.sweeps.sweep_jobs import JOB_FILE, job_target, restore_hydra_record
 
 pytestmark = pytest.mark.slow
 
@@ -233,7 +234,7 @@ def test_resume_keeps_the_best_file_of_a_key_that_extends_another(tmp_path, fini
 
 
 def test_a_sharded_save_never_replaces_a_tree_that_is_not_a_checkpoint(tmp_path):
-    from expkit.sharding import _replace_dir
+    from expkit.checkpoint.sharding import _replace_dir
 
     mine, new = tmp_path / "epoch_1.dcp", tmp_path / ".epoch_1.dcp.tmp1"
     mine.mkdir()

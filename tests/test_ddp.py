@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import run_cli, torchrun
 
-from expkit.hydra_compat import INIT_KWARGS
+from expkit.core.hydra_compat import INIT_KWARGS
 
 pytestmark = pytest.mark.slow
 
@@ -163,8 +163,8 @@ def test_accumulation_under_ddp_syncs_once_per_step_and_equals_one_big_batch(tmp
         assert (allreduces, steps) == (20, 20)  # one all-reduce per step: the first micro-batch ran under no_sync
     from hydra import compose, initialize_config_dir
 
-    from expkit.build import build_runner
-    from expkit.cli import CONF_DIR
+    from expkit.config.build import build_runner
+    from expkit.config.cli import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), **INIT_KWARGS):
         cfg = compose(config_name="train", overrides=["trainer.max_epochs=2", "data.batch_size=128"])
@@ -302,7 +302,7 @@ def test_a_rank_above_0_prints_only_its_warnings_marked_with_its_rank(tmp_path):
     import io
     import logging
 
-    from expkit.logs import LOG_FORMAT, log_to_rank_file
+    from expkit.loggers.logs import LOG_FORMAT, log_to_rank_file
 
     root, saved = logging.getLogger(), logging.getLogger().handlers[:]
     terminal, file = logging.StreamHandler(io.StringIO()), logging.FileHandler(tmp_path / "train.log")

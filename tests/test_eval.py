@@ -13,10 +13,10 @@ import torch
 from conftest import REPO, run_cli
 from hydra import compose, initialize_config_dir
 
-from expkit.build import build_runner
-from expkit.cli import CONF_DIR
+from expkit.config.build import build_runner
+from expkit.config.cli import CONF_DIR
+from expkit.core.hydra_compat import INIT_KWARGS
 from expkit.eval import load_model
-from expkit.hydra_compat import INIT_KWARGS
 
 
 def _compose(*overrides: str):
@@ -88,7 +88,7 @@ def test_provenance_records_the_commit_and_the_dirty_diff(tmp_path):
 
 
 def test_provenance_reads_commit_branch_and_changes_from_one_git_status(tmp_path):
-    from expkit.provenance import _GitQuery
+    from expkit.workdir.provenance import _GitQuery
 
     repo, outside = tmp_path / "project", tmp_path / "elsewhere"
     (repo / "src").mkdir(parents=True)
@@ -201,7 +201,7 @@ def test_eval_is_a_hydra_app_with_hydras_habits(tmp_path):
 def test_hydra_argv_moves_stored_config_overrides_into_one_quoted_list_hydra_parses():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from expkit.cli import hydra_argv
+    from expkit.config.cli import hydra_argv
     from expkit.eval import OPTIONS
 
     argv = [

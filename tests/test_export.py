@@ -41,7 +41,7 @@ def run_dir(tmp_path_factory) -> Path:
 def test_safetensors_hold_the_checkpoint_weights_and_the_ema_ones(run_dir, tmp_path):
     from safetensors.torch import load_file
 
-    from expkit.checkpoint_io import load_checkpoint
+    from expkit.checkpoint.checkpoint_io import load_checkpoint
 
     for ema in ("false", "true"):
         out = tmp_path / f"ema_{ema}.safetensors"

@@ -17,8 +17,9 @@ import torch
 from conftest import run_cli, torchrun
 from test_ddp import DIE_ONCE  # rank 1 SIGKILLed once, at iteration 25
 
-from expkit import atomic, checkpoint_io
-from expkit.errors import ConfigError
+from expkit.checkpoint import checkpoint_io
+from expkit.core import atomic
+from expkit.core.errors import ConfigError
 
 # a small batch makes uneven evaluation shares (269 val samples: 135 and 134 per rank, 2 and 1
 # batches): FSDP's forwards must still pair up across ranks
@@ -185,7 +186,8 @@ def test_fsdp_refuses_what_it_cannot_do_at_start_up(tmp_path, overrides, message
 
 
 def test_fsdp_blocks_default_per_model_and_unknown_names_are_refused():
-    from expkit import models, sharding
+    from expkit import models
+    from expkit.checkpoint import sharding
 
     mlp = models.MLP(1, 8, 10)
     assert sharding.block_names(mlp, None) == ["Linear"]
@@ -198,7 +200,7 @@ def test_fsdp_blocks_default_per_model_and_unknown_names_are_refused():
 def test_a_sharded_checkpoint_whose_index_would_run_code_is_refused(tmp_path):
     import torch.distributed.checkpoint as dcp
 
-    from expkit import sharding
+    from expkit.checkpoint import sharding
 
     ckpt = tmp_path / "epoch_1.dcp"
     dcp.save({"model": {"w": torch.ones(2)}}, storage_writer=dcp.FileSystemWriter(ckpt))
@@ -233,7 +235,7 @@ def test_a_sharded_checkpoint_whose_index_would_run_code_is_refused(tmp_path):
 def test_an_index_naming_paths_as_any_python_writes_them_reads_on_this_one():
     """DCP's index may hold a path: Python 3.13 pickles it as pathlib._local.PosixPath, older
     ones as pathlib.PosixPath. Both read on every Python; nothing else of pathlib does."""
-    from expkit import sharding
+    from expkit.checkpoint import sharding
 
     def text(value: str) -> bytes:  # pickle's SHORT_BINUNICODE
         return b"\x8c" + bytes([len(value)]) + value.encode()
@@ -276,7 +278,7 @@ def test_a_sharded_run_survives_a_dead_worker_with_torchrun_restarts_bit_identic
 def test_a_sharded_checkpoint_restores_an_optimizer_whose_unused_parameters_have_no_state(tmp_path):
     from torch import nn
 
-    from expkit import sharding
+    from expkit.checkpoint import sharding
 
     def make():
         torch.manual_seed(0)
@@ -347,7 +349,7 @@ def test_a_signal_on_one_rank_stops_every_rank_after_the_same_iteration_and_the_
 def test_a_sharded_save_interrupted_between_its_renames_keeps_the_checkpoint(tmp_path):
     from torch import nn
 
-    from expkit import sharding
+    from expkit.checkpoint import sharding
 
     model = nn.Linear(2, 2)
     sharding.save(tmp_path / "epoch_2.dcp", {"meta": {}}, model, {})

@@ -290,7 +290,7 @@ def test_fsdp2_trains_a_transformers_model_and_saves_it_whole(tmp_path):
     assert samples.count("--- epoch") == 4 and "\nThe " in samples, samples
     from safetensors.torch import load_file
 
-    from expkit import sharding
+    from expkit.checkpoint import sharding
 
     saved = load_file(str(work / "hf_model" / "model.safetensors"))
     shards = sharding.read_weights(work / "checkpoints" / "epoch_2.dcp")

@@ -11,10 +11,10 @@ from conftest import Twin, toy_runner
 from hydra import compose, initialize_config_dir
 
 from expkit import ConfigError, Hook, default_hooks
-from expkit.build import build_hook
-from expkit.cli import CONF_DIR
+from expkit.config.build import build_hook
+from expkit.config.cli import CONF_DIR
+from expkit.core.hydra_compat import INIT_KWARGS
 from expkit.hooks import CheckpointHook, EMAHook, IterTimerHook, LoggerHook, ParamSchedulerHook
-from expkit.hydra_compat import INIT_KWARGS
 
 
 def _ckpts(work_dir: Path) -> list[str]:

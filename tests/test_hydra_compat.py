@@ -1,5 +1,5 @@
 """expkit on the Hydra line installed here: it patches nothing of Hydra, OmegaConf or torch, its
-one adapter (expkit/hydra_compat.py) works, Hydra finds its sweepers, and a default run prints
+one adapter (expkit/core/hydra_compat.py) works, Hydra finds its sweepers, and a default run prints
 no deprecation or migration warning. CI runs this file on Hydra 1.3 and on Hydra 1.4."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from hydra.plugins.launcher import Launcher
 from hydra.plugins.sweeper import Sweeper
 from omegaconf import OmegaConf
 
-from expkit import hydra_compat
+from expkit.core import hydra_compat
 
 # Run in a fresh interpreter: every attribute of every Hydra, OmegaConf and torch module loaded
 # (and of every class they define), by identity, before expkit is imported, after, and after a
@@ -139,13 +139,13 @@ def test_resolvers_and_instantiate_go_without_a_warning_on_this_line():
 
 def test_a_stored_config_is_judged_by_expkits_trust_rule_on_this_line_too(tmp_path):
     """On Hydra 1.4 expkit builds with Hydra's execution checks off (see hydra_compat): the
-    guarantee for a config stored in a checkpoint is expkit.trust's, checked before anything
+    guarantee for a config stored in a checkpoint is expkit.core.trust's, checked before anything
     is built, the same on both lines. A factory returning an nn.Module builds without a
     warning (a whitelist of the node's own target refused it on 1.4), and an untrusted stored
     target is still refused."""
     import torch
 
-    from expkit.trust import TrustPolicy, UntrustedTargetError
+    from expkit.core.trust import TrustPolicy, UntrustedTargetError
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -184,7 +184,7 @@ def test_a_default_run_a_grid_sweep_and_an_optuna_search_print_no_warning(tmp_pa
 
 
 def test_the_declared_lower_bounds_are_the_ones_checked_at_start():
-    from expkit import versions
+    from expkit.core import versions
 
     declared = importlib.metadata.requires("expkit")  # pyproject's, as installed (Python 3.10 has no tomllib)
     bounds = {m.group(1).lower(): m.group(2) for d in declared if (m := re.match(r"([\w.-]+)(?:\[.*\])?>=([\d.]+)", d))}
@@ -199,7 +199,7 @@ def test_an_older_torch_than_expkit_needs_is_named_with_the_version_it_needs(mon
     version differs). Each command prints this line and exits 2 before anything else."""
     import types
 
-    from expkit import versions
+    from expkit.core import versions
 
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(__version__="2.8.1+cpu"))
     message = versions.check_installed()
@@ -216,7 +216,7 @@ import hydra
 from hydra._internal.hydra import Hydra
 from hydra.core.hydra_config import HydraConfig
 
-from expkit import hydra_compat
+from expkit.core import hydra_compat
 
 COMPOSED = []
 real_compose = Hydra.compose_config

@@ -122,7 +122,8 @@ def test_sigterm_exits_143_with_a_checkpoint_then_resumes_exactly(tmp_path, refe
 
 LATE_SIGTERM = """
 import os, signal, sys
-from expkit import runner, train
+from expkit import train
+from expkit.engine import runner
 
 real_run = runner.Runner.run
 

@@ -95,11 +95,12 @@ def test_every_module_of_the_package_is_in_one_layer():
 def test_an_import_from_a_lower_layer_to_a_command_breaks_the_contract(tmp_path):
     shutil.copytree(ROOT / "expkit", tmp_path / "expkit", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    with (tmp_path / "expkit" / "atomic.py").open("a") as f:
+    with (tmp_path / "expkit" / "core" / "atomic.py").open("a") as f:
         f.write("\nimport expkit.train  # noqa: E402 (upward, on purpose)\n")
     proc = _lint_imports(tmp_path)
     assert proc.returncode != 0, proc.stdout[-2000:]
-    assert "expkit.atomic is not allowed to import expkit.train" in proc.stdout, proc.stdout[-2000:]
+    assert "expkit.core is not allowed to import expkit.train" in proc.stdout, proc.stdout[-2000:]
+    assert "- expkit.core.atomic -> expkit.train" in proc.stdout, proc.stdout[-2000:]
 
 
 # -- the public API: __all__ in every module ------------------------------------------------------

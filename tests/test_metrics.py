@@ -13,10 +13,10 @@ import torch
 from conftest import REPO, toy_runner
 from hydra import compose, initialize_config_dir
 
-from expkit.build import build_metrics, build_runner
-from expkit.cli import CONF_DIR
-from expkit.errors import ConfigError
-from expkit.hydra_compat import INIT_KWARGS
+from expkit.config.build import build_metrics, build_runner
+from expkit.config.cli import CONF_DIR
+from expkit.core.errors import ConfigError
+from expkit.core.hydra_compat import INIT_KWARGS
 from expkit.metrics import Accuracy, Directions, MetricSlot, better
 
 torchmetrics = pytest.importorskip("torchmetrics")

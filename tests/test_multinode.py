@@ -66,7 +66,7 @@ def _one_node(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
-    from expkit.checkpoint_io import load_checkpoint
+    from expkit.checkpoint.checkpoint_io import load_checkpoint
 
     return load_checkpoint(path, "test")["state_dict"]
 

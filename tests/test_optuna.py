@@ -28,7 +28,7 @@ MEDIAN = "+hydra.sweeper.pruner={_target_: optuna.pruners.MedianPruner, n_startu
 
 
 def _study(storage: str, name: str) -> optuna.Study:
-    from expkit.search import open_storage
+    from expkit.sweeps.search import open_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna.load_study(study_name=name, storage=open_storage(storage))

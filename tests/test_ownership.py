@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_cli
 
-from expkit.ownership import LOCK_FILE, WorkDirBusy, WorkDirLock, live_owner
+from expkit.workdir.ownership import LOCK_FILE, WorkDirBusy, WorkDirLock, live_owner
 
 SLOW_HOOK = """
 import time
@@ -77,7 +77,7 @@ def test_the_lock_is_held_while_the_owner_lives_and_dropped_when_it_is_killed(tm
             sys.executable,
             "-c",
             (
-                "import sys, time; from pathlib import Path; from expkit.ownership import WorkDirLock\n"
+                "import sys, time; from pathlib import Path; from expkit.workdir.ownership import WorkDirLock\n"
                 f"lock = WorkDirLock(Path({str(tmp_path)!r}), 'holder', heartbeat=0.1).acquire(); print('held', flush=True)\n"
                 "time.sleep(60)"
             ),

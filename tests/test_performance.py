@@ -18,11 +18,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from expkit import Hook, Runner, TrainerSettings, default_hooks
+from expkit.core.errors import ConfigError
+from expkit.core.stages import Priority
 from expkit.data import DigitsData, SeededRandomSampler
-from expkit.errors import ConfigError
 from expkit.hooks import EMAHook, LoggerHook
 from expkit.models import CNN
-from expkit.stages import Priority
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 SYNCING = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")

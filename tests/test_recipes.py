@@ -16,10 +16,10 @@ import torch
 from conftest import REPO, run_cli
 from hydra import compose, initialize_config_dir
 
-from expkit.build import build_runner
-from expkit.cli import CONF_DIR
-from expkit.errors import ConfigError
-from expkit.hydra_compat import INIT_KWARGS
+from expkit.config.build import build_runner
+from expkit.config.cli import CONF_DIR
+from expkit.core.errors import ConfigError
+from expkit.core.hydra_compat import INIT_KWARGS
 
 
 def _compose(*overrides: str):
@@ -225,7 +225,7 @@ def test_named_validation_sets_are_reported_monitored_and_checked(tmp_path):
 
 
 def test_each_named_set_is_sharded_under_ddp(monkeypatch):
-    from expkit import distributed
+    from expkit.core import distributed
     from expkit.data import DigitsData, ShardSampler
 
     monkeypatch.setattr(distributed, "rank_and_world", lambda: (1, 2))

@@ -13,9 +13,9 @@ from conftest import REPO, run_cli, small_disk
 from hydra import compose, initialize_config_dir
 
 from expkit import Hook
-from expkit.build import build_runner
-from expkit.cli import CONF_DIR
-from expkit.hydra_compat import INIT_KWARGS
+from expkit.config.build import build_runner
+from expkit.config.cli import CONF_DIR
+from expkit.core.hydra_compat import INIT_KWARGS
 
 TIMING = ("train/time", "train/data_time")
 COMMON = ["trainer.max_epochs=3", "default_hooks.logger.interval=5", "logger=[tensorboard]"]
@@ -76,7 +76,7 @@ def test_a_resumed_run_logs_what_an_uninterrupted_run_logs(tmp_path, crash):
 
 
 def _wandb(work: Path) -> list[dict]:
-    from expkit.wandb_files import wandb_history
+    from expkit.loggers.wandb_files import wandb_history
 
     return [
         {k: v for k, v in row.items() if k not in TIMING and k not in ("_runtime", "_timestamp")}
@@ -85,7 +85,7 @@ def _wandb(work: Path) -> list[dict]:
 
 
 def test_a_resumed_run_continues_its_wandb_run_with_the_history_of_an_uninterrupted_run(tmp_path, monkeypatch):
-    from expkit.wandb_files import offline_run_files, read_wandb_run
+    from expkit.loggers.wandb_files import offline_run_files, read_wandb_run
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")

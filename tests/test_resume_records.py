@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 EXIT_AFTER_VALIDATION = """
 import os
 from expkit import Hook
-from expkit.stages import Priority
+from expkit.core.stages import Priority
 
 class ExitAfterValidation(Hook):
     '''Ends the process at the first validation, once every other hook has handled its metrics.'''

@@ -16,8 +16,8 @@ import torch
 from conftest import REPO, run_cli, toy_runner
 
 from expkit import Hook
-from expkit.cli import continue_command, flags_first
-from expkit.errors import ConfigError
+from expkit.config.cli import continue_command, flags_first
+from expkit.core.errors import ConfigError
 from expkit.hooks import CheckpointHook, LoggerHook, default_hooks
 
 EXIT_HOOK = """

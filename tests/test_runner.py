@@ -12,8 +12,8 @@ import torch
 from conftest import Recorder, toy_runner
 
 from expkit import ConfigError, Hook, HookError, Priority, Runner, Stage
+from expkit.engine.loops import TrainLoop
 from expkit.hooks import CheckpointHook
-from expkit.loops import TrainLoop
 
 GOLDEN = Path(__file__).parent / "golden" / "firing_order.txt"
 

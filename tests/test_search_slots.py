@@ -22,7 +22,7 @@ import pytest
 from conftest import REPO, run_cli
 from optuna.trial import TrialState
 
-from expkit.search import open_storage
+from expkit.sweeps.search import open_storage
 
 EPOCHS = "trainer.max_epochs=choice(1,2)"  # (a sweep override on the command line: part of the search space)
 GATE_HOOK = """

@@ -7,7 +7,7 @@ import inspect
 import pytest
 
 from expkit import Hook, Priority, Stage, get_priority
-from expkit.stages import priority_name
+from expkit.core.stages import priority_name
 
 MMENGINE_STAGES = [
     "before_run",
@@ -52,9 +52,9 @@ def test_stages_cover_mmengine_and_the_finer_points():
 
 
 def test_every_stage_is_in_the_pseudocode_docstring():
-    import expkit.stages
+    import expkit.core.stages
 
-    doc = expkit.stages.__doc__
+    doc = expkit.core.stages.__doc__
     for stage in Stage:
         assert stage.name in doc, stage
 

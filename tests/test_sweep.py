@@ -199,7 +199,7 @@ def test_a_job_end_appends_its_row_and_updates_best_json_in_constant_time(three_
 def test_resume_finds_jobs_through_the_index_and_scans_an_old_sweep_dir_once(three_jobs, tmp_path):
     import shutil
 
-    from expkit.sweep_jobs import INDEX_DIR, find_job, job_identity, read_job
+    from expkit.sweeps.sweep_jobs import INDEX_DIR, find_job, job_identity, read_job
 
     sweep = tmp_path / "sweep"
     shutil.copytree(three_jobs, sweep)

@@ -10,8 +10,8 @@ from conftest import run_cli
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from expkit.hydra_compat import INIT_KWARGS
-from expkit.sweep_jobs import COMPUTE_KEYS, CONTROL_KEYS, job_identity, key_kind
+from expkit.core.hydra_compat import INIT_KWARGS
+from expkit.sweeps.sweep_jobs import COMPUTE_KEYS, CONTROL_KEYS, job_identity, key_kind
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "expkit" / "conf"
 

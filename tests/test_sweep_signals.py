@@ -144,7 +144,7 @@ def test_ctrl_c_leaves_the_optuna_trial_running_for_resume_to_finish(tmp_path):
     )
     assert rc == 130 and "Traceback" not in output, output[-3000:]
     assert "1 completed, 1 interrupted, 1 not started of 3" in output
-    from expkit.search import open_storage
+    from expkit.sweeps.search import open_storage
 
     def states() -> list[TrialState]:
         storage = open_storage(str(sweep / "optuna.journal"))
@@ -239,7 +239,7 @@ def test_ctrl_c_stops_an_optuna_search_in_slots_and_resume_finishes_its_trials(t
     for job in "01":
         assert _status(sweep / job) == "stopped"
     assert not (sweep / "2").exists()
-    from expkit.search import open_storage
+    from expkit.sweeps.search import open_storage
 
     def states() -> list[TrialState]:
         storage = open_storage(str(sweep / "optuna.journal"))

@@ -10,10 +10,10 @@ import pytest
 from conftest import REPO
 from hydra import compose, initialize_config_dir
 
-from expkit.build import build_runner
-from expkit.cli import CONF_DIR
+from expkit.config.build import build_runner
+from expkit.config.cli import CONF_DIR
+from expkit.core.hydra_compat import INIT_KWARGS
 from expkit.eval import load_model
-from expkit.hydra_compat import INIT_KWARGS
 from expkit.metrics import better
 
 pytest.importorskip("torchmetrics")

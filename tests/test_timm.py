@@ -16,7 +16,7 @@ from conftest import run_cli
 
 timm = pytest.importorskip("timm")
 
-from expkit.errors import ConfigError
+from expkit.core.errors import ConfigError
 from expkit.models import timm_model
 
 

@@ -1,4 +1,4 @@
-"""A checkpoint never runs code: a stored config may name only trusted targets (expkit.trust)."""
+"""A checkpoint never runs code: a stored config may name only trusted targets (expkit.core.trust)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from conftest import REPO
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from expkit.build import build_runner
-from expkit.cli import CONF_DIR, available_options
-from expkit.errors import ConfigError
+from expkit.config.build import build_runner
+from expkit.config.cli import CONF_DIR, available_options
+from expkit.core.errors import ConfigError
+from expkit.core.hydra_compat import INIT_KWARGS
+from expkit.core.trust import TrustPolicy, UntrustedTargetError
 from expkit.eval import load_model
-from expkit.hydra_compat import INIT_KWARGS
-from expkit.trust import TrustPolicy, UntrustedTargetError
 
 PROJECT = REPO / "examples" / "my_project"
 

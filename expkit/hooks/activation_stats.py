@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from expkit.core.stages import Priority
 from expkit.hooks._probes import OutputProbe, leaf_modules
 from expkit.hooks.base import Hook
-from expkit.stages import Priority
 
 if TYPE_CHECKING:
-    from expkit.runner import Runner
+    from expkit.engine.runner import Runner
 
 
 __all__ = ["ActivationStatsHook"]

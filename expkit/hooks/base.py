@@ -1,7 +1,7 @@
 """The Hook base class: one no-op method per Stage, payloads as keyword arguments.
 
 Override only the stages you need; the Runner calls a hook only at the stages it
-overrides, so an unused stage costs nothing. Where each stage fires is ``expkit.stages``
+overrides, so an unused stage costs nothing. Where each stage fires is ``expkit.core.stages``
 (the loop as pseudocode); what holds at each one is the stage table in the docs' Hooks
 page. ``outputs`` is the dict the step returned (``loss`` tensor, ``logits``, ...).
 After ``runner.request_stop(reason)`` the current iteration finishes, then
@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from expkit.stages import Priority
+from expkit.core.stages import Priority
 
 if TYPE_CHECKING:
-    from expkit.runner import Runner
+    from expkit.engine.runner import Runner
 
 
 __all__ = ["Hook"]

@@ -20,16 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from expkit import atomic, checkpoint_io, confine
-from expkit.errors import ConfigError, ExpkitError
+from expkit.checkpoint import checkpoint_io
+from expkit.core import atomic, confine
+from expkit.core.errors import ConfigError, ExpkitError
+from expkit.core.stages import Priority, Stage
 from expkit.hooks.base import Hook
 from expkit.metrics import better, infer_rule
-from expkit.stages import Priority, Stage
 
 if TYPE_CHECKING:
-    from expkit.async_writer import BackgroundWriter
-    from expkit.remote import RemoteDir
-    from expkit.runner import Runner
+    from expkit.checkpoint.async_writer import BackgroundWriter
+    from expkit.checkpoint.remote import RemoteDir
+    from expkit.engine.runner import Runner
 
 __all__ = ["CHECKPOINT_KEYS", "CheckpointHook"]
 
@@ -136,14 +137,14 @@ class CheckpointHook(Hook):
     ``fsync``: also force each file to disk before it gets its name (survives a power cut,
     not just a kill; costs an fsync per save).
     ``async_save``: the loop waits only for the state to be copied to host memory; the file is
-    written, named and the retired ones deleted in a background thread (``expkit.async_writer``),
+    written, named and the retired ones deleted in a background thread (``expkit.checkpoint.async_writer``),
     one save of each kind (regular, best) in flight at a time. The end of training waits for
     the last write. Sharded checkpoints (``trainer.strategy=fsdp``) go through
     ``torch.distributed.checkpoint.async_save``, and the ranks agree that a write is complete
-    at the next save (``expkit.sharding.AsyncShards``).
+    at the next save (``expkit.checkpoint.sharding.AsyncShards``).
     ``out_dir`` may be a URL (``s3://bucket/prefix``, ``gs://...``, any fsspec URL): checkpoints
     are written to ``<work dir>/checkpoints`` (the local cache), then uploaded to
-    ``<out_dir>/<work dir name>/`` with its own ``last_checkpoint`` (``expkit.remote``);
+    ``<out_dir>/<work dir name>/`` with its own ``last_checkpoint`` (``expkit.checkpoint.remote``);
     ``storage_options`` go to fsspec (``endpoint_url``, ``key``, ``secret``, ...); ``upload_timeout``:
     the seconds a call to the store (an upload) may take before the save fails.
     """
@@ -177,7 +178,7 @@ class CheckpointHook(Hook):
         self.by_epoch = by_epoch
         self.save_optimizer = save_optimizer
         self.save_param_scheduler = save_param_scheduler
-        from expkit import remote
+        from expkit.checkpoint import remote
 
         self.remote_url = str(out_dir).rstrip("/") if out_dir and remote.is_url(out_dir) else None
         self.out_dir = remote.local_path(out_dir) if out_dir and self.remote_url is None else None
@@ -226,7 +227,7 @@ class CheckpointHook(Hook):
         """With a URL ``out_dir``: this run's checkpoint dir in the store (None otherwise)."""
         if self.remote_url is None:
             return None
-        from expkit.remote import RemoteDir
+        from expkit.checkpoint.remote import RemoteDir
 
         url = f"{self.remote_url}/{work_dir.name}"
         if self._remote is None or self._remote.url != url:
@@ -295,11 +296,11 @@ class CheckpointHook(Hook):
             if key != "auto":
                 self._decide_rule(runner, key, self.given_rules[key])
         if self.async_save:
-            from expkit.async_writer import BackgroundWriter
+            from expkit.checkpoint.async_writer import BackgroundWriter
 
             shards = None
             if runner.sharded:  # (collective: every rank makes DCP's process groups here, in the same order)
-                from expkit.sharding import AsyncShards
+                from expkit.checkpoint.sharding import AsyncShards
 
                 shards = AsyncShards()
             self.writer = BackgroundWriter(shards)

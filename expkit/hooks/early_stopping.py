@@ -8,12 +8,12 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from expkit.core.stages import Priority
 from expkit.hooks.base import Hook
 from expkit.metrics import RULES, better
-from expkit.stages import Priority
 
 if TYPE_CHECKING:
-    from expkit.runner import Runner
+    from expkit.engine.runner import Runner
 
 __all__ = ["EarlyStoppingHook"]
 

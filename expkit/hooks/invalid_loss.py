@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from expkit.errors import ExpkitError
+from expkit.core.errors import ExpkitError
+from expkit.core.stages import Priority
 from expkit.hooks.base import Hook
-from expkit.stages import Priority
 
 if TYPE_CHECKING:
-    from expkit.runner import Runner
+    from expkit.engine.runner import Runner
 
 
 __all__ = ["InvalidLossError", "InvalidLossHook"]

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from expkit.backends import markdown_table
+from expkit.core.stages import Priority
 from expkit.hooks.base import Hook
-from expkit.stages import Priority
+from expkit.loggers.backends import markdown_table
 
 if TYPE_CHECKING:
-    from expkit.runner import Runner
+    from expkit.engine.runner import Runner
 
 __all__ = ["LogPredictionsHook"]
 

@@ -16,13 +16,13 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
-from expkit.atomic import write_text_atomic
+from expkit.core.atomic import write_text_atomic
+from expkit.core.stages import Priority
 from expkit.hooks.base import Hook
-from expkit.stages import Priority
 
 if TYPE_CHECKING:
-    from expkit.backends import Backend
-    from expkit.runner import Runner
+    from expkit.engine.runner import Runner
+    from expkit.loggers.backends import Backend
 
 __all__ = ["LoggerHook", "plot_curves"]
 
@@ -348,7 +348,7 @@ def plot_curves(metrics_file: Any, path: Any) -> None:
     """curves.svg: one panel per metric (the loss first), its own y range, named on its axis;
     in it the train and val values as lines and the test value as a point, with a legend;
     every panel on the run's step axis, from 0 to its last step."""
-    from expkit.svgplot import Panel, Series, charts
+    from expkit.loggers.svgplot import Panel, Series, charts
 
     with open(metrics_file, encoding="utf-8") as f:
         records = [json.loads(line) for line in f if line.strip()]

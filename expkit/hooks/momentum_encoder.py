@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from expkit.errors import ConfigError
+from expkit.core.errors import ConfigError
+from expkit.core.stages import Priority
 from expkit.hooks.base import Hook
 from expkit.models import submodule
-from expkit.stages import Priority
 
 if TYPE_CHECKING:
-    from expkit.runner import Runner
+    from expkit.engine.runner import Runner
 
 __all__ = ["SCHEDULES", "MomentumEncoderHook"]
 

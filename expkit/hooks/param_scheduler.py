@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from expkit.errors import ConfigError
+from expkit.core.errors import ConfigError
+from expkit.core.stages import Priority, Stage
 from expkit.hooks.base import Hook
-from expkit.stages import Priority, Stage
 
 if TYPE_CHECKING:
-    from expkit.runner import Runner
+    from expkit.engine.runner import Runner
 
 __all__ = ["ParamSchedulerHook"]
 

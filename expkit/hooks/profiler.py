@@ -17,13 +17,13 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from expkit.core.stages import Priority
 from expkit.hooks.base import Hook
-from expkit.stages import Priority
 
 if TYPE_CHECKING:
     from torch.profiler import ProfilerActivity, profile
 
-    from expkit.runner import Runner
+    from expkit.engine.runner import Runner
 
 __all__ = ["ProfilerHook"]
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from expkit.core.stages import Priority
 from expkit.hooks.base import Hook
-from expkit.stages import Priority
 
 if TYPE_CHECKING:
-    from expkit.runner import Runner
+    from expkit.engine.runner import Runner
 
 
 __all__ = ["DistSamplerSeedHook"]

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from expkit.core.stages import Priority
 from expkit.hooks.base import Hook
-from expkit.stages import Priority
 
 if TYPE_CHECKING:
-    from expkit.runner import Runner
+    from expkit.engine.runner import Runner
 
 
 __all__ = ["SyncBuffersHook", "sync_buffers"]

@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from expkit.errors import ConfigError
+from expkit.core.errors import ConfigError
+from expkit.core.stages import Priority
 from expkit.hooks.base import Hook
 from expkit.models import submodule
-from expkit.stages import Priority
 
 if TYPE_CHECKING:
-    from expkit.runner import Runner
+    from expkit.engine.runner import Runner
 
 __all__ = ["BYOLDigits", "LinearProbeHook", "augment", "linear_probe"]
 

@@ -16,13 +16,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from expkit.core.errors import ConfigError
+from expkit.core.stages import Priority
 from expkit.data import DataModule, check_fractions
-from expkit.errors import ConfigError
 from expkit.hooks.base import Hook
-from expkit.stages import Priority
 
 if TYPE_CHECKING:
-    from expkit.runner import Runner
+    from expkit.engine.runner import Runner
 
 __all__ = ["CharCorpusData", "CharGRU", "CharWindows", "TextSampleHook", "load_pydoc_topics"]
 

@@ -10,7 +10,7 @@ through ``datasets`` from local files or the Python documentation that ships wit
   sized to the tokenizer; wrapped in ``HFModel``.
 - ``HFModel``: any ``transformers`` PreTrainedModel as an expkit model: dict batches passed as
   keyword arguments, the loss from the model's output, logits (shifted for a causal LM) for
-  the metrics, ``generate`` for samples. ``expkit.build`` wraps a bare PreTrainedModel in it.
+  the metrics, ``generate`` for samples. ``expkit.config.build`` wraps a bare PreTrainedModel in it.
 - ``SavePretrained`` and ``SampleText`` hooks: the trained model in transformers' own form
   (``save_pretrained``: config + safetensors, with the tokenizer), and generated samples
   after each validation.
@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from expkit.core.errors import ConfigError
+from expkit.core.stages import Priority
 from expkit.data import DataModule, check_fractions
-from expkit.errors import ConfigError
 from expkit.hooks.base import Hook
-from expkit.stages import Priority
 
 if TYPE_CHECKING:
-    from expkit.runner import Runner
+    from expkit.engine.runner import Runner
 
 __all__ = [
     "SPECIAL",
@@ -119,7 +119,7 @@ def bpe_tokenizer(train_docs: list[str], path: str | None, vocab_size: int, cach
     )
     tokenizer.train_from_iterator(train_docs, trainer=trainer)
     cached.parent.mkdir(parents=True, exist_ok=True)
-    from expkit import atomic
+    from expkit.core import atomic
 
     atomic.write_bytes_atomic(cached, tokenizer.to_str().encode())
     return Tokenizer.from_file(str(cached))
@@ -665,7 +665,7 @@ class SampleText(Hook):
         tokenizer = fast_tokenizer(model)
         if tokenizer is None or not (runner.is_main or runner.sharded):
             return
-        from expkit.rng import rng_states, set_rng_states
+        from expkit.core.rng import rng_states, set_rng_states
 
         states, was_training = rng_states(), model.training
         try:

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
+from expkit.core.errors import ConfigError
 from expkit.data import DataModule, check_fractions
-from expkit.errors import ConfigError
 from expkit.models import mlp_layers
 
 __all__ = ["DiabetesData", "RegressionMLP", "load_diabetes"]

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
+from expkit.core.errors import ConfigError
 from expkit.data import DataModule
-from expkit.errors import ConfigError
 
 __all__ = ["CLASS_NAMES", "SegNet", "ShapesData", "make_shapes"]
 

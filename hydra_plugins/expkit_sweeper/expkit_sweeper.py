@@ -25,7 +25,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from expkit.hydra_compat import basic_launcher, basic_sweeper
+from expkit.core.hydra_compat import basic_launcher, basic_sweeper
 
 __all__ = [
     "MAX_HELD",
@@ -171,8 +171,8 @@ class StopBetweenJobs:
         import signal
         import threading
 
-        from expkit.signals import SweepInterrupted
-        from expkit.sweep_jobs import request_stop
+        from expkit.core.signals import SweepInterrupted
+        from expkit.sweeps.sweep_jobs import request_stop
 
         if threading.current_thread() is not threading.main_thread():
             return work()
@@ -257,7 +257,7 @@ class _StopWatcher:
         import subprocess
         import sys
 
-        from expkit.sweep_jobs import STOP_FILE, SWEEP_LAUNCHED_ENV
+        from expkit.sweeps.sweep_jobs import STOP_FILE, SWEEP_LAUNCHED_ENV
 
         self._sweep_dir = sweep_dir
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -280,7 +280,7 @@ class _StopWatcher:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controllers started now inherit this
 
     def heard(self) -> int | None:
-        from expkit.sweep_jobs import stop_requested
+        from expkit.sweeps.sweep_jobs import stop_requested
 
         return stop_requested(self._sweep_dir)
 
@@ -310,7 +310,7 @@ class ExpkitSweeper(basic_sweeper()):  # type: ignore[misc]  # (the class this m
         self.launcher = stoppable(self.launcher, config)
 
     def sweep(self, arguments: list[str]) -> Any:
-        from expkit.sweep_jobs import mark_launch
+        from expkit.sweeps.sweep_jobs import mark_launch
 
         assert self.config is not None
         check_seed_keys(self.config)

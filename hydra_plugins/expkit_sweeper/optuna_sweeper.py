@@ -39,7 +39,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from expkit.search import WORKERS, live_workers
+from expkit.sweeps.search import WORKERS, live_workers
 from hydra_plugins.expkit_sweeper.expkit_sweeper import (
     SweepConfigError,
     check_batch,
@@ -182,7 +182,7 @@ class OptunaSweeper(Sweeper):
         self.peers = 0  # workers of this search already running when this one started
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        from expkit.hydra_compat import basic_launcher
+        from expkit.core.hydra_compat import basic_launcher
 
         self.config, self.hydra_context = config, hydra_context
         self.launcher = Plugins.instance().instantiate_launcher(
@@ -222,7 +222,7 @@ class OptunaSweeper(Sweeper):
         object's ``higher_is_better`` (torchmetrics' MeanSquaredError: less), then the name."""
         if self.direction is not None:
             return self.direction
-        from expkit.build import build_metrics
+        from expkit.config.build import build_metrics
         from expkit.metrics import Directions, monitor_of
 
         assert self.config is not None
@@ -235,7 +235,7 @@ class OptunaSweeper(Sweeper):
 
     # -- the sweep -------------------------------------------------------------------------------
     def sweep(self, arguments: list[str]) -> None:
-        from expkit.ownership import WorkDirLock
+        from expkit.workdir.ownership import WorkDirLock
 
         assert self.config is not None and self.launcher is not None
         check_seed_keys(self.config)
@@ -254,9 +254,9 @@ class OptunaSweeper(Sweeper):
     def _open_and_search(self, arguments: list[str], sweep_dir: Path) -> None:
         import optuna
 
-        from expkit import search
-        from expkit.hydra_compat import instantiate
-        from expkit.sweep_jobs import mark_launch
+        from expkit.core.hydra_compat import instantiate
+        from expkit.sweeps import search
+        from expkit.sweeps.sweep_jobs import mark_launch
 
         assert self.config is not None
         mark_launch(self.n_trials * self.seeds_per_trial, sweep_dir)
@@ -346,8 +346,8 @@ class OptunaSweeper(Sweeper):
     ) -> None:
         from optuna.trial import TrialState
 
-        from expkit import search
-        from expkit.sweep_jobs import stop_requested
+        from expkit.sweeps import search
+        from expkit.sweeps.sweep_jobs import stop_requested
 
         assert self.config is not None
         ledger = Ledger(sweep_dir / LEDGER)
@@ -427,7 +427,7 @@ class OptunaSweeper(Sweeper):
         checkpoint, or returns its result if it had finished) and tells the study."""
         import optuna
 
-        from expkit import search
+        from expkit.sweeps import search
 
         trial = optuna.trial.Trial(study, entry["trial_id"])
         jobs = []
@@ -446,7 +446,7 @@ class OptunaSweeper(Sweeper):
 
     def _wait(self, sweep_dir: Path) -> None:
         """Other workers run the last trials: wait a little (a signal for this worker ends it)."""
-        from expkit.sweep_jobs import stop_requested
+        from expkit.sweeps.sweep_jobs import stop_requested
 
         deadline = time.time() + WAIT_S
         while time.time() < deadline and stop_requested(sweep_dir) is None:
@@ -546,7 +546,7 @@ class OptunaSweeper(Sweeper):
         from hydra.core.utils import JobStatus
         from optuna.trial import TrialState
 
-        from expkit.sweep_jobs import finished, job_result
+        from expkit.sweeps.sweep_jobs import finished, job_result
 
         ends = []
         for ret in rets:
@@ -656,7 +656,7 @@ class Ledger:
 
     def save(self) -> None:
         """(Inside ``locked``.)"""
-        from expkit.atomic import write_json_atomic
+        from expkit.core.atomic import write_json_atomic
 
         write_json_atomic(self.path, {"trials": self.trials, "launch": self.launch})
 
@@ -670,8 +670,8 @@ BINDING = ".search.json"  # <sweep dir>/.search.json: the study this sweep dir's
 def _alive(sweep_dir: Path, entry: dict[str, Any]) -> bool:
     """Whether a ledger entry's trial is still in hand: its worker runs (holds its lock), or one
     of its jobs does (a submitit job outlives the worker that launched it)."""
-    from expkit.confine import confined
-    from expkit.ownership import live_owner
+    from expkit.core.confine import confined
+    from expkit.workdir.ownership import live_owner
 
     if _worker_alive(sweep_dir, entry.get("worker")):
         return True
@@ -685,8 +685,8 @@ def _alive(sweep_dir: Path, entry: dict[str, Any]) -> bool:
 
 def _worker_alive(sweep_dir: Path, worker: Any) -> bool:
     """Whether the worker of that name (read from the ledger) still runs: it holds its dir's lock."""
-    from expkit.confine import confined
-    from expkit.ownership import live_owner
+    from expkit.core.confine import confined
+    from expkit.workdir.ownership import live_owner
 
     where = confined(sweep_dir / WORKERS, worker, sweep_dir / LEDGER, "worker dir") if isinstance(worker, str) else None
     return where is not None and live_owner(where) is not None
@@ -718,7 +718,7 @@ def bind_sweep_dir(sweep_dir: Path, storage: str | None, study_name: str) -> Non
 
 def _storage_error(storage: str, exc: Exception) -> str:
     """What went wrong opening `storage`, and how to check it."""
-    from expkit.search import shown_url
+    from expkit.sweeps.search import shown_url
 
     cause = (str(exc).splitlines() or [""])[0]  # SQLAlchemy appends SQL and a link
     scheme = storage.partition("://")[0].partition("+")[0] if "://" in storage else ""

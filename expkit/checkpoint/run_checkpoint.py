@@ -1,0 +1,477 @@
+"""A run's state to a checkpoint and back: what a checkpoint holds, writing it, resuming.
+
+``Runner.state_checkpoint`` / ``Runner.save_checkpoint`` call into here; so does the start of
+``Runner.run`` (``load_or_resume``) and the test pass (``load_test_weights``). Files on disk
+(atomic writes, ``last_checkpoint``, reading safely) are ``expkit.checkpoint.checkpoint_io``'s; sharded
+checkpoints are ``expkit.checkpoint.sharding``'s.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from expkit.checkpoint import checkpoint_io
+from expkit.core import atomic, confine, distributed
+from expkit.core.errors import CheckpointWriteError, ConfigError, ResumeRefused
+from expkit.core.rng import rng_states, set_rng_states
+from expkit.core.stages import Stage
+
+if TYPE_CHECKING:
+    from expkit.checkpoint.async_writer import BackgroundWriter
+    from expkit.checkpoint.remote import RemoteDir
+    from expkit.engine.runner import Runner
+
+__all__ = [
+    "apply_checkpoint",
+    "check_start",
+    "checkpoint_name",
+    "load_or_resume",
+    "load_test_weights",
+    "save_checkpoint",
+    "state_checkpoint",
+]
+
+
+log = logging.getLogger("expkit")
+T = TypeVar("T")
+
+
+def state_checkpoint(runner: Runner, save_optimizer: bool = True, save_scheduler: bool = True) -> dict[str, Any]:
+    """Everything needed to continue this run exactly."""
+    r = runner
+    checkpoint: dict[str, Any] = {
+        "meta": {
+            "epoch": r.position[0],
+            "iter": r.position[1],
+            "inner_iter": r.position[2],
+            "world_size": distributed.rank_and_world()[1],
+            "epoch_samples": r.epoch_samples() if r.position[2] else 0,  # (a resume on another number of processes)
+            "seed": r.settings.seed,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "work_dir": str(r.work_dir),
+            "best_metrics": r.best_metrics,
+            "val_metrics": r.val_metrics,  # the last validation's: result.json reports them after a resume
+            "best_checkpoints": {k: Path(v).name for k, v in r.best_checkpoints.items()},  # beside this file
+        },
+        "config": r.config,
+        "rng": rng_states(),
+        "hooks": r.hook_table.state_dict(),
+    }
+    named = r.named_optimizers
+    if not r.sharded:  # (sharded: weights and optimizer state go to the shards, see save_checkpoint)
+        # (detached already; a CPU tensor as it is: .cpu() would be a no-op dispatched per tensor, 1-3 us each)
+        checkpoint["state_dict"] = {k: v if v.is_cpu else v.cpu() for k, v in r.model.state_dict().items()}
+        if save_optimizer and r.optimizers:
+            if named:
+                checkpoint["optimizers"] = {name: opt.state_dict() for name, opt in r.optimizers.items()}
+            else:
+                checkpoint["optimizer"] = r.optimizer.state_dict()  # type: ignore[union-attr]
+    if save_scheduler and r.schedulers:
+        if named:
+            checkpoint["schedulers"] = {name: sched.state_dict() for name, sched in r.schedulers.items()}
+        else:
+            checkpoint["scheduler"] = r.scheduler.state_dict()
+    if r.scaler is not None:
+        checkpoint["grad_scaler"] = r.scaler.state_dict()
+    return checkpoint
+
+
+def checkpoint_name(runner: Runner, name: str) -> str:
+    """The name a checkpoint file name gets on disk: ``epoch_3.pth``, or with
+    trainer.strategy=fsdp the sharded directory ``epoch_3.dcp``."""
+    if not runner.sharded:
+        return name
+    from expkit.checkpoint import sharding
+
+    return sharding.checkpoint_name(name)
+
+
+def save_checkpoint(
+    runner: Runner,
+    path: Path,
+    *,
+    save_optimizer: bool = True,
+    save_scheduler: bool = True,
+    is_best: bool = False,
+    metric: str | None = None,
+    durable: bool = False,
+    writer: BackgroundWriter | None = None,
+) -> Path:
+    """See ``Runner.save_checkpoint``."""
+    r = runner
+    if r.sharded:
+        path = path.with_name(checkpoint_name(r, path.name))
+    elif not r.is_main:  # one writer: rank 0 (every rank holds the same weights)
+        if not is_best:
+            r.last_checkpoint = path
+        return path
+    kind = "best" if is_best else "regular"
+    if writer is not None:  # one save of a kind in flight: its host buffers are reused for this one
+        writer.wait(kind, position=r.position, why=f"saving {path.name}")
+    checkpoint = state_checkpoint(r, save_optimizer, save_scheduler) if r.is_main else {}
+    if r.is_main:
+        r.call_hook(Stage.BEFORE_SAVE_CHECKPOINT, checkpoint=checkpoint)
+
+    def saved() -> None:
+        if r.is_main:
+            r.call_hook(Stage.AFTER_SAVE_CHECKPOINT, path=path, is_best=is_best, metric=metric)
+
+    if writer is None:
+        _write(r, checkpoint, path, is_best, durable, save_optimizer)
+        saved()
+    else:  # the loop goes on once the tensors are copied; the file is written in the background
+        staged = writer.stage(checkpoint, kind) if r.is_main else {}
+        del checkpoint
+        files = None
+        if r.sharded:  # every rank's shards staged by DCP's async_save, written in its thread
+            assert writer.shards is not None
+            optimizers = r.optimizers if save_optimizer else {}
+            stage = functools.partial(writer.stage, kind=f"{kind} shards")
+            shards = writer.shards
+            files = _failing_as_writes(
+                r, path, lambda: shards.save(path, staged, r.model, optimizers, durable, kind, stage)
+            )
+        job = functools.partial(_write, r, staged, path, is_best, durable, files=files)
+        writer.submit(job, then=saved, kind=kind, position=r.position)
+    return path
+
+
+def _write(
+    r: Runner,
+    checkpoint: dict[str, Any],
+    path: Path,
+    is_best: bool,
+    durable: bool,
+    save_optimizer: bool = True,
+    files: Callable[[], None] | None = None,
+) -> None:
+    """Write the checkpoint file (or, collectively, the sharded directory; `files`: complete
+    one started by async_save), then, for a regular checkpoint, move the ``last_checkpoint``
+    pointer to it."""
+    _failing_as_writes(r, path, lambda: _write_files(r, checkpoint, path, durable, save_optimizer, files))
+    if not is_best:
+        r.last_checkpoint = path  # complete: the newest checkpoint, with or without the pointer
+        if r.is_main:
+            try:
+                checkpoint_io.point_last_checkpoint(path.parent, path, durable=durable)
+            except OSError as exc:
+                pointer = path.parent / checkpoint_io.LAST_CHECKPOINT
+                found = (
+                    "resume=true finds it without the pointer"
+                    if not os.path.lexists(pointer)
+                    else f"the old {pointer.name} is still there: remove it, and resume=true finds {path.name}"
+                )
+                raise CheckpointWriteError(
+                    f"could not point {pointer} at {path.name}: {_cause(exc)}; {path} itself is complete ({found})"
+                ) from exc
+
+
+def _write_files(
+    r: Runner,
+    checkpoint: dict[str, Any],
+    path: Path,
+    durable: bool,
+    save_optimizer: bool,
+    files: Callable[[], None] | None,
+) -> None:
+    if files is not None:
+        files()
+    elif r.sharded:
+        from expkit.checkpoint import sharding
+
+        optimizers = r.optimizers if save_optimizer else {}
+        sharding.save(path, checkpoint, r.model, optimizers, durable=durable)
+    else:
+        atomic.save_atomic(checkpoint, path, durable=durable)
+
+
+def _failing_as_writes(r: Runner, path: Path, write: Callable[[], T]) -> T:
+    """`write`'s result; an OSError or RuntimeError (disk full, permissions; torch's zip writer
+    and DCP raise RuntimeError) as a CheckpointWriteError that says what is left intact."""
+    try:
+        return write()
+    except (OSError, RuntimeError) as exc:  # disk full (torch's zip writer raises RuntimeError), permissions, ...
+        cause = _cause(exc)
+        kept = (
+            f"the previous complete checkpoint {r.last_checkpoint} (and last_checkpoint) is intact"
+            if r.last_checkpoint
+            else "no earlier checkpoint of this run exists"
+        )
+        raise CheckpointWriteError(f"could not write {path}: {cause}; {kept}") from exc
+
+
+def _cause(exc: BaseException) -> str:
+    """Why a checkpoint write failed, in words, on one line."""
+    return (
+        "no space left on the device" if atomic.disk_full(exc) else f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    )
+
+
+def check_start(runner: Runner) -> None:
+    """Read the checkpoint a run starts from (``resume``: true for the work dir's last complete
+    one, or a path; ``load_from``: weights only) and check that it fits this run, before any
+    hook runs or any file is written: a refused start raises ResumeRefused and leaves the run
+    dir it names as it was. Kept for ``load_or_resume``; done once."""
+    r = runner
+    if r.start_checkpoint is not None:
+        return
+    found: tuple[Path, dict[str, Any]] | None = None
+    try:
+        if r.resume_from is True or r.resume_from == "true":
+            _download_resumable(r)
+            found = checkpoint_io.load_resumable(r.work_dir)
+        elif r.resume_from or r.load_from:
+            key = "resume" if r.resume_from else "load_from"
+            path = _local(r, r.resume_from if r.resume_from else r.load_from, key)  # type: ignore[arg-type]
+            found = path, checkpoint_io.load_checkpoint(path, key, consolidate=False)
+        if found is not None:
+            _check_fits(r, found[1], found[0], resume=bool(r.resume_from))
+    except ResumeRefused:
+        raise
+    except ConfigError as exc:  # missing, unreadable or refused as untrusted: refused all the same
+        raise ResumeRefused(str(exc)) from None
+    r.start_checkpoint = found or ()
+
+
+def _store(runner: Runner) -> RemoteDir | None:
+    """This run's checkpoint dir in object storage (the checkpoint hook's ``out_dir`` a URL), or None."""
+    for hook in runner.hooks:
+        remote_for = getattr(hook, "remote_for", None)
+        if callable(remote_for) and (found := remote_for(runner.work_dir)) is not None:
+            return found
+    return None
+
+
+def _download_resumable(runner: Runner) -> None:
+    """resume=true with checkpoints in object storage: the local cache (``checkpoints/``) is used
+    when it holds the checkpoint the store's ``last_checkpoint`` names (it may hold a newer one:
+    local writes come first); otherwise that checkpoint is downloaded (a requeue on another
+    machine) and the local pointer moved to it."""
+    store = _store(runner)
+    if store is None:
+        return
+    name = store.pointer() if runner.is_main else None
+    local_dir = runner.work_dir / "checkpoints"
+    if name is not None and not checkpoint_io.is_checkpoint(local_dir / name):
+        log.info("resume=true: downloading %s/%s (not in %s)", store.url, name, local_dir)
+        path = store.download(name, local_dir)
+        checkpoint_io.point_last_checkpoint(local_dir, path)
+        for best in store.bests():  # (the best files too: test_with=best and the best scores read them)
+            store.download(best, local_dir)
+    distributed.barrier()  # (torchrun: the other ranks read the work dir rank 0 downloaded into)
+
+
+def _local(runner: Runner, given: str, key: str) -> Path:
+    """`given` as a local path: a URL is downloaded, into this run's ``checkpoints/`` when it is
+    one of this run's own stored checkpoints (a cache hit the next time), else into the cache of
+    ``expkit.checkpoint.remote.fetch``."""
+    from expkit.checkpoint import remote
+
+    if not remote.is_url(given):
+        return remote.local_path(given)
+    store = _store(runner)
+    head, _, name = str(given).rstrip("/").rpartition("/")
+    if store is not None and head == store.url:
+        return store.download(name, runner.work_dir / "checkpoints")
+    return remote.fetch(str(given), "last", key)
+
+
+def _check_fits(runner: Runner, checkpoint: dict[str, Any], source: Path, resume: bool) -> None:
+    """The checkpoint's weights fit the model (names and shapes), and its optimizer state the
+    optimizers (groups and their sizes): what loading would find only after the hooks ran."""
+    from expkit.checkpoint import sharding
+
+    r = runner
+    given = (
+        f"resume=true ({source})"
+        if r.resume_from in (True, "true")
+        else f"{'resume' if resume else 'load_from'}={source}"
+    )
+    unchanged = f"Nothing in {r.work_dir} was changed." if resume else ""
+    sharded_model = sharding.is_sharded(r.model)
+    if "state_dict" not in checkpoint:  # a sharded checkpoint: torch.distributed.checkpoint checks its shards
+        return
+    if sharded_model and resume and ("optimizer" in checkpoint or "optimizers" in checkpoint):
+        raise ResumeRefused(
+            f"{given}: a checkpoint file of an unsharded run cannot resume with trainer.strategy=fsdp "
+            "(its optimizer state is not keyed by parameter name); resume it with trainer.strategy=ddp, or "
+            f"start from its weights with load_from=. {unchanged}"
+        )
+    stored = {k.removeprefix("module."): v for k, v in checkpoint["state_dict"].items()}
+    wanted = {k.removeprefix("module."): v for k, v in r.model.state_dict().items()}
+    missing, unexpected = sorted(set(wanted) - set(stored)), sorted(set(stored) - set(wanted))
+    resized = (
+        []
+        if sharded_model
+        else [
+            f"{k} {tuple(stored[k].shape)} for {tuple(wanted[k].shape)}"
+            for k in sorted(set(stored) & set(wanted))
+            if getattr(stored[k], "shape", None) != wanted[k].shape
+        ]
+    )
+    problems = [
+        f"{len(names)} {what} ({_few(names)})"
+        for names, what in (
+            (missing, "weights missing"),
+            (unexpected, "unexpected weights"),
+            (resized, "of another shape"),
+        )
+        if names
+    ]
+    if problems:
+        config = checkpoint.get("config")
+        model = config.get("model") if isinstance(config, dict) else None
+        trained_with = model.get("_target_") if isinstance(model, dict) else None
+        hint = f" (it was trained with model._target_={trained_with})" if trained_with else ""
+        raise ResumeRefused(
+            f"{given}: the checkpoint does not fit this model{hint}: {'; '.join(problems)}. "
+            f"Give the model it was trained with, or train from scratch in another hydra.run.dir. {unchanged}"
+        )
+    if not resume:
+        return
+    saved = checkpoint.get("optimizers") or (
+        {"optimizer": checkpoint["optimizer"]} if "optimizer" in checkpoint else {}
+    )
+    owned = r.optimizers or ({"optimizer": r.optimizer} if r.optimizer is not None else {})
+    for name, state in saved.items():
+        optimizer = owned.get(name)
+        if optimizer is None or not isinstance(state, dict) or "param_groups" not in state:
+            continue
+        sizes = [len(group["params"]) for group in state["param_groups"]]
+        if sizes != [len(group["params"]) for group in optimizer.param_groups]:
+            raise ResumeRefused(
+                f"{given}: the checkpoint's optimizer {name!r} has parameter groups of {sizes} "
+                f"parameters, this run's {[len(g['params']) for g in optimizer.param_groups]} (another optim= "
+                f"or param_groups setting). Resume with the settings it was trained with, or start from its "
+                f"weights with load_from=. {unchanged}"
+            )
+
+
+def _few(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (f", ... {len(names) - shown} more" if len(names) > shown else "")
+
+
+def load_or_resume(runner: Runner) -> None:
+    """At the start of a run: ``resume`` (true: the work dir's last complete checkpoint; a
+    path: that one) puts the whole run state back; ``load_from`` only the weights. The
+    checkpoint was read and checked by ``check_start``."""
+    r = runner
+    check_start(r)
+    if r.resume_from is True or r.resume_from == "true":
+        if r.is_main:  # what a killed writer left half-written is never read: remove it
+            for directory in (r.work_dir, r.work_dir / "checkpoints"):
+                for name in checkpoint_io.remove_stale_temporaries(directory):
+                    log.info("Removed %s, a temporary file left by an interrupted write", name)
+        if not r.start_checkpoint:
+            log.warning("resume=true: no checkpoint in %s/checkpoints yet; training from scratch", r.work_dir)
+            return
+    if r.start_checkpoint:
+        path, checkpoint = r.start_checkpoint  # type: ignore[misc]
+        r.start_checkpoint = ()  # (its tensors are the model's now: not kept twice)
+        apply_checkpoint(r, checkpoint, resume=bool(r.resume_from), source=path)
+
+
+def _resume_inside_epoch(r: Runner, meta: dict[str, Any]) -> None:
+    """A checkpoint saved inside an epoch, resumed with another number of processes (or another
+    batch size): the epoch goes on after the samples the saving run trained on, counted over all
+    its processes; the new processes share the rest of the epoch's order."""
+    saved, world = meta.get("epoch_samples"), distributed.rank_and_world()[1]
+    r.epoch_start = (0, 0)
+    if not r.inner_iter or not isinstance(saved, int) or saved == r.epoch_samples():
+        return
+    r.epoch_start = (saved, r.inner_iter)
+    log.info(
+        "Resuming inside epoch %d after %d samples of its order (saved with %s processes, now %d): the %d "
+        "processes share the rest of it",
+        r.epoch + 1,
+        saved,
+        meta.get("world_size", "?"),
+        world,
+        world,
+    )
+
+
+def load_test_weights(runner: Runner) -> None:
+    """test_with=best: test the best checkpoint by the first monitored metric (model
+    selection on validation, report on test); otherwise, or without one, the final weights."""
+    r = runner
+    path = next(iter(r.best_checkpoints.values()), None)
+    distributed.barrier()  # rank 0 may still be writing the best checkpoint
+    if r.settings.test_with == "best" and path and checkpoint_io.is_checkpoint(Path(path)):
+        checkpoint = checkpoint_io.load_checkpoint(path, "best checkpoint", consolidate=False)
+        apply_checkpoint(r, checkpoint, resume=False, source=Path(path), purpose="test")
+        r.test_checkpoint = str(path)
+    else:
+        r.test_checkpoint = str(r.last_checkpoint) if r.last_checkpoint else None
+
+
+def apply_checkpoint(
+    runner: Runner, checkpoint: dict[str, Any], *, resume: bool, source: Path, purpose: str = ""
+) -> None:
+    """Put a checkpoint's weights (and, to resume, the whole run state) in place.
+    ``runner.load_purpose`` tells hooks why: resume, load_from or test."""
+    r = runner
+    r.resuming = r.resuming or resume
+    r.load_purpose = purpose or ("resume" if resume else "load_from")
+    r.load_source = source
+    r.call_hook(Stage.AFTER_LOAD_CHECKPOINT, checkpoint=checkpoint)
+    _load_weights(r, checkpoint, source, resume)
+    if not resume:
+        log.info("Loaded weights from %s%s", source, " for the test" if purpose == "test" else "")
+        return
+    meta = checkpoint["meta"]
+    r.epoch, r.iter, r.inner_iter = meta["epoch"], meta["iter"], meta.get("inner_iter", 0)
+    r.position = (r.epoch, r.iter, r.inner_iter)
+    _resume_inside_epoch(r, meta)
+    r.best_metrics = dict(meta.get("best_metrics", {}))
+    r.val_metrics = dict(meta.get("val_metrics", {}))
+    # recorded paths name this run's own files: read them in the dir of the file resumed from
+    recorded = meta.get("best_checkpoints", {})
+    confined = {
+        key: confine.confined(source.parent, path, source, "checkpoint")
+        for key, path in (recorded.items() if isinstance(recorded, dict) else ())
+    }
+    r.best_checkpoints = {key: str(path) for key, path in confined.items() if path is not None}
+    # one optimizer and scheduler ("optimizer", "scheduler"), or several by name
+    if r.optimizer is not None and "optimizer" in checkpoint:
+        r.optimizer.load_state_dict(checkpoint["optimizer"])
+    if r.scheduler is not None and "scheduler" in checkpoint:
+        r.scheduler.load_state_dict(checkpoint["scheduler"])
+    for owned, saved in ((r.optimizers, "optimizers"), (r.schedulers, "schedulers")):
+        for name, state in checkpoint.get(saved, {}).items():
+            if name in owned:
+                owned[name].load_state_dict(state)
+    if r.scaler is not None and "grad_scaler" in checkpoint:
+        r.scaler.load_state_dict(checkpoint["grad_scaler"])
+    if "rng" in checkpoint:
+        set_rng_states(checkpoint["rng"])
+    r.hook_table.load_state_dict(checkpoint.get("hooks", {}))
+    r.last_checkpoint = source
+    log.info("Resumed from %s at epoch %d, iteration %d", source, r.epoch, r.iter)
+
+
+def _load_weights(runner: Runner, checkpoint: dict[str, Any], source: Path, resume: bool) -> None:
+    """The checkpoint's weights into the model (sharded or not); a sharded checkpoint's
+    optimizer state too, to resume."""
+    from expkit.checkpoint import sharding
+
+    if "state_dict" not in checkpoint:  # a sharded checkpoint, read collectively
+        optimizers = runner.optimizers if resume else None
+        sharding.load_into(Path(checkpoint["sharded"]["path"]), checkpoint, runner.model, optimizers)
+        return
+    state = {k.removeprefix("module."): v for k, v in checkpoint["state_dict"].items()}
+    try:
+        if sharding.is_sharded(runner.model):  # (a file of an unsharded run to resume: refused by check_start)
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(runner.model, state, options=StateDictOptions(full_state_dict=True))
+        else:
+            runner.model.load_state_dict(state)
+    except RuntimeError as exc:
+        raise ConfigError(f"checkpoint {source} does not fit this model: {exc}") from None

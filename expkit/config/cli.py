@@ -1,0 +1,387 @@
+"""What every command checks on its command line before Hydra composes, and the commands
+it prints: group options that exist, overrides that parse, output dirs that can be written,
+a work dir no live process owns, Hydra's flags before the overrides, the resume command.
+
+Hydra's own messages for these (``hooks=[typo]``, an unbalanced bracket) name nothing; these
+name the key and what to type instead, and the command exits 2 before writing anything.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CONF_DIR",
+    "INFO_TOPICS",
+    "NO_RUN_FLAGS",
+    "VALUED_FLAGS",
+    "available_options",
+    "check_group_choices",
+    "check_keys",
+    "check_output_dirs",
+    "check_owner",
+    "check_parsable",
+    "check_rerun",
+    "command_main",
+    "config_dirs_of",
+    "continue_command",
+    "continue_sweep_command",
+    "flags_first",
+    "hydra_argv",
+    "hydra_quoted",
+    "output_file_problem",
+    "search_is_multirun",
+    "searching",
+    "sweeping",
+    "tokens",
+]
+
+
+CONF_DIR = Path(__file__).parents[1] / "conf"
+
+
+# -- group choices, checked before Hydra composes (its message for hooks=[typo] lists nothing) --
+def config_dirs_of(argv: list[str]) -> list[Path]:
+    """expkit's shipped config dir, then every --config-dir / -cd on the command line."""
+    dirs = [CONF_DIR]
+    for i, arg in enumerate(argv):
+        for flag in ("--config-dir", "-cd"):
+            if arg == flag and i + 1 < len(argv):
+                dirs.append(Path(argv[i + 1]))
+            elif arg.startswith(flag + "="):
+                dirs.append(Path(arg.split("=", 1)[1]))
+    return dirs
+
+
+def available_options(group: str, dirs: Iterable[Path]) -> list[str]:
+    """The options of a config group: the .yaml files in <dir>/<group>/ of every config dir."""
+    return sorted({p.stem for d in dirs if (d / group).is_dir() for p in (d / group).glob("*.yaml")})
+
+
+def _names(value: Any) -> list[str]:
+    """Option names in an override value: 'a', [a, b], a,b (sweep) or [a],[a,b]."""
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    if isinstance(value, ChoiceSweep):
+        return [n for v in value.list for n in _names(v)]
+    if isinstance(value, (list, tuple)):
+        return [n for v in value for n in _names(v)]
+    return [str(value)] if isinstance(value, str) else []
+
+
+def check_group_choices(argv: list[str]) -> str | None:
+    """An error message for the first override that names an option no config dir has."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    dirs = config_dirs_of(argv)
+    groups = {p.name for d in dirs if d.is_dir() for p in d.iterdir() if p.is_dir()}
+    candidates = [a for a in argv if "=" in a and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
+    try:
+        overrides = OverridesParser.create().parse_overrides(candidates)
+    except Exception:  # a malformed override: name it (Hydra's message does not)
+        return check_parsable(candidates)
+    for override in overrides:
+        group = override.key_or_group
+        if group not in groups or override.is_delete() or override.package:
+            continue
+        known = available_options(group, dirs)
+        for name in _names(override.value()):
+            if name != "null" and name not in known:
+                label = "hook" if group == "hooks" else f"{group} option"
+                example = (
+                    f"{group}=[{known[0]}]" if group == "hooks" and known else f"{group}={known[0] if known else ''}"
+                )
+                return (
+                    f"Unknown {label} {name!r} in '{override.input_line}'. "
+                    f"Available {group}: {', '.join(known) or '(none)'}. For example: {example}. "
+                    f"Add your own as {group}/<name>.yaml in a config dir passed with --config-dir."
+                )
+    return None
+
+
+def continue_command(argv: list[str], work_dir: Path) -> str:
+    """The command that resumes this run, quoted for a POSIX shell (paths with spaces paste);
+    under torchrun, a torchrun command with the same number of processes."""
+    kept = [a for a in argv if not a.startswith(("hydra.run.dir=", "resume=", "hydra.output_subdir="))]
+    start = ["python", "-m", "expkit.train"]
+    if "TORCHELASTIC_RUN_ID" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        local, world = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), int(os.environ["WORLD_SIZE"])
+        nodes = [f"--nnodes={world // local}"] if world > local else []
+        start = ["torchrun", *nodes, f"--nproc_per_node={local}", "-m", "expkit.train"]
+    return shlex.join([*start, *kept, f"hydra.run.dir={work_dir}", "resume=true"])
+
+
+def continue_sweep_command(argv: list[str], sweep_dir: Path) -> str:
+    """The command that resumes this sweep in `sweep_dir` (its jobs found by their overrides)."""
+    kept = [a for a in argv if not a.startswith(("hydra.sweep.dir=", "resume="))]
+    return shlex.join(["python", "-m", "expkit.train", *kept, f"hydra.sweep.dir={sweep_dir}", "resume=true"])
+
+
+VALUED_FLAGS = (
+    "--config-dir",
+    "-cd",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--experimental-rerun",
+)
+INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+
+
+def tokens(argv: Sequence[str]) -> list[list[str]]:
+    """The command line in the units Hydra's parser reads, for every command's argv handling: a
+    flag with the value it takes (``["--config-dir", "conf"]``, ``["--info", "plugins"]``), a flag
+    alone (``["-m"]``), or one word that is not a flag (an override, a bare path)."""
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        takes_value = i + 1 < len(argv) and (
+            arg in VALUED_FLAGS or (arg in ("--info", "-i") and argv[i + 1] in INFO_TOPICS)
+        )
+        out.append(list(argv[i : i + 2]) if takes_value else [arg])
+        i += 2 if takes_value else 1
+    return out
+
+
+def flags_first(argv: list[str]) -> list[str]:
+    """Hydra's flags (with their values) before the overrides: Hydra's argument parser takes the
+    overrides only as one block, so `model=x --config-dir conf optim.lr=1` would be refused."""
+    parts = tokens(argv)
+    return [a for t in parts if t[0].startswith("-") for a in t] + [t[0] for t in parts if not t[0].startswith("-")]
+
+
+def output_file_problem(path: Path) -> str | None:
+    """Why a command's output file cannot be written there, checked before the work starts: it
+    is a directory, or a file stands where a directory of its path should be."""
+    if path.is_dir():
+        return "is a directory; give a file name in it"
+    existing = next((p for p in path.parents if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        return f"{existing} is a file, not a directory; give a path in a directory"
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} cannot be written"
+    return None
+
+
+def check_output_dirs(argv: list[str]) -> str | None:
+    """An output dir that is empty (the current directory would become the work dir) or cannot
+    be written, named before Hydra tries to log into it."""
+    given = False
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        key, value = key.lstrip("+"), value.strip().strip("'\"")
+        if not sep or key not in ("hydra.run.dir", "hydra.sweep.dir"):
+            continue
+        example = "outputs/runs/my_run" if key.endswith("run.dir") else "outputs/sweeps/my_sweep"
+        if not value:
+            return (
+                f"{key} is empty, which would write this run's files into the current directory. "
+                f"Give a directory ({key}={example}) or leave the key out for a new dated one."
+            )
+        given = True
+        if "${" not in value and not _writable(Path(value)):
+            return f"{key}={value}: cannot create or write this directory; give a writable one, e.g. {key}={example}"
+    default = Path("outputs") if Path("outputs").is_dir() else Path.cwd()  # checked, not created (--help, --cfg)
+    if not given and not os.access(default, os.W_OK | os.X_OK):
+        return (
+            f"cannot write {Path('outputs').resolve()} (runs go to outputs/ under the current directory); "
+            "run from a writable directory or give hydra.run.dir=<a writable dir>"
+        )
+    return None
+
+
+def search_is_multirun(argv: list[str]) -> list[str]:
+    """`argv` with ``--multirun`` added when it picks a search (``hparams_search=optuna``) without
+    ``-m``: a search is a sweep. (Hydra 1.4 takes ``hydra.mode`` only from the primary config or
+    the command line, so the search's config cannot set it.)"""
+    search = searching(argv)
+    asks_hydra = any(a in NO_RUN_FLAGS for a in argv)  # --cfg, --help, --info: Hydra allows no -m beside them
+    if search and not asks_hydra and not any(a in ("-m", "--multirun") or a.startswith("hydra.mode=") for a in argv):
+        return ["--multirun", *argv]
+    return argv
+
+
+def searching(argv: list[str]) -> bool:
+    """Whether the command line picks a search (``hparams_search=optuna``)."""
+    return any(a.startswith("hparams_search=") and a.partition("=")[2] not in ("", "null") for a in argv)
+
+
+def sweeping(argv: list[str]) -> bool:
+    """Whether the command line makes a sweep (-m, or an Optuna search, which sets Hydra's mode)."""
+    return any(a in ("-m", "--multirun", "hydra.mode=MULTIRUN") or a.startswith("hparams_search=") for a in argv)
+
+
+NO_RUN_FLAGS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc")
+
+
+def check_rerun(argv: list[str]) -> str | None:
+    """A command aimed at a dir that already holds a run (hydra.run.dir) or sweep jobs
+    (hydra.sweep.dir with -m or an Optuna search), without resume: refused before anything
+    is written there, naming what the dir holds and the two ways on."""
+    if any(a in NO_RUN_FLAGS or a.startswith(("--cfg=", "--info=")) for a in argv) or "show_hooks=true" in argv:
+        return None  # (nothing is written)
+    resume = next((a.partition("=")[2] for a in reversed(argv) if a.lstrip("+").startswith("resume=")), "false")
+    if resume.strip().strip("'\"").lower() not in ("false", "null", "none", "0", ""):
+        return None
+    restarted = any(
+        os.environ.get(v, "0") not in ("0", "") for v in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
+    )
+    if os.environ.get("RANK", "0") != "0" or restarted:
+        return None  # (rank 0 checks; a torchrun restart or a Slurm requeue continues its run)
+    key = "hydra.sweep.dir" if sweeping(argv) else "hydra.run.dir"
+    given = next(
+        (a.partition("=")[2].strip().strip("'\"") for a in reversed(argv) if a.lstrip("+").startswith(key + "=")), None
+    )  # (the last one wins, as in Hydra)
+    if not given or "${" in given or not Path(given).is_dir():
+        return None
+    holds = _sweep_holds(Path(given), searching(argv)) if sweeping(argv) else _run_holds(Path(given))
+    if holds is None:
+        return None
+    fresh = "outputs/sweeps/my_sweep_2" if sweeping(argv) else "outputs/runs/my_run_2"
+    return (
+        f"{key}={given} already holds {holds}. Nothing was changed. Add resume=true to continue it, "
+        f"or give another {key} (e.g. {key}={fresh}) for a fresh start"
+    )
+
+
+def _run_holds(run_dir: Path) -> str | None:
+    import json
+
+    try:
+        status = json.loads((run_dir / "result.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        status = None
+    checkpoints = run_dir / "checkpoints"
+    saved = checkpoints.is_dir() and any(p.suffix in (".pth", ".dcp") for p in checkpoints.iterdir())
+    if status is None and not saved and not (run_dir / "metrics.jsonl").is_file():
+        return None
+    if status is None:
+        return "a run that did not finish (no result.json)"
+    return {"completed": "a completed run", "failed": "a failed run"}.get(status, f"a run that {status}")
+
+
+def _sweep_holds(sweep_dir: Path, search: bool) -> str | None:
+    from expkit.sweeps.search import live_workers
+    from expkit.sweeps.sweep_jobs import tally_jobs
+
+    if search and live_workers(sweep_dir):  # an Optuna search runs there: this command is one more worker of it
+        return None
+    counts = tally_jobs(sweep_dir)
+    if not any(counts.values()):
+        return None
+    return "sweep jobs: " + ", ".join(f"{n} {status}" for status, n in counts.items())
+
+
+def _writable(directory: Path) -> bool:
+    """Whether `directory` can be created (Hydra creates it next anyway) and written."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(directory, os.W_OK | os.X_OK)
+
+
+def check_keys(argv: list[str]) -> str | None:
+    """Keys no config can have (none at all, or longer than a file name can be)."""
+    for arg in argv:
+        key = arg.partition("=")[0].lstrip("+~")
+        if "=" in arg and not arg.startswith("-") and not key.strip():
+            return f"'{arg}' has no key before '='; write KEY=VALUE, e.g. optim.lr=0.01 (see --cfg job for the keys)"
+        if "=" in arg and not arg.startswith("-") and any(len(part) > 200 for part in key.split(".")):
+            return f"{key[:40]}...: a {len(key)}-character key is not a key of the config; see --cfg job for the keys"
+    return None
+
+
+def check_parsable(argv: list[str]) -> str | None:
+    """The first override Hydra's grammar cannot parse, named (Hydra's own message does not)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for arg in argv:
+        if "=" not in arg or arg.startswith("-"):
+            continue
+        try:
+            parser.parse_overrides([arg])
+        except Exception as exc:  # Hydra's OverrideParseException, or a grammar error
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return (
+                f"'{arg}' cannot be parsed ({first}); check its brackets and quotes, e.g. 'optim.lr=0.1', "
+                "'hooks=[ema,profiler]' (https://hydra.cc/docs/advanced/override_grammar/basic/)"
+            )
+    return None
+
+
+def check_owner(argv: list[str]) -> str | None:
+    """A run given a work dir that a live process owns is refused before Hydra writes .hydra/
+    and train.log into it (torchrun's other ranks share rank 0's dir and lock)."""
+    from expkit.workdir.ownership import busy_message, live_owner
+
+    if any(a in ("-m", "--multirun") for a in argv) or os.environ.get("RANK", "0") != "0":
+        return None
+    given = next((a.split("=", 1)[1] for a in reversed(argv) if a.startswith("hydra.run.dir=")), None)
+    owner = live_owner(Path(given)) if given else None
+    return busy_message(Path(given), owner) if given and owner is not None else None
+
+
+def hydra_quoted(value: str) -> str:
+    """`value` as a quoted string in Hydra's override grammar: single-quoted; a quote, and the
+    backslashes before a quote or at the end, escaped (Hydra unescapes only those)."""
+    import re
+
+    escaped = re.sub(r"\\+(?='|$)", lambda m: m.group(0) * 2, value).replace("'", "\\'")
+    return f"'{escaped}'"
+
+
+def hydra_argv(argv: list[str], options: Sequence[str]) -> list[str]:
+    """The command line as Hydra takes it. ``work_dir=DIR`` is ``hydra.run.dir=DIR``, and any
+    ``key=value`` that is not one of the command's settings (`options`) overrides the checkpoint's stored
+    config: it goes into ``overrides=[...]``, so ``data.batch_size=256`` works as before."""
+    out, stored = [], []
+    for token in tokens(argv):
+        arg = token[0]
+        key, sep, value = arg.partition("=")
+        root = key.lstrip("+~").split(".", 1)[0]
+        if arg.startswith("-") or not sep:  # a flag, with its value
+            out += token
+        elif key == "work_dir":
+            out.append(f"hydra.run.dir={value}")
+        elif root in options or root.startswith("hydra"):
+            out.append(arg)
+        else:
+            stored.append(arg)
+    if stored:
+        quoted = ",".join(hydra_quoted(a) for a in stored)
+        explicit = next((j for j, a in enumerate(out) if a.startswith("overrides=")), None)
+        if explicit is None:
+            out.append(f"overrides=[{quoted}]")
+        else:  # an explicit overrides=[...] too: one list
+            inner = out[explicit].split("=", 1)[1].strip()
+            inner = inner[1:-1] if inner.startswith("[") and inner.endswith("]") else inner
+            out[explicit] = f"overrides=[{inner + ',' if inner else ''}{quoted}]"
+    return out
+
+
+def command_main(run: Callable[[], Any], options: Sequence[str], started: Callable[[], bool]) -> None:
+    """The entry point of a command over a checkpoint (eval, predict, export): the command line
+    made Hydra's (``hydra_argv``, flags first), then the Hydra app `run`. Hydra's own errors
+    before the task `started` (a missing key, an unknown one) are the user's to fix: exit 2."""
+    from expkit.core import versions
+
+    versions.require()
+    sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:], options))  # (Hydra's parser takes flags before overrides)
+    try:
+        run()
+    except SystemExit as exc:
+        if exc.code == 1 and not started():
+            sys.exit(2)
+        raise

@@ -1,0 +1,227 @@
+"""The one place where expkit meets what differs between the Hydra and OmegaConf lines it supports.
+
+expkit runs on Hydra 1.3 (OmegaConf 2.3) and Hydra 1.4 (OmegaConf 2.4). Everything else in
+expkit uses their public API; what is here is either public API that one line deprecates or
+lacks, or private API Hydra offers no public form of: its basic launcher and sweeper (which
+expkit's sweeper builds on), and on Hydra 1.3 the steps of ``hydra.main``'s run, taken so
+that a run composes its config once (``main``). Each has a branch per line, and
+``tests/test_hydra_compat.py`` runs on each line CI installs. Nothing here replaces or wraps
+an attribute of Hydra, OmegaConf or torch: expkit never patches another library.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import hydra
+import omegaconf
+from omegaconf import OmegaConf
+
+from expkit.core import versions
+
+__all__ = [
+    "HYDRA_VERSION",
+    "INIT_KWARGS",
+    "MAIN_KWARGS",
+    "basic_launcher",
+    "basic_sweeper",
+    "instantiate",
+    "locate",
+    "main",
+    "register_resolver",
+]
+
+
+HYDRA_VERSION = versions.parse(hydra.__version__)[:2]
+OMEGACONF_VERSION = versions.parse(omegaconf.__version__)[:2]
+
+# Hydra 1.4 builds a config-named ``_target_`` only where trusted code allows it (its execution
+# whitelist; without one it warns, and Hydra 1.5 will refuse). expkit decides what a config may
+# build by its own rule, the same on both lines: a command builds what its user composed (the
+# command line, the shipped configs, their --config-dir: code they chose to run), and a config
+# read from a checkpoint only after expkit.core.trust.TrustPolicy accepted every target in it. A
+# whitelist of a node's own targets is not enough: Hydra 1.4 also asks for the class of every
+# callable a target returns (a factory returning a torchvision ResNet, any nn.Module), so
+# expkit's builds, and Hydra's own for its commands (callbacks, log handlers), run with Hydra's
+# checks off: Hydra 1.3's behaviour, said explicitly.
+INIT_KWARGS: dict[str, Any] = {} if HYDRA_VERSION >= (1, 4) else {"version_base": "1.3"}  # initialize_*()
+
+
+def _checks_off() -> Any:
+    from hydra.utils import UNSAFE_DISABLE_EXECUTION_CHECKS  # (Hydra 1.4)
+
+    return UNSAFE_DISABLE_EXECUTION_CHECKS
+
+
+# hydra.main: Hydra 1.3 needs version_base="1.3" (without it, 1.1's defaults: the job changes its
+# working dir); Hydra 1.4 deprecates the argument (its defaults are 1.3's).
+MAIN_KWARGS: dict[str, Any] = {"execution_whitelist": _checks_off()} if HYDRA_VERSION >= (1, 4) else INIT_KWARGS
+
+
+def instantiate(node: Any, /, **kwargs: Any) -> Any:
+    """Hydra's ``instantiate`` of a node expkit has decided to build (see above); on Hydra 1.4
+    inside an execution whitelist that leaves that decision to expkit."""
+    from hydra.utils import instantiate as hydra_instantiate
+
+    if HYDRA_VERSION < (1, 4):
+        return hydra_instantiate(node, **kwargs)
+    from hydra.utils import execution_whitelist
+
+    with execution_whitelist(_checks_off(), reset=True):
+        return hydra_instantiate(node, **kwargs)
+
+
+def register_resolver(name: str, resolver: Callable[..., Any]) -> None:
+    """Register an OmegaConf resolver (replacing one of that name): ``register_resolver`` on
+    OmegaConf 2.4, ``register_new_resolver`` (which 2.4 deprecates) on 2.3 (whose own
+    ``register_resolver`` is an older, deprecated API)."""
+    if OMEGACONF_VERSION >= (2, 4):
+        OmegaConf.register_resolver(name, resolver, replace=True)
+    else:
+        OmegaConf.register_new_resolver(name, resolver, replace=True)
+
+
+def locate(path: str) -> Any:
+    """The object a ``_target_`` names (Hydra's public ``get_object``, on both lines)."""
+    from hydra.utils import get_object
+
+    return get_object(path)
+
+
+# Hydra's in-process launcher and its grid sweeper: private modules on both lines, the same
+# classes and constructor arguments on both (tests/test_hydra_compat.py checks). Looked up at each
+# call, never kept: Hydra 1.3's plugin scan executes its plugin modules again, in place, so a
+# class kept from an earlier import is no longer the one Hydra's own code names (BasicSweeper's
+# __init__ calls super(BasicSweeper, self) with the module's current class).
+def basic_launcher() -> type:
+    """Hydra's in-process launcher class, as its module holds it now."""
+    from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+
+    return BasicLauncher
+
+
+def basic_sweeper() -> type:
+    """Hydra's grid sweeper class, as its module holds it now."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    return BasicSweeper
+
+
+# -- hydra.main, composing once ---------------------------------------------------------------
+# A run composes its config once. Hydra 1.4 does so itself: it reads ``hydra.mode`` from the
+# command line and the primary config file alone. Hydra 1.3's ``hydra.main`` composes the whole
+# config twice for a run: once to read ``hydra.mode`` (Hydra.get_mode), once to run it, about
+# 0.1 s of expkit's 0.3 s start-up share here (benchmarks/startup.py). So on 1.3 a plain run
+# (overrides only, none a sweep, no --help/--cfg/--info/-m) takes the steps of Hydra 1.3's own
+# run path (hydra/_internal/utils.py `_run_hydra`, Hydra.run) with one composition, and learns
+# the mode from it; anything else, or a config that asks for a multirun, is Hydra's as before.
+def main(config_path: str, config_name: str) -> Callable[[Callable[[Any], Any]], Callable[..., Any]]:
+    """``hydra.main`` for expkit's commands: the same app on every Hydra line, composing a run's
+    config once."""
+
+    def decorator(task_function: Callable[[Any], Any]) -> Callable[..., Any]:
+        hydra_app = hydra.main(**MAIN_KWARGS, config_path=config_path, config_name=config_name)(task_function)
+        if HYDRA_VERSION >= (1, 4):
+            return hydra_app
+
+        @functools.wraps(task_function)
+        def app(cfg_passthrough: Any = None) -> Any:
+            if cfg_passthrough is None and _run_composing_once(task_function, config_path, config_name):
+                return None
+            return hydra_app(cfg_passthrough)
+
+        return app
+
+    return decorator
+
+
+def _run_composing_once(task_function: Callable[[Any], Any], config_path: str, config_name: str) -> bool:
+    """Hydra 1.3: run a plain run as ``hydra.main`` would, composing once; False (nothing done)
+    for any other command line, which Hydra's own path then takes."""
+    import os
+
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import (
+        create_automatic_config_search_path,
+        detect_calling_file_or_module_from_task_function,
+        detect_task_name,
+        get_args_parser,
+        run_and_report,
+    )
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.utils import run_job
+    from hydra.errors import SearchPathException
+    from hydra.types import HydraContext, RunMode
+    from omegaconf import open_dict
+
+    args = get_args_parser().parse_args()  # (sys.argv; a bad flag exits 2 here as in Hydra's path)
+    if (
+        args.help
+        or args.hydra_help
+        or args.cfg is not None
+        or args.resolve
+        or args.multirun
+        or args.shell_completion
+        or args.info is not None
+        or args.experimental_rerun is not None
+    ):
+        return False
+    try:
+        if any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(args.overrides)):
+            return False  # (a sweep without -m: Hydra's path says what to do)
+    except Exception:  # an override Hydra cannot parse: its own path reports it
+        return False
+    calling_file, calling_module = detect_calling_file_or_module_from_task_function(task_function)
+    if calling_file is None and calling_module is None:
+        return False
+    config_name = args.config_name if args.config_name is not None else config_name
+    config_path = args.config_path if args.config_path is not None else config_path
+    search_path = create_automatic_config_search_path(calling_file, calling_module, config_path)
+
+    def add_config_dir() -> None:
+        if args.config_dir is not None:
+            config_dir = os.path.abspath(args.config_dir)
+            if not os.path.isdir(config_dir):
+                raise SearchPathException(f"Additional config directory '{config_dir}' not found")
+            search_path.prepend(provider="command-line", path=f"file://{config_dir}", anchor="schema")
+
+    run_and_report(add_config_dir)
+    task_name = detect_task_name(calling_file, calling_module)
+    app = run_and_report(lambda: Hydra.create_main_hydra2(task_name=task_name, config_search_path=search_path))
+    overrides = list(args.overrides)
+    try:
+        cfg = run_and_report(
+            lambda: app.compose_config(config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=True)
+        )
+        if cfg.hydra.mode == RunMode.MULTIRUN:  # the config asks for a sweep: Hydra's multirun
+            run_and_report(
+                lambda: app.multirun(config_name=config_name, task_function=task_function, overrides=overrides)
+            )
+            return True
+        if cfg.hydra.mode is None:  # as Hydra's path records it: a run by default, hydra.mode=RUN
+            cfg.hydra.mode = RunMode.RUN
+            with open_dict(cfg.hydra.overrides):
+                cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
+
+        def run() -> None:
+            callbacks = Callbacks(cfg)
+            callbacks.on_run_start(config=cfg, config_name=config_name)
+            ret = run_job(
+                hydra_context=HydraContext(config_loader=app.config_loader, callbacks=callbacks),
+                task_function=task_function,
+                config=cfg,
+                job_dir_key="hydra.run.dir",
+                job_subdir_key=None,
+                configure_logging=True,
+            )
+            callbacks.on_run_end(config=cfg, config_name=config_name, job_return=ret)
+            _ = ret.return_value  # (raises the job's exception)
+
+        run_and_report(run)
+    finally:
+        GlobalHydra.instance().clear()
+    return True

@@ -1,0 +1,226 @@
+"""The hook table: registration, order, per-stage dispatch, signature checks, instrumentation.
+
+A ``Runner`` holds one ``HookTable``. Hooks are kept sorted by priority (ties in
+registration order); for each stage the table keeps only the hooks that override it, so a
+stage nobody uses costs one dictionary lookup and an empty loop. The instrumented variant
+(profiler markers, per-hook and per-phase timing) is switched in only while asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import inspect
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import torch
+
+from expkit.core.errors import ConfigError, HookError
+from expkit.core.stages import Stage, get_priority, priority_name
+from expkit.hooks.base import Hook
+
+__all__ = ["NULL", "PAYLOADS", "HookTable", "Phase", "call_hook", "check_hook_methods", "overrides", "raise_hook_error"]
+
+
+_STAGE_NAMES = frozenset(s.value for s in Stage)
+# keyword payload of each stage, read off the base class signatures
+PAYLOADS: dict[str, tuple[str, ...]] = {
+    s.value: tuple(p for p in inspect.signature(getattr(Hook, s.value)).parameters if p not in ("self", "runner"))
+    for s in Stage
+}
+NULL = contextlib.nullcontext()  # shared: entering it costs next to nothing
+
+
+def overrides(hook: Hook, stage: str) -> bool:
+    """Whether `hook`'s class overrides `stage` (only those are called there)."""
+    return getattr(type(hook), stage) is not getattr(Hook, stage)
+
+
+def call_hook(runner: Any, stage: str, **payload: Any) -> None:
+    """Run every hook registered at `stage`, in priority order; an error names the hook and
+    the stage. ``Runner.call_hook`` is this function (instrumented runs use
+    ``HookTable.call_instrumented``)."""
+    for class_name, _, method in runner.hook_table.dispatch[stage]:
+        try:
+            method(runner, **payload)
+        except Exception as exc:
+            raise_hook_error(class_name, stage, exc)
+
+
+def raise_hook_error(class_name: str, stage: str, exc: Exception) -> NoReturn:
+    """An exception from a hook, named: a HookError as it is, bad input found by a hook as a
+    ConfigError (still the user's to fix), anything else as a HookError naming hook and stage."""
+    if isinstance(exc, HookError):
+        raise exc
+    if isinstance(exc, ConfigError):
+        raise ConfigError(f"in {class_name}.{stage}: {exc}") from exc
+    raise HookError(class_name, stage, f"{type(exc).__name__}: {exc}") from exc
+
+
+def _add_time(table: dict[Any, list[float]], key: Any, seconds: float) -> None:
+    entry = table.get(key)
+    if entry is None:
+        table[key] = [seconds, 1]
+    else:
+        entry[0] += seconds
+        entry[1] += 1
+
+
+class Phase:
+    """Times a loop phase into the table's ``phase_times`` and marks it for the profiler."""
+
+    __slots__ = ("discard", "marker", "name", "start", "table")
+
+    def __init__(self, table: HookTable, name: str) -> None:
+        self.table, self.name, self.discard = table, name, False
+
+    def __enter__(self) -> Phase:  # noqa: PYI034 - Self needs Python 3.11
+        self.marker = torch.profiler.record_function(f"phase/{self.name}") if self.table.markers else None
+        if self.marker is not None:
+            self.marker.__enter__()
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        elapsed = time.perf_counter() - self.start
+        if self.table.timing and not self.discard:
+            _add_time(self.table.phase_times, self.name, elapsed)
+        if self.marker is not None:
+            self.marker.__exit__(*exc)
+
+
+class HookTable:
+    """The hooks of one run, sorted by priority, with a dispatch tuple per stage."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[str, int, Hook]] = []  # (name, priority, hook), in firing order
+        self.dispatch: dict[str, tuple[tuple[str, str, Callable], ...]] = {}  # stage -> (class, name, method)
+        self.idle: frozenset[str] = frozenset()  # the stages no hook overrides (the loop skips them)
+        self._muted: set[tuple[int, str]] = set()  # (id(hook), stage): left out of the dispatch
+        self.markers = self.timing = False
+        self.hook_times: dict[tuple[str, str], list[float]] = {}  # (stage, hook) -> [seconds, calls], when timing
+        self.phase_times: dict[str, list[float]] = {}  # loop phase -> [seconds, calls], when timing
+        self._rebuild()
+
+    @property
+    def hooks(self) -> list[Hook]:
+        return [hook for _, _, hook in self.entries]
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _, _ in self.entries]
+
+    @property
+    def instrumented(self) -> bool:
+        return self.markers or self.timing
+
+    def register(self, hook: Hook, name: str | None = None, priority: int | str | None = None) -> str:
+        """Add `hook` (`priority` beats its own ``priority`` attribute); returns the name it got:
+        a second hook of the same name becomes ``Name_2``, ``Name_3``, ..."""
+        if not isinstance(hook, Hook):
+            raise TypeError(f"hook {name or hook!r} must be an instance of expkit.Hook, got {type(hook).__name__}")
+        name = name or type(hook).__name__
+        taken, base, k = set(self.names), name, 2
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        check_hook_methods(hook)
+        try:
+            value = get_priority(priority if priority is not None else hook.priority)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"hook {name} ({type(hook).__name__}): {exc}") from None
+        # insert after the last hook with priority <= value: ties keep registration order
+        index = len(self.entries)
+        while index > 0 and self.entries[index - 1][1] > value:
+            index -= 1
+        self.entries.insert(index, (name, value, hook))
+        self._rebuild()
+        return name
+
+    def mute(self, hook: Hook, stage: str) -> None:
+        """Call `hook` no more at `stage`: for a hook whose settings make that method a no-op
+        (a per-epoch checkpoint at every iteration), so the loop does not call it for nothing."""
+        stage = Stage(stage).value
+        self._muted.add((id(hook), stage))
+        names = {name for name, _, registered in self.entries if registered is hook}
+        self.dispatch[stage] = calls = tuple(call for call in self.dispatch[stage] if call[1] not in names)
+        if not calls:
+            self.idle |= {stage}
+
+    def _rebuild(self) -> None:
+        """For each stage, the hooks that override it, in order. Unused stages cost nothing."""
+        self.dispatch = {
+            stage.value: tuple(
+                (type(hook).__name__, name, getattr(hook, stage.value))
+                for name, _, hook in self.entries
+                if overrides(hook, stage.value) and (id(hook), stage.value) not in self._muted
+            )
+            for stage in Stage
+        }
+        self.idle = frozenset(stage for stage, calls in self.dispatch.items() if not calls)  # no hook there
+
+    def call_instrumented(self, runner: Any, stage: str, payload: dict[str, Any]) -> None:
+        """Like ``Runner.call_hook``, with a profiler marker per stage and hook call (``markers``)
+        and the seconds of every hook at every stage added up in ``hook_times`` (``timing``)."""
+        markers = self.markers
+        with torch.profiler.record_function(f"stage/{stage}") if markers else NULL:
+            for class_name, name, method in self.dispatch[stage]:
+                start = time.perf_counter()
+                try:
+                    with torch.profiler.record_function(f"{class_name}.{stage}") if markers else NULL:
+                        method(runner, **payload)
+                except Exception as exc:
+                    raise_hook_error(class_name, stage, exc)
+                finally:
+                    if self.timing:
+                        _add_time(self.hook_times, (stage, name), time.perf_counter() - start)
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager:
+        """A loop phase (data, forward, backward, optimizer): marked and timed when instrumented."""
+        return Phase(self, name) if self.instrumented else NULL
+
+    def order_table(self) -> str:
+        """The resolved order per stage, as printed at start-up."""
+        lines = ["Hooks, in the order they run at each stage:"]
+        for stage in Stage:
+            entries = [
+                f"({priority_name(p):<12}) {type(h).__name__} [{n}]"
+                for n, p, h in self.entries
+                if overrides(h, stage.value)
+            ]
+            if entries:
+                lines.append(f"{stage.value}:")
+                lines.extend(f"    {e}" for e in entries)
+        return "\n".join(lines)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each hook's own state, by name (hooks without state are left out)."""
+        return {name: state for name, _, hook in self.entries if (state := hook.state_dict())}
+
+    def load_state_dict(self, states: dict[str, Any]) -> None:
+        for name, _, hook in self.entries:
+            if name in states:
+                hook.load_state_dict(states[name])
+
+
+def check_hook_methods(hook: Hook) -> None:
+    """Reject a misspelt stage (`after_train_itr`) or a stage method with a wrong signature."""
+    for cls in type(hook).__mro__:
+        if cls is Hook or cls is object:
+            break
+        for attr, value in vars(cls).items():
+            if not callable(value) or attr.startswith("_"):
+                continue
+            if attr in _STAGE_NAMES:
+                try:
+                    inspect.signature(getattr(hook, attr)).bind(None, **{k: None for k in PAYLOADS[attr]})
+                except TypeError:
+                    expected = ", ".join(["runner", *(f"{k}=..." for k in PAYLOADS[attr])])
+                    raise HookError(
+                        type(hook).__name__, attr, f"wrong signature; the stage passes ({expected}) by keyword"
+                    ) from None
+            elif attr.startswith(("before_", "after_", "on_")):
+                close = difflib.get_close_matches(attr, _STAGE_NAMES, n=1)
+                hint = f"did you mean {close[0]}?" if close else f"stages are: {', '.join(s.value for s in Stage)}"
+                raise HookError(type(hook).__name__, attr, f"{attr} is not a stage, so it would never run; {hint}")

@@ -1,0 +1,458 @@
+"""The train loop and the val/test loop: run -> run_epoch -> run_iter.
+
+Hot-path rule: nothing here synchronises host and device per iteration (no ``.item()``);
+hooks read values when they need them (the logger, at its interval).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import logging
+import signal
+import time
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from expkit.core.distributed import (
+    STOP_NONE,
+    STOP_REQUESTED,
+    STOP_SIGNAL,
+    agree_on_stop,
+    all_reduce_sum,
+    is_distributed,
+    reduce_device,
+)
+from expkit.core.stages import Stage
+from expkit.engine.hook_table import NULL
+from expkit.optimizers import Optimizers
+
+if TYPE_CHECKING:
+    from expkit.engine.runner import Runner
+
+__all__ = ["EVAL_STAGES", "EvalLoop", "TrainLoop"]
+
+
+log = logging.getLogger("expkit")
+
+# the stages of an iteration as plain strings (an Enum member costs a Python-level lookup each time)
+BEFORE_TRAIN_ITER, AFTER_FORWARD, AFTER_BACKWARD, AFTER_OPTIMIZER_STEP, AFTER_TRAIN_ITER = (
+    Stage.BEFORE_TRAIN_ITER.value,
+    Stage.AFTER_FORWARD.value,
+    Stage.AFTER_BACKWARD.value,
+    Stage.AFTER_OPTIMIZER_STEP.value,
+    Stage.AFTER_TRAIN_ITER.value,
+)
+
+
+def _skip_batches(loader: Iterable, n: int, samples: int = 0) -> Iterable:
+    """Resume mid-epoch: skip `n` batches by index when the sampler can, else by loading them.
+    `samples`: after a resume with another number of processes, the samples of the epoch's
+    order all processes trained on (the sampler skips those instead)."""
+    sampler = getattr(loader, "sampler", None)
+    if samples and hasattr(sampler, "skip_samples"):
+        sampler.skip_samples(samples)  # type: ignore[attr-defined]
+        return loader
+    if samples:
+        log.warning(
+            "The sampler cannot skip %d samples of the epoch's order (it has no skip_samples): skipping "
+            "%d batches of this process instead, which with another number of processes repeats or "
+            "skips samples",
+            samples,
+            n,
+        )
+    if n and hasattr(sampler, "skip_batches"):
+        sampler.skip_batches(n, loader.batch_size)  # type: ignore[attr-defined]
+        return loader
+    if n:
+        log.info("Skipping %d already-trained batches by loading them (the sampler cannot skip by index)", n)
+    return itertools.islice(loader, n, None)
+
+
+def _timed_batches(batches: Iterable, runner: Runner) -> Iterator:
+    """The same batches, each fetch inside the "data" phase (only when instrumented)."""
+    iterator = iter(batches)
+    while True:
+        with runner.phase("data") as phase:
+            batch = next(iterator, _END)
+            if batch is _END and phase is not None:  # None: instrumentation ended mid-epoch
+                phase.discard = True  # the end-of-epoch fetch is not a batch
+        if batch is _END:
+            return
+        yield batch
+
+
+_END = object()
+
+
+def _windows(batches: Iterator, k: int) -> Iterator[Sequence[Any]]:
+    """Consecutive windows of `k` batches; the last one of an epoch may be shorter."""
+    while window := list(itertools.islice(batches, k)):
+        yield window
+
+
+def _samples(batch: Any) -> int:
+    """The number of samples in a batch: the leading size of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for value in values:
+        n = _samples(value)
+        if n:
+            return n
+    return 0
+
+
+class TrainLoop:
+    """Epoch-based (``max_epochs``) or iteration-based (``max_iters``) training.
+
+    Both run whole passes over the loader as epochs; an iteration budget may end the last
+    one early. A stop request ends training after the current iteration.
+    """
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.settings = runner.settings
+        self.loader = runner.train_loader
+        # forward + loss: through DDP when distributed (gradients are averaged in backward), else
+        # the model's own train_step when it has one; looked up once, not per iteration
+        if runner.ddp_model is not None:
+            self.step = runner.ddp_model
+        else:
+            self.step = runner.model.train_step if hasattr(runner.model, "train_step") else runner.train_step
+        self.optimizers = Optimizers(runner.optimizers, runner.scaler, runner.settings.clip_grad_norm)
+        self.only_optimizer = next(iter(runner.optimizers), "")  # the one the loop steps (not an owned update)
+        self.distributed = is_distributed()
+        self._bind()
+
+    def _bind(self) -> None:
+        """The forward (in the precision's autocast), backward and optimizer steps, each in its
+        loop phase when the run is instrumented; otherwise, in fp32, the plain calls: the
+        contexts would cost a dozen Python calls an iteration. Bound again when instrumentation
+        is switched (the profiler does, mid-epoch)."""
+        r = self.runner
+        self.bound_for = r.instrumented
+        scaled = r.scaler is not None  # fp16: backward and step through the scaler
+        self.forward = self._phased("forward", self.step, autocast=r.autocasts)
+        self.backward = self._phased("backward", self.optimizers.backward if scaled else torch.Tensor.backward)
+        step = self._optimizer_step if scaled else functools.partial(self.optimizers.step, self.only_optimizer)
+        self.optimizer_step = self._phased("optimizer", step)
+        # the common iteration, called in place (each Python frame costs 1-3 us an iteration among
+        # the kernels' cache misses): one optimizer, one batch a step, no clipping or scaler, not
+        # instrumented. Its after_train_iter hooks are dispatched by the loop itself while the
+        # runner's call_hook is Runner's own (not instrumented, overridden or replaced)
+        s = r.settings
+        plain = not (
+            r.instrumented
+            or scaled
+            or r.manual_optimization
+            or s.clip_grad_norm is not None
+            or s.accumulate_grad_batches != 1
+        )
+        self.plain_optimizer = r.optimizers.get(self.only_optimizer) if plain else None
+
+    def _phased(self, name: str, fn: Callable[..., Any], autocast: bool = False) -> Callable[..., Any]:
+        r = self.runner
+        if not r.instrumented and not autocast:
+            return fn
+
+        def phased(*args: Any) -> Any:
+            with r.phase(name), r.autocast() if autocast else NULL:
+                return fn(*args)
+
+        return phased
+
+    def _optimizer_step(self) -> None:
+        """With a scaler (fp16): clip, step through the scaler, zero_grad, update the scale."""
+        self.optimizers.step(self.only_optimizer)
+        self.runner.scaler.update()  # type: ignore[union-attr]
+
+    def done(self) -> bool:
+        r = self.runner
+        if self.distributed:  # every rank stops after the same iteration (one 4-byte all-reduce on the CPU)
+            mine = STOP_NONE if r.stop_reason is None else STOP_SIGNAL if r.stop_signal is not None else STOP_REQUESTED
+            agreed = agree_on_stop(mine)
+            if agreed == STOP_SIGNAL and r.stop_signal is None:  # a signal on another rank: skip the test too
+                r.stop_signal = signal.SIGTERM
+            if agreed != STOP_NONE:
+                r.request_stop("a stop on another rank")  # (a no-op when this rank asked first)
+                return True
+            # decided by the agreed value only: a signal that lands after the all-reduce waits for the next one
+        elif r.stop_reason is not None:
+            return True
+        if self.settings.max_iters is not None:
+            return r.iter >= self.settings.max_iters
+        return r.epoch >= self.settings.max_epochs  # type: ignore[operator]
+
+    def run(self) -> None:
+        r = self.runner
+        r.call_hook(Stage.BEFORE_TRAIN)
+        while not self.done():
+            self.run_epoch()
+        r.call_hook(Stage.AFTER_TRAIN)
+
+    def run_epoch(self) -> None:
+        r = self.runner
+        by_epoch = self.settings.by_epoch
+        k = self.settings.accumulate_grad_batches
+        r.call_hook(Stage.BEFORE_TRAIN_EPOCH)  # DistSamplerSeedHook sets the epoch's order here
+        r.model.train()
+        if r.inner_iter % k:
+            log.warning(
+                "Resuming after %d batches of the epoch, not a multiple of accumulate_grad_batches=%d: "
+                "this epoch's windows are shifted",
+                r.inner_iter,
+                k,
+            )
+        batches = _skip_batches(self.loader, r.inner_iter, r.epoch_start[0] and r.epoch_samples() or 0)  # type: ignore[arg-type]
+        if r.epoch_start[0] and batches is self.loader and hasattr(self.loader, "__len__"):
+            r.epoch_end = r.inner_iter + len(self.loader)  # (the sampler skipped the samples: its length is the rest)
+        if r.instrumented:
+            batches = _timed_batches(batches, r)
+        windows = zip(batches) if k == 1 else _windows(iter(batches), k)  # (1-tuples: no Python call a batch)
+        # asked after every iteration when something can end an epoch early: an iteration budget,
+        # other ranks or a stop request (inside an epoch, an epoch budget cannot)
+        every_iter = self.distributed or self.settings.max_iters is not None
+        for step_idx, window in enumerate(windows, start=r.inner_iter // k):
+            self.run_iter(step_idx, window)
+            if not by_epoch and r.validation_due(r.iter):
+                r.validate()
+                r.model.train()
+            if (every_iter or r.stop_reason is not None) and self.done():
+                break
+        else:  # the loader is exhausted: the epoch is complete
+            r.position = (r.epoch + 1, r.iter, 0)
+            r.call_hook(Stage.AFTER_TRAIN_EPOCH)
+            r.epoch += 1
+            r.inner_iter = 0
+            r.epoch_start, r.epoch_end = (0, 0), None
+            if by_epoch and r.validation_due(r.epoch):
+                r.validate()
+            return
+        r.call_hook(Stage.AFTER_TRAIN_EPOCH)  # cut short by the budget or a stop request
+
+    def run_iter(self, batch_idx: int, window: Sequence[Any]) -> None:
+        """One iteration: one optimizer step over a window of micro-batches (one unless
+        ``accumulate_grad_batches`` > 1). ``batch_idx`` is the step's index in the epoch."""
+        r = self.runner
+        call = r.call_hook
+        if r.instrumented is not self.bound_for:
+            self._bind()
+        idle = r.hook_table.idle if not r.instrumented else ()  # stages no hook listens to (unmarked)
+        if r.moves_batches:
+            window = [r.to_device(b) for b in window]
+        r.batch_ready = time.perf_counter()  # (IterTimerHook's data time ends here)
+        data_batch = window[0]
+        if BEFORE_TRAIN_ITER not in idle:
+            call(BEFORE_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch)
+        optimizer = self.plain_optimizer
+        if optimizer is not None:  # _forward_backward and Optimizers.step, in place (a window of one batch)
+            outputs = self.forward(data_batch)
+            if AFTER_FORWARD not in idle:
+                call(AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+            outputs["loss"].backward()
+            if AFTER_BACKWARD not in idle:
+                call(AFTER_BACKWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        elif r.manual_optimization:
+            outputs = self._owned_update(batch_idx, data_batch)
+        else:
+            if len(window) == 1:
+                outputs, _ = self._forward_backward(batch_idx, data_batch, None, idle)
+            else:
+                outputs = self._accumulate(batch_idx, window, idle)
+                data_batch = window[-1]
+            self.optimizer_step()
+        consumed = r.inner_iter + len(window)  # batches of this epoch trained on
+        r.position = (r.epoch, r.iter + 1, consumed)  # what a checkpoint saved from here on records
+        if AFTER_OPTIMIZER_STEP not in idle:
+            call(AFTER_OPTIMIZER_STEP, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        call(AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        r.iter += 1
+        r.inner_iter = consumed
+
+    def _forward_backward(
+        self, batch_idx: int, data_batch: Any, weight: float | None, idle: Container[str]
+    ) -> tuple[dict[str, Any], Any]:
+        """Forward, loss (times `weight`, a micro-batch's share of its window), backward (through
+        the scaler); returns the outputs and the loss that was back-propagated. `idle`: the
+        stages to skip (no hook there)."""
+        call = self.runner.call_hook
+        outputs = self.forward(data_batch)
+        if AFTER_FORWARD not in idle:
+            call(AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        loss = outputs["loss"] if weight is None else outputs["loss"] * weight
+        self.backward(loss)
+        if AFTER_BACKWARD not in idle:
+            call(AFTER_BACKWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        return outputs, loss
+
+    def _owned_update(self, batch_idx: int, data_batch: Any) -> dict[str, Any]:
+        """A model that owns its update does forward, backward and steps in its train_step;
+        AFTER_FORWARD and AFTER_BACKWARD fire after it returns (its backward passes done)."""
+        r, call = self.runner, self.runner.call_hook
+        with r.phase("forward"), r.autocast():
+            outputs = r.model.train_step(data_batch, self.optimizers)
+        call(AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        call(AFTER_BACKWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        if r.scaler is not None:
+            r.scaler.update()  # once per iteration, after every step the model took
+        self.optimizers.zero_grad()
+        return outputs
+
+    def _accumulate(self, batch_idx: int, window: Sequence[Any], idle: Container[str]) -> dict[str, Any]:
+        """Gradient accumulation, exact: each micro-batch's (mean) loss is weighted by its share
+        of the window's samples, so the summed gradient is that of one batch of all of them,
+        the shorter last window of an epoch included. Under DDP (FSDP), gradients are all-reduced
+        (reduce-scattered) once, in the backward of the last micro-batch. Returns the last
+        micro-batch's outputs with ``loss`` the window's loss."""
+        sizes = [_samples(b) for b in window]
+        total = sum(sizes)
+        ddp = self.runner.ddp_model
+        fsdp = self.runner.model if hasattr(self.runner.model, "set_requires_gradient_sync") else None
+        window_loss = None
+        for i, (micro, size) in enumerate(zip(window, sizes)):
+            last = i == len(window) - 1
+            if fsdp is not None:  # FSDP2: gradients reduce-scattered once, in the last backward
+                fsdp.set_requires_gradient_sync(last)
+            with contextlib.nullcontext() if ddp is None or last else ddp.no_sync():
+                outputs, share = self._forward_backward(batch_idx, micro, size / total, idle)
+            share = share.detach()
+            window_loss = share if window_loss is None else window_loss + share
+        return {**outputs, "loss": window_loss}
+
+
+# a val or test pass's stages by role, as plain strings
+EVAL_STAGES = {
+    mode: {
+        role: Stage(f"{when}_{mode}{suffix}").value
+        for role, when, suffix in [
+            ("begin", "before", ""),
+            ("begin_epoch", "before", "_epoch"),
+            ("before_iter", "before", "_iter"),
+            ("after_iter", "after", "_iter"),
+            ("end_epoch", "after", "_epoch"),
+            ("end", "after", ""),
+        ]
+    }
+    for mode in ("val", "test")
+}
+
+
+class EvalLoop:
+    """One pass over a val or test loader; returns ``{"val/loss": ..., "val/acc": ...}``.
+
+    A mapping of named loaders (several validation sets) is one validation: each set in turn
+    (``runner.eval_set`` names it while its batches run), reported as ``val/<set>/<metric>``,
+    and the hooks' epoch-level stages see all of them at once."""
+
+    def __init__(self, runner: Runner, loader: Iterable | Mapping[str, Iterable], mode: str) -> None:
+        self.runner = runner
+        self.loader = loader
+        self.mode = mode
+        self.stages = EVAL_STAGES[mode]
+        self.eval_step = self.step = runner.eval_step  # (looked up again for each set, after the begin hooks)
+        self.idle: Container[str] = ()
+
+    def _step_in_autocast(self, batch: Any) -> dict[str, Any]:
+        with self.runner.autocast():
+            return self.eval_step(batch)
+
+    def run(self) -> dict[str, float]:
+        r, stages = self.runner, self.stages
+        r.call_hook(stages["begin"])
+        r.call_hook(stages["begin_epoch"])
+        was_training = r.model.training
+        r.model.eval()
+        sets = self.loader.items() if isinstance(self.loader, Mapping) else [(None, self.loader)]
+        metrics: dict[str, float] = {}
+        for name, loader in sets:
+            r.eval_set = name
+            metrics.update(self.run_set(loader, f"{self.mode}/{name}" if name else self.mode))
+        r.eval_set = None
+        r.model.train(was_training)
+        r.record_eval(self.mode, metrics)
+        r.call_hook(stages["end_epoch"], metrics=metrics)
+        r.call_hook(stages["end"])
+        return metrics
+
+    def run_set(self, loader: Iterable, prefix: str) -> dict[str, float]:
+        """The loss and every metric over one loader, as ``<prefix>/<name>``."""
+        r = self.runner
+        for metric in r.metrics.values():
+            metric.reset()
+        # summed on the device, one sync at the end; on the CPU, where reading a value syncs
+        # nothing, as a Python float (cheaper than the three tensor operations per batch)
+        self.loss_sum: torch.Tensor | float = 0.0 if r.device.type == "cpu" else torch.zeros((), device=r.device)
+        self.count = 0
+        self.idle = r.hook_table.idle if not r.instrumented else ()  # stages no hook listens to (unmarked)
+        self.eval_step = r.eval_step_function()  # (a before_val hook may have swapped the model)
+        self.step = self._step_in_autocast if r.autocasts else self.eval_step
+        with torch.no_grad():
+            missing = self._missing_forwards(loader) if r.sharded and is_distributed() else 0
+            data_batch = None
+            for batch_idx, data_batch in enumerate(loader):
+                self.run_iter(batch_idx, data_batch)
+            if missing:  # outputs unused
+                batch = r.to_device(data_batch)
+                for _ in range(missing):
+                    self.step(batch)
+        if is_distributed():  # every rank evaluated its own share: add them up
+            totals = torch.tensor(
+                [float(self.loss_sum), float(self.count)], dtype=torch.float64, device=reduce_device()
+            )
+            all_reduce_sum(totals)
+            self.loss_sum, self.count = totals[0], int(totals[1])
+            for metric in r.metrics.values():
+                metric.sync()
+        metrics = {f"{prefix}/loss": float(self.loss_sum / max(self.count, 1))}
+        for name, metric in r.metrics.items():  # Python floats; a dict result becomes <name>/<key>
+            metrics.update({f"{prefix}/{name}{suffix}": value for suffix, value in metric.compute().items()})
+        return metrics
+
+    def _missing_forwards(self, loader: Iterable) -> int:
+        """FSDP2: every forward gathers parameters from all ranks, so every rank must run as many
+        as the others. A rank with fewer batches (uneven shares of a set) runs its last batch
+        again that many times; told before the pass, as a collective between forwards would
+        deadlock with another rank's gather."""
+        from expkit.core.errors import ConfigError
+
+        if not hasattr(loader, "__len__"):
+            raise ConfigError(
+                f"{self.mode}: with trainer.strategy=fsdp the evaluation loaders need a length "
+                "(every rank must run as many forward passes)"
+            )
+        batches = len(loader)  # type: ignore[arg-type]
+        most = torch.tensor([batches], dtype=torch.int64, device=reduce_device())
+        torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
+        if int(most) > batches == 0:
+            raise ConfigError(
+                f"{self.mode}: this rank's share of the data is empty while others have batches; "
+                "use fewer processes or a larger set"
+            )
+        return int(most) - batches
+
+    def run_iter(self, batch_idx: int, data_batch: Any) -> None:
+        r, stages, idle = self.runner, self.stages, self.idle
+        if r.moves_batches:
+            data_batch = r.to_device(data_batch)
+        if stages["before_iter"] not in idle:
+            r.call_hook(stages["before_iter"], batch_idx=batch_idx, data_batch=data_batch)
+        outputs = self.step(data_batch)
+        targets = outputs["targets"]
+        n = len(targets)
+        loss = outputs.get("loss")
+        if loss is not None:
+            if isinstance(self.loss_sum, float):
+                self.loss_sum += loss.item() * n
+            else:
+                self.loss_sum += loss.detach().float() * n
+        self.count += n
+        for metric in r.metrics.values():
+            metric.update(outputs)  # each reads the outputs it is configured for (default: preds/logits, targets)
+        if stages["after_iter"] not in idle:
+            r.call_hook(stages["after_iter"], batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)

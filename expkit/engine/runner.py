@@ -1,0 +1,492 @@
+"""The Runner: owns the built objects, the hooks, their dispatch table and the run state.
+
+It takes objects, never config: build them yourself (or let ``expkit.config.build`` do it from
+Hydra) and hand them over. ``Runner.run()`` trains, validates, tests and writes
+``result.json`` in the work dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import time
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from expkit.checkpoint import run_checkpoint
+from expkit.core import atomic, distributed
+from expkit.core.rng import algorithm_settings, rng_states, seed_everything, set_rng_states  # noqa: F401 (re-exported)
+from expkit.core.settings import TrainerSettings
+from expkit.core.signals import stop_on_signals
+from expkit.core.stages import Stage
+from expkit.engine import hook_table
+from expkit.engine.devices import StepModule, move, precision, run_device
+from expkit.engine.hook_table import NULL, HookTable
+from expkit.engine.loops import EvalLoop, TrainLoop
+from expkit.hooks import default_hooks as make_default_hooks
+from expkit.hooks.base import Hook
+from expkit.loggers import logs
+from expkit.loggers.backends import Backend
+from expkit.metrics import Accuracy, Directions, MetricSlot, as_slots, probe_metrics
+from expkit.optimizers import check_owned_update, owns_its_update
+from expkit.workdir import provenance, results
+
+if TYPE_CHECKING:
+    from expkit.checkpoint.async_writer import BackgroundWriter
+
+__all__ = ["Runner"]
+
+
+log = logging.getLogger("expkit")
+
+
+class Runner:
+    """Trains ``model`` with ``optimizer`` on ``train_loader``; validates and tests.
+
+    Every argument is keyword-only; ``expkit.config.build.build_runner`` makes them from a config.
+
+    Args:
+        model: the model; the task (``criterion``, or a task's own step) gives its loss.
+        optimizer: one optimizer, a name -> optimizer mapping (a task with several, a GAN), or
+            None (evaluation only).
+        train_loader: the training batches; None for evaluation only.
+        work_dir: the run's dir: checkpoints, metrics.jsonl, result.json, the loggers' files.
+        val_loader: validation batches, each ``settings.val_interval`` epochs; None: none.
+        test_loader: test batches, once after training (and the best checkpoint's); None: none.
+        scheduler: a learning-rate scheduler, stepped each epoch or each iteration.
+        scheduler_by_epoch: True steps ``scheduler`` after each epoch, False after each iteration.
+        criterion: ``loss = criterion(output, target)`` for the plain supervised step.
+        metrics: name -> any object with update/compute/reset (torchmetrics included), or a
+            ``MetricSlot`` that says which step outputs it reads and its direction.
+        monitor: the metric key (``val/acc``) whose best value result.json reports first;
+            checked at start-up.
+        settings: the trainer's settings (epochs, precision, strategy, ...); None: defaults.
+        default_hooks: None gives the six defaults (see ``default_hooks()``); a mapping gives
+            exactly those.
+        hooks: custom hooks, a name -> hook mapping or a sequence. Default hooks register
+            first; then everything is sorted by priority, ties kept in registration order.
+        loggers: backends (TensorBoard, wandb, MLflow) the LoggerHook writes to besides
+            metrics.jsonl.
+        resume: True continues from ``work_dir``'s last checkpoint; a path, from that checkpoint.
+        load_from: a checkpoint whose weights only are loaded (a new run from them).
+        config: the composed config, saved in checkpoints and result.json.
+        run_info: what the command knows of the run (its command line, the sweep job).
+        data_info: what the data module says of itself (classes, shapes), saved for predict.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer] | None,
+        train_loader: Iterable | None,
+        work_dir: str | Path,
+        val_loader: Iterable | None = None,
+        test_loader: Iterable | None = None,
+        scheduler: Any = None,
+        scheduler_by_epoch: bool = True,
+        criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        metrics: Mapping[str, Any] | None = None,
+        monitor: str | None = None,
+        settings: TrainerSettings | None = None,
+        default_hooks: Mapping[str, Hook] | None = None,
+        hooks: Mapping[str, Hook] | Sequence[Hook] = (),
+        loggers: Mapping[str, Backend] | None = None,
+        resume: bool | str | Path = False,
+        load_from: str | Path | None = None,
+        config: Mapping[str, Any] | None = None,
+        run_info: Mapping[str, Any] | None = None,
+        data_info: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.settings = settings or TrainerSettings()
+        self.is_main = distributed.is_main()  # rank 0 writes checkpoints, metrics, backends, result.json
+        self.device = run_device(self.settings)
+        self.sharded = self.settings.strategy == "fsdp"  # sharded checkpoints (and FSDP2 under torchrun)
+        if self.sharded:
+            from expkit.checkpoint import sharding
+
+            sharding.check_runner_inputs(model, hooks, default_hooks)
+        self.model = model.to(self.device)
+        if self.settings.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        if self.settings.compile:
+            self.model.compile()  # in place: the same module, state_dict keys and hooks; compiled on first call
+        self.ddp_model: nn.Module | None = None
+        # one optimizer, or several by name (a model that owns its update: train_step(batch, optimizers))
+        self.optimizers: dict[str, torch.optim.Optimizer] = (
+            dict(optimizer) if isinstance(optimizer, Mapping) else {"optimizer": optimizer} if optimizer else {}
+        )
+        self.named_optimizers = isinstance(optimizer, Mapping)  # checkpoints keep them by name
+        self.schedulers: dict[str, Any] = (
+            dict(scheduler) if isinstance(scheduler, Mapping) else {"scheduler": scheduler} if scheduler else {}
+        )
+        self.scheduler_by_epoch = scheduler_by_epoch
+        self.manual_optimization = owns_its_update(self.model)
+        check_owned_update(self)
+        if distributed.is_distributed() and self.optimizer is not None and not self.sharded:
+            self.ddp_model = torch.nn.parallel.DistributedDataParallel(
+                StepModule(self), device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
+        self.train_loader = train_loader
+        self.val_loader = val_loader
+        self.test_loader = test_loader
+        # default: the function (a loss module's call costs about 4 us more, every step)
+        self.criterion = criterion if criterion is not None else nn.functional.cross_entropy
+        self.metrics: dict[str, MetricSlot] = {
+            name: slot.to(self.device)
+            for name, slot in as_slots(metrics if metrics is not None else {"acc": Accuracy()}).items()
+        }
+        sets = {
+            mode: list(loader)
+            for mode, loader in (("val", val_loader), ("test", test_loader))
+            if isinstance(loader, Mapping)
+        }
+        self.directions = Directions(self.metrics, sets)  # the one answer to "is greater better?" for every metric key
+        self.eval_set: str | None = None  # the named val/test set being evaluated, if there are several
+        self.monitor = monitor
+        self.work_dir = Path(work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.resume_from = resume
+        self.load_from = load_from
+        # (path, checkpoint) the run starts from, read and checked before anything is written; () none
+        self.start_checkpoint: tuple[Path, dict[str, Any]] | tuple[()] | None = None
+        self.config = dict(config) if config is not None else None
+        self.loggers: dict[str, Backend] = dict(loggers or {})  # TensorBoard, wandb: written by LoggerHook
+        self.run_info = dict(run_info or {})
+        self.data_info = dict(data_info or {})  # what the data module describes (num_classes: the start-up probe)
+
+        # run state; counters follow MMEngine (see expkit.core.stages)
+        self.epoch = 0
+        self.iter = 0
+        self.inner_iter = 0  # batches consumed in the current epoch (for exact mid-epoch resume)
+        self.position = (0, 0, 0)  # (epochs, iters, inner iters) completed: what a checkpoint records
+        # (samples of the epoch's order trained on, inner_iter then): set by a mid-epoch resume with another
+        # number of processes or batch size, from where this epoch's samples are counted; (0, 0) otherwise
+        self.epoch_start = (0, 0)
+        self.epoch_end: int | None = None  # that epoch's length in iterations (inner_iter goes on from the saved one)
+        self.batch_ready = 0.0  # time.perf_counter() when the current iteration's batch was ready
+        self.resuming = False  # True once this run continues from a resume checkpoint
+        self.load_purpose = ""  # why the last checkpoint was loaded: resume, load_from or test
+        self.load_source: Path | None = None  # the file (or sharded dir) the last checkpoint was loaded from
+        self.test_checkpoint: str | None = None  # the weights the test used
+        self.stop_reason: str | None = None
+        self.error: str | None = None  # why the run failed, in one line (result.json's "error")
+        self.stop_status = "stopped"  # result.json's status after a stop: stopped or pruned
+        self.status = "running"  # then completed, stopped or failed (set before after_run)
+        self.stop_signal: int | None = None  # the signal number when a signal asked to stop
+        self.stopped_by_signal = False  # whether a signal was the first stop request (not one after a stop)
+        self.provenance: dict[str, Any] = {}  # provenance.json's record, once written (rank 0)
+        self.scalars: dict[str, float] = {}  # latest values hooks publish (train/time, ...)
+        self.val_metrics: dict[str, float] = {}
+        self.test_metrics: dict[str, float] = {}
+        self.best_metrics: dict[str, dict[str, Any]] = {}
+        self.best_checkpoints: dict[str, str] = {}
+        self.last_checkpoint: Path | None = None
+
+        self._autocast_dtype, self.scaler = precision(self.settings.precision, self.device)  # scaler: fp16 on CUDA
+        # whether the loops call autocast() around forward passes (bf16, 16) and to_device() on batches
+        # (work to do, or a Runner subclass's own)
+        self.autocasts = self._autocast_dtype is not None or type(self).autocast is not Runner.autocast
+        self.moves_batches = (
+            self.device.type != "cpu" or self.settings.channels_last or type(self).to_device is not Runner.to_device
+        )
+        self.hook_table = HookTable()  # registration, order, dispatch, instrumentation
+        self.instrumented = False
+        self.hook_times = self.hook_table.hook_times  # (stage, hook name) -> [seconds, calls], while timing
+        self.phase_times = self.hook_table.phase_times  # loop phase -> [seconds, calls], while timing
+        self.extra_scalars: dict[str, float] = {}  # hooks' values for the next log record (cleared there)
+        hooks_in = default_hooks if default_hooks is not None else make_default_hooks()
+        for name, hook in hooks_in.items():
+            self.register_hook(hook, name=name)
+        named = hooks.items() if isinstance(hooks, Mapping) else ((type(h).__name__, h) for h in hooks)
+        for name, hook in named:
+            self.register_hook(hook, name=name)
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The (first) optimizer: its first group's lr is logged as train/lr."""
+        return next(iter(self.optimizers.values()), None)
+
+    @optimizer.setter
+    def optimizer(self, value: torch.optim.Optimizer | None) -> None:
+        self.optimizers = {"optimizer": value} if value is not None else {}
+        self.named_optimizers = False
+
+    @property
+    def scheduler(self) -> Any:
+        """The (first) scheduler; setting it replaces the run's schedulers with this one."""
+        return next(iter(self.schedulers.values()), None)
+
+    @scheduler.setter
+    def scheduler(self, value: Any) -> None:
+        self.schedulers = {"scheduler": value} if value is not None else {}
+
+    # -- hooks (the table is expkit.engine.hook_table's) --------------------------------------------
+    @property
+    def hooks(self) -> list[Hook]:
+        """The registered hooks, in firing order."""
+        return self.hook_table.hooks
+
+    def hook_names(self) -> list[str]:
+        """The hooks' names (``checkpoint``, ``EMAHook``, ...), in firing order."""
+        return self.hook_table.names
+
+    def register_hook(self, hook: Hook, name: str | None = None, priority: int | str | None = None) -> None:
+        """Add a hook; `priority` beats the hook's own `priority` attribute."""
+        self.hook_table.register(hook, name, priority)
+
+    call_hook = hook_table.call_hook  # (stage, **payload): every hook at a stage, in order
+
+    def instrument(self, *, markers: bool | None = None, timing: bool | None = None) -> None:
+        """``markers``: wrap every stage, hook call and loop phase in ``record_function`` so
+        they show by name in profiler traces. ``timing``: add up the seconds of every hook at
+        every stage (``hook_times``) and of every loop phase (``phase_times``). Off by default:
+        then it costs nothing."""
+        table = self.hook_table
+        if markers is not None:
+            table.markers = markers
+        if timing is not None:
+            table.timing = timing
+        self.instrumented = table.instrumented
+        if self.instrumented:
+            self.call_hook = lambda stage, **payload: table.call_instrumented(self, stage, payload)  # type: ignore[method-assign]
+        else:
+            self.__dict__.pop("call_hook", None)
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager:
+        """A loop phase (data, forward, backward, optimizer): marked and timed when instrumented."""
+        return self.hook_table.phase(name) if self.instrumented else NULL
+
+    def hook_order_table(self) -> str:
+        """The resolved order per stage, as printed at start-up."""
+        return self.hook_table.order_table()
+
+    def request_stop(self, reason: str, status: str = "stopped") -> None:
+        """Ask the loop to stop after the current iteration (first reason wins). `status` is
+        what result.json will say: ``stopped`` (early stopping, a signal) or ``pruned`` (a
+        search gave up on this trial: the test pass is skipped too)."""
+        if self.stop_reason is None:
+            self.stop_reason, self.stop_status = reason, status
+            self.stopped_by_signal = self.stop_signal is not None
+            log.info("Stop requested: %s", reason)
+
+    # -- the run --------------------------------------------------------------------------
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Training iterations (optimizer steps) per epoch; None for a loader without a length."""
+        if not hasattr(self.train_loader, "__len__"):
+            return None
+        return self.settings.steps_per_epoch(len(self.train_loader))  # type: ignore[arg-type]
+
+    @property
+    def max_iters(self) -> int:
+        """The total number of training iterations (optimizer steps) of this run."""
+        if self.settings.max_iters is not None:
+            return self.settings.max_iters
+        return self.settings.max_epochs * self.steps_per_epoch  # type: ignore[operator]
+
+    def run(self) -> dict[str, Any]:
+        """before_run, [load], train, test, after_run; writes and returns result.json's content."""
+        started = time.time()
+        status, error, tb = "completed", None, None
+        run_checkpoint.check_start(self)  # a refused resume raises here, the run dir as it was
+        logs.show_progress()
+        if log.isEnabledFor(logging.INFO):  # (the table per stage: show_hooks=true, or hook_order_table())
+            log.info("Hooks: %s", ", ".join(self.hook_names()))
+        # room for result.json and provenance.json however full the disk gets during the run
+        reserve = atomic.SpaceReserve(self.work_dir / ".result.reserve") if self.is_main else None
+        benchmark = self.settings.cudnn_benchmark and self.device.type == "cuda"
+        recorded: Callable[[], dict[str, Any]] = dict
+        with algorithm_settings(self.settings.deterministic, benchmark), stop_on_signals(self):
+            try:
+                try:
+                    if self.is_main:  # git's process runs while before_run, the probe and a resume do
+                        recorded = provenance.start(self.work_dir)
+                    self.call_hook(Stage.BEFORE_RUN)  # hooks check their metrics here and declare explicit rules
+                    if self.monitor is not None:
+                        self.metric_rule(self.monitor, "monitor")
+                    if self.val_loader is not None and self.optimizer is not None:
+                        probe_metrics(self)  # (and the model's outputs against the data's classes)
+                    run_checkpoint.load_or_resume(self)
+                    self.provenance = recorded()  # (git ran meanwhile)
+                    if self.train_loader is not None and self.optimizer is not None:
+                        self.train()
+                    elif self.val_loader is not None:  # nothing to train: evaluate
+                        self.validate()
+                    if self.test_loader is not None and self.stop_signal is None and self.stop_status != "pruned":
+                        run_checkpoint.load_test_weights(self)  # (preempted: test after resuming)
+                        self.test()
+                    if self.stop_reason is not None:
+                        status = self.stop_status
+                except BaseException as exc:
+                    if isinstance(exc, KeyboardInterrupt) and self.stop_signal is not None:
+                        # a second Ctrl-C while stopping: stopped, not failed; resumable from the last
+                        # complete checkpoint (a save it cut short never got its name)
+                        status = "stopped"
+                        first = signal.Signals(self.stop_signal).name
+                        self.stop_reason = f"signal {first}, then SIGINT again before the stop completed"
+                        raise
+                    status, error = "failed", results.failure_message(exc, self.run_info.get("resume_command"))
+                    self.error = error
+                    tb = traceback.format_exc()
+                    try:
+                        self.call_hook(Stage.ON_EXCEPTION, exception=exc)
+                    except Exception as hook_exc:  # the run's own error stays the one raised
+                        log.error("Also, after the run had failed: %s", results.failure_message(hook_exc))
+                    raise
+                finally:
+                    self.status = status
+                    try:
+                        self.call_hook(Stage.AFTER_RUN)
+                    except BaseException as exc:  # (a Ctrl-C there too): the run failed, if nothing else did
+                        if error is None:
+                            status, error, tb = "failed", results.failure_message(exc), traceback.format_exc()
+                            self.status, self.error = status, error
+                            raise
+                        log.error("Also, after the run had failed: %s", results.failure_message(exc))
+            finally:  # written before the signal handlers go: torchrun's SIGTERM to survivors must not cut it
+                self.provenance = recorded()
+                wall_time = time.time() - started
+                result = results.run_result(self, status, error, tb, wall_time)
+                results.write_run_result(self, result, wall_time, reserve)
+        return result
+
+    def validation_due(self, count: int) -> bool:
+        """Whether training validates after `count` completed epochs (iterations when
+        iteration-based): every `val_interval` from `val_begin`, and at the end."""
+        s = self.settings
+        if self.val_loader is None or count < s.val_begin:
+            return False
+        last = s.max_iters if s.max_iters is not None else s.max_epochs
+        return count % s.val_interval == 0 or count == last
+
+    def train(self) -> None:
+        """Train until the budget is spent or a stop is requested, validating when due."""
+        TrainLoop(self).run()
+
+    def validate(self) -> dict[str, float]:
+        """One pass over the val loader(s); returns ``{"val/loss": ..., "val/<metric>": ...}``."""
+        return EvalLoop(self, self.val_loader, "val").run()
+
+    def test(self) -> dict[str, float]:
+        """One pass over the test loader(s); returns ``{"test/loss": ..., "test/<metric>": ...}``."""
+        return EvalLoop(self, self.test_loader, "test").run()
+
+    def record_eval(self, mode: str, metrics: dict[str, float]) -> None:
+        """The run state takes a pass's results before its hooks see them: a checkpoint saved
+        after validation holds this validation's metrics and best values."""
+        if mode == "val":
+            self.val_metrics = metrics
+            self.directions.track_best(self.best_metrics, metrics, self.epoch, self.iter)
+        else:
+            self.test_metrics = metrics
+
+    def metric_rule(self, key: str, by: str, rule: str | None = None) -> str:
+        """For hooks at before_run: check that validation will report `key` (when this run
+        validates) and return its direction; an explicit `rule` (a hook's own setting) is
+        declared for the whole run. `by` names the setting in errors."""
+        if self.val_loader is not None and self.optimizer is not None:
+            self.directions.check_reported(key, by)
+        if rule is not None:
+            self.directions.declare(key, rule, by.rsplit(".", 1)[0] + ".rule")
+        return self.directions.require(key, by)
+
+    # -- the step ---------------------------------------------------------------------------
+    def to_device(self, batch: Any) -> Any:
+        """The batch's tensors on the run's device (and channels-last, when set)."""
+        if self.device.type == "cpu" and not self.settings.channels_last:
+            return batch
+        return move(batch, self.device, self.settings.channels_last)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """``trainer.precision``'s autocast (bf16, 16), or a no-op context in fp32."""
+        if self._autocast_dtype is None:
+            return NULL
+        return torch.autocast(self.device.type, dtype=self._autocast_dtype)
+
+    def train_step(self, data_batch: Any) -> dict[str, Any]:
+        """Forward and loss for a plain model; a model with its own ``train_step(batch)``
+        returning ``{"loss": ...}`` is called instead (see TrainLoop)."""
+        inputs, targets = data_batch
+        logits = self.model(inputs)
+        return {"loss": self.criterion(logits, targets), "logits": logits}
+
+    def eval_step(self, data_batch: Any) -> dict[str, Any]:
+        """Forward for val/test: a dict with ``loss``, ``logits`` and ``targets`` (a model's own
+        ``eval_step`` may add more, e.g. ``preds``, for metrics to read by name)."""
+        if hasattr(self.model, "eval_step"):
+            return self.model.eval_step(data_batch)
+        return self.plain_eval_step(data_batch)
+
+    def eval_step_function(self) -> Callable[[Any], dict[str, Any]]:
+        """What ``eval_step`` calls per batch, looked up once (a val/test pass does, as training
+        looks up ``train_step`` once): a missing ``eval_step`` on a module costs an AttributeError
+        each time. A Runner subclass's own ``eval_step`` is always the one."""
+        if type(self).eval_step is not Runner.eval_step or "eval_step" in self.__dict__:
+            return self.eval_step
+        own = getattr(self.model, "eval_step", None)
+        return own if own is not None else self.plain_eval_step
+
+    def plain_eval_step(self, data_batch: Any) -> dict[str, Any]:
+        """``eval_step`` for a model without its own: (inputs, targets) -> logits, loss."""
+        inputs, targets = data_batch
+        logits = self.model(inputs)
+        return {"loss": self.criterion(logits, targets), "logits": logits, "targets": targets}
+
+    # -- checkpoints (what they hold and resuming: expkit.checkpoint.run_checkpoint) ------------------------
+    def state_checkpoint(self, save_optimizer: bool = True, save_scheduler: bool = True) -> dict[str, Any]:
+        """Everything needed to continue this run exactly."""
+        return run_checkpoint.state_checkpoint(self, save_optimizer, save_scheduler)
+
+    def save_checkpoint(
+        self,
+        path: Path,
+        *,
+        save_optimizer: bool = True,
+        save_scheduler: bool = True,
+        is_best: bool = False,
+        metric: str | None = None,
+        durable: bool = False,
+        writer: BackgroundWriter | None = None,
+    ) -> Path:
+        """Write a checkpoint atomically (`durable`: fsync too); regular ones move `last_checkpoint`.
+        With trainer.strategy=fsdp it is a sharded directory (``<name>.dcp``, every rank writes
+        its shard). With a `writer` (``expkit.checkpoint.async_writer``), only the copy of the state
+        happens now: the file is written in the writer's thread, and hooks'
+        ``after_save_checkpoint`` runs once it is complete (at the writer's next ``wait``).
+        Returns the path written (or being written)."""
+        return run_checkpoint.save_checkpoint(
+            self,
+            path,
+            save_optimizer=save_optimizer,
+            save_scheduler=save_scheduler,
+            is_best=is_best,
+            metric=metric,
+            durable=durable,
+            writer=writer,
+        )
+
+    def checkpoint_name(self, name: str) -> str:
+        """The name a checkpoint file name gets on disk: ``epoch_3.pth``, or with
+        trainer.strategy=fsdp the sharded directory ``epoch_3.dcp``."""
+        return run_checkpoint.checkpoint_name(self, name)
+
+    def epoch_samples(self) -> int | None:
+        """Samples of this epoch's order trained on so far, by all processes together (what a
+        mid-epoch resume skips, with any number of processes); None without a batch size."""
+        batch_size = getattr(self.train_loader, "batch_size", None)
+        if not isinstance(batch_size, int):
+            return None
+        samples, inner = self.epoch_start
+        return samples + (self.position[2] - inner) * batch_size * distributed.rank_and_world()[1]
+
+    @property
+    def epoch_complete(self) -> bool:
+        """True inside after_train_epoch when the epoch ran to its end (not cut short by a stop)."""
+        return self.position[0] > self.epoch

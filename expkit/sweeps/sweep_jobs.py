@@ -1,0 +1,442 @@
+"""A sweep job's identity and place: which dir holds which job, whether it still has to run.
+
+Hydra numbers a sweep's jobs by position. expkit records each job's overrides in its dir
+(``job.json``) and in an index (``<sweep>/.jobs/``), so that resuming a sweep (``-m ...
+resume=true``), a Slurm requeue, or a second launch of the same sweep finds every job by
+what it is, not where it came in the order: a finished job is not trained again, a running
+one (another launch holds its lock) is skipped, an interrupted one continues.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from expkit.core import atomic, confine
+from expkit.core.atomic import write_json_atomic, write_text_atomic
+from expkit.loggers import logs
+from expkit.metrics import worst_value
+from expkit.workdir.results import write_failure
+
+__all__ = [
+    "COMPUTE_KEYS",
+    "CONTROL_KEYS",
+    "FAIL_FAST_MARKER",
+    "INDEX_COMPLETE",
+    "INDEX_DIR",
+    "JOB_FILE",
+    "STOP_FILE",
+    "SWEEP_JOBS_ENV",
+    "SWEEP_LAUNCHED_ENV",
+    "SWEEP_PID_ENV",
+    "best_value",
+    "done_since_launch",
+    "find_job",
+    "finished",
+    "finished_job_value",
+    "in_launching_process",
+    "job_failed",
+    "job_identity",
+    "job_order",
+    "job_result",
+    "job_target",
+    "key_kind",
+    "mark_launch",
+    "own_job_dir",
+    "place_job",
+    "read_job",
+    "record_job",
+    "request_stop",
+    "restore_hydra_record",
+    "resuming_sweep",
+    "skip_busy_job",
+    "stop_requested",
+    "tally_jobs",
+]
+
+
+log = logging.getLogger("expkit")
+
+
+def job_order(path: Path) -> tuple[int, str]:
+    """Job dirs in Hydra's order: 0, 1, ..., 10 (not 0, 1, 10, 2)."""
+    return len(path.name), path.name
+
+
+JOB_FILE = "job.json"  # a job's identity in a sweep; Hydra never writes it
+SWEEP_LAUNCHED_ENV = "EXPKIT_SWEEP_LAUNCHED"  # when this launch of the sweep began (set by expkit's sweepers)
+
+
+SWEEP_JOBS_ENV = "EXPKIT_SWEEP_JOBS"  # how many jobs this launch runs (set by expkit's sweepers)
+
+
+SWEEP_PID_ENV = "EXPKIT_SWEEP_PID"  # the process that launches the jobs (the sweeper's)
+STOP_FILE = ".stop"  # in the sweep dir: a signal stopped this launch; its jobs not started yet never start
+launched_dir: Path | None = None  # this process's sweep dir, once a launch or a job began here
+
+
+def mark_launch(jobs: int | None = None, sweep_dir: Path | None = None) -> None:
+    """Tell this launch's jobs (in this process, or in the workers it starts) when it began, and
+    how many jobs it runs (the first job projects the sweep's checkpoints against the free disk)."""
+    import time
+
+    global launched_dir
+    os.environ[SWEEP_LAUNCHED_ENV] = repr(time.time())
+    os.environ[SWEEP_PID_ENV] = str(os.getpid())
+    if jobs is not None:
+        os.environ[SWEEP_JOBS_ENV] = str(jobs)
+    if sweep_dir is not None:
+        launched_dir = Path(sweep_dir).resolve()
+
+
+def in_launching_process() -> bool:
+    """Whether this job runs in the process that launches the sweep's jobs (Hydra's basic
+    launcher), not in a worker (joblib, submitit)."""
+    return os.environ.get(SWEEP_PID_ENV) in (None, str(os.getpid()))
+
+
+def request_stop(sweep_dir: Path, signum: int) -> None:
+    """A signal stops this launch: no job of it that has not started yet will start."""
+    with contextlib.suppress(OSError):  # (a full disk: the jobs then stop on their own signal)
+        write_json_atomic(sweep_dir / STOP_FILE, {"signal": signum, "launch": os.environ.get(SWEEP_LAUNCHED_ENV)})
+
+
+def stop_requested(sweep_dir: Path) -> int | None:
+    """The signal that stopped this launch of the sweep, if one did (a stop file of an earlier
+    launch is stale: a resume starts everything again)."""
+    try:
+        stop = json.loads((sweep_dir / STOP_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    launch = os.environ.get(SWEEP_LAUNCHED_ENV)
+    if not isinstance(stop, dict) or launch is None or stop.get("launch") != launch:
+        return None
+    return stop.get("signal") if isinstance(stop.get("signal"), int) else None
+
+
+# A sweep job is identified by what it computes. These keys (and everything under them) only
+# control how a run goes: resuming, failing, printing, logging, where files go, how many are
+# kept, how jobs are launched. They are never part of a job's identity, so that
+# `resume=true retry_failed=true` or `logger=[tensorboard]` finds the same jobs. Every key of
+# train.yaml, and every config group, is in one of the two lists (tests/test_sweep_identity.py);
+# the longest prefix decides; a key in neither (a user's own) counts as computing.
+CONTROL_KEYS = (
+    "hydra",
+    "hydra_defaults",
+    "resume",
+    "retry_failed",
+    "fail_fast",
+    "show_hooks",
+    "logger",
+    "hparams_search",
+    "seed_keys",
+    "sweep_output",
+    "default_hooks.logger",
+    "default_hooks.timer",
+    "default_hooks.runtime_info",
+    "default_hooks.checkpoint",
+    "data.num_workers",
+    "data.pin_memory",
+)
+COMPUTE_KEYS = (
+    "monitor",
+    "load_from",
+    "criterion",
+    "metrics",
+    "trainer",
+    "data",
+    "model",
+    "optim",
+    "sched",
+    "hooks",
+    "debug",
+    "experiment",
+    "default_hooks",
+    "default_hooks.sampler_seed",
+    "default_hooks.param_scheduler",
+    "default_hooks.checkpoint.save_best",
+    "default_hooks.checkpoint.rule",
+    "default_hooks.checkpoint.greater_keys",
+    "default_hooks.checkpoint.less_keys",  # (the best checkpoint is the test's weights)
+)
+
+
+def key_kind(key: str) -> str | None:
+    """``control`` or ``compute`` for a config key (``a.b.c``) or group (``hydra/launcher``), by
+    the longest listed prefix; None when no list holds it."""
+    key = key.lstrip("+~").replace("/", ".")
+    best, kind = -1, None
+    for listed, name in ((CONTROL_KEYS, "control"), (COMPUTE_KEYS, "compute")):
+        for prefix in listed:
+            if (key == prefix or key.startswith(prefix + ".")) and len(prefix) > best:
+                best, kind = len(prefix), name
+    return kind
+
+
+def job_identity(overrides: list[str]) -> list[str]:
+    """What makes a job the same job across launches: its overrides, sorted, without the ones
+    that only control the run (CONTROL_KEYS); reordering values on the command line changes
+    nothing."""
+    return sorted(o for o in overrides if key_kind(o.partition("=")[0]) != "control")
+
+
+def read_job(work_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((work_dir / JOB_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+INDEX_DIR = ".jobs"  # <sweep>/.jobs/<digest of an identity>: the name of the dir holding that job
+INDEX_COMPLETE = "complete-2"  # every job dir is in the index (2: identities without control keys)
+
+
+def _index_key(identity: list[str]) -> str:
+    import hashlib
+
+    return hashlib.sha1(json.dumps(identity).encode()).hexdigest()[:20]
+
+
+def record_job(work_dir: Path, identity: list[str]) -> None:
+    """job.json: the identity, and a copy of the job's .hydra files (Hydra rewrites .hydra/ of
+    <sweep>/<n> at every launch, so a resumed sweep with reordered values can put them back);
+    and the sweep's index entry for the identity."""
+    hydra_files = {p.name: p.read_text() for p in (work_dir / ".hydra").glob("*.yaml")}
+    write_json_atomic(work_dir / JOB_FILE, {"overrides": identity, "hydra": hydra_files})
+    write_text_atomic(work_dir.parent / INDEX_DIR / _index_key(identity), work_dir.name)
+
+
+def restore_hydra_record(work_dir: Path, job: dict[str, Any]) -> None:
+    """Put back the .hydra files a job.json copied: each name recorded there must be one
+    ``.yaml`` name directly inside the job's own .hydra/ (the record is data: a crafted name
+    is ignored with a warning, never written through)."""
+    hydra_dir = work_dir / ".hydra"
+    files = job.get("hydra")
+    for name, text in files.items() if isinstance(files, dict) else ():
+        target = confine.confined(hydra_dir, name, work_dir / JOB_FILE, ".hydra file")
+        if target is None or not isinstance(text, str) or target.suffix != ".yaml":
+            if target is not None:
+                log.warning("Ignoring %r recorded in %s: not a .hydra/*.yaml record", name, work_dir / JOB_FILE)
+            continue
+        write_text_atomic(target, text)
+
+
+def job_target(work_dir: Path) -> Path:
+    """Where the job of a sweep's job dir really ran (a resumed job's dir may point to another
+    dir of the same sweep: alias_of; one that names anything else is ignored)."""
+    alias = (read_job(work_dir) or {}).get("alias_of")
+    if not alias:
+        return work_dir
+    target = confine.confined(work_dir.parent, alias, work_dir / JOB_FILE, "job dir of this sweep")
+    return target if target is not None and target.is_dir() else work_dir
+
+
+def job_result(work_dir: Path) -> dict[str, Any] | None:
+    """A job's result.json, where the job really ran."""
+    try:
+        return json.loads((job_target(work_dir) / "result.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def tally_jobs(sweep_dir: Path) -> dict[str, int]:
+    """The jobs a sweep dir holds, by how they stand: completed (finished: completed, pruned,
+    stopped by a hook), failed, interrupted (stopped by a signal, or no result yet); a job
+    that a stop kept from starting is not counted."""
+    counts = {"completed": 0, "interrupted": 0, "failed": 0}
+    for job_dir in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        job = read_job(job_dir)
+        if job is None or "alias_of" in job:
+            continue
+        result = job_result(job_dir) or {}
+        kind = "completed" if finished(result) else "failed" if result.get("status") == "failed" else "interrupted"
+        counts[kind] += 1
+    return counts
+
+
+def finished(result: dict[str, Any]) -> bool:
+    """Whether a job's result.json says it ran to its end: completed, pruned, or stopped by a
+    hook (early stopping); a job stopped by a signal was preempted and goes on when resumed."""
+    status, reason = result.get("status"), str(result.get("stop_reason") or "")
+    return status in ("completed", "pruned") or (status == "stopped" and not reason.startswith("signal"))
+
+
+def _identity_of(job: dict[str, Any]) -> list[str] | None:
+    """A recorded job's identity, by today's rule (an older expkit kept some control keys)."""
+    overrides = job.get("overrides")
+    return job_identity([str(o) for o in overrides]) if isinstance(overrides, list) else None
+
+
+def find_job(sweep_dir: Path, identity: list[str]) -> Path | None:
+    """The dir in `sweep_dir` that holds the job with this identity, if any: one lookup in the
+    sweep's index. A sweep dir whose index is not known complete (made by an older expkit, or
+    a write lost to a crash) is scanned once, indexing every job, and then marked complete."""
+    index = sweep_dir / INDEX_DIR
+    try:
+        entry = index / _index_key(identity)
+        candidate = confine.confined(sweep_dir, entry.read_text().strip(), entry, "job dir of this sweep")
+        job = read_job(candidate) if candidate is not None and candidate.is_dir() else None
+        if candidate is not None and job is not None and _identity_of(job) == identity and "alias_of" not in job:
+            return candidate
+    except OSError:
+        pass
+    if (index / INDEX_COMPLETE).is_file():
+        return None
+    found = None
+    for candidate in sorted(
+        (p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")), key=job_order
+    ):
+        job = read_job(candidate)
+        if job is None or "alias_of" in job or not isinstance(job.get("overrides"), list):
+            continue
+        write_text_atomic(index / _index_key(_identity_of(job)), candidate.name)
+        if found is None and _identity_of(job) == identity:
+            found = candidate
+    write_text_atomic(index / INDEX_COMPLETE, "")
+    return found
+
+
+def job_failed(
+    exc: BaseException, work_dir: Path, sweep_dir: Path, rule: str, fail_fast: bool, message: str | None = None
+) -> float:
+    """In a sweep: record the failure, then either stop the sweep (fail_fast) or let it go on."""
+    message = message or f"{type(exc).__name__}: {exc}"
+    write_failure(work_dir, message)
+    log.error("Job failed: %s (work dir %s)", message, work_dir)
+    if fail_fast:
+        (sweep_dir / FAIL_FAST_MARKER).write_text(str(work_dir))
+        raise exc
+    return worst_value(rule)
+
+
+FAIL_FAST_MARKER = ".fail_fast"
+
+
+def resuming_sweep(cfg: DictConfig) -> bool:
+    """resume=true: continue a sweep in its dir (a .pth path or false means something else)."""
+    return str(cfg.resume).lower() == "true"
+
+
+def place_job(cfg: DictConfig, overrides: list[str], hydra_dir: Path, sweep_dir: Path) -> Path:
+    """The work dir of this sweep job. Hydra numbers jobs by position; with resume=true a job
+    is found by its overrides instead (job.json), so reordered or added values mix nothing up."""
+    identity = job_identity(overrides)
+    if not resuming_sweep(cfg):
+        record_job(hydra_dir, identity)
+        return hydra_dir
+    own = read_job(hydra_dir)
+    if own is not None and _identity_of(own) == identity:
+        return hydra_dir
+    target = find_job(sweep_dir, identity)
+    if own is None:  # a new dir
+        if target is None:
+            record_job(hydra_dir, identity)
+            return hydra_dir
+        write_json_atomic(hydra_dir / JOB_FILE, {"alias_of": str(target), "overrides": identity})
+    else:  # the dir holds another job of the earlier launch: give it its record back
+        current = {p.name: p.read_text() for p in (hydra_dir / ".hydra").glob("*.yaml")}  # this launch's
+        restore_hydra_record(hydra_dir, own)
+        if target is None:
+            digest = hashlib.sha1(" ".join(identity).encode()).hexdigest()[:6]
+            target = sweep_dir / f"{hydra_dir.name}_{digest}"
+            for name, text in current.items():
+                atomic.write_text_atomic(target / ".hydra" / name, text)
+            record_job(target, identity)
+    log.info("Sweep job %s lives in %s", " ".join(identity), target)
+    logs.log_to_file(target / "train.log")
+    return target
+
+
+def finished_job_value(cfg: DictConfig, work_dir: Path, rule: str, monitor: str) -> float | None:
+    """With resume=true: a job that already finished is not trained again; its value is returned."""
+    result_file = work_dir / "result.json"
+    if not resuming_sweep(cfg) or not result_file.is_file():
+        return None
+    result = json.loads(result_file.read_text())
+    rule = result.get("monitor_rule") or rule  # the direction the run itself used
+    status = result.get("status")
+    if status == "failed" and not cfg.retry_failed:
+        log.info(
+            "Job in %s failed before (%s); kept as failed (retry_failed=true retries it)", work_dir, result.get("error")
+        )
+        return worst_value(rule)
+    if finished(result):
+        log.info("Job in %s is already %s; not trained again", work_dir, status)
+        return best_value(result, monitor, rule)
+    return None  # interrupted, skipped or never finished: run it (resume=true continues it)
+
+
+def best_value(result: dict[str, Any], monitor: str, rule: str) -> float:
+    best = (result.get("best_metrics") or {}).get(monitor)
+    value = None if best is None else best.get("value")
+    return (
+        float(value) if value is not None and math.isfinite(value) else worst_value(result.get("monitor_rule") or rule)
+    )
+
+
+def done_since_launch(work_dir: Path, monitor: str, rule: str) -> float | None:
+    """A job that another launch of this sweep finished after this launch began (two launches
+    of one sweep, e.g. a Slurm requeue while the first still runs): not run a second time."""
+    launched, result_file = os.environ.get(SWEEP_LAUNCHED_ENV), work_dir / "result.json"
+    try:
+        if launched is None or result_file.stat().st_mtime < float(launched):
+            return None
+        result = json.loads(result_file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not finished(result):
+        return None
+    log.info(
+        "Job in %s was %s by another launch of this sweep; this launch does not run it again",
+        work_dir,
+        result.get("status"),
+    )
+    return best_value(result, monitor, rule)
+
+
+def own_job_dir(job_dir: Path, hydra_dir: Path, command: str, owned: contextlib.ExitStack) -> bool:
+    """Take `job_dir`'s lock into `owned`; False (the job skipped) when a live process of another
+    launch holds it. In a job of several tasks (submitit) rank 0 takes it and decides for all."""
+    from expkit.core import distributed
+    from expkit.workdir.ownership import WorkDirBusy, WorkDirLock
+
+    busy: WorkDirBusy | None = None
+    if distributed.is_main():
+        try:
+            owned.enter_context(WorkDirLock(job_dir, command))
+        except WorkDirBusy as exc:
+            busy = exc
+    if not distributed.broadcast_object(busy is not None):
+        return True
+    if busy is not None:
+        skip_busy_job(hydra_dir, busy)
+    return False
+
+
+def skip_busy_job(hydra_dir: Path, busy: Any) -> None:
+    """Another launch of this sweep runs this job right now: this launch skips it (the owner
+    records it; waiting would hold this launch's workers idle). Hydra rewrote the dir's .hydra/
+    for this launch: the owner's record goes back, and nothing is logged into its train.log."""
+    from expkit.workdir.ownership import describe
+
+    job = read_job(hydra_dir)
+    if job is not None and "hydra" in job:
+        restore_hydra_record(hydra_dir, job)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == hydra_dir.resolve():
+            root.removeHandler(handler)
+            handler.close()
+    log.warning(
+        "Job in %s is running in another launch of this sweep (%s); this launch skips it, so it runs once",
+        hydra_dir,
+        describe(busy.owner),
+    )

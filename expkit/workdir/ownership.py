@@ -1,0 +1,253 @@
+"""One writer per work dir: ``<work dir>/.lock``.
+
+A run, a sweep job or an evaluation owns its work dir while it runs. The lock file holds
+the owner (host, PID, the process's start time, start date, command) and a heartbeat
+refreshed every 30 s, and the owner holds an exclusive ``flock`` on it. The kernel drops the
+flock when the owner dies, however it dies (SIGKILL included), so on one host a second
+writer is refused exactly while the owner lives; NFS clients honour flock across hosts too.
+Where locks are not honoured, the file decides: an owner on this host is alive while its
+PID runs with the same start time; an owner on another host, while its heartbeat is younger
+than ``STALE_AFTER_S``. A stale lock is taken over, with a message. The file stays after the
+run, marked released, so that nobody ever locks a file another process is about to unlink.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from expkit.core.errors import ConfigError
+
+__all__ = [
+    "HEARTBEAT_S",
+    "LOCK_FILE",
+    "STALE_AFTER_S",
+    "WorkDirBusy",
+    "WorkDirLock",
+    "busy_message",
+    "describe",
+    "live_owner",
+    "why_stale",
+]
+
+
+log = logging.getLogger("expkit")
+
+LOCK_FILE = ".lock"
+HEARTBEAT_S = 30.0
+STALE_AFTER_S = 300.0  # an owner on another host with a heartbeat this old is gone
+
+
+_HELD: set[int] = set()  # the lock files this process holds open
+
+
+def _close_in_child() -> None:
+    """A forked child (a DataLoader worker) closes its copies of the lock files: the flock
+    belongs to the owner alone, and is gone the moment the owner dies."""
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
+
+
+class WorkDirBusy(ConfigError):
+    """The work dir is owned by a live process (exit 2: pick another dir, or wait)."""
+
+    def __init__(self, message: str, owner: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.owner = owner
+
+
+def _process_start(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot; /proc/<pid>/stat field 22), which
+    tells a live owner from a new process that got its PID; None where /proc has no such PID."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]  # fields after the command name: field 22 is the 20th
+
+
+def _alive_here(owner: dict[str, Any]) -> bool:
+    pid = owner.get("pid")
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        pass
+    start = _process_start(pid)
+    return start is None or owner.get("start") in (None, start)
+
+
+def _read(fd: int) -> dict[str, Any]:
+    try:
+        data = os.pread(fd, 1 << 16, 0)
+        info = json.loads(data) if data.strip() else {}
+    except (OSError, ValueError):
+        return {"unreadable": True}
+    return info if isinstance(info, dict) else {}
+
+
+def describe(owner: dict[str, Any]) -> str:
+    age = time.time() - float(owner.get("heartbeat") or time.time())
+    return (
+        f"pid {owner.get('pid', '?')} on {owner.get('host', '?')}, since {owner.get('started', '?')}, "
+        f"heartbeat {age:.0f} s ago: {owner.get('command', '?')}"
+    )
+
+
+def busy_message(work_dir: Path, owner: dict[str, Any]) -> str:
+    who = describe(owner) if owner and not owner.get("unreadable") else "another process"
+    elsewhere = ""
+    if owner.get("host") not in (None, socket.gethostname()) and owner.get("heartbeat"):
+        free_at = time.strftime("%H:%M:%S", time.localtime(float(owner["heartbeat"]) + STALE_AFTER_S))
+        elsewhere = (
+            f" If that host is gone, the dir is free once the heartbeat is {STALE_AFTER_S:.0f} s old ({free_at})."
+        )
+    return (
+        f"{work_dir} is in use by {who}. Wait for it to end, stop it, or give another dir "
+        f"(hydra.run.dir=... / hydra.sweep.dir=...).{elsewhere}"
+    )
+
+
+def why_stale(owner: dict[str, Any], now: float | None = None, stale_after: float = STALE_AFTER_S) -> str | None:
+    """Why the owner in a lock file no longer owns the dir, or None when it may still run."""
+    if not owner or owner.get("released"):
+        return "released"
+    if owner.get("unreadable"):
+        return None
+    if owner.get("host") == socket.gethostname():
+        return None if _alive_here(owner) else f"pid {owner.get('pid')} is no longer running"
+    age = (now or time.time()) - float(owner.get("heartbeat") or 0)
+    return f"its heartbeat is {age:.0f} s old" if age > stale_after else None
+
+
+class WorkDirLock:
+    """``with WorkDirLock(work_dir, command):`` owns the dir or raises WorkDirBusy."""
+
+    def __init__(
+        self,
+        work_dir: Path,
+        command: str | None = None,
+        stale_after: float = STALE_AFTER_S,
+        heartbeat: float = HEARTBEAT_S,
+    ) -> None:
+        self.path = Path(work_dir) / LOCK_FILE
+        self.command = command or " ".join(["python", *sys.argv])
+        self.stale_after, self.heartbeat = stale_after, heartbeat
+        self.fd: int | None = None
+        self.took_over: str | None = None  # whose lock this one replaced, and why
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._info: dict[str, Any] = {}
+
+    def acquire(self) -> WorkDirLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            import fcntl
+
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # a live process holds it
+                raise self._busy(_read(fd)) from None
+            except OSError:  # a filesystem without locks: the file alone decides
+                pass
+            owner = _read(fd)
+            reason = why_stale(owner, stale_after=self.stale_after) if owner else "released"
+            if reason is None:
+                raise self._busy(owner)
+            if owner and reason != "released":
+                self.took_over = f"{describe(owner)} ({reason})"
+                log.warning("Work dir %s: taking it over from %s", self.path.parent, self.took_over)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        self._info = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "start": _process_start(os.getpid()),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": self.command,
+        }
+        try:
+            self._write(heartbeat=time.time())
+        except OSError:  # a full disk: the dir is not ours after all
+            self.fd = None
+            os.close(fd)
+            raise
+        _HELD.add(fd)
+        if self.heartbeat > 0:
+            self._thread = threading.Thread(target=self._beat, name="expkit-lock-heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def _busy(self, owner: dict[str, Any]) -> WorkDirBusy:
+        return WorkDirBusy(busy_message(self.path.parent, owner), owner)
+
+    def _write(self, **fields: Any) -> None:
+        assert self.fd is not None
+        self._info.update(fields)
+        data = (json.dumps(self._info) + "\n").encode()
+        os.pwrite(self.fd, data, 0)  # in place: the flock is on this inode
+        os.ftruncate(self.fd, len(data))
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat):
+            with contextlib.suppress(OSError):  # a full disk must not end the run
+                self._write(heartbeat=time.time())
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with contextlib.suppress(OSError):
+            self._write(heartbeat=time.time(), released=True)
+        _HELD.discard(self.fd)
+        os.close(self.fd)  # drops the flock
+        self.fd = None
+
+    def __enter__(self) -> WorkDirLock:  # noqa: PYI034 - Self needs Python 3.11
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def live_owner(work_dir: Path) -> dict[str, Any] | None:
+    """The live owner of `work_dir`, if any, without taking the lock from anyone."""
+    path = Path(work_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return None
+    try:
+        import fcntl
+
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read(fd) or {"unreadable": True}
+        except OSError:
+            pass
+        owner = _read(fd)
+        return owner if owner and why_stale(owner) is None else None
+    finally:
+        os.close(fd)  # drops the probe's shared lock
