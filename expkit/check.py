@@ -111,6 +111,18 @@ DETERMINISM_WARNING = re.compile(r"(\S+) does not have a deterministic implement
 # -- the plan ---------------------------------------------------------------------------------------
 @dataclass
 class Plan:
+    """What the check trains: each run's budget and where the interrupted run is killed.
+
+    Args:
+        steps_per_epoch: the optimizer steps of one epoch (per process).
+        budget: the iterations each run trains.
+        kill_at: the iteration whose checkpoint the interrupted run dies right after.
+        checkpoints: whether the run has a checkpoint hook (without one nothing can resume).
+        nproc: the processes per run (under ``torchrun ... -m expkit.check``: as many as it started).
+        loggers: the ``logger`` settings by backend name.
+        scratch: the scratch dir where the runs' work dirs (and an MLflow store) go.
+    """
+
     steps_per_epoch: int
     budget: int  # iterations each run trains
     kill_at: int  # the checkpoint the interrupted run dies right after
@@ -123,7 +135,22 @@ class Plan:
 def plan(cfg: DictConfig, nproc: int = 1) -> Plan:
     """The budget and the interruption point, from the train loader's length: by default an
     epoch and a half (the first epoch's end and its validation are crossed), killed halfway
-    through the second epoch; never more than the run's own budget."""
+    through the second epoch; never more than the run's own budget.
+
+    Builds the data module to count the train loader's batches. ``check.iters`` and
+    ``check.kill_at`` override the defaults.
+
+    Args:
+        cfg: the composed config (``check.yaml``: train.yaml's keys and ``check``).
+        nproc: the processes per run; each rank then takes its share of every epoch.
+
+    Returns:
+        The plan (its ``scratch`` still unset).
+
+    Raises:
+        ConfigError: when ``trainer.seed`` is null, the budget is under 2 iterations, or
+            ``check.kill_at`` is not inside the budget.
+    """
     from expkit.config.build import build_trainer_settings, instantiate_node
     from expkit.core.rng import seed_everything
 
@@ -167,6 +194,16 @@ def plan(cfg: DictConfig, nproc: int = 1) -> Plan:
 # -- the runs -----------------------------------------------------------------------------------------
 @dataclass
 class Run:
+    """One run of the check and what its processes left.
+
+    Args:
+        name: ``a``, ``b`` or ``c``.
+        work_dir: the run's work dir.
+        returncodes: the exit status of each process started for it, in order.
+        output: the processes' output (stdout and stderr), joined.
+        seconds: the wall-clock time its processes took, in seconds.
+    """
+
     name: str
     work_dir: Path
     returncodes: list[int] = field(default_factory=list)
@@ -176,7 +213,16 @@ class Run:
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """(what each training run gets: the flags and overrides as typed, less the check's own keys
-    and the dirs the check chooses; refused keys) ."""
+    and the dirs the check chooses; refused keys) .
+
+    Args:
+        argv: the check's command line, without the program name.
+
+    Returns:
+        The arguments each training run gets (``check.*``, ``hydra.run.dir`` and
+            ``hydra.output_subdir`` left out), and the refused ones (``-m``/``--multirun``,
+            ``resume``, ``hydra.sweep.*``).
+    """
     out, refused, i = [], [], 0
     while i < len(argv):
         arg = argv[i]
@@ -256,7 +302,17 @@ def _wait(run: Run, proc: subprocess.Popen) -> int:
 
 def train_all(runs: dict[str, Run], argv: list[str], p: Plan) -> None:
     """a, b and the interrupted c at once (most of each is start-up, on one core), then c's
-    resume. A run that does not even start (the first error of the experiment) stops it all."""
+    resume. A run that does not even start (the first error of the experiment) stops it all.
+
+    Args:
+        runs: the runs by name (``a``, ``b``, ``c``); their return codes and output are filled in.
+        argv: the training runs' arguments (``split_argv``).
+        p: the plan.
+
+    Raises:
+        ConfigError: when run ``a`` exits 2 (bad input).
+        RunFailed: when run ``a`` fails otherwise.
+    """
     procs = {"a": _start(runs["a"], argv, p), "b": _start(runs["b"], argv, p)}
     if p.checkpoints:
         procs["c"] = _start(runs["c"], argv, p, kill=True)
@@ -285,7 +341,15 @@ def _failed_run(run: Run) -> str:
 # -- reading what the runs left -------------------------------------------------------------------------
 @dataclass
 class Trace:
-    """One run's probe records, by kind; an iteration seen twice keeps its last record."""
+    """One run's probe records, by kind; an iteration seen twice keeps its last record.
+
+    Args:
+        start: the records of each start (a resumed run has two).
+        iters: the record of each iteration, by iteration.
+        evals: the validation and test records, in order.
+        end: the record of the end of training; None when the run did not get there.
+        killed: whether the run killed itself after the checkpoint it waited for.
+    """
 
     start: list[dict[str, Any]]
     iters: dict[int, dict[str, Any]]
@@ -295,6 +359,15 @@ class Trace:
 
 
 def read_trace(work_dir: Path, rank: int = 0) -> Trace:
+    """The probe records a run left; lines that cannot be parsed (cut by the kill) are skipped.
+
+    Args:
+        work_dir: the run's work dir.
+        rank: the rank whose records are read.
+
+    Returns:
+        The records by kind (all empty when the file is missing).
+    """
     start, iters, evals, end, killed = [], {}, [], None, False
     path = work_dir / records_name(rank)
     lines = path.read_text().splitlines() if path.exists() else []
@@ -352,7 +425,17 @@ def _final_checkpoint(work_dir: Path) -> dict[str, Any] | None:
 # -- comparing ---------------------------------------------------------------------------------------
 def diff(a: Any, b: Any, path: str = "") -> list[str]:
     """The paths (``optimizer.state.3.exp_avg``) where two nested values differ; tensors exactly
-    (bit for bit, NaN equal to NaN)."""
+    (bit for bit, NaN equal to NaN).
+
+    Args:
+        a: a nested value (mappings, lists, tuples, tensors, arrays, scalars).
+        b: the value to compare it with.
+        path: the path of `a` and `b` themselves, prefixed to every path returned.
+
+    Returns:
+        The dotted paths where the values differ (a key missing on one side included); ``.`` when
+            they differ at the top; empty when they are equal.
+    """
     import numpy as np
     import torch
 
@@ -412,12 +495,27 @@ def _timing(path: str) -> bool:
 
 @dataclass
 class Finding:
+    """A difference the check explains: what breaks reproducibility or resuming, and the fix.
+
+    Args:
+        check: the check (row) it belongs to.
+        message: the explanation, naming the piece at fault and what to change.
+    """
+
     check: str
     message: str
 
 
 @dataclass
 class Row:
+    """One row of the check's table.
+
+    Args:
+        check: what is compared.
+        result: ``ok``, ``differs``, ``skipped`` or ``info``.
+        detail: the first difference, or what was compared.
+    """
+
     check: str
     result: str  # ok | differs | skipped
     detail: str = ""
@@ -425,10 +523,24 @@ class Row:
 
 @dataclass
 class Comparison:
+    """The check's table and findings.
+
+    Args:
+        rows: the table's rows, in order.
+        findings: the differences explained.
+    """
+
     rows: list[Row] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
 
     def add(self, check: str, problems: list[str], ok_detail: str = "") -> None:
+        """Add a row: ``differs`` with the first problem as its detail, else ``ok``.
+
+        Args:
+            check: what is compared.
+            problems: the differences found; empty when none.
+            ok_detail: the detail of an ``ok`` row.
+        """
         self.rows.append(Row(check, "differs" if problems else "ok", problems[0] if problems else ok_detail))
 
 
@@ -561,6 +673,22 @@ def _first_batch(x: Run, y: Run, iters: range, nproc: int) -> tuple[int, int, st
 
 
 def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
+    """Compare the runs: ``a`` with ``b`` (the same seed), then ``a`` with the resumed ``c``.
+
+    Differences in timings, and whatever differs between ``a`` and ``b`` in the hooks' state,
+    are left out. When ``a`` and ``b`` already differ, the findings about the resume are
+    dropped (they follow from it).
+
+    Args:
+        a: the first run from the seed.
+        b: the second run from the same seed.
+        c: the run killed after a checkpoint and resumed.
+        p: the plan.
+        outputs: the runs' output, searched for the ops torch flags as non-deterministic.
+
+    Returns:
+        The table's rows and the findings.
+    """
     ta, tb, tc = read_trace(a.work_dir), read_trace(b.work_dir), read_trace(c.work_dir)
 
     def on_rank(rank: int) -> str:
@@ -901,6 +1029,15 @@ def _step_name(path: str) -> str:
 
 # -- the report -------------------------------------------------------------------------------------------
 def render(rows: list[Row], findings: list[Finding]) -> str:
+    """The check's report as text: the table, then the findings under "What breaks it:".
+
+    Args:
+        rows: the table's rows (at least one).
+        findings: the findings; none adds no section.
+
+    Returns:
+        The report's lines, joined.
+    """
     width = max(len(r.check) for r in rows)
     lines = [f"{'check':<{width}}  {'result':<8}  detail", f"{'-' * width}  {'-' * 8}  {'-' * 6}"]
     lines += [f"{r.check:<{width}}  {r.result:<8}  {r.detail}" for r in rows]
@@ -912,7 +1049,16 @@ def render(rows: list[Row], findings: list[Finding]) -> str:
 
 @hydra_compat.main(config_path="conf", config_name="check")
 def run(cfg: DictConfig) -> None:
-    """Hydra's task function: bad input exits 2, a run that fails later 1, each with one line."""
+    """Hydra's task function: bad input exits 2, a run that fails later 1, each with one line.
+
+    Args:
+        cfg: the composed ``check.yaml`` config; Hydra composes it from the command line and
+            passes it, so the function is called with no arguments (as ``main`` does).
+
+    Raises:
+        SystemExit: with status 2 for bad input, 1 when a run fails or the runs differ; nothing
+            when everything matches.
+    """
     global _STARTED
     _STARTED = True
     try:
@@ -1009,6 +1155,12 @@ def _under_torchrun() -> int:
 
 
 def main() -> None:
+    """``python -m expkit.check``: check the command line, then run the Hydra app (``run``).
+
+    Raises:
+        SystemExit: with status 2 for bad input (also Hydra's own errors), 1 when a run fails or
+            the runs differ, 130 after Ctrl-C; under torchrun, 0 at once on ranks other than 0.
+    """
     global _NPROC
     versions.require()
     _NPROC = _under_torchrun()

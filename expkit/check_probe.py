@@ -50,7 +50,14 @@ RECORDS = "check_probe.jsonl"
 
 
 def records_name(rank: int) -> str:
-    """The records file of a rank: rank 0's is ``check_probe.jsonl``, rank N's ``check_probe.rankN.jsonl``."""
+    """The records file of a rank: rank 0's is ``check_probe.jsonl``, rank N's ``check_probe.rankN.jsonl``.
+
+    Args:
+        rank: the process's rank.
+
+    Returns:
+        The file's name, in the run's work dir.
+    """
     return RECORDS if rank == 0 else RECORDS.replace(".jsonl", f".rank{rank}.jsonl")
 
 
@@ -60,10 +67,27 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def digest(data: bytes) -> str:
+    """A short digest of `data`: BLAKE2b of 8 bytes.
+
+    Args:
+        data: the bytes to digest.
+
+    Returns:
+        The digest as 16 hex digits.
+    """
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
 def tensor_digest(t: torch.Tensor) -> str:
+    """A digest of a tensor's bytes and shape; floating-point values by their bits, a sharded
+    (DTensor) tensor by this process's shard.
+
+    Args:
+        t: the tensor, on any device.
+
+    Returns:
+        The digest as 16 hex digits.
+    """
     t = _local(t.detach())
     if t.is_floating_point() or t.is_complex():  # (bfloat16 has no NumPy view: compare its bits)
         t = t.contiguous().view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
@@ -73,7 +97,18 @@ def tensor_digest(t: torch.Tensor) -> str:
 def fingerprint(value: Any, depth: int = 0) -> Any:
     """A JSON value that is equal for equal values: tensors by their bytes, numbers exactly
     (floats as hex), containers element by element; objects of other kinds by their state
-    where they have one (a module's state_dict), else by type only (None: not compared)."""
+    where they have one (a module's state_dict), else by type only (None: not compared).
+
+    Args:
+        value: the value to fingerprint.
+        depth: how deep `value` is nested in the value fingerprinted first; a value nested
+            more than 6 levels deep is not compared (None).
+
+    Returns:
+        A JSON value: ``t:<digest>`` for a tensor, ``a:<digest>`` for a NumPy array or scalar,
+            a float's hex form, other scalars as they are, lists and dicts of fingerprints; None
+            for what is not compared.
+    """
     if depth > 6:
         return None
     if isinstance(value, torch.Tensor):
@@ -95,7 +130,14 @@ def fingerprint(value: Any, depth: int = 0) -> Any:
 
 def attributes(obj: Any) -> dict[str, Any]:
     """An object's own attributes (``vars``), fingerprinted; those that cannot be compared
-    (files, locks, the runner, callables) are left out."""
+    (files, locks, the runner, callables) are left out.
+
+    Args:
+        obj: the object (a hook, a metric).
+
+    Returns:
+        The fingerprint of each attribute that has one, by name.
+    """
     out = {}
     for name, value in vars(obj).items():
         if callable(value) and not isinstance(value, torch.nn.Module):
@@ -138,7 +180,17 @@ def _params_checksum(model: torch.nn.Module) -> str:
 
 
 def loader_facts(loader: Any) -> dict[str, Any]:
-    """What the train loader's order and randomness come from."""
+    """What the train loader's order and randomness come from.
+
+    Args:
+        loader: the train loader (a DataLoader, or any object with the same attributes).
+
+    Returns:
+        The loader's class; its sampler (or custom batch sampler): its qualified name and
+            whether it has ``set_epoch``, ``state_dict`` and a start to skip to; the number of
+            workers, whether it has a generator, its ``worker_init_fn``'s name, and whether its
+            workers persist.
+    """
     facts: dict[str, Any] = {"class": type(loader).__name__}
     sampler = getattr(loader, "sampler", None)
     batch_sampler = getattr(loader, "batch_sampler", None)
@@ -158,7 +210,13 @@ def loader_facts(loader: Any) -> dict[str, Any]:
 
 
 class CheckProbe(Hook):
-    """See the module. ``stop_at``: the number of iterations the check trains."""
+    """See the module. ``stop_at``: the number of iterations the check trains.
+
+    The iteration to die after is read from the environment (``KILL_AT_ENV``).
+
+    Args:
+        stop_at: the number of iterations the check trains; the run is asked to stop there.
+    """
 
     priority = Priority.LOWEST
 

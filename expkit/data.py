@@ -34,7 +34,15 @@ __all__ = [
 
 def check_fractions(val_fraction: float, test_fraction: float) -> None:
     """The shares of the data held out for validation and test: each in (0, 1) (test may be 0:
-    no test set), together less than all of it."""
+    no test set), together less than all of it.
+
+    Args:
+        val_fraction: the share held out for validation, in (0, 1).
+        test_fraction: the share held out for test, in [0, 1); 0 means no test set.
+
+    Raises:
+        ConfigError: when a fraction is out of its range or the two sum to 1 or more.
+    """
     if not (0 < val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
         raise ConfigError("data.val_fraction and data.test_fraction must be in (0, 1) and sum to less than 1")
 
@@ -42,7 +50,19 @@ def check_fractions(val_fraction: float, test_fraction: float) -> None:
 class DataModule:
     """Base class: subclasses implement ``datasets()`` -> (train, val, test-or-None), and say
     what models need to know of the data in ``describe()`` (image modules set the class
-    attributes ``in_channels``, ``image_size``, ``num_classes``, which the default returns)."""
+    attributes ``in_channels``, ``image_size``, ``num_classes``, which the default returns).
+
+    Args:
+        batch_size: the batch size of every loader (per process under DDP).
+        num_workers: the DataLoader worker processes; 0 loads in the main process. Workers are
+            kept across epochs and prefetch two batches each.
+        pin_memory: whether the loaders pin host memory; ``"auto"``: when CUDA is available.
+        seed: the seed of the train order (with the epoch) and of the workers' base seed.
+
+    Raises:
+        ConfigError: when `batch_size` is not a positive integer or `num_workers` is not an
+            integer >= 0.
+    """
 
     IMAGE_KEYS = ("in_channels", "image_size", "num_classes")
 
@@ -60,26 +80,53 @@ class DataModule:
         self,
     ) -> tuple[Dataset, Dataset | Mapping[str, Dataset] | None, Dataset | Mapping[str, Dataset] | None]:
         """(train, val, test); val and test may each be None, one dataset, or named datasets
-        (``{"clean": ..., "noisy": ...}``: reported as ``val/clean/acc``, ``val/noisy/acc``)."""
+        (``{"clean": ..., "noisy": ...}``: reported as ``val/clean/acc``, ``val/noisy/acc``).
+
+        Returns:
+            The train dataset, then the validation and the test data, each None, one dataset or a
+                mapping of names to datasets.
+        """
         raise NotImplementedError
 
     def describe(self) -> dict[str, Any]:
         """What models need to know of the data, by argument name; called after ``loaders()``,
-        so values found while loading (a vocabulary) can be given."""
+        so values found while loading (a vocabulary) can be given.
+
+        Returns:
+            The values by model-argument name; by default those of ``in_channels``,
+                ``image_size`` and ``num_classes`` that the class sets.
+        """
         return {key: getattr(self, key) for key in self.IMAGE_KEYS if hasattr(self, key)}
 
     # -- prediction on new data (python -m expkit.predict): the transforms training used ----------
     def predict_input(self, raw: torch.Tensor) -> torch.Tensor:
         """A batch of new inputs as users hold them (rows of a .npy/.pt file or a CSV, in the
         dataset's own units) -> what the model takes. Default: 8-bit images scaled to [0, 1]
-        (as ToTensor does), other floats unchanged, integers (token ids) kept as they are."""
+        (as ToTensor does), other floats unchanged, integers (token ids) kept as they are.
+
+        Args:
+            raw: the inputs, first dimension the batch, as read from the file.
+
+        Returns:
+            The inputs as the model takes them.
+        """
         if raw.dtype == torch.uint8:
             return raw.float() / 255
         return raw.float() if raw.is_floating_point() else raw
 
     def predict_image(self, image: Any) -> torch.Tensor:
         """A PIL image -> one input, as this data's images reach the model: ``in_channels``
-        (grey or RGB), resized to ``image_size``, scaled to [0, 1]."""
+        (grey or RGB), resized to ``image_size``, scaled to [0, 1].
+
+        Args:
+            image: a PIL image.
+
+        Returns:
+            A float tensor of shape (``in_channels``, ``image_size``, ``image_size``).
+
+        Raises:
+            ConfigError: when the data module is not image data (it has no ``image_size``).
+        """
         if not hasattr(self, "image_size"):
             raise ConfigError(f"{type(self).__name__} is not image data: give a .npy, .pt or .csv input")
         from torchvision.transforms import functional
@@ -89,15 +136,32 @@ class DataModule:
         return functional.to_tensor(functional.resize(image, [size, size]))
 
     def class_names(self) -> list[str] | None:
-        """The name of each class index, when the data has names (predictions report them)."""
+        """The name of each class index, when the data has names (predictions report them).
+
+        Returns:
+            The names, in class-index order; None by default (no names).
+        """
         return None
 
     def predict_output(self, values: torch.Tensor) -> torch.Tensor:
-        """A regressor's outputs -> values in the dataset's own units. Default: unchanged."""
+        """A regressor's outputs -> values in the dataset's own units. Default: unchanged.
+
+        Args:
+            values: the model's outputs.
+
+        Returns:
+            The values in the dataset's own units.
+        """
         return values
 
     def loaders(self) -> tuple[DataLoader, DataLoader | None, DataLoader | None]:
-        """(train, val, test) DataLoaders; val or test is None when the data has none."""
+        """(train, val, test) DataLoaders; val or test is None when the data has none.
+
+        Returns:
+            The train loader (a ``SeededRandomSampler`` order, sharded under DDP), then the
+                validation and test loaders: None, one loader, or a dict of loaders for named sets,
+                each in order and sharded under DDP.
+        """
         train, val, test = self.datasets()
         extra = {}
         if self.num_workers > 0:  # keep workers across epochs; prefetch two batches each
@@ -142,6 +206,17 @@ class DigitsData(DataModule):
     ``noisy_val`` > 0 validates on two named sets: ``clean`` (the val split) and ``noisy``
     (the same images plus Gaussian noise of that standard deviation, fixed by ``split_seed``),
     reported as ``val/clean/<metric>`` and ``val/noisy/<metric>``.
+
+    Args:
+        val_fraction: the share of the images held out for validation.
+        test_fraction: the share held out for test (0: no test set).
+        split_seed: the seed of the stratified split (and of the noise of the noisy set).
+        noisy_val: the standard deviation of the noise of the ``noisy`` validation set; 0: one
+            validation set.
+        **kwargs (Any): the ``DataModule`` arguments (``batch_size``, ``num_workers``, ...).
+
+    Raises:
+        ConfigError: when the fractions are out of range or `noisy_val` is not a number >= 0.
     """
 
     in_channels, image_size, num_classes = 1, 8, 10
@@ -164,13 +239,31 @@ class DigitsData(DataModule):
         self.noisy_val = noisy_val
 
     def predict_input(self, raw: torch.Tensor) -> torch.Tensor:
-        """Digits as scikit-learn holds them: 64 pixel counts 0-16 per image (N x 64 or N x 8 x 8)."""
+        """Digits as scikit-learn holds them: 64 pixel counts 0-16 per image (N x 64 or N x 8 x 8).
+
+        Args:
+            raw: the inputs, first dimension the batch.
+
+        Returns:
+            Inputs of 64 values each as (N, 1, 8, 8) floats in [0, 1]; others as floats, unchanged.
+        """
         return raw.float().reshape(len(raw), 1, 8, 8) / 16.0 if raw[0].numel() == 64 else raw.float()
 
     def class_names(self) -> list[str]:
+        """The digits' class names.
+
+        Returns:
+            ``"0"`` to ``"9"``.
+        """
         return [str(digit) for digit in range(10)]
 
     def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
+        """The stratified train, validation and test splits of the digits.
+
+        Returns:
+            The train set, the validation set (a dict of ``clean`` and ``noisy`` sets when
+                ``noisy_val`` > 0) and the test set (None when ``test_fraction`` is 0).
+        """
         x, y = load_digits()
         held = self.val_fraction + self.test_fraction
         train_idx, rest = stratified_split(y, held, self.split_seed)
@@ -192,6 +285,12 @@ def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
 
     Reads the CSV that ships inside scikit-learn without importing scikit-learn (which
     costs about 1.5 s at start-up); falls back to ``sklearn.datasets.load_digits``.
+
+    Returns:
+        The images, shape (1797, 1, 8, 8), and their int64 labels, shape (1797,).
+
+    Raises:
+        ConfigError: when scikit-learn is not installed.
     """
     import importlib.util
 
@@ -214,7 +313,16 @@ def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def stratified_split(labels: torch.Tensor, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices (kept, held out): about `fraction` of each class held out, chosen by `seed`."""
+    """Indices (kept, held out): about `fraction` of each class held out, chosen by `seed`.
+
+    Args:
+        labels: the class label of each sample.
+        fraction: the share of each class to hold out (rounded per class).
+        seed: the seed of the random choice.
+
+    Returns:
+        The sorted indices of the kept samples and the sorted indices of the held-out ones.
+    """
     g = torch.Generator().manual_seed(seed)
     kept, held = [], []
     for c in torch.unique(labels):
@@ -230,7 +338,14 @@ class RandomImages(Dataset):
     """``size`` random images and labels, each a function of ``offset + index`` alone: what
     torchvision's FakeData gives, without its per-item PIL round trip and without reseeding
     torch's global generator on every item. Pixels are uniform over the 256 levels of an
-    8-bit image, scaled to [0, 1] as ``ToTensor`` scales them."""
+    8-bit image, scaled to [0, 1] as ``ToTensor`` scales them.
+
+    Args:
+        size: the number of images.
+        shape: the shape of each image, (channels, height, width).
+        num_classes: the number of classes the labels are drawn from.
+        offset: added to each index to seed its item: datasets with other offsets hold other images.
+    """
 
     def __init__(self, size: int, shape: tuple[int, ...], num_classes: int, offset: int = 0) -> None:
         self.size, self.shape, self.num_classes, self.offset = size, tuple(shape), num_classes, offset
@@ -249,7 +364,17 @@ class RandomImages(Dataset):
 
 class FakeImageData(DataModule):
     """Random images (``RandomImages``), for throughput tests: the same images every run, no
-    download, no torchvision needed."""
+    download, no torchvision needed.
+
+    Args:
+        train_size: the number of training images.
+        val_size: the number of validation images (0: no validation set).
+        test_size: the number of test images (0: no test set).
+        in_channels: the number of channels of each image.
+        image_size: the height and width of each image, in pixels.
+        num_classes: the number of classes.
+        **kwargs (Any): the ``DataModule`` arguments (``batch_size``, ``num_workers``, ...).
+    """
 
     def __init__(
         self,
@@ -266,6 +391,11 @@ class FakeImageData(DataModule):
         self.in_channels, self.image_size, self.num_classes = in_channels, image_size, num_classes
 
     def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
+        """The random train, validation and test images.
+
+        Returns:
+            A ``RandomImages`` for each split, None for a split of size 0.
+        """
         shape = (self.in_channels, self.image_size, self.image_size)
         train, val, test = (
             RandomImages(n, shape, self.num_classes, offset=i * 1_000_000) if n > 0 else None
@@ -275,7 +405,20 @@ class FakeImageData(DataModule):
 
 
 class ImageFolderData(DataModule):
-    """Images on disk in torchvision's ImageFolder layout: ``root/{train,val[,test]}/<class>/<image>``."""
+    """Images on disk in torchvision's ImageFolder layout: ``root/{train,val[,test]}/<class>/<image>``.
+
+    Args:
+        root: the directory holding ``train/`` and ``val/`` (and optionally ``test/``).
+        image_size: the height and width the images are resized to, in pixels.
+        in_channels: 1 converts the images to greyscale; otherwise they are read as RGB.
+        num_classes: the expected number of classes; None takes the number of class folders
+            in ``train/``.
+        **kwargs (Any): the ``DataModule`` arguments (``batch_size``, ``num_workers``, ...).
+
+    Raises:
+        ConfigError: when ``root/train`` or ``root/val`` is missing, or `num_classes` differs from
+            the number of class folders.
+    """
 
     def __init__(self, root: str, image_size: int = 32, in_channels: int = 3, num_classes: int | None = None, **kwargs):
         super().__init__(**kwargs)
@@ -293,9 +436,19 @@ class ImageFolderData(DataModule):
         self.classes = classes
 
     def class_names(self) -> list[str]:
+        """The class folders' names.
+
+        Returns:
+            The names of the folders in ``root/train``, sorted (the class-index order).
+        """
         return list(self.classes)
 
     def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
+        """The ``train``, ``val`` and ``test`` folders as torchvision ``ImageFolder`` datasets.
+
+        Returns:
+            The train and validation sets, and the test set (None without a ``test`` folder).
+        """
         from torchvision import datasets, transforms
 
         steps = [transforms.Resize((self.image_size, self.image_size))]

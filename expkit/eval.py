@@ -114,7 +114,20 @@ _STARTED = False
 
 @hydra_compat.main(config_path="conf", config_name="eval")
 def run(cfg: DictConfig) -> float | None:
-    """Hydra's task function: evaluates one checkpoint; returns the monitored value (sweeps)."""
+    """Hydra's task function: evaluates one checkpoint; returns the monitored value (sweeps).
+
+    Args:
+        cfg: the composed ``eval.yaml`` config; Hydra composes it from the command line and
+            passes it, so the function is called with no arguments (as ``main`` does).
+
+    Returns:
+        The value of the stored config's ``monitor`` on the split evaluated (for ``split=test``,
+            its ``test/`` key); None when it is not a number, or when the evaluation failed in a sweep
+            (its result.json then says ``failed``).
+
+    Raises:
+        SystemExit: outside a sweep, with status 2 for bad input and 1 for another expkit error.
+    """
     from hydra.core.hydra_config import HydraConfig
 
     global _STARTED
@@ -135,6 +148,7 @@ def run(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
+    """``python -m expkit.eval``: run the Hydra app (``run``) with the command's own options."""
     command_main(run, OPTIONS, lambda: _STARTED)  # (checkpoint=... key=value: the stored config's overrides)
 
 

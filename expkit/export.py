@@ -44,7 +44,14 @@ SUFFIX = {"safetensors": ".safetensors", "onnx": ".onnx", "torch_export": ".pt2"
 
 
 def sha256(path: Path) -> str:
-    """Of a file; of a sharded checkpoint directory, over its files' names and bytes in name order."""
+    """Of a file; of a sharded checkpoint directory, over its files' names and bytes in name order.
+
+    Args:
+        path: a file, or a directory (a sharded checkpoint).
+
+    Returns:
+        The SHA-256 digest, in hex.
+    """
     digest = hashlib.sha256()
     for file in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
         if path.is_dir():
@@ -56,7 +63,18 @@ def sha256(path: Path) -> str:
 
 
 def example_input(loaders: Any) -> Any:
-    """The inputs of one batch of the run's validation data (else test, else train)."""
+    """The inputs of one batch of the run's validation data (else test, else train).
+
+    Args:
+        loaders: the run's (train, val, test) loaders; of named ones, the first is used.
+
+    Returns:
+        The first element of the batch when it is a list or tuple, else the batch itself (a dict
+            for a Hugging Face model).
+
+    Raises:
+        ConfigError: when the run has none of the three loaders.
+    """
     for loader in (loaders[1], loaders[2], loaders[0]):
         if isinstance(loader, dict):  # named sets: the first
             loader = next(iter(loader.values()), None)
@@ -93,13 +111,15 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
 
     Args:
         cfg: export.yaml's settings: ``checkpoint``, ``format`` (``safetensors``, ``onnx``,
-            ``torch_export`` or ``hf``), ``output``, ``ema`` and the rest.
+            ``torch_export``, ``pth`` or ``hf``), ``out``, ``ema`` and the rest.
         work_dir: the command's own dir (its log).
         config_dirs: the ``--config-dir`` folders whose ``_target_``s are trusted, as for
             [evaluate][expkit.eval.evaluate].
 
     Returns:
-        The JSON written beside the export: its file, format, size, sha256 and checks.
+        The JSON written beside the export: its format and file name, the checkpoint and its
+            sha256, the input's shape and dtype, the data's settings and description, and the
+            stored config.
 
     Raises:
         ConfigError: bad input (an unknown format, an output in the way, a model the format
@@ -235,6 +255,15 @@ _STARTED = False
 
 @hydra_compat.main(config_path="conf", config_name="export")
 def run(cfg: DictConfig) -> None:
+    """Hydra's task function: exports one checkpoint's model (``export``).
+
+    Args:
+        cfg: the composed ``export.yaml`` config; Hydra composes it from the command line and
+            passes it, so the function is called with no arguments (as ``main`` does).
+
+    Raises:
+        SystemExit: with status 2 for bad input and 1 for another expkit error.
+    """
     from hydra.core.hydra_config import HydraConfig
 
     global _STARTED
@@ -262,6 +291,7 @@ OPTIONS = (
 
 
 def main() -> None:
+    """``python -m expkit.export``: run the Hydra app (``run``) with the command's own options."""
     from expkit.config.cli import command_main
 
     command_main(run, OPTIONS, lambda: _STARTED)  # data.batch_size=8 means overrides=[...]

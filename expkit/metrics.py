@@ -52,7 +52,20 @@ RULES = ("greater", "less")
 def infer_rule(
     key: str, greater_keys: Iterable[str] = GREATER_KEYS, less_keys: Iterable[str] = LESS_KEYS
 ) -> str | None:
-    """'greater' or 'less' for a metric name such as 'val/acc' by name alone; None when it cannot tell."""
+    """'greater' or 'less' for a metric name such as 'val/acc' by name alone; None when it cannot tell.
+
+    The last part of the key (after the last ``/``) is compared case-insensitively: first for
+    an exact match with a listed word, then for a listed word contained in it, greater words
+    before less words.
+
+    Args:
+        key: the metric key, e.g. ``val/acc`` or ``val/noisy/loss``.
+        greater_keys: the words of metrics that are better when greater.
+        less_keys: the words of metrics that are better when less.
+
+    Returns:
+        ``"greater"``, ``"less"``, or None when no word matches.
+    """
     name = key.rsplit("/", 1)[-1].lower()
     for keys, rule in ((greater_keys, "greater"), (less_keys, "less")):
         if name in (k.lower() for k in keys):
@@ -65,7 +78,17 @@ def infer_rule(
 
 def better(value: float, best: float | None, rule: str, min_delta: float = 0.0) -> bool:
     """Whether `value` beats `best` under `rule` by more than `min_delta`. NaN never wins;
-    anything (but NaN) beats no best at all."""
+    anything (but NaN) beats no best at all.
+
+    Args:
+        value: the new value.
+        best: the best value so far; None when there is none yet.
+        rule: ``"greater"`` or ``"less"`` (any other value is read as ``"less"``).
+        min_delta: the margin by which `value` must beat `best`.
+
+    Returns:
+        True when `value` is not NaN and beats `best` by more than `min_delta`, or `best` is None.
+    """
     if math.isnan(value):
         return False
     if best is None:
@@ -74,12 +97,26 @@ def better(value: float, best: float | None, rule: str, min_delta: float = 0.0) 
 
 
 def worst_value(rule: str) -> float:
-    """What a failed or diverged job returns to a sweeper: never NaN (it crashes Optuna)."""
+    """What a failed or diverged job returns to a sweeper: never NaN (it crashes Optuna).
+
+    Args:
+        rule: ``"greater"`` or ``"less"``.
+
+    Returns:
+        -1e30 when greater is better, else 1e30.
+    """
     return -1e30 if rule == "greater" else 1e30
 
 
 def rule_of_flag(higher_is_better: Any) -> str | None:
-    """True -> 'greater', False -> 'less', anything else (None, unset) -> None."""
+    """True -> 'greater', False -> 'less', anything else (None, unset) -> None.
+
+    Args:
+        higher_is_better: a ``higher_is_better`` setting or attribute.
+
+    Returns:
+        ``"greater"``, ``"less"`` or None.
+    """
     return {True: "greater", False: "less"}.get(higher_is_better) if isinstance(higher_is_better, bool) else None
 
 
@@ -95,11 +132,20 @@ class Metric:
         raise NotImplementedError
 
     def update(self, preds: torch.Tensor, targets: torch.Tensor) -> None:
-        """Accumulate one batch, on the device (no host sync)."""
+        """Accumulate one batch, on the device (no host sync).
+
+        Args:
+            preds: the model's predictions for the batch (e.g. logits).
+            targets: the batch's targets.
+        """
         raise NotImplementedError
 
     def compute(self) -> float:
-        """The value over every batch since the last reset (after ``sync()`` under DDP)."""
+        """The value over every batch since the last reset (after ``sync()`` under DDP).
+
+        Returns:
+            The metric's value.
+        """
         raise NotImplementedError
 
     def sync(self) -> None:
@@ -107,7 +153,14 @@ class Metric:
 
     @staticmethod
     def sum_over_ranks(*values: Any) -> list[float]:
-        """The sums over all DDP ranks of these numbers (as float64); the numbers in one process."""
+        """The sums over all DDP ranks of these numbers (as float64); the numbers in one process.
+
+        Args:
+            *values: numbers or one-element tensors (this rank's counts).
+
+        Returns:
+            The sum over all ranks of each value, in order, as floats.
+        """
         from expkit.core.distributed import all_reduce_sum, is_distributed, reduce_device
 
         if not is_distributed():
@@ -118,7 +171,14 @@ class Metric:
 
 
 class Accuracy(Metric):
-    """Top-k classification accuracy in [0, 1]."""
+    """Top-k classification accuracy in [0, 1].
+
+    Args:
+        top_k: a prediction counts as correct when the target is among its `top_k` highest scores.
+
+    Raises:
+        ValueError: when `top_k` is less than 1.
+    """
 
     higher_is_better = True
 
@@ -142,6 +202,11 @@ class Accuracy(Metric):
         self.total += targets.numel()
 
     def compute(self) -> float:
+        """The accuracy since the last reset.
+
+        Returns:
+            The share of targets among their predictions' top `top_k` scores; NaN before any batch.
+        """
         return float(self.correct) / self.total if self.total else float("nan")
 
     def sync(self) -> None:
@@ -176,6 +241,16 @@ class MetricSlot:
     or as keyword arguments (a mapping ``{argument: output name}``). By default
     ``[preds, targets]``, where ``preds`` falls back to ``logits``.
     ``higher_is_better``: the direction, set once here; None takes the metric's own attribute.
+
+    Args:
+        metric: the metric object: anything with ``update``, ``compute`` and ``reset``.
+        name: the metric's name in the config (``metrics.<name>``), used in keys and messages.
+        inputs: the step outputs passed to ``update``, as described above; None: ``[preds, targets]``.
+        higher_is_better: the metric's direction; None takes the metric's own attribute.
+
+    Raises:
+        ConfigError: when the metric lacks ``update``, ``compute`` or ``reset``, `higher_is_better` is
+            not a bool or None, or `inputs` is not a non-empty list or mapping.
     """
 
     def __init__(
@@ -223,7 +298,14 @@ class MetricSlot:
         )
 
     def update(self, outputs: Mapping[str, Any]) -> None:
-        """Update the metric with the eval step's outputs it is configured to read (``inputs``)."""
+        """Update the metric with the eval step's outputs it is configured to read (``inputs``).
+
+        Args:
+            outputs: the eval step's outputs by name.
+
+        Raises:
+            ConfigError: when an output the metric reads is missing (and has no fallback).
+        """
         if self.keywords is None:  # the names resolved at the first batch, read without a Python call each
             try:
                 values = list(map(outputs.__getitem__, self._read))
@@ -245,21 +327,41 @@ class MetricSlot:
             self.metric.sync()
 
     def compute(self) -> dict[str, float]:
-        """``{"": value}`` for a number, ``{"/key": value, ...}`` for a dict result (flattened)."""
+        """``{"": value}`` for a number, ``{"/key": value, ...}`` for a dict result (flattened).
+
+        Returns:
+            The metric's values as floats, by the suffix to append to the metric's key.
+
+        Raises:
+            ConfigError: when the metric computes something other than a number, a one-element
+                tensor, or a (nested) dict of those.
+        """
         return _flatten("", self.metric.compute(), self.name)
 
     # -- what it reports, and which way is better ------------------------------------------------
     def reported_names(self) -> tuple[list[str], bool]:
         """(the suffixes compute() will report as far as known before the first pass, whether
         ``<name>/<key>`` keys may appear too). A collection's members are known; expkit's own
-        metrics report one number; any other object may return a dict."""
+        metrics report one number; any other object may return a dict.
+
+        Returns:
+            The suffixes known in advance (``""`` for one number, ``"/<key>"`` for a collection's
+                members), and whether other ``<name>/<key>`` keys may appear.
+        """
         members = _members(self.metric)
         if members is not None:
             return [f"/{key}" for key in members], False
         return [""], not isinstance(self.metric, Metric)
 
     def rule(self, suffix: str = "") -> str | None:
-        """The direction of the value at `suffix`: this slot's setting, then the object's own."""
+        """The direction of the value at `suffix`: this slot's setting, then the object's own.
+
+        Args:
+            suffix: the suffix of the value's key (``""``, or ``"/<member>"`` of a collection).
+
+        Returns:
+            ``"greater"``, ``"less"``, or None when neither the slot nor the object says.
+        """
         explicit = rule_of_flag(self.higher_is_better)
         if explicit is not None:
             return explicit
@@ -269,7 +371,14 @@ class MetricSlot:
         return rule_of_flag(getattr(self.metric, "higher_is_better", None))
 
     def to(self, device: torch.device) -> MetricSlot:
-        """The metric moved to `device` when it is a module (torchmetrics); returns self."""
+        """The metric moved to `device` when it is a module (torchmetrics); returns self.
+
+        Args:
+            device: the device to move the metric to.
+
+        Returns:
+            This slot.
+        """
         if isinstance(self.metric, torch.nn.Module):
             self.metric.to(device)
         return self
@@ -297,6 +406,11 @@ class Directions:
     ``declare(key, rule, by)`` records a rule a hook was given explicitly (MMEngine's ``rule``
     parameters); a rule set on the metric itself wins over inference, and two explicit rules
     that disagree are an error naming both settings.
+
+    Args:
+        slots: the run's metrics by name.
+        sets: the names of the named evaluation sets by mode (``{"val": ["clean", "noisy"]}``),
+            whose keys read ``<mode>/<set>/<metric>``; None: no named sets.
     """
 
     def __init__(self, slots: Mapping[str, MetricSlot], sets: Mapping[str, Sequence[str]] | None = None) -> None:
@@ -318,7 +432,15 @@ class Directions:
         return None, ""
 
     def explicit(self, key: str) -> tuple[str, str] | None:
-        """(rule, the setting) when the user set the direction of `key` explicitly."""
+        """(rule, the setting) when the user set the direction of `key` explicitly.
+
+        Args:
+            key: a metric key such as ``val/acc``.
+
+        Returns:
+            The rule and the name of the setting that gave it (the metric's ``higher_is_better``
+                first, then a declared rule), or None when nothing set it explicitly.
+        """
         slot, _ = self._slot(key)
         rule = None if slot is None else rule_of_flag(slot.higher_is_better)
         if rule is not None:
@@ -326,7 +448,17 @@ class Directions:
         return self.declared.get(key)
 
     def declare(self, key: str, rule: str, by: str) -> None:
-        """Record an explicit `rule` for `key`, given by setting `by`; a contradiction is a ConfigError."""
+        """Record an explicit `rule` for `key`, given by setting `by`; a contradiction is a ConfigError.
+
+        Args:
+            key: the metric key the rule is for.
+            rule: ``"greater"`` or ``"less"``.
+            by: the setting that gave the rule, named in error messages.
+
+        Raises:
+            ConfigError: when `rule` is neither ``greater`` nor ``less``, or contradicts an explicit
+                rule already set for `key`.
+        """
         if rule not in RULES:
             raise ConfigError(f"{by}={rule!r}: use greater or less")
         known = self.explicit(key)
@@ -340,7 +472,15 @@ class Directions:
 
     def rule(self, key: str) -> str | None:
         """'greater', 'less', or None when nothing says. Asked for every key after every
-        validation (best values): worked out once per key, about 100 Python calls each."""
+        validation (best values): worked out once per key, about 100 Python calls each.
+
+        Args:
+            key: a metric key such as ``val/acc``.
+
+        Returns:
+            The explicit rule, else the metric object's own, else the rule inferred from the name;
+                None when none of them says.
+        """
         try:
             return self._rules[key]
         except KeyError:
@@ -359,7 +499,18 @@ class Directions:
         return infer_rule(key)  # val/loss included: "loss" is a less-is-better name
 
     def require(self, key: str, by: str) -> str:
-        """The rule of `key`, or a ConfigError saying how to set it."""
+        """The rule of `key`, or a ConfigError saying how to set it.
+
+        Args:
+            key: a metric key such as ``val/acc``.
+            by: the setting that needs the rule, named in the error message.
+
+        Returns:
+            ``"greater"`` or ``"less"``.
+
+        Raises:
+            ConfigError: when nothing tells the direction of `key`.
+        """
         rule = self.rule(key)
         if rule is None:
             slot, _ = self._slot(key)
@@ -372,7 +523,15 @@ class Directions:
         return rule
 
     def expected(self, mode: str = "val") -> tuple[list[str], list[str]]:
-        """(the keys validation will report, prefixes under which more keys may appear)."""
+        """(the keys validation will report, prefixes under which more keys may appear).
+
+        Args:
+            mode: the evaluation mode, ``"val"`` or ``"test"``.
+
+        Returns:
+            The keys known in advance (the loss and each metric's, per named set), and the
+                prefixes of metrics whose keys are known only once they compute.
+        """
         keys, open_prefixes = [], []
         for prefix in [f"{mode}/{s}" for s in self.sets.get(mode, ())] or [mode]:
             keys.append(f"{prefix}/loss")
@@ -385,14 +544,31 @@ class Directions:
 
     def track_best(self, best: dict[str, dict[str, Any]], metrics: Mapping[str, float], epoch: int, it: int) -> None:
         """Update `best` (key -> value, epoch, iter, rule) with the keys of `metrics` that beat
-        it; a key nothing gives a direction is not tracked (monitored keys are checked at start-up)."""
+        it; a key nothing gives a direction is not tracked (monitored keys are checked at start-up).
+
+        Args:
+            best: the best values so far by key, updated in place: ``{"value", "epoch", "iter", "rule"}``.
+            metrics: the new values by key.
+            epoch: the epoch the values were computed at.
+            it: the iteration the values were computed at.
+        """
         for key, value in metrics.items():
             rule = self.rule(key)
             if rule is not None and better(value, best[key]["value"] if key in best else None, rule):
                 best[key] = {"value": value, "epoch": epoch, "iter": it, "rule": rule}
 
     def check_reported(self, key: str, by: str, mode: str = "val") -> None:
-        """A ConfigError at start-up when `key` is not a metric validation will report."""
+        """A ConfigError at start-up when `key` is not a metric validation will report.
+
+        Args:
+            key: the metric key a setting names (e.g. the monitored one).
+            by: the setting that names it, for the error message.
+            mode: the evaluation mode whose keys are checked.
+
+        Raises:
+            ConfigError: when `key` is neither a key the mode reports nor under a prefix where more
+                keys may appear.
+        """
         keys, open_prefixes = self.expected(mode)
         if key in keys or any(key.startswith(p) for p in open_prefixes):
             return
@@ -404,7 +580,17 @@ class Directions:
 
 
 def as_slots(metrics: Mapping[str, Any]) -> dict[str, MetricSlot]:
-    """Every metric in a MetricSlot (default inputs, its own direction), slots kept as they are."""
+    """Every metric in a MetricSlot (default inputs, its own direction), slots kept as they are.
+
+    Args:
+        metrics: metric objects or ``MetricSlot``s by name.
+
+    Returns:
+        A ``MetricSlot`` by name (as a string).
+
+    Raises:
+        ConfigError: when a metric lacks ``update``, ``compute`` or ``reset``.
+    """
     return {str(name): m if isinstance(m, MetricSlot) else MetricSlot(m, str(name)) for name, m in metrics.items()}
 
 
@@ -426,7 +612,16 @@ def probe_metrics(runner: Any) -> None:
     validation batch: a metric that does not fit the data (top_k=20 on 10 classes, a wrong
     num_classes) fails at start-up, naming it, instead of after the first epoch; so does a
     model whose logits have another number of classes than the data describes. Leaves the
-    run's random state and the metrics as they were."""
+    run's random state and the metrics as they were.
+
+    Args:
+        runner: the Runner about to train (its model, metrics, validation loader and the data's
+            ``num_classes`` are read).
+
+    Raises:
+        ConfigError: when a metric fails on the first validation batch, or the model's logits
+            have another number of classes than the data.
+    """
     import copy
 
     from expkit.core.rng import rng_states, set_rng_states
@@ -468,7 +663,17 @@ def probe_metrics(runner: Any) -> None:
 
 def monitor_of(config: dict[str, Any] | None) -> tuple[str, str]:
     """The job's monitored metric and its rule as far as its config tells (before the run
-    decided it: a run records the rule it used as result.json's ``monitor_rule``, which wins)."""
+    decided it: a run records the rule it used as result.json's ``monitor_rule``, which wins).
+
+    Args:
+        config: the job's config as a plain dict (e.g. its ``.hydra/config.yaml``); None reads as
+            an empty one.
+
+    Returns:
+        The monitored key (``monitor``, default ``val/acc``) and its rule: the metric's
+            ``higher_is_better``, else the checkpoint hook's ``rule``, else inferred from the name,
+            else ``"greater"``.
+    """
     config = config or {}
     monitor = str(config.get("monitor") or "val/acc")
     metric = (config.get("metrics") or {}).get(monitor.partition("/")[2].split("/")[0])

@@ -18,7 +18,19 @@ __all__ = ["CNN", "MLP", "mlp_layers", "submodule", "timm_model", "torchvision_r
 
 def submodule(model: nn.Module, path: str, key: str) -> nn.Module:
     """The model's submodule at the dotted `path` (empty: the model itself); a ConfigError
-    naming the config `key` and the model's children when there is none."""
+    naming the config `key` and the model's children when there is none.
+
+    Args:
+        model: the model to look in.
+        path: a dotted attribute path such as ``backbone.encoder``; empty for the model itself.
+        key: the config key that gave `path`, named in the error message.
+
+    Returns:
+        The submodule at `path` (the model itself when `path` is empty).
+
+    Raises:
+        ConfigError: when a name along `path` is not an ``nn.Module`` attribute of its parent.
+    """
     from expkit.core.errors import ConfigError
 
     module = model
@@ -33,7 +45,20 @@ def submodule(model: nn.Module, path: str, key: str) -> nn.Module:
 
 def mlp_layers(width: int, hidden: Sequence[int], outputs: int, dropout: float = 0.0) -> list[nn.Module]:
     """Linear-ReLU(-Dropout) layers of the `hidden` widths from `width` inputs, then a linear
-    layer to `outputs`."""
+    layer to `outputs`.
+
+    Args:
+        width: the number of input features.
+        hidden: the width of each hidden layer, in order (empty: one linear layer).
+        outputs: the number of outputs of the last linear layer.
+        dropout: the dropout probability after each hidden layer's ReLU; 0 adds no Dropout layers.
+
+    Returns:
+        The layers, in order, for an ``nn.Sequential``.
+
+    Raises:
+        ValueError: when a hidden width is not a positive integer or `outputs` is less than 1.
+    """
     if any(not isinstance(h, int) or h < 1 for h in hidden) or outputs < 1:
         raise ValueError(f"layer widths must be positive integers, got hidden={list(hidden)} and {outputs} outputs")
     layers: list[nn.Module] = []
@@ -46,7 +71,18 @@ def mlp_layers(width: int, hidden: Sequence[int], outputs: int, dropout: float =
 
 
 class MLP(nn.Module):
-    """Flatten, then Linear-ReLU layers of the given widths, then the classifier."""
+    """Flatten, then Linear-ReLU layers of the given widths, then the classifier.
+
+    Args:
+        in_channels: the number of channels of the input images.
+        image_size: the height and width of the (square) input images, in pixels.
+        num_classes: the number of classes (outputs of the classifier).
+        hidden: the width of each hidden layer, in order.
+        dropout: the dropout probability after each hidden layer's ReLU; 0 adds no Dropout layers.
+
+    Raises:
+        ValueError: when a hidden width is not a positive integer or `num_classes` is less than 1.
+    """
 
     fsdp_blocks = ("Linear",)  # trainer.strategy=fsdp shards each layer on its own
 
@@ -67,7 +103,16 @@ class MLP(nn.Module):
 
 
 class CNN(nn.Module):
-    """Conv-BN-ReLU blocks (each halves the resolution), global average pooling, classifier."""
+    """Conv-BN-ReLU blocks (each halves the resolution), global average pooling, classifier.
+
+    Args:
+        in_channels: the number of channels of the input images.
+        image_size: the input images' size; not used by the layers (global average pooling takes
+            any size), accepted so that the data's description fills it.
+        num_classes: the number of classes (outputs of the classifier).
+        channels: the output channels of each block, in order; each block ends with a 2x2
+            max-pooling.
+    """
 
     def __init__(self, in_channels: int, image_size: int, num_classes: int, channels: Sequence[int] = (32, 64)) -> None:
         super().__init__()
@@ -88,7 +133,21 @@ def torchvision_resnet(
 ) -> nn.Module:
     """A torchvision ResNet, randomly initialised (no weights are downloaded), adapted to the input:
     ``in_channels`` in the stem, and for small images (< 64 px unless ``small_input`` says
-    otherwise) a 3x3 stride-1 stem without max-pooling, as for CIFAR."""
+    otherwise) a 3x3 stride-1 stem without max-pooling, as for CIFAR.
+
+    Args:
+        in_channels: the number of channels of the input images.
+        image_size: the height and width of the input images, in pixels; under 64 selects the
+            small-image stem unless `small_input` is given.
+        num_classes: the number of classes (outputs of the final linear layer).
+        arch: the name of a ResNet constructor in ``torchvision.models`` (``resnet18``,
+            ``resnet50``, ...).
+        small_input: whether to use the 3x3 stride-1 stem without max-pooling; None decides by
+            `image_size`.
+
+    Returns:
+        The randomly initialised model, with ``fsdp_blocks`` naming its residual blocks.
+    """
     import torchvision
 
     model = getattr(torchvision.models, arch)(weights=None, num_classes=num_classes)
@@ -117,7 +176,25 @@ def timm_model(
     by URL), and exits 2 saying where it looked when there is none. timm adapts the weights to
     the data: a head of another size is left newly initialised, another number of input
     channels is folded into the first convolution. Other keyword arguments go to
-    ``timm.create_model`` (``drop_rate``, ``drop_path_rate``, ...)."""
+    ``timm.create_model`` (``drop_rate``, ``drop_path_rate``, ...).
+
+    Args:
+        name: the timm model name (``timm.list_models()`` lists them).
+        num_classes: the number of classes of the model's head.
+        in_channels: the number of input channels (timm's ``in_chans``).
+        pretrained: whether to load pretrained weights from a local file.
+        weights: the path of a local ``.safetensors``, ``.pth`` or ``.bin`` file of the weights;
+            None looks in the Hugging Face and torch hub caches. Needs `pretrained`.
+        **kwargs: further keyword arguments of ``timm.create_model``.
+
+    Returns:
+        The timm model.
+
+    Raises:
+        ConfigError: when timm is not installed, `name` is not a timm model, `weights` is given
+            without `pretrained`, no local weights are found, or ``timm.create_model`` rejects an
+            argument.
+    """
     try:
         import timm
     except ImportError:

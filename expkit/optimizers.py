@@ -30,7 +30,15 @@ __all__ = ["Optimizers", "check_owned_update", "owns_its_update"]
 
 
 def owns_its_update(model: torch.nn.Module) -> bool:
-    """Whether the model's ``train_step`` takes the optimizers (a second parameter)."""
+    """Whether the model's ``train_step`` takes the optimizers (a second parameter).
+
+    Args:
+        model: the model to inspect.
+
+    Returns:
+        True when the model has a ``train_step`` with at least two parameters; False otherwise,
+            also when its signature cannot be read.
+    """
     step = getattr(model, "train_step", None)
     if step is None:
         return False
@@ -42,7 +50,14 @@ def owns_its_update(model: torch.nn.Module) -> bool:
 
 class Optimizers:
     """The run's optimizers by name, with the run's scaler and clipping; given to a model's
-    ``train_step(batch, optimizers)``."""
+    ``train_step(batch, optimizers)``.
+
+    Args:
+        optimizers: the run's optimizers by name (the keys of the ``optim`` config).
+        scaler: the run's gradient scaler (fp16 mixed precision), or None.
+        clip_grad_norm: the largest total gradient norm ``step`` lets through
+            (``trainer.clip_grad_norm``); None does not clip.
+    """
 
     def __init__(
         self, optimizers: Mapping[str, torch.optim.Optimizer], scaler: Any = None, clip_grad_norm: float | None = None
@@ -66,15 +81,34 @@ class Optimizers:
         return len(self._optimizers)
 
     def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate `loss`, through the grad scaler when there is one.
+
+        Args:
+            loss: the scalar loss to backpropagate.
+        """
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
     def zero_grad(self, *names: str) -> None:
-        """Clear the gradients of these optimizers' parameters (all when none is named)."""
+        """Clear the gradients of these optimizers' parameters (all when none is named).
+
+        Args:
+            *names: the names of the optimizers; none clears every optimizer's gradients.
+
+        Raises:
+            ConfigError: when a name is not one of the run's optimizers.
+        """
         for name in names or tuple(self._optimizers):
             self[name].zero_grad(set_to_none=True)
 
     def step(self, name: str) -> None:
-        """Clip (``trainer.clip_grad_norm``), step and zero the gradients of one optimizer."""
+        """Clip (``trainer.clip_grad_norm``), step and zero the gradients of one optimizer.
+
+        Args:
+            name: the name of the optimizer.
+
+        Raises:
+            ConfigError: when `name` is not one of the run's optimizers.
+        """
         optimizer = self._optimizers.get(name)
         if optimizer is None:
             optimizer = self[name]  # (names the missing one)
@@ -92,7 +126,16 @@ class Optimizers:
 
 def check_owned_update(runner: Any) -> None:
     """Several optimizers need a model that owns its update (``train_step(batch, optimizers)``),
-    and such a model neither accumulates nor runs under DDP or FSDP yet."""
+    and such a model neither accumulates nor runs under DDP or FSDP yet.
+
+    Args:
+        runner: the Runner being built (its optimizers, settings and strategy are read).
+
+    Raises:
+        ConfigError: when several optimizers are defined for a model that does not own its
+            update, or a model that owns its update is combined with
+            ``trainer.accumulate_grad_batches`` > 1 or runs distributed (DDP or FSDP).
+    """
     r = runner
     from expkit.core import distributed
 

@@ -49,7 +49,24 @@ def read_inputs(
 ) -> tuple[list[str], torch.Tensor]:
     """(a name per input, the inputs as the model takes them) from a folder, .npy, .pt or .csv.
     `preprocessed`: file inputs are already what the model takes (as the training transform
-    made them): taken as float tensors, reshaped to `shape` when their size per input is its."""
+    made them): taken as float tensors, reshaped to `shape` when their size per input is its.
+
+    Args:
+        source: a folder of images (read recursively, in path order), or a ``.npy``, ``.pt``
+            (one tensor) or ``.csv`` file.
+        data: the run's data module, whose ``predict_image`` / ``predict_input`` transform the inputs.
+        preprocessed: whether file inputs are already what the model takes (not transformed).
+        shape: the shape of one input as the model takes it, for reshaping preprocessed inputs;
+            None: not reshaped.
+
+    Returns:
+        A name per input (its path for images, its index otherwise) and the inputs, first
+            dimension the batch.
+
+    Raises:
+        ConfigError: when `source` does not exist, is of another kind, cannot be read, holds no
+            inputs, or its inputs do not fit the data's transform.
+    """
     if source.is_dir():
         files = sorted(p for p in source.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
@@ -106,7 +123,17 @@ def read_inputs(
 
 def training_range(loaders: Any, batches: int = 20) -> tuple[float, float] | None:
     """The 1st and 99th percentiles of the model's inputs over the first `batches` training
-    batches (as the data's transform gives them); None when the inputs are not float tensors."""
+    batches (as the data's transform gives them); None when the inputs are not float tensors.
+
+    Args:
+        loaders: the run's (train, val, test) loaders; the train loader (the first of named
+            ones) is read.
+        batches: the number of training batches to read.
+
+    Returns:
+        The 1st and 99th percentiles of a sample of the inputs' values; None when there is no
+            training batch or its inputs are not float tensors.
+    """
     train = loaders[0]
     if isinstance(train, dict):
         train = next(iter(train.values()), None)
@@ -128,7 +155,18 @@ def check_range(x: torch.Tensor, trained: tuple[float, float] | None, data: Any,
     """Inputs that, after the data's transform, lie a whole training range beyond it (other
     units: 0-255 for 0-1), or span under a quarter of it (preprocessed twice: digits scaled to
     [0, 1], then divided by 16 again), are refused: they would be predicted silently wrong.
-    The training range is its 1st to 99th percentile."""
+    The training range is its 1st to 99th percentile.
+
+    Args:
+        x: the inputs after the data's transform.
+        trained: the training range from ``training_range``; None: nothing is checked.
+        data: the run's data module (its ``predict_input`` is named in the message).
+        source: the inputs' path, named in the message.
+
+    Raises:
+        ConfigError: when the inputs lie more than the training range's span outside it, or
+            span less than a quarter of it.
+    """
     if trained is None or not x.is_floating_point() or x.numel() == 0:
         return
     low, high = float(x.min()), float(x.max())
@@ -180,14 +218,14 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
 
     Args:
         cfg: predict.yaml's settings: ``checkpoint``, ``input`` (a folder of images, a ``.npy``,
-            ``.pt`` or ``.csv`` file, or a prompt for a language model), ``output`` (``.csv`` or
-            ``.jsonl``), ``top_k`` and the rest.
+            ``.pt`` or ``.csv`` file, or a ``.txt`` file of texts, one per line, for a Hugging Face
+            model), ``output`` (``.csv`` or ``.jsonl``), ``top_k`` and the rest.
         work_dir: the command's own dir (its log).
         config_dirs: the ``--config-dir`` folders whose ``_target_``s are trusted, as for
             [evaluate][expkit.eval.evaluate].
 
     Returns:
-        A summary: the output file, how many inputs, the checkpoint.
+        A summary: the ``checkpoint``, the ``output`` file and the number of ``rows`` written.
 
     Raises:
         ConfigError: bad input (an unreadable or empty input, an output of another kind,
@@ -281,7 +319,9 @@ def _text_rows(model: Any, data: Any, source: Path, cfg: DictConfig, device: tor
             logits = model(**{k: v.to(device) for k, v in encoded.items() if k != "token_type_ids"}).logits
             return _rows(lines, logits.float().cpu(), data, data.class_names(), int(cfg.top_k), True)
         temperature = float(cfg.get("temperature", 0.0))
-        sampling: dict[str, Any] = {"do_sample": True, "temperature": temperature} if temperature > 0 else {}
+        sampling: dict[str, Any] = (
+            {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+        )
         torch.manual_seed(int(cfg.get("seed", 0)))
         rows = []
         for prompt in lines:
@@ -290,7 +330,6 @@ def _text_rows(model: Any, data: Any, source: Path, cfg: DictConfig, device: tor
                 ids,
                 max_new_tokens=int(cfg.get("max_new_tokens", 50)),
                 pad_token_id=tokenizer.pad_token_id,
-                do_sample=False,
                 **sampling,
             )
             rows.append({"input": prompt, "text": tokenizer.decode(out[0], skip_special_tokens=True)})
@@ -365,6 +404,15 @@ _STARTED = False
 
 @hydra_compat.main(config_path="conf", config_name="predict")
 def run(cfg: DictConfig) -> None:
+    """Hydra's task function: predicts the inputs with one checkpoint's model (``predict``).
+
+    Args:
+        cfg: the composed ``predict.yaml`` config; Hydra composes it from the command line and
+            passes it, so the function is called with no arguments (as ``main`` does).
+
+    Raises:
+        SystemExit: with status 2 for bad input and 1 for another expkit error.
+    """
     from hydra.core.hydra_config import HydraConfig
 
     global _STARTED
@@ -397,6 +445,7 @@ OPTIONS = (
 
 
 def main() -> None:
+    """``python -m expkit.predict``: run the Hydra app (``run``) with the command's own options."""
     from expkit.config.cli import command_main
 
     command_main(run, OPTIONS, lambda: _STARTED)  # data.batch_size=8 means overrides=[...]

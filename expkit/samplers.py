@@ -17,7 +17,12 @@ __all__ = ["SeededRandomSampler", "ShardSampler", "seed_worker"]
 
 def seed_worker(worker_id: int) -> None:
     """Seed Python and NumPy in a DataLoader worker from torch's per-worker seed (which the
-    loader's seeded generator fixes), so random augmentations repeat run to run."""
+    loader's seeded generator fixes), so random augmentations repeat run to run.
+
+    Args:
+        worker_id: the worker's index, as the DataLoader passes it; not used (torch's per-worker
+            seed already differs between workers).
+    """
     import random
 
     import numpy as np
@@ -38,6 +43,12 @@ class SeededRandomSampler(Sampler[int]):
     A resume skips the samples the ranks went through, counted over all ranks
     (``skip_samples``): it may come with another number of processes, which then share the
     rest of the permutation (padded again to equal shares, so every rank runs as many batches).
+
+    Args:
+        data_source: the dataset; only its length is used.
+        seed: the seed of every epoch's permutation (with the epoch).
+        rank: this process's rank among the `num_replicas`.
+        num_replicas: the number of processes sharing the data (1: no sharing).
     """
 
     def __init__(self, data_source: Sized, seed: int = 0, rank: int = 0, num_replicas: int = 1) -> None:
@@ -49,15 +60,29 @@ class SeededRandomSampler(Sampler[int]):
         self._skip = 0  # samples of this epoch's order already trained on, by all ranks together
 
     def set_epoch(self, epoch: int) -> None:
+        """Use the order of `epoch` from the next pass on.
+
+        Args:
+            epoch: the epoch number, which selects the permutation together with the seed.
+        """
         self.epoch = epoch
 
     def skip_batches(self, batches: int, batch_size: int) -> None:
-        """The next pass starts after `batches` batches of every rank, without loading them."""
+        """The next pass starts after `batches` batches of every rank, without loading them.
+
+        Args:
+            batches: the number of batches each rank already went through this epoch.
+            batch_size: the batch size of each rank.
+        """
         self._skip = batches * batch_size * self.num_replicas
 
     def skip_samples(self, samples: int) -> None:
         """The next pass starts after the first `samples` samples of the epoch's order (all
-        ranks together; they may have been more or fewer processes than now)."""
+        ranks together; they may have been more or fewer processes than now).
+
+        Args:
+            samples: the number of samples of this epoch's order already gone through, over all ranks.
+        """
         self._skip = samples
 
     def _rest(self) -> int:
@@ -85,7 +110,13 @@ class SeededRandomSampler(Sampler[int]):
 
 class ShardSampler(Sampler[int]):
     """In order, every ``num_replicas``-th index from ``rank``, no padding: each sample is
-    evaluated exactly once over all ranks (validation and test under DDP)."""
+    evaluated exactly once over all ranks (validation and test under DDP).
+
+    Args:
+        data_source: the dataset; only its length is used.
+        rank: this process's rank among the `num_replicas`.
+        num_replicas: the number of processes sharing the data.
+    """
 
     def __init__(self, data_source: Sized, rank: int, num_replicas: int) -> None:
         self.indices = list(range(rank, len(data_source), num_replicas))

@@ -21,6 +21,19 @@ def warmup_cosine(
 
     Steps are whatever the scheduler is stepped on (iterations with ``sched.by_epoch=false``).
     ``warmup_fraction`` of ``total_steps`` is used when ``warmup_steps`` is 0.
+
+    Args:
+        optimizer: the optimizer whose learning rates are scheduled.
+        total_steps: the length of the run, in scheduler steps.
+        warmup_steps: the steps of linear warm-up; 0 takes `warmup_fraction` of `total_steps`.
+        warmup_fraction: the share of `total_steps` to warm up for when `warmup_steps` is 0.
+        min_lr_ratio: the learning rate at the end of the decay, as a fraction of the initial one.
+
+    Returns:
+        A ``LambdaLR`` that multiplies each parameter group's initial learning rate by the schedule.
+
+    Raises:
+        ValueError: when the warm-up is negative or not shorter than `total_steps`.
     """
     warmup = warmup_steps or int(warmup_fraction * total_steps)
     if not 0 <= warmup < total_steps:

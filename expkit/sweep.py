@@ -100,7 +100,16 @@ def _records(work_dir: Path) -> list[dict[str, Any]]:
 
 
 def job_row(work_dir: Path) -> dict[str, Any] | None:
-    """One job's row, from its result.json, or from metrics.jsonl while it runs."""
+    """One job's row, from its result.json, or from metrics.jsonl while it runs.
+
+    Args:
+        work_dir: the job's work dir.
+
+    Returns:
+        The row: the ``COLUMNS`` values, the monitored metric's rule, curve and override values;
+            None when `work_dir` has no ``.hydra/`` or stands for another job's dir (a resumed sweep's
+            alias).
+    """
     hydra_dir = work_dir / ".hydra"
     if not hydra_dir.is_dir() or "alias_of" in (read_job(work_dir) or {}):
         return None
@@ -248,7 +257,15 @@ GROUP_COLUMNS = [
 
 
 def seed_keys_of(sweep_dir: Path) -> list[str]:
-    """The sweep's ``seed_keys`` (its multirun.yaml, as the sweep was composed), else the default."""
+    """The sweep's ``seed_keys`` (its multirun.yaml, as the sweep was composed), else the default.
+
+    Args:
+        sweep_dir: the sweep dir.
+
+    Returns:
+        The override keys that only change the seed (``DEFAULT_SEED_KEYS`` when multirun.yaml
+            gives no list).
+    """
     config = _read_yaml(sweep_dir / "multirun.yaml")
     keys = config.get("seed_keys") if isinstance(config, dict) else None
     return [str(k) for k in keys] if isinstance(keys, list) else list(DEFAULT_SEED_KEYS)
@@ -263,7 +280,16 @@ def _stats(values: list[float]) -> tuple[float | None, float | None]:
 def group_rows(rows: list[dict[str, Any]], seed_keys: list[str]) -> list[dict[str, Any]] | None:
     """The sweep's seed groups, best mean first; None when no two jobs differ only in a seed key
     (the summary then stays one row per job). A failed or diverged member counts in the group's
-    statuses, not in its statistics."""
+    statuses, not in its statistics.
+
+    Args:
+        rows: the jobs' rows (``job_row``), with their ``override_values``.
+        seed_keys: the override keys that only change the seed.
+
+    Returns:
+        One row per group, numbered by ``group`` in order, with the ``GROUP_COLUMNS`` values,
+            its rule and its member rows; None when no seed key is overridden or no group has two jobs.
+    """
     if not any(k in r["override_values"] for r in rows for k in seed_keys):
         return None
     groups: dict[tuple[tuple[str, str], ...], list[dict[str, Any]]] = {}
@@ -379,7 +405,17 @@ def summarize(
     """Write summary.csv, summary.md, best.json (and sweep.svg) for `sweep_dir`, best first;
     returns best.json's content. A job's row comes from its cached row (written when it
     ended), else from its files; `fresh` reads every job's files and renews the cache.
-    `seed_keys`: what makes seed groups (None: the sweep's own setting)."""
+    `seed_keys`: what makes seed groups (None: the sweep's own setting).
+
+    Args:
+        sweep_dir: the sweep dir, holding one dir per job.
+        plot: whether to draw sweep.svg too.
+        fresh: whether to read every job's files instead of the cached rows (and renew the cache).
+        seed_keys: the override keys that only change the seed; None: the sweep's own setting.
+
+    Returns:
+        The content of best.json; None when the sweep dir holds no job dir.
+    """
     sweep_dir = Path(sweep_dir)
     seed_keys = seed_keys_of(sweep_dir) if seed_keys is None else seed_keys
     with _Locked(sweep_dir):  # no job's end interleaves with this rebuild
@@ -458,7 +494,15 @@ def _write_group_summary(
 def record_job_end(sweep_dir: Path, work_dir: Path) -> None:
     """The end of one job, in O(1): cache its row, append it to summary.csv and summary.md
     (in the order jobs end; the sweep's end sorts them) and update best.json's best job and
-    counts. A job that a resumed sweep found finished (its row unchanged) changes nothing."""
+    counts. A job that a resumed sweep found finished (its row unchanged) changes nothing.
+
+    With seed groups, the whole summary is written again from the cached rows instead (a
+    group's row changes with each member).
+
+    Args:
+        sweep_dir: the sweep dir.
+        work_dir: the ended job's work dir (Hydra's; a resumed sweep's alias is followed).
+    """
     row = job_row(job_target(work_dir))
     if row is None:
         return
@@ -524,7 +568,15 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, seed_keys: list[str] | No
     """Left: the monitored metric over epochs, one line per job. Then one panel per swept
     hyperparameter: each job's best value against its value (a log axis when positive
     values span 20x or more; names in order for values that are not numbers). With seed
-    groups, each group's mean best value with its standard deviation, instead of each job's."""
+    groups, each group's mean best value with its standard deviation, instead of each job's.
+
+    An Optuna search gets one more panel: each trial's best value, and the best so far.
+
+    Args:
+        rows: the jobs' rows (``job_row``).
+        path: the SVG file to write.
+        seed_keys: the override keys that only change the seed; None: ``DEFAULT_SEED_KEYS``.
+    """
     from expkit.loggers.svgplot import Panel, Series, charts
 
     groups = group_rows(rows, seed_keys or DEFAULT_SEED_KEYS) if rows else None
@@ -611,7 +663,15 @@ def _clock(seconds: float) -> str:
 def progress_line(sweep_dir: Path, job: str) -> str:
     """One line when a job ends: jobs done of this launch's total, this job's value, the best so
     far (a group mean where seed groups exist), the time since the launch and an estimate of
-    the time left (from this launch's finished jobs). Reads the cached rows and best.json."""
+    the time left (from this launch's finished jobs). Reads the cached rows and best.json.
+
+    Args:
+        sweep_dir: the sweep dir.
+        job: the name of the job's dir.
+
+    Returns:
+        The line, its parts separated by semicolons.
+    """
     import os
 
     from expkit.sweeps.sweep_jobs import SWEEP_JOBS_ENV, SWEEP_LAUNCHED_ENV
@@ -645,7 +705,12 @@ def progress_line(sweep_dir: Path, job: str) -> str:
 class SweepSummaryCallback(Callback):
     """A Hydra callback (``hydra.callbacks``): records every job as it ends, in constant time
     (``record_job_end``: a crash leaves an up-to-date summary), and writes the whole summary,
-    best first, with sweep.svg at the end of the sweep."""
+    best first, with sweep.svg at the end of the sweep.
+
+    Args:
+        plot_each_job: whether each job's end writes the whole summary and sweep.svg again
+            (reads every job: time in proportion to the jobs so far) instead of recording the job.
+    """
 
     def __init__(self, plot_each_job: bool = False) -> None:
         self.plot_each_job = plot_each_job
@@ -700,7 +765,17 @@ class SweepSummaryCallback(Callback):
 
 
 def rebuild(sweep_dir: Path, plot: bool = True, quiet: bool = False, seed_keys: list[str] | None = None) -> int:
-    """Rebuild `sweep_dir`'s summary from disk and print it; the exit status (2: nothing to summarise)."""
+    """Rebuild `sweep_dir`'s summary from disk and print it; the exit status (2: nothing to summarise).
+
+    Args:
+        sweep_dir: the sweep dir.
+        plot: whether to draw sweep.svg too.
+        quiet: whether to leave out summary.md and print only best.json.
+        seed_keys: the override keys that only change the seed; None: the sweep's own setting.
+
+    Returns:
+        0 when the summary was written, 2 when the sweep dir holds no job dir.
+    """
     best = summarize(sweep_dir, plot=plot, fresh=True, seed_keys=seed_keys)
     if best is None:
         print(f"Error: no job dirs (with .hydra/) in {sweep_dir}", file=sys.stderr)
@@ -726,7 +801,12 @@ def _hydra_argv(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
-    """``python -m expkit.sweep``: a Hydra app over conf/sweep.yaml (``--help``, ``--cfg job``)."""
+    """``python -m expkit.sweep``: a Hydra app over conf/sweep.yaml (``--help``, ``--cfg job``).
+
+    Raises:
+        SystemExit: with status 2 when no ``sweep_dir`` is given, it is not a directory, or it
+            holds no job dir.
+    """
 
     from expkit.core import versions
 

@@ -51,7 +51,18 @@ def toy_loaders(
 ) -> tuple[DataLoader, DataLoader | None, DataLoader | None]:
     """(train, val, test) loaders of 4-feature points labelled by the sign of the first feature;
     the same data every call, the train order a function of `seed` (as on resume). A size of
-    0 gives None for val or test."""
+    0 gives None for val or test.
+
+    Args:
+        n_train: the number of training points.
+        n_val: the number of validation points (0: no validation loader).
+        n_test: the number of test points (0: no test loader).
+        batch_size: the batch size of every loader.
+        seed: the seed of the train order (a ``SeededRandomSampler``).
+
+    Returns:
+        The train loader, then the validation and test loaders (each None when its size is 0).
+    """
     g = torch.Generator().manual_seed(123)
 
     def points(n: int) -> TensorDataset:
@@ -67,7 +78,11 @@ def toy_loaders(
 
 
 def toy_model() -> nn.Module:
-    """Linear 4-8, ReLU, Linear 8-2: the toy loaders' classifier."""
+    """Linear 4-8, ReLU, Linear 8-2: the toy loaders' classifier.
+
+    Returns:
+        A new, randomly initialised ``nn.Sequential`` (torch's global generator draws its weights).
+    """
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
 
 
@@ -85,7 +100,23 @@ def toy_runner(
     """A Runner over the toy loaders and model (SGD, lr 0.1), 2 epochs unless `settings` say
     otherwise (any ``TrainerSettings`` field: ``max_epochs=3``, ``max_iters=5``, ...; and
     ``resume=True`` or ``load_from=<checkpoint>``). The default hooks are the six defaults
-    with curves.svg off."""
+    with curves.svg off.
+
+    Args:
+        work_dir: the run's work dir (e.g. pytest's ``tmp_path``).
+        hooks: the hooks to add, by name or as a list (named by their class).
+        default_hooks: the default hooks by name; None: the six defaults with curves.svg off.
+        seed: the run's seed (``TrainerSettings.seed``); torch's global generator is seeded with
+            it before the model is built.
+        metrics: the run's metrics, as the Runner takes them; None: the Runner's default (``acc``).
+        monitor: the monitored metric key (the Runner's ``monitor``); None: the Runner's default.
+        model: the model to train; None: a new ``toy_model()``.
+        **settings: ``TrainerSettings`` fields (``device`` and ``seed`` are set here), and
+            ``resume`` and ``load_from``, which go to the Runner.
+
+    Returns:
+        The Runner, ready to ``run()``.
+    """
     from expkit.hooks import LoggerHook
 
     torch.manual_seed(seed)
@@ -114,7 +145,13 @@ def toy_runner(
 
 class RecordingHook(Hook):
     """Overrides every stage and appends ``"<label>.<stage>"`` to `log` when it fires: the
-    order hooks and stages run in, for asserting on (``priority`` as for any hook)."""
+    order hooks and stages run in, for asserting on (``priority`` as for any hook).
+
+    Args:
+        label: the hook's label in the entries it appends.
+        log: the list the entries are appended to.
+        priority: the hook's priority; None keeps the ``Hook`` default.
+    """
 
     def __init__(self, label: str, log: list[str], priority: Any = None) -> None:
         self.label = label
@@ -147,7 +184,24 @@ def assert_resumes_exactly(
     ``expkit.train`` would train it, and fail with the check's table and findings unless two runs
     from the same seed match bit for bit and a run killed mid-epoch resumes exactly. `iters`:
     ``check.iters``; `scratch`: where the runs go (e.g. pytest's ``tmp_path``); `env`: added to the
-    environment (``PYTHONPATH`` for your package). Returns the report (check.json)."""
+    environment (``PYTHONPATH`` for your package). Returns the report (check.json).
+
+    Args:
+        *overrides: the overrides you train with (``experiment=my_exp``, ``data.batch_size=8``, ...).
+        config_dir: your config dir, passed as ``--config-dir``; None: expkit's own configs only.
+        iters: the iterations each run of the check trains (``check.iters``); None: the check's default.
+        scratch: where the check's runs go (``check.dir``); None: a temporary dir.
+        env: variables added to the check's environment.
+        timeout: the longest the check may take, in seconds.
+
+    Returns:
+        The check's report (check.json): ``ok``, the budget, the rows and findings, and timings.
+
+    Raises:
+        AssertionError: when the check exits non-zero (a divergence, bad input or a failed run)
+            or writes no report; the message holds its output.
+        subprocess.TimeoutExpired: when the check runs longer than `timeout`.
+    """
     import json
     import os
     import subprocess

@@ -48,7 +48,14 @@ warnings.filterwarnings("ignore", message=r"Argument ``constant_liar`` is an exp
 # -- the task ---------------------------------------------------------------------------------------
 def task_overrides(hc: Any) -> list[str]:
     """The command line's overrides as typed: an override holding ``${...}`` stays text (read
-    through the list, OmegaConf would resolve it, before ``${data_info:...}`` is known)."""
+    through the list, OmegaConf would resolve it, before ``${data_info:...}`` is known).
+
+    Args:
+        hc: the Hydra config of the running job (``HydraConfig.get()``).
+
+    Returns:
+        The task overrides (``hydra.overrides.task``), unresolved, as strings.
+    """
     from omegaconf import OmegaConf
 
     return [str(o) for o in OmegaConf.to_container(hc.overrides.task, resolve=False)]  # type: ignore[union-attr]
@@ -66,7 +73,26 @@ def _fail(exc: BaseException, work_dir: Path) -> None:
 @hydra_compat.main(config_path="conf", config_name="train")
 def run(cfg: DictConfig) -> float | None:
     """Hydra's task function: returns the best value of ``monitor`` for sweepers (never NaN:
-    a failed or diverged job in a sweep returns the worst value)."""
+    a failed or diverged job in a sweep returns the worst value).
+
+    Args:
+        cfg: the composed ``train.yaml`` config; Hydra composes it from the command line and
+            passes it, so the function is called with no arguments (as ``main`` does).
+
+    Returns:
+        The best value of ``monitor``. In a sweep: a job already finished or done returns its
+            value, a failed, diverged, never validated or skipped job the worst value for the rule,
+            and a job not started (the sweep was stopped, or another launch runs it) None. Outside a
+            sweep: None when the run never validated or ``show_hooks=true`` only printed the table.
+
+    Raises:
+        SystemExit: outside a sweep, with status 2 for bad input, 1 for a failed run, and
+            128 + the signal number for a run stopped by SIGTERM or SIGINT.
+        SweepInterrupted: in the launching process of a sweep, when a signal stopped this job
+            (``main`` reports the sweep).
+        Exception: in a sweep with ``fail_fast=true``, the failed job's own error, re-raised once
+            the failure is recorded.
+    """
     from omegaconf import OmegaConf
 
     from expkit.core import distributed
@@ -369,6 +395,12 @@ def _freeze_heap() -> None:
 
 
 def main() -> None:
+    """``python -m expkit.train``: check the command line, then run the Hydra app (``run``).
+
+    Raises:
+        SystemExit: with status 2 for bad input (also Hydra's own errors), 1 for a failed run, and
+            128 + the signal number after SIGTERM or SIGINT; nothing when the run completes.
+    """
     versions.require()
     _freeze_heap()  # torch and Hydra are imported (by expkit's import)
     sys.argv[1:] = cli.search_is_multirun(cli.flags_first(sys.argv[1:]))

@@ -88,6 +88,28 @@ def test_hf_causal_lm_trains_saves_for_transformers_and_evaluates(tmp_path):
         skip_special_tokens=True,
     )
     assert rows[0]["text"] == expected and rows[0]["text"].startswith("def ")
+    sampled = [  # temperature > 0 samples, from the seed: twice the same
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "expkit.predict",
+                f"checkpoint={work}",
+                f"input={tmp_path / 'prompts.txt'}",
+                f"output={tmp_path / f'sampled{n}.jsonl'}",
+                "max_new_tokens=12",
+                "temperature=1.5",
+                "seed=3",
+                f"hydra.run.dir={tmp_path / f'sample{n}'}",
+            ],
+            capture_output=True,
+            text=True,
+        )
+        for n in (0, 1)
+    ]
+    assert all(p.returncode == 0 for p in sampled), sampled[0].stderr[-3000:]
+    texts = [(tmp_path / f"sampled{n}.jsonl").read_text() for n in (0, 1)]
+    assert texts[0] == texts[1] and json.loads(texts[0].splitlines()[0])["text"].startswith("def ")
 
     # any checkpoint, not only the end of the run, exports to transformers' own form
     first = work / "checkpoints" / "epoch_1.pth"

@@ -38,7 +38,16 @@ def _mlp(width_in: int, hidden: int, width_out: int) -> nn.Sequential:
 
 def augment(x: torch.Tensor, noise: float = 0.1, drop: float = 0.1) -> torch.Tensor:
     """A random view of images (N, C, H, W): shifted by up to one pixel each way, some pixels
-    dropped, Gaussian noise added. Draws from torch's global generator (seeded, checkpointed)."""
+    dropped, Gaussian noise added. Draws from torch's global generator (seeded, checkpointed).
+
+    Args:
+        x: the images, shape (N, C, H, W).
+        noise: the standard deviation of the Gaussian noise added.
+        drop: the probability of setting each pixel to 0.
+
+    Returns:
+        The view, of the same shape as `x`.
+    """
     n = len(x)
     shifts = torch.randint(-1, 2, (n, 2))
     out = torch.empty_like(x)
@@ -53,7 +62,15 @@ def augment(x: torch.Tensor, noise: float = 0.1, drop: float = 0.1) -> torch.Ten
 
 class BYOLDigits(nn.Module):
     """``encoder`` (the representation), ``online`` = encoder + projector, ``target`` = a copy of
-    ``online`` (no gradients; MomentumEncoderHook moves it), ``predictor`` on top of online."""
+    ``online`` (no gradients; MomentumEncoderHook moves it), ``predictor`` on top of online.
+
+    Args:
+        in_channels: the number of channels of the input images.
+        image_size: the height and width of the input images, in pixels.
+        width: the hidden width of the encoder, projector and predictor MLPs.
+        features: the size of the representation (the encoder's output).
+        projection: the size of the projector's and the predictor's outputs.
+    """
 
     def __init__(
         self, in_channels: int, image_size: int, width: int = 256, features: int = 64, projection: int = 32
@@ -80,9 +97,25 @@ class BYOLDigits(nn.Module):
         return (4 - 2 * F.cosine_similarity(p1, z2).mean() - 2 * F.cosine_similarity(p2, z1).mean()) / 2
 
     def train_step(self, batch: Any) -> dict[str, Any]:
+        """BYOL's loss on two augmented views of the images; the labels are not used.
+
+        Args:
+            batch: (images, labels).
+
+        Returns:
+            The ``loss``.
+        """
         return {"loss": self._loss(batch[0])}  # labels unused: self-supervised
 
     def eval_step(self, batch: Any) -> dict[str, Any]:
+        """BYOL's loss, and the representation of the images with their labels.
+
+        Args:
+            batch: (images, labels).
+
+        Returns:
+            The ``loss``, the encoder's ``features`` and the labels as ``targets``.
+        """
         x, y = batch
         return {"loss": self._loss(x), "features": self.encoder(x), "targets": y}
 
@@ -97,7 +130,21 @@ def _features(encoder: nn.Module, loader: Any, device: torch.device) -> tuple[to
 
 
 def linear_probe(encoder: nn.Module, train: Any, val: Any, device: torch.device, steps: int = 300) -> float:
-    """Validation accuracy of a logistic regression on the frozen, standardised features."""
+    """Validation accuracy of a logistic regression on the frozen, standardised features.
+
+    The probe is fitted with L-BFGS and a small L2 penalty, from a fixed initialisation; the
+    encoder is put in eval mode for the features and then back in its mode.
+
+    Args:
+        encoder: the module whose outputs are the features.
+        train: the loader of (images, labels) batches the probe is fitted on.
+        val: the loader of (images, labels) batches the probe is scored on.
+        device: the device the encoder runs on.
+        steps: the most L-BFGS iterations.
+
+    Returns:
+        The probe's accuracy on `val`, in [0, 1].
+    """
     was_training = encoder.training
     encoder.eval()
     (x_train, y_train), (x_val, y_val) = _features(encoder, train, device), _features(encoder, val, device)
@@ -128,7 +175,13 @@ class LinearProbeHook(Hook):
     fitted on the training images and scored on the validation images, and the same probe on
     a randomly initialised copy of the encoder (the baseline). Logged, and written to
     ``result.json`` as ``linear_probe: {acc, random_init_acc}``. A model without that
-    submodule is skipped with a warning."""
+    submodule is skipped with a warning.
+
+    Args:
+        encoder: the dotted path of the encoder submodule in the model.
+        steps: the most L-BFGS iterations of each probe.
+        seed: the seed of the baseline encoder's random initialisation.
+    """
 
     supports_sharding = (
         False  # trains a probe on a submodule called outside the model's forward; not checked with FSDP2

@@ -32,7 +32,14 @@ log = logging.getLogger("expkit")
 
 def load_pydoc_topics() -> str:
     """The text of ``pydoc_data.topics.topics`` (the help() topics of the Python docs, about
-    465K characters), joined in sorted-key order so it is the same on every run."""
+    465K characters), joined in sorted-key order so it is the same on every run.
+
+    Returns:
+        The topics' texts, joined.
+
+    Raises:
+        ConfigError: when this Python lacks ``pydoc_data``.
+    """
     try:
         from pydoc_data.topics import topics
     except ImportError as e:
@@ -47,7 +54,12 @@ def load_pydoc_topics() -> str:
 class CharWindows(Dataset):
     """Non-overlapping windows of ``seq_len + 1`` characters of ``codes``; item i is
     (x, y) = (window[:-1], window[1:]), both int64 of length ``seq_len``. A tail shorter
-    than a window is dropped."""
+    than a window is dropped.
+
+    Args:
+        codes: the encoded text, one int64 code per character.
+        seq_len: the length of each input and target sequence.
+    """
 
     def __init__(self, codes: torch.Tensor, seq_len: int) -> None:
         self.seq_len = seq_len
@@ -71,6 +83,16 @@ class CharCorpusData(DataModule):
     are encoded as their index in it (int64). Items are non-overlapping windows:
     (x, y) = (chars[i : i + seq_len], chars[i + 1 : i + seq_len + 1]).
     ``describe()`` (after ``datasets()``) gives ``vocab_size`` and ``alphabet``.
+
+    Args:
+        seq_len: the length of each input and target sequence, in characters.
+        max_chars: the number of characters of the text used.
+        val_fraction: the share of the text for validation.
+        test_fraction: the share of the text for test (0: no test set).
+        **kwargs (Any): the ``DataModule`` arguments (``batch_size``, ``num_workers``, ...).
+
+    Raises:
+        ConfigError: when `seq_len` or `max_chars` is less than 1, or the fractions are out of range.
     """
 
     def __init__(
@@ -94,6 +116,14 @@ class CharCorpusData(DataModule):
         self.alphabet = ""
 
     def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
+        """The train, validation and test windows; sets the alphabet.
+
+        Returns:
+            A ``CharWindows`` for each split; the test set is None when it holds no window.
+
+        Raises:
+            ConfigError: when the train or validation split is shorter than one window.
+        """
         text = load_pydoc_topics()[: self.max_chars]
         self.alphabet = "".join(sorted(set(text)))
         index = {c: i for i, c in enumerate(self.alphabet)}
@@ -113,7 +143,14 @@ class CharCorpusData(DataModule):
 
     def describe(self) -> dict[str, Any]:
         """What a model needs to know of the data, by constructor-argument name; the alphabet
-        is known once ``datasets()`` has run."""
+        is known once ``datasets()`` has run.
+
+        Returns:
+            ``vocab_size`` (the alphabet's size) and ``alphabet``.
+
+        Raises:
+            RuntimeError: when ``datasets()`` has not run yet.
+        """
         if not self.alphabet:
             raise RuntimeError("CharCorpusData.describe() needs the alphabet: call loaders() or datasets() first")
         return {"vocab_size": len(self.alphabet), "alphabet": self.alphabet}
@@ -125,6 +162,17 @@ class CharGRU(nn.Module):
     forward: (B, T) int64 -> logits (B, T, vocab_size). ``train_step`` / ``eval_step``
     compute the mean cross-entropy over all B*T positions (nats per character). ``alphabet``
     (index -> character) is needed only by ``generate``.
+
+    Args:
+        vocab_size: the number of distinct characters.
+        alphabet: the character of each index (empty: ``generate`` is unavailable).
+        embed_dim: the size of the character embeddings.
+        hidden_size: the GRU's hidden size.
+        num_layers: the number of stacked GRU layers.
+        dropout: the dropout probability between GRU layers and before the read-out.
+
+    Raises:
+        ValueError: when `alphabet` is given and its length is not `vocab_size`.
     """
 
     def __init__(
@@ -155,18 +203,40 @@ class CharGRU(nn.Module):
     def forward_with_state(
         self, x: torch.Tensor, state: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (B, T, V) and the GRU's final state (num_layers, B, hidden_size)."""
+        """Logits (B, T, V) and the GRU's final state (num_layers, B, hidden_size).
+
+        Args:
+            x: the character codes, shape (B, T), int64.
+            state: the GRU's state to start from; None: zeros.
+
+        Returns:
+            The logits and the GRU's final state.
+        """
         h, state = self.gru(self.embed(x), state)
         return self.out(self.drop(h)), state
 
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Any]:
-        """The loss for the optimizer: mean cross-entropy over every position of the batch."""
+        """The loss for the optimizer: mean cross-entropy over every position of the batch.
+
+        Args:
+            batch: (inputs, targets), each of shape (B, T).
+
+        Returns:
+            The ``loss`` and the ``logits``.
+        """
         x, y = batch
         logits = self(x)
         return {"loss": F.cross_entropy(logits.reshape(-1, self.vocab_size), y.reshape(-1)), "logits": logits}
 
     def eval_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Any]:
-        """Validation/test: the mean cross-entropy, the (B, T, V) logits and the (B, T) targets."""
+        """Validation/test: the mean cross-entropy, the (B, T, V) logits and the (B, T) targets.
+
+        Args:
+            batch: (inputs, targets), each of shape (B, T).
+
+        Returns:
+            The ``loss``, the ``logits`` and the ``targets``.
+        """
         x, y = batch
         logits = self(x)
         loss = F.cross_entropy(logits.reshape(-1, self.vocab_size), y.reshape(-1))
@@ -178,7 +248,21 @@ class CharGRU(nn.Module):
     ) -> str:
         """The prompt followed by ``length`` sampled characters. Characters of the prompt that
         are not in the alphabet are skipped; an empty prompt starts from a random character.
-        ``temperature`` divides the logits (lower: more conservative); 0 takes the argmax."""
+        ``temperature`` divides the logits (lower: more conservative); 0 takes the argmax.
+
+        Args:
+            prompt: the text to continue.
+            length: the number of characters to generate.
+            temperature: the sampling temperature; 0 or less takes the most likely character.
+            generator: the CPU generator to sample from; None: torch's global generator.
+
+        Returns:
+            The prompt's characters in the alphabet (or the random first one) followed by the
+                generated ones.
+
+        Raises:
+            ValueError: when the model has no alphabet.
+        """
         if not self.alphabet:
             raise ValueError("CharGRU.generate needs the alphabet: build the model with alphabet=... (data.describe())")
         index = {c: i for i, c in enumerate(self.alphabet)}
@@ -211,7 +295,18 @@ class TextSampleHook(Hook):
     """After training, samples ``samples`` texts of ``length`` characters from the model's
     ``generate(prompt, length, temperature, generator)``, seeded by ``seed`` (the same weights
     give the same texts), logs them and writes them to ``work_dir/samples.txt``. Main process
-    only; a model without ``generate`` gets a warning and no samples."""
+    only; a model without ``generate`` gets a warning and no samples.
+
+    Args:
+        prompt: the text each sample starts with.
+        length: the number of characters generated for each sample.
+        temperature: the sampling temperature (0: the most likely character each time).
+        samples: the number of samples.
+        seed: the seed of the sampling generator.
+
+    Raises:
+        ValueError: when `length` is negative or `samples` is less than 1.
+    """
 
     priority = Priority.NORMAL
 

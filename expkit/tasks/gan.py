@@ -21,7 +21,14 @@ __all__ = ["DigitsGAN", "NearestRealDistance"]
 
 
 class DigitsGAN(nn.Module):
-    """An MLP generator (latent noise -> image in [0, 1]) and an MLP discriminator (image -> logit)."""
+    """An MLP generator (latent noise -> image in [0, 1]) and an MLP discriminator (image -> logit).
+
+    Args:
+        in_channels: the number of channels of the images.
+        image_size: the height and width of the images, in pixels.
+        latent_dim: the size of the latent noise.
+        hidden: the width of the hidden layers of both MLPs.
+    """
 
     def __init__(self, in_channels: int, image_size: int, latent_dim: int = 16, hidden: int = 128) -> None:
         super().__init__()
@@ -52,10 +59,27 @@ class DigitsGAN(nn.Module):
         return self.generator(z).view(len(z), *self.shape)
 
     def sample(self, n: int, device: torch.device | None = None) -> torch.Tensor:
+        """Images generated from fresh latent noise (drawn from torch's generator).
+
+        Args:
+            n: the number of images.
+            device: the device of the noise; None: the model's.
+
+        Returns:
+            The images, shape (n, in_channels, image_size, image_size).
+        """
         return self(torch.randn(n, self.latent_dim, device=device or next(self.parameters()).device))
 
     def train_step(self, batch: Any, optimizers: Optimizers) -> dict[str, Any]:
-        """One discriminator step (real vs generated), then one generator step (fool it)."""
+        """One discriminator step (real vs generated), then one generator step (fool it).
+
+        Args:
+            batch: (images, labels); the labels are not used.
+            optimizers: the run's optimizers, ``discriminator`` and ``generator`` among them.
+
+        Returns:
+            The summed ``loss`` (for logging), and ``log`` with ``d_loss`` and ``g_loss``.
+        """
         real = batch[0]
         ones = torch.ones(len(real), 1, device=real.device)
         fake = self.sample(len(real), real.device)
@@ -74,7 +98,14 @@ class DigitsGAN(nn.Module):
         return {"loss": (d_loss + g_loss).detach(), "log": {"d_loss": d_loss.detach(), "g_loss": g_loss.detach()}}
 
     def eval_step(self, batch: Any) -> dict[str, Any]:
-        """The generator's loss against the current discriminator, and generated vs real images."""
+        """The generator's loss against the current discriminator, and generated vs real images.
+
+        Args:
+            batch: (images, labels); the labels are not used.
+
+        Returns:
+            The ``loss``, generated images flattened as ``preds`` and the real ones as ``targets``.
+        """
         real = batch[0]
         fake = self.sample(len(real), real.device)
         g_loss = F.binary_cross_entropy_with_logits(
@@ -97,6 +128,12 @@ class NearestRealDistance(Metric):
         self.count += len(preds)
 
     def compute(self) -> float:
+        """The mean distance since the last reset.
+
+        Returns:
+            The mean over the generated images of their distance to the nearest real image; NaN
+                before any batch.
+        """
         return float(self.total) / self.count if self.count else float("nan")
 
     def sync(self) -> None:

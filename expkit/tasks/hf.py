@@ -80,7 +80,14 @@ def _needs(package: str) -> None:
 
 
 def is_transformers_model(model: Any) -> bool:
-    """A ``transformers`` PreTrainedModel (told without importing transformers)."""
+    """A ``transformers`` PreTrainedModel (told without importing transformers).
+
+    Args:
+        model: any object.
+
+    Returns:
+        True when ``transformers.modeling_utils.PreTrainedModel`` is among its type's bases.
+    """
     return any(
         c.__module__ == "transformers.modeling_utils" and c.__name__ == "PreTrainedModel" for c in type(model).__mro__
     )
@@ -96,7 +103,17 @@ def _check_tokenizer_file(tokenizer: str | None) -> None:
 
 def bpe_tokenizer(train_docs: list[str], path: str | None, vocab_size: int, cache_dir: Path) -> Any:
     """The tokenizer: loaded from `path`, or a byte-level BPE of `vocab_size` tokens trained on
-    the training documents (cached in `cache_dir` under a digest of the text and settings)."""
+    the training documents (cached in `cache_dir` under a digest of the text and settings).
+
+    Args:
+        train_docs: the training documents the BPE is trained on (not read when `path` is given).
+        path: a ``tokenizer.json`` to load; None trains the BPE.
+        vocab_size: the vocabulary size of the trained BPE, special tokens included.
+        cache_dir: the cache dir; the trained tokenizer goes to its ``tokenizers/`` folder.
+
+    Returns:
+        The ``tokenizers.Tokenizer``.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if path is not None:
@@ -138,6 +155,21 @@ class TextBlocks(DataModule):
     trained tokenizer are cached (the config puts it beside the work dirs).
     ``describe()``: ``vocab_size``, ``tokenizer_json``, ``eos_token_id``, ``pad_token_id``,
     ``block_size``.
+
+    Args:
+        text: ``pydoc``, or the path or glob of local text files (each non-blank line a document).
+        tokenizer: a ``tokenizer.json`` to load; None trains a BPE on the training text.
+        vocab_size: the vocabulary size of the trained BPE (at least 300).
+        block_size: the tokens per block (at least 2).
+        max_chars: the most characters of the text used; None: all of it.
+        val_fraction: the share of the documents for validation (at least one document).
+        test_fraction: the share of the documents for test (0: no test set).
+        cache_dir: the cache dir of ``datasets`` and the trained tokenizer; None: ``.hf_cache``.
+        **kwargs: the ``DataModule`` arguments (``batch_size``, ``num_workers``, ...).
+
+    Raises:
+        ConfigError: when ``tokenizers`` or ``datasets`` is not installed, `block_size` or
+            `vocab_size` is too small, the fractions are out of range, or `tokenizer` is not a file.
     """
 
     def __init__(
@@ -199,6 +231,16 @@ class TextBlocks(DataModule):
         return docs
 
     def datasets(self) -> tuple[Any, Any, Any]:
+        """The train, validation and test blocks; loads or trains the tokenizer.
+
+        Returns:
+            The train and validation sets, and the test set (None when it holds no block); their
+                items are dicts of ``input_ids`` and ``labels``.
+
+        Raises:
+            ConfigError: when the text files are missing or empty, there are too few documents to
+                split, or a block is longer than the train or validation text.
+        """
         from datasets import Dataset
 
         docs = self._documents()
@@ -230,6 +272,14 @@ class TextBlocks(DataModule):
         return _Labelled(train), _Labelled(val), _Labelled(test) if test is not None else None
 
     def describe(self) -> dict[str, Any]:
+        """What a model needs to know of the data, by constructor-argument name.
+
+        Returns:
+            ``vocab_size``, ``tokenizer_json``, ``eos_token_id``, ``pad_token_id`` and ``block_size``.
+
+        Raises:
+            RuntimeError: when ``datasets()`` has not run yet.
+        """
         if self.tokenizer is None:
             raise RuntimeError("TextBlocks.describe() needs the tokenizer: call loaders() or datasets() first")
         return {
@@ -255,6 +305,24 @@ class TextClasses(DataModule):
     ``tokenizer`` loaded); each text is cut or padded to ``max_length`` tokens. Batches are
     dicts: ``input_ids``, ``attention_mask``, ``labels``. ``describe()``: ``num_classes``,
     ``vocab_size``, ``tokenizer_json``, ``pad_token_id``; ``class_names()``: the labels.
+
+    Args:
+        source: ``stdlib``, or a local ``.csv`` or ``.jsonl`` file with ``text`` and ``label`` columns.
+        packages: the standard-library packages whose sources are the classes (``source=stdlib``).
+        lines: the non-blank lines per snippet (``source=stdlib``).
+        max_per_class: the most snippets per package (``source=stdlib``).
+        tokenizer: a ``tokenizer.json`` to load; None trains a BPE on the training texts.
+        vocab_size: the vocabulary size of the trained BPE.
+        max_length: the tokens each text is cut or padded to.
+        val_fraction: the share of the texts for validation (at least one text).
+        test_fraction: the share of the texts for test (0: no test set).
+        split_seed: the seed of the shuffle before the split.
+        cache_dir: the cache dir of ``datasets`` and the trained tokenizer; None: ``.hf_cache``.
+        **kwargs: the ``DataModule`` arguments (``batch_size``, ``num_workers``, ...).
+
+    Raises:
+        ConfigError: when ``tokenizers`` or ``datasets`` is not installed, the fractions are out
+            of range, or `tokenizer` is not a file.
     """
 
     def __init__(
@@ -335,6 +403,16 @@ class TextClasses(DataModule):
         return rows.remove_columns("label").add_column("label", labels)
 
     def datasets(self) -> tuple[Any, Any, Any]:
+        """The tokenised train, validation and test texts; loads or trains the tokenizer.
+
+        Returns:
+            The train and validation sets, and the test set (None when it is empty); their items
+                are dicts of ``input_ids``, ``attention_mask`` and ``labels``.
+
+        Raises:
+            ConfigError: when a package is not in the standard library, the file is of another
+                kind, lacks a column or holds no rows, or there are too few texts to split.
+        """
         with _quiet_datasets():
             rows = self._rows().shuffle(seed=self.split_seed)
         n = len(rows)
@@ -361,6 +439,14 @@ class TextClasses(DataModule):
         return tuple(encoded(part) for part in parts)  # type: ignore[return-value]
 
     def describe(self) -> dict[str, Any]:
+        """What a model needs to know of the data, by constructor-argument name.
+
+        Returns:
+            ``num_classes``, ``vocab_size``, ``tokenizer_json``, ``pad_token_id`` and ``max_length``.
+
+        Raises:
+            RuntimeError: when ``datasets()`` has not run yet.
+        """
         if self.tokenizer is None:
             raise RuntimeError("TextClasses.describe() needs the tokenizer: call loaders() or datasets() first")
         return {
@@ -372,6 +458,12 @@ class TextClasses(DataModule):
         }
 
     def class_names(self) -> list[str] | None:
+        """The labels, in class-index order.
+
+        Returns:
+            The package names (``source=stdlib``) or the file's labels, sorted; None before
+                ``datasets()`` has run.
+        """
         return self.names or None
 
 
@@ -414,7 +506,13 @@ class HFModel(nn.Module):
     """A ``transformers`` PreTrainedModel as an expkit model. A batch is a dict passed as
     keyword arguments; the loss is the model's own (it computes one when ``labels`` are
     given); ``logits`` and ``targets`` go to the metrics, for a causal LM shifted so that
-    position t predicts token t + 1 (``torchmetrics.text.Perplexity`` reads them)."""
+    position t predicts token t + 1 (``torchmetrics.text.Perplexity`` reads them).
+
+    Args:
+        model: the ``transformers`` model.
+        tokenizer_json: the tokenizer the model is trained with, as ``tokenizer.json`` text (for
+            ``expkit.predict``, ``SampleText`` and ``save_pretrained``); None: none.
+    """
 
     def __init__(self, model: nn.Module, tokenizer_json: str | None = None) -> None:
         super().__init__()
@@ -437,10 +535,35 @@ class HFModel(nn.Module):
         return out, batch.get("labels")
 
     def train_step(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """The model's own loss on the batch.
+
+        Args:
+            batch: the model's keyword arguments, ``labels`` included.
+
+        Returns:
+            The ``loss`` and the ``logits``.
+
+        Raises:
+            TypeError: when the batch is not a mapping.
+            ValueError: when the model computes no loss (the batch has no ``labels``).
+        """
         out, _ = self._outputs(batch)
         return {"loss": out.loss, "logits": out.logits}
 
     def eval_step(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """The model's own loss, and the logits and labels for the metrics.
+
+        Args:
+            batch: the model's keyword arguments, ``labels`` included.
+
+        Returns:
+            The ``loss``, the ``logits`` and the labels as ``targets``; for a causal LM, shifted so
+                that position t predicts token t + 1.
+
+        Raises:
+            TypeError: when the batch is not a mapping.
+            ValueError: when the model computes no loss (the batch has no ``labels``).
+        """
         out, labels = self._outputs(batch)
         logits = out.logits
         if self.causal and labels is not None:  # position t predicts token t + 1
@@ -449,6 +572,15 @@ class HFModel(nn.Module):
 
     @torch.no_grad()
     def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped model's ``generate``, without gradients.
+
+        Args:
+            *args: its positional arguments (the input ids).
+            **kwargs: its keyword arguments (``max_new_tokens``, ``do_sample``, ...).
+
+        Returns:
+            What the wrapped model's ``generate`` returns (the generated token ids).
+        """
         return self.model.generate(*args, **kwargs)
 
 
@@ -518,7 +650,26 @@ def causal_lm(
 ) -> HFModel:
     """A causal language model: ``AutoModelForCausalLM.from_config`` of ``config`` (a dict
     with ``model_type``, e.g. ``gpt2``, and that model type's settings), sized to the data's
-    vocabulary; or ``from_pretrained`` of a local directory (``pretrained``: never downloaded)."""
+    vocabulary; or ``from_pretrained`` of a local directory (``pretrained``: never downloaded).
+
+    Args:
+        vocab_size: the data's vocabulary size.
+        config: ``model_type`` and that model type's settings; not used with `pretrained`.
+        pretrained: a local ``save_pretrained`` directory to load instead.
+        tokenizer_json: the data's tokenizer, kept with the model.
+        eos_token_id: the end-of-text token, set as the config's ``bos_token_id`` and
+            ``eos_token_id`` unless `config` sets them.
+        pad_token_id: the padding token, set as the config's ``pad_token_id`` unless `config` sets it.
+        block_size: the data's sequence length, checked against the model's positions.
+
+    Returns:
+        The model, wrapped in ``HFModel``.
+
+    Raises:
+        ConfigError: when `config` has no ``model_type`` or an unknown one or a bad setting,
+            `pretrained` is not a local model directory, or the model cannot hold the data's
+            vocabulary or sequence length.
+    """
     _needs("transformers")
     from transformers import AutoModelForCausalLM
 
@@ -549,7 +700,25 @@ def sequence_classifier(
 ) -> HFModel:
     """A sequence classifier: ``AutoModelForSequenceClassification.from_config`` of ``config``
     (``model_type`` and its settings), with the data's vocabulary and ``num_labels`` = the data's
-    classes; or ``from_pretrained`` of a local directory (its head resized to the classes)."""
+    classes; or ``from_pretrained`` of a local directory (its head resized to the classes).
+
+    Args:
+        vocab_size: the data's vocabulary size.
+        num_classes: the data's number of classes.
+        config: ``model_type`` and that model type's settings; not used with `pretrained`.
+        pretrained: a local ``save_pretrained`` directory to load instead.
+        tokenizer_json: the data's tokenizer, kept with the model.
+        pad_token_id: the padding token, set as the config's ``pad_token_id`` unless `config` sets it.
+        max_length: the data's sequence length, checked against the model's positions.
+
+    Returns:
+        The model, wrapped in ``HFModel``.
+
+    Raises:
+        ConfigError: when `config` has no ``model_type`` or an unknown one or a bad setting,
+            `pretrained` is not a local model directory, or the model cannot hold the data's
+            vocabulary or sequence length.
+    """
     _needs("transformers")
     from transformers import AutoModelForSequenceClassification
 
@@ -575,7 +744,15 @@ def sequence_classifier(
 
 # -- hooks ------------------------------------------------------------------------------------------
 def fast_tokenizer(model: HFModel) -> Any:
-    """The tokenizer the model was trained with, as transformers' PreTrainedTokenizerFast; None without one."""
+    """The tokenizer the model was trained with, as transformers' PreTrainedTokenizerFast; None without one.
+
+    Args:
+        model: the wrapped model (its ``tokenizer_json`` is read).
+
+    Returns:
+        The tokenizer, with ``<|endoftext|>`` as its end-of-text and ``<|pad|>`` as its padding
+            token; None when the model has no ``tokenizer_json``.
+    """
     from transformers import PreTrainedTokenizerFast
 
     if not model.tokenizer_json:
@@ -601,7 +778,13 @@ class SavePretrained(Hook):
     """At the end of the run: the trained model in transformers' own form, ``<work dir>/<dir>``
     (``config.json``, ``model.safetensors``, and the tokenizer when the data trained one),
     which plain transformers loads with ``from_pretrained``. With FSDP2 the full weights are
-    gathered first (every rank takes part; rank 0 writes)."""
+    gathered first (every rank takes part; rank 0 writes).
+
+    Nothing is written when the run trained nothing or failed.
+
+    Args:
+        dir: the directory, relative to the work dir.
+    """
 
     priority = Priority.LOW
 
@@ -628,7 +811,13 @@ class SavePretrained(Hook):
 def write_pretrained(model: HFModel, target: Path, state: dict[str, Any] | None = None) -> None:
     """`model` in transformers' own form in the directory `target` (``config.json``,
     ``model.safetensors``, the tokenizer when the data trained one), for ``from_pretrained``.
-    `state`: the full weights when the model's own are sharded (FSDP2)."""
+    `state`: the full weights when the model's own are sharded (FSDP2).
+
+    Args:
+        model: the wrapped model.
+        target: the directory to write.
+        state: the full state dict to save; None saves the model's own weights.
+    """
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
@@ -647,7 +836,14 @@ def write_pretrained(model: HFModel, target: Path, state: dict[str, Any] | None 
 class SampleText(Hook):
     """After each validation (rank 0): ``num_samples`` texts of ``max_new_tokens`` tokens
     generated from ``prompt`` by ``model.generate`` (sampling at ``temperature``, from the
-    run's seed), appended to ``<work dir>/samples.txt`` and shown in the log."""
+    run's seed), appended to ``<work dir>/samples.txt`` and shown in the log.
+
+    Args:
+        prompt: the text the samples start with.
+        max_new_tokens: the tokens generated for each sample.
+        num_samples: the number of samples after each validation.
+        temperature: the sampling temperature.
+    """
 
     priority = Priority.LOW
 

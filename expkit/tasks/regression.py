@@ -29,6 +29,15 @@ class DiabetesData(DataModule):
     MSE of 1.0 is the target's (training) variance: predicting the mean scores about 1, and
     ``1 - mse`` is roughly R^2. ``target_mean`` / ``target_std`` (set by ``datasets()``)
     convert predictions back to the original units.
+
+    Args:
+        val_fraction: the share of the patients held out for validation (at least one patient).
+        test_fraction: the share held out for test (0: no test set).
+        split_seed: the seed of the random split.
+        **kwargs (Any): the ``DataModule`` arguments (``batch_size``, ``num_workers``, ...).
+
+    Raises:
+        ConfigError: when the fractions are out of range.
     """
 
     num_features, num_outputs = 10, 1
@@ -42,6 +51,11 @@ class DiabetesData(DataModule):
         self.target_mean, self.target_std = 0.0, 1.0
 
     def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
+        """The standardised train, validation and test splits; sets the training statistics.
+
+        Returns:
+            The train and validation sets, and the test set (None when ``test_fraction`` is 0).
+        """
         x, y = load_diabetes()
         n = len(y)
         order = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
@@ -63,17 +77,35 @@ class DiabetesData(DataModule):
 
     def predict_input(self, raw: torch.Tensor) -> torch.Tensor:
         """Rows of the 10 raw features (age, sex, bmi, bp, s1-s6, as scikit-learn's
-        ``scaled=False``), standardised with the training split's statistics."""
+        ``scaled=False``), standardised with the training split's statistics.
+
+        Args:
+            raw: the feature rows, shape (N, 10).
+
+        Returns:
+            The standardised features.
+        """
         if not hasattr(self, "feature_mean"):
             self.datasets()
         return (raw.float() - self.feature_mean) / self.feature_std
 
     def predict_output(self, values: torch.Tensor) -> torch.Tensor:
-        """Disease progression in its own units (the target was standardised for training)."""
+        """Disease progression in its own units (the target was standardised for training).
+
+        Args:
+            values: the model's standardised predictions.
+
+        Returns:
+            The predictions in the target's original units.
+        """
         return values * self.target_std + self.target_mean
 
     def describe(self) -> dict[str, Any]:
-        """What a model needs to know of the data, by constructor-argument name."""
+        """What a model needs to know of the data, by constructor-argument name.
+
+        Returns:
+            ``num_features`` and ``num_outputs``.
+        """
         return {"num_features": self.num_features, "num_outputs": self.num_outputs}
 
 
@@ -82,6 +114,12 @@ def load_diabetes() -> tuple[torch.Tensor, torch.Tensor]:
 
     Reads the gzipped tables that ship inside scikit-learn without importing scikit-learn
     (which costs about 2 s at start-up); falls back to ``sklearn.datasets.load_diabetes``.
+
+    Returns:
+        The features and the targets, unscaled.
+
+    Raises:
+        ConfigError: when scikit-learn is not installed.
     """
     import importlib.util
 
@@ -108,6 +146,15 @@ class RegressionMLP(nn.Module):
 
     Returns shape (N,) for one output (what ``MSELoss`` and ``R2Score`` expect against (N,)
     targets), else (N, num_outputs).
+
+    Args:
+        num_features: the number of input features.
+        num_outputs: the number of values predicted per input.
+        hidden: the width of each hidden layer, in order.
+        dropout: the dropout probability after each hidden layer's ReLU; 0 adds no Dropout layers.
+
+    Raises:
+        ValueError: when a hidden width is not a positive integer or `num_outputs` is less than 1.
     """
 
     def __init__(

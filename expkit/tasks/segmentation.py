@@ -34,6 +34,19 @@ class ShapesData(DataModule):
     Images are float32 (1, H, W), masks int64 (H, W). Every split is drawn from its own
     generator seeded by (``split_seed``, split), so the same ``split_seed`` gives the same
     images and the val/test images do not change with ``num_train``.
+
+    Args:
+        num_train: the number of training images.
+        num_val: the number of validation images.
+        num_test: the number of test images (0: no test set).
+        image_size: the height and width of the images, in pixels (at least 8).
+        max_shapes: the most shapes in one image.
+        noise: the standard deviation of the Gaussian noise added to the images.
+        split_seed: the seed of the images.
+        **kwargs (Any): the ``DataModule`` arguments (``batch_size``, ``num_workers``, ...).
+
+    Raises:
+        ConfigError: when a size, `image_size`, `max_shapes` or `noise` is out of range.
     """
 
     in_channels, num_classes = 1, len(CLASS_NAMES)
@@ -65,6 +78,12 @@ class ShapesData(DataModule):
         self.split_seed = split_seed
 
     def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
+        """The train, validation and test images with their masks.
+
+        Returns:
+            A ``TensorDataset`` of (images, masks) for each split; the test set is None when
+                ``num_test`` is 0.
+        """
         splits = []
         for i, n in enumerate(self.sizes):
             if n == 0:
@@ -76,7 +95,11 @@ class ShapesData(DataModule):
         return splits[0], splits[1], splits[2]
 
     def describe(self) -> dict[str, Any]:
-        """What a model needs to know of the data, by constructor-argument name."""
+        """What a model needs to know of the data, by constructor-argument name.
+
+        Returns:
+            ``in_channels``, ``image_size`` and ``num_classes``.
+        """
         return {"in_channels": self.in_channels, "image_size": self.image_size, "num_classes": self.num_classes}
 
 
@@ -84,7 +107,18 @@ def make_shapes(
     n: int, size: int, max_shapes: int, noise: float, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` images (n, 1, size, size) float32 and masks (n, size, size) int64, drawn from
-    ``generator``; all images at once, one pass per shape slot."""
+    ``generator``; all images at once, one pass per shape slot.
+
+    Args:
+        n: the number of images.
+        size: the height and width of each image, in pixels.
+        max_shapes: the most shapes in one image (each holds 1 to `max_shapes`).
+        noise: the standard deviation of the Gaussian noise added to the images.
+        generator: the generator every random draw comes from.
+
+    Returns:
+        The images and their masks.
+    """
     g = generator
     s = max_shapes
     count = torch.randint(1, s + 1, (n, 1), generator=g)  # shapes in each image
@@ -136,6 +170,11 @@ class SegNet(nn.Module):
     bilinear upsampling with skip connections, and a 1x1 classifier per pixel.
 
     forward: (N, in_channels, H, W) -> logits (N, num_classes, H, W); any H, W >= 4.
+
+    Args:
+        in_channels: the number of channels of the input images.
+        num_classes: the number of classes (output channels).
+        width: the channels at full resolution (2x and 4x at the lower ones).
     """
 
     def __init__(self, in_channels: int, num_classes: int, width: int = 16) -> None:
@@ -160,7 +199,14 @@ class SegNet(nn.Module):
 
     def eval_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Any]:
         """Validation/test step: per-pixel cross-entropy (mean over all pixels), the logits,
-        the per-pixel class indices ("preds", which metrics read first) and the masks."""
+        the per-pixel class indices ("preds", which metrics read first) and the masks.
+
+        Args:
+            batch: (images, masks).
+
+        Returns:
+            The ``loss``, the ``logits``, the ``preds`` and the masks as ``targets``.
+        """
         images, masks = batch
         logits = self(images)
         return {"loss": F.cross_entropy(logits, masks), "logits": logits, "preds": logits.argmax(1), "targets": masks}
