@@ -676,7 +676,9 @@ def monitor_of(config: dict[str, Any] | None) -> tuple[str, str]:
     """
     config = config or {}
     monitor = str(config.get("monitor") or "val/acc")
-    metric = (config.get("metrics") or {}).get(monitor.partition("/")[2].split("/")[0])
+    metrics = config.get("metrics") or {}
+    # val/acc, val/noisy/acc (a named set), val/f1/cat (one key of a metric's dict): the last name that is a metric
+    metric = next((metrics[part] for part in reversed(monitor.split("/")[1:]) if part in metrics), None)
     rule = rule_of_flag(metric.get("higher_is_better")) if isinstance(metric, dict) else None
     if rule is None:
         rule = ((config.get("default_hooks") or {}).get("checkpoint") or {}).get("rule")

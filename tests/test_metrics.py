@@ -249,3 +249,14 @@ def test_a_sweep_summary_shows_a_torchmetrics_metric_as_a_float(tmp_path):
     assert best["metric"] == "val/f1" and best["rule"] == "greater" and isinstance(best["value"], float)
     rows = (tmp_path / "summary.csv").read_text().splitlines()[1:]
     assert len(rows) == 2 and all(0 < float(row.split(",")[4]) <= 1 for row in rows)
+
+
+def test_a_sweep_reads_the_monitored_metrics_direction_from_its_setting_whatever_the_key_form():
+    from expkit.metrics import monitor_of
+
+    metrics = {"score": {"_target_": "x.Score", "higher_is_better": False}, "f1": {"higher_is_better": True}}
+    for monitor in ("val/score", "val/noisy/score"):  # one val set, a named one
+        assert monitor_of({"monitor": monitor, "metrics": metrics}) == (monitor, "less")
+    assert monitor_of({"monitor": "val/f1/cat", "metrics": metrics}) == ("val/f1/cat", "greater")  # a dict metric's key
+    assert monitor_of({"monitor": "val/noisy/loss", "metrics": metrics}) == ("val/noisy/loss", "less")  # by name
+    assert monitor_of(None) == ("val/acc", "greater")
