@@ -251,7 +251,7 @@ def test_data_info_interpolations_work_on_the_command_line(tmp_path):
 
 
 def test_every_command_reads_its_command_line_in_the_same_units(tmp_path):
-    from expkit.config.cli import flags_first, hydra_argv, tokens
+    from expkit.config.cli import check_group_choices, config_dirs_of, flags_first, hydra_argv, tokens
     from expkit.sweep import _hydra_argv
 
     argv = ["model=cnn", "--config-dir", "my conf", "--info", "plugins", "-m", "--cfg", "job", "x=1"]
@@ -282,6 +282,13 @@ def test_every_command_reads_its_command_line_in_the_same_units(tmp_path):
         "hydra.run.dir=w",
         "overrides=['optim.lr=1']",
     ]
+    assert config_dirs_of(["--config-dir", "a=b", "-cd", "c", "--config-dir=d", "x=1"])[1:] == [
+        Path("a=b"),
+        Path("c"),
+        Path("d"),
+    ]
+    assert check_group_choices(["--config-dir", "model=nope"]) is None  # a dir's name, not an override
+    assert "Unknown model option 'nope'" in check_group_choices(["model=nope"])
     conf, sweep = tmp_path / "conf", tmp_path / "sweep"
     conf.mkdir(), sweep.mkdir()
     assert _hydra_argv(["--config-dir", str(conf), str(sweep), "--no-plot", "--quiet"]) == [

@@ -49,12 +49,10 @@ CONF_DIR = Path(__file__).parents[1] / "conf"
 def config_dirs_of(argv: list[str]) -> list[Path]:
     """expkit's shipped config dir, then every --config-dir / -cd on the command line."""
     dirs = [CONF_DIR]
-    for i, arg in enumerate(argv):
-        for flag in ("--config-dir", "-cd"):
-            if arg == flag and i + 1 < len(argv):
-                dirs.append(Path(argv[i + 1]))
-            elif arg.startswith(flag + "="):
-                dirs.append(Path(arg.split("=", 1)[1]))
+    for token in tokens(argv):
+        flag, _, value = token[0].partition("=")
+        if flag in ("--config-dir", "-cd") and (len(token) == 2 or value):
+            dirs.append(Path(token[1] if len(token) == 2 else value))
     return dirs
 
 
@@ -80,7 +78,8 @@ def check_group_choices(argv: list[str]) -> str | None:
 
     dirs = config_dirs_of(argv)
     groups = {p.name for d in dirs if d.is_dir() for p in d.iterdir() if p.is_dir()}
-    candidates = [a for a in argv if "=" in a and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
+    words = [t[0] for t in tokens(argv) if len(t) == 1]  # (not a flag's value: --config-dir a=b)
+    candidates = [a for a in words if "=" in a and not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
     try:
         overrides = OverridesParser.create().parse_overrides(candidates)
     except Exception:  # a malformed override: name it (Hydra's message does not)
