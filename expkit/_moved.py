@@ -50,7 +50,15 @@ MOVED: dict[str, str] = {
 
 def new_name(dotted: str) -> str:
     """``expkit.runner.Runner`` -> ``expkit.engine.runner.Runner``: a dotted name written
-    before the move, at its new path (anything else unchanged)."""
+    before the move, at its new path (anything else unchanged).
+
+    Args:
+        dotted: a dotted name, e.g. a ``_target_`` of a stored config.
+
+    Returns:
+        `dotted` with the moved module's subpackage inserted after ``expkit.``; `dotted` itself when
+        it does not start with ``expkit.<old module>``.
+    """
     head, _, rest = dotted.partition(".")
     module, _, tail = rest.partition(".")
     if head != "expkit" or module not in MOVED:
@@ -76,6 +84,10 @@ class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install(meta_path: list[Any]) -> None:
-    """Put the finder on `meta_path` (``sys.meta_path``), once."""
+    """Put the finder on `meta_path` (``sys.meta_path``), once.
+
+    Args:
+        meta_path: the finder list to extend, normally ``sys.meta_path``; changed in place.
+    """
     if not any(isinstance(f, MovedModules) for f in meta_path):
         meta_path.append(MovedModules())

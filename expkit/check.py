@@ -40,7 +40,7 @@ from omegaconf import DictConfig
 from expkit.check_probe import KILL_AT_ENV, records_name
 from expkit.config import cli
 from expkit.core import hydra_compat, versions
-from expkit.core.errors import ConfigError
+from expkit.core.errors import ConfigError, TaskExit, exit_status, task_exits
 
 __all__ = [
     "DETERMINISM_WARNING",
@@ -67,8 +67,6 @@ __all__ = [
 
 
 log = logging.getLogger("expkit")
-_STARTED = False
-_NPROC = 1  # processes per run: torchrun ... -m expkit.check starts its runs with as many
 
 # keys of records, checkpoints and hooks that hold a clock reading or a duration: any two runs
 # differ in them (found again at every check: a key that also differs between the two
@@ -1059,21 +1057,20 @@ def run(cfg: DictConfig) -> None:
         SystemExit: with status 2 for bad input, 1 when a run fails or the runs differ; nothing
             when everything matches.
     """
-    global _STARTED
-    _STARTED = True
     try:
-        _check(cfg)
+        with task_exits():
+            _check(cfg)
     except ConfigError as exc:
         print(f"Error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        raise TaskExit(2) from None
     except RunFailed as exc:
         print(f"Error: {exc}", file=sys.stderr)
-        sys.exit(1)
+        raise TaskExit(1) from None
 
 
 def _check(cfg: DictConfig) -> None:
     argv, _ = split_argv(sys.argv[1:])
-    p = plan(cfg, _NPROC)
+    p = plan(cfg, _processes())
     given_dir = cfg.check.get("dir")
     if given_dir is not None:
         Path(given_dir).mkdir(parents=True, exist_ok=True)
@@ -1136,12 +1133,17 @@ class RunFailed(Exception):
     """A run of the check failed in a way no comparison can read (not the first: that is input)."""
 
 
-def _under_torchrun() -> int:
+def _processes() -> int:
+    """Processes per run: ``torchrun --nproc_per_node=N -m expkit.check`` starts its runs with N."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def _under_torchrun() -> None:
     """torchrun --nproc_per_node=N -m expkit.check: rank 0 runs the check, starting each run with
-    torchrun on N processes; the other ranks have nothing to do and end at once. 1 otherwise."""
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    torchrun on N processes; the other ranks have nothing to do and end at once."""
+    world = _processes()
     if world <= 1:
-        return 1
+        return
     if int(os.environ.get("LOCAL_WORLD_SIZE", world) or world) != world:
         print(
             f"Error: the check runs on one machine (torchrun --nnodes=1); this torchrun spans "
@@ -1151,7 +1153,6 @@ def _under_torchrun() -> int:
         sys.exit(2)
     if int(os.environ.get("RANK", "0") or 0) != 0:
         sys.exit(0)
-    return world
 
 
 def main() -> None:
@@ -1161,9 +1162,8 @@ def main() -> None:
         SystemExit: with status 2 for bad input (also Hydra's own errors), 1 when a run fails or
             the runs differ, 130 after Ctrl-C; under torchrun, 0 at once on ranks other than 0.
     """
-    global _NPROC
     versions.require()
-    _NPROC = _under_torchrun()
+    _under_torchrun()
     argv = sys.argv[1:]
     refused = split_argv(argv)[1]
     message = (
@@ -1189,9 +1189,7 @@ def main() -> None:
         print("\nInterrupted: the check stopped its runs; nothing was checked", file=sys.stderr)
         sys.exit(130)
     except SystemExit as exc:
-        if exc.code == 1 and not _STARTED:
-            sys.exit(2)
-        raise
+        sys.exit(exit_status(exc))
 
 
 if __name__ == "__main__":

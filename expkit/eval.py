@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from expkit.config.cli import command_main, config_dirs_of
 from expkit.config.restore import load_model, resolve_checkpoint, restore, stored_config, stored_overrides
 from expkit.core import hydra_compat
-from expkit.core.errors import ConfigError, ExpkitError
+from expkit.core.errors import ConfigError, ExpkitError, TaskExit, task_exits
 from expkit.core.trust import TrustPolicy
 from expkit.workdir.results import write_failure
 
@@ -109,9 +109,6 @@ def evaluate(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] 
         return runner.run()
 
 
-_STARTED = False
-
-
 @hydra_compat.main(config_path="conf", config_name="eval")
 def run(cfg: DictConfig) -> float | None:
     """Hydra's task function: evaluates one checkpoint; returns the monitored value (sweeps).
@@ -130,17 +127,16 @@ def run(cfg: DictConfig) -> float | None:
     """
     from hydra.core.hydra_config import HydraConfig
 
-    global _STARTED
-    _STARTED = True
     work_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        result = evaluate(cfg, work_dir, config_dirs_of(sys.argv[1:])[1:])
+        with task_exits():
+            result = evaluate(cfg, work_dir, config_dirs_of(sys.argv[1:])[1:])
     except ExpkitError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # one bad checkpoint of several: recorded, the others go on
             write_failure(work_dir, str(exc), evaluation=True)
             return None
-        sys.exit(2 if isinstance(exc, ConfigError) else 1)
+        raise TaskExit(2 if isinstance(exc, ConfigError) else 1) from None
     log.info("Evaluated %s: %s", result["checkpoint"], json.dumps(result["final_metrics"]))
     log.info("Work dir: %s", result["work_dir"])
     value = result["final_metrics"].get(result.get("monitor") or "")
@@ -149,7 +145,7 @@ def run(cfg: DictConfig) -> float | None:
 
 def main() -> None:
     """``python -m expkit.eval``: run the Hydra app (``run``) with the command's own options."""
-    command_main(run, OPTIONS, lambda: _STARTED)  # (checkpoint=... key=value: the stored config's overrides)
+    command_main(run, OPTIONS)  # (checkpoint=... key=value: the stored config's overrides)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from expkit.core import hydra_compat
-from expkit.core.errors import ConfigError, ExpkitError
+from expkit.core.errors import ConfigError, ExpkitError, TaskExit, task_exits
 
 __all__ = ["OPTIONS", "SUFFIX", "example_input", "export", "main", "run", "sha256"]
 
@@ -250,9 +250,6 @@ def _write_hf(model: Any, out: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-_STARTED = False
-
-
 @hydra_compat.main(config_path="conf", config_name="export")
 def run(cfg: DictConfig) -> None:
     """Hydra's task function: exports one checkpoint's model (``export``).
@@ -266,16 +263,15 @@ def run(cfg: DictConfig) -> None:
     """
     from hydra.core.hydra_config import HydraConfig
 
-    global _STARTED
-    _STARTED = True
     work_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         from expkit.config.cli import config_dirs_of
 
-        export(cfg, work_dir, config_dirs_of(sys.argv[1:])[1:])
+        with task_exits():
+            export(cfg, work_dir, config_dirs_of(sys.argv[1:])[1:])
     except ExpkitError as exc:
         print(f"Error: {exc}", file=sys.stderr)
-        sys.exit(2 if isinstance(exc, ConfigError) else 1)
+        raise TaskExit(2 if isinstance(exc, ConfigError) else 1) from None
 
 
 OPTIONS = (
@@ -294,7 +290,7 @@ def main() -> None:
     """``python -m expkit.export``: run the Hydra app (``run``) with the command's own options."""
     from expkit.config.cli import command_main
 
-    command_main(run, OPTIONS, lambda: _STARTED)  # data.batch_size=8 means overrides=[...]
+    command_main(run, OPTIONS)  # data.batch_size=8 means overrides=[...]
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from expkit.core import hydra_compat
-from expkit.core.errors import ConfigError, ExpkitError
+from expkit.core.errors import ConfigError, ExpkitError, TaskExit, task_exits
 
 __all__ = ["IMAGE_SUFFIXES", "OPTIONS", "check_range", "main", "predict", "read_inputs", "run", "training_range"]
 
@@ -399,9 +399,6 @@ def _write(output: Path, rows: list[dict[str, Any]]) -> None:
     write_text_atomic(output, buffer.getvalue())
 
 
-_STARTED = False
-
-
 @hydra_compat.main(config_path="conf", config_name="predict")
 def run(cfg: DictConfig) -> None:
     """Hydra's task function: predicts the inputs with one checkpoint's model (``predict``).
@@ -415,15 +412,14 @@ def run(cfg: DictConfig) -> None:
     """
     from hydra.core.hydra_config import HydraConfig
 
-    global _STARTED
-    _STARTED = True
     try:
         from expkit.config.cli import config_dirs_of
 
-        predict(cfg, Path(HydraConfig.get().runtime.output_dir), config_dirs_of(sys.argv[1:])[1:])
+        with task_exits():
+            predict(cfg, Path(HydraConfig.get().runtime.output_dir), config_dirs_of(sys.argv[1:])[1:])
     except ExpkitError as exc:
         print(f"Error: {exc}", file=sys.stderr)
-        sys.exit(2 if isinstance(exc, ConfigError) else 1)
+        raise TaskExit(2 if isinstance(exc, ConfigError) else 1) from None
 
 
 OPTIONS = (
@@ -448,7 +444,7 @@ def main() -> None:
     """``python -m expkit.predict``: run the Hydra app (``run``) with the command's own options."""
     from expkit.config.cli import command_main
 
-    command_main(run, OPTIONS, lambda: _STARTED)  # data.batch_size=8 means overrides=[...]
+    command_main(run, OPTIONS)  # data.batch_size=8 means overrides=[...]
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from omegaconf import DictConfig
 from expkit.checkpoint import checkpoint_io, run_checkpoint
 from expkit.config import cli
 from expkit.core import atomic, hydra_compat, versions
-from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused
+from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused, exit_status, task_exits
 from expkit.core.signals import SweepInterrupted, raise_on_sigterm, stop_on_signals
 from expkit.loggers import logs
 from expkit.metrics import monitor_of, worst_value
@@ -93,111 +94,151 @@ def run(cfg: DictConfig) -> float | None:
         Exception: in a sweep with ``fail_fast=true``, the failed job's own error, re-raised once
             the failure is recorded.
     """
+    with task_exits():  # (its SystemExits are the task's own; main makes Hydra's own 1 a 2)
+        return _task(cfg)
+
+
+@dataclass
+class _Job:
+    """One call of the task: where it writes, what it reports, and (in a sweep) its sweep."""
+
+    cfg: DictConfig
+    work_dir: Path
+    sweep_dir: Path | None  # None: a single run, not a job of a sweep
+    monitor: str
+    rule: str  # the monitored key's direction (min or max), as known before the run
+    run_info: dict[str, Any]  # what the run records of its command (result.json, wandb, MLflow)
+
+
+def _task(cfg: DictConfig) -> float | None:
+    """The task: the job described, owned, built, run and reported (see ``run``)."""
     from omegaconf import OmegaConf
 
     from expkit.core import distributed
 
-    global _TASK_STARTED
-    _TASK_STARTED = True
     logs.errors_in_one_line()
     hc = HydraConfig.get()
-    work_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     if multirun and cfg.get("sweep_output", "progress") != "full":
         logs.quiet_terminal()  # (every line still goes to the job's train.log)
     joins = distributed.world_size() > 1 and not distributed.is_distributed()  # (torchrun joined in main already)
+    work_dir = Path(hc.runtime.output_dir)
     if distributed.init():  # a submitit job with several tasks
         logs.log_to_rank_file(work_dir, distributed.rank())
         logs.errors_in_one_line()
     monitor, rule = monitor_of(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
-    overrides = task_overrides(hc)
-    run_info = {
-        "overrides": overrides,
-        "hooks": [k for k, v in cfg.hooks.items() if v is not None and "_target_" in v],  # (not in runtime.choices)
-        "command": " ".join(["python -m expkit.train", *sys.argv[1:]]),
-    }
+    run_info = _run_info(cfg, hc, work_dir)
     requeues = distributed.requeue_count()
-    if (
-        multirun and requeues > 0 and not sweep_jobs.resuming_sweep(cfg)
-    ):  # Slurm requeued this job (preemption, timeout)
+    if multirun and requeues > 0 and not sweep_jobs.resuming_sweep(cfg):  # Slurm requeued it (preemption, timeout)
         from omegaconf import open_dict
 
         with open_dict(cfg):
             cfg.resume = True  # the job finds its dir by its overrides and continues from its last checkpoint
         run_info["requeues"] = requeues
         log.info("Slurm requeue %d: resuming this job from its last complete checkpoint", requeues)
-    if distributed.is_distributed() and not multirun:  # a rank's death is told with the way back
-        run_info["resume_command"] = cli.continue_command(sys.argv[1:], work_dir)
-        run_info["restarts"] = distributed.restart_count()  # torchrun --max-restarts
+    job = _Job(cfg, work_dir, Path(hc.sweep.dir) if multirun else None, monitor, rule, run_info)
     try:
-        with contextlib.ExitStack() as owned:
-            return _run_owned(cfg, hc, work_dir, multirun, monitor, rule, run_info, owned)
+        with contextlib.ExitStack() as owned:  # the work dir's lock, the signal handlers: released on the way out
+            if multirun:
+                claimed, value = _claim_sweep_job(job, hc, owned)
+                if not claimed:
+                    return value
+            else:
+                _lock_run_dir(job, owned)
+            ran = _build_and_run(job, owned)
+            return ran if not isinstance(ran, tuple) else _report(job, *ran)
     finally:
         if joins:  # the task's process ends with it: leave the group while the interpreter lives (see shutdown)
             distributed.shutdown()
 
 
-def _run_owned(
-    cfg: DictConfig,
-    hc: Any,
-    work_dir: Path,
-    multirun: bool,
-    monitor: str,
-    rule: str,
-    run_info: dict[str, Any],
-    owned: contextlib.ExitStack,
-) -> float | None:
-    """The task once the work dir is known: owned (its lock in `owned`), built, run, reported."""
+def _run_info(cfg: DictConfig, hc: Any, work_dir: Path) -> dict[str, Any]:
+    """What the run records of its command: overrides, hooks, command line, and how it was
+    restarted (a Slurm requeue, torchrun's restarts)."""
+    from expkit.core import distributed
+
+    multirun = hc.mode == RunMode.MULTIRUN
+    run_info: dict[str, Any] = {
+        "overrides": task_overrides(hc),
+        "hooks": [k for k, v in cfg.hooks.items() if v is not None and "_target_" in v],  # (not in runtime.choices)
+        "command": " ".join(["python -m expkit.train", *sys.argv[1:]]),
+    }
+    if distributed.is_distributed() and not multirun:  # a rank's death is told with the way back
+        run_info["resume_command"] = cli.continue_command(sys.argv[1:], work_dir)
+        run_info["restarts"] = distributed.restart_count()  # torchrun --max-restarts
+    return run_info
+
+
+def _claim_sweep_job(job: _Job, hc: Any, owned: contextlib.ExitStack) -> tuple[bool, float | None]:
+    """A sweep's bookkeeping before its job runs: whether this process runs it (its dir's lock
+    then in `owned`, ``job.work_dir`` the dir it resumes in), or else the value the task returns:
+    a job done already gives its value, a job skipped by fail_fast the worst, a job that another
+    launch runs or that a stopped sweep never starts None."""
+    sweep_dir, work_dir, command = job.sweep_dir, job.work_dir, job.run_info["command"]
+    assert sweep_dir is not None
+    if not _may_start(sweep_dir):
+        return False, None
+    job.run_info["sweep_dir_name"] = sweep_dir.name  # wandb groups a sweep's jobs by it
+    if os.environ.get(sweep_jobs.SWEEP_JOBS_ENV, "").isdigit():  # (job number, jobs of this launch)
+        job.run_info["sweep_job"] = [int(hc.job.num), int(os.environ[sweep_jobs.SWEEP_JOBS_ENV])]
+    # one writer per job dir: another launch of this sweep may be running this job now
+    if not sweep_jobs.own_job_dir(work_dir, work_dir, command, owned):
+        return False, None
+    job.work_dir = sweep_jobs.place_job(job.cfg, task_overrides(hc), work_dir, sweep_dir)
+    if job.work_dir != work_dir and not sweep_jobs.own_job_dir(job.work_dir, work_dir, command, owned):
+        return False, None  # (resume=true found the job in another dir, which another launch runs)
+    done = sweep_jobs.finished_job_value(job.cfg, job.work_dir, job.rule, job.monitor)
+    if done is None:
+        done = sweep_jobs.done_since_launch(job.work_dir, job.monitor, job.rule)
+    if done is not None:
+        return False, done
+    if sweep_jobs.resuming_sweep(job.cfg) and any(
+        checkpoint_io.is_checkpoint(p) for p in job.work_dir.glob("checkpoints/[!.]*") if p.suffix in (".pth", ".dcp")
+    ):
+        job.run_info["resumed_in_sweep"] = True
+    if (sweep_dir / sweep_jobs.FAIL_FAST_MARKER).exists():
+        earlier = (sweep_dir / sweep_jobs.FAIL_FAST_MARKER).read_text()
+        write_failure(
+            job.work_dir, f"an earlier job failed and fail_fast is set ({earlier})", status="skipped", keep=False
+        )
+        return False, worst_value(job.rule)
+    return True, None
+
+
+def _lock_run_dir(job: _Job, owned: contextlib.ExitStack) -> None:
+    """One writer per run dir: this process's lock in `owned` (torchrun's other ranks share
+    rank 0's); exits 2 when another process holds it, 1 when it cannot be written."""
+    from expkit.core import distributed
+    from expkit.workdir.ownership import WorkDirBusy, WorkDirLock
+
+    if not distributed.is_main():
+        return
+    try:
+        owned.enter_context(WorkDirLock(job.work_dir, job.run_info["command"]))
+    except WorkDirBusy as exc:  # nothing written: the dir is another process's
+        print(f"Error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as exc:  # a full or read-only disk
+        print(f"Error: could not write {job.work_dir / '.lock'}: {exc.strerror or exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _build_and_run(job: _Job, owned: contextlib.ExitStack) -> tuple[Any, dict[str, Any]] | float | None:
+    """Build the Runner from the config and run it: (runner, result), or the value the task
+    returns without a result (``show_hooks=true``, a sweep stopped meanwhile, a failed job of a
+    sweep). A failure outside a sweep exits: 2 for bad input, 1 for a failed run."""
     from expkit.config.build import build_runner
     from expkit.core import distributed
     from expkit.sweeps import search
-    from expkit.workdir.ownership import WorkDirBusy, WorkDirLock
 
-    sweep_dir = Path(hc.sweep.dir)
-    if multirun:
-        sweep_jobs.launched_dir = sweep_jobs.launched_dir or sweep_dir.resolve()  # (for an interruption's report)
-        if not _may_start(sweep_dir):
-            return None
-        run_info["sweep_dir_name"] = sweep_dir.name  # wandb groups a sweep's jobs by it
-        if os.environ.get(sweep_jobs.SWEEP_JOBS_ENV, "").isdigit():  # (job number, jobs of this launch)
-            run_info["sweep_job"] = [int(hc.job.num), int(os.environ[sweep_jobs.SWEEP_JOBS_ENV])]
-        # one writer per job dir: another launch of this sweep may be running this job now
-        if not sweep_jobs.own_job_dir(work_dir, work_dir, run_info["command"], owned):
-            return None
-        hydra_dir, work_dir = work_dir, sweep_jobs.place_job(cfg, task_overrides(hc), work_dir, sweep_dir)
-        if work_dir != hydra_dir and not sweep_jobs.own_job_dir(work_dir, hydra_dir, run_info["command"], owned):
-            return None  # (resume=true found the job in another dir, which another launch runs)
-        done = sweep_jobs.finished_job_value(cfg, work_dir, rule, monitor)
-        if done is None:
-            done = sweep_jobs.done_since_launch(work_dir, monitor, rule)
-        if done is not None:
-            return done
-        if sweep_jobs.resuming_sweep(cfg) and any(
-            checkpoint_io.is_checkpoint(p) for p in work_dir.glob("checkpoints/[!.]*") if p.suffix in (".pth", ".dcp")
-        ):
-            run_info["resumed_in_sweep"] = True
-        if (sweep_dir / sweep_jobs.FAIL_FAST_MARKER).exists():
-            earlier = (sweep_dir / sweep_jobs.FAIL_FAST_MARKER).read_text()
-            write_failure(
-                work_dir, f"an earlier job failed and fail_fast is set ({earlier})", status="skipped", keep=False
-            )
-            return worst_value(rule)
-    elif distributed.is_main():  # torchrun's other ranks share rank 0's lock
-        try:
-            owned.enter_context(WorkDirLock(work_dir, run_info["command"]))
-        except WorkDirBusy as exc:  # nothing written: the dir is another process's
-            print(f"Error: {exc}", file=sys.stderr)
-            sys.exit(2)
-        except OSError as exc:  # a full or read-only disk
-            print(f"Error: could not write {work_dir / '.lock'}: {exc.strerror or exc}", file=sys.stderr)
-            sys.exit(1)
+    cfg, work_dir, multirun = job.cfg, job.work_dir, job.sweep_dir is not None
     runner = None
     try:
         trial = search.current_trial() if multirun else None  # a job of an Optuna search
         if trial is not None:
-            run_info["optuna_trial"] = trial[1]
-        runner = build_runner(cfg, work_dir, run_info)
-        if _HYDRA_RECORD_DEFERRED:  # a resume: its checkpoint fits, .hydra/ may change now
+            job.run_info["optuna_trial"] = trial[1]
+        runner = build_runner(cfg, work_dir, job.run_info)
+        if hydra_compat.RECORD_DEFERRED.get():  # a resume: its checkpoint fits, .hydra/ may change now
             if not multirun:  # (a sweep made so by its config: its jobs check nothing more here)
                 run_checkpoint.check_start(runner)
             _write_hydra_record(cfg, work_dir)
@@ -210,59 +251,60 @@ def _run_owned(
         if cfg.show_hooks:
             print(runner.hook_order_table())
             return None
-        if multirun and not _may_start(sweep_dir):  # (a stop while it was being built)
+        if multirun and not _may_start(job.sweep_dir):  # type: ignore[arg-type]  # (a stop while it was being built)
             return None
-        result = runner.run()
+        return runner, runner.run()
     except Exception as exc:
-        if runner is not None:
-            rule = runner.directions.rule(monitor) or rule  # the run's own direction, when it got that far
         if multirun:
-            return sweep_jobs.job_failed(
-                exc, work_dir, sweep_dir, rule, bool(cfg.fail_fast), runner.error if runner is not None else None
-            )
+            rule = (runner.directions.rule(job.monitor) if runner is not None else None) or job.rule  # (its own)
+            error = runner.error if runner is not None else None
+            return sweep_jobs.job_failed(exc, work_dir, job.sweep_dir, rule, bool(cfg.fail_fast), error)  # type: ignore[arg-type]
         if isinstance(exc, ExpkitError):
             _fail(exc, work_dir)
         message = (runner.error if runner is not None else None) or f"{type(exc).__name__}: {exc}"
         if runner is None and distributed.is_main():  # failed while building: the Runner wrote no result.json
-            write_failure(work_dir, message, keep=False, with_traceback=True, **run_info)
+            write_failure(work_dir, message, keep=False, with_traceback=True, **job.run_info)
         print(f"\nError: {message}\n(traceback in {work_dir / 'result.json'})", file=sys.stderr)
         sys.exit(1)
-    best = result["best_metrics"].get(monitor)
-    rule = result.get("monitor_rule") or rule
+
+
+def _report(job: _Job, runner: Any, result: dict[str, Any]) -> float | None:
+    """The end of a run that returned: its summary logged, and the value the task returns (the
+    best monitored value; in a sweep never NaN, the worst value instead). A run a signal stopped
+    exits 128 + the signal (a single run) or stops the sweep (in the launching process)."""
+    multirun = job.sweep_dir is not None
+    best = result["best_metrics"].get(job.monitor)
+    rule = result.get("monitor_rule") or job.rule
     summary = ", ".join(f"{k} {v:.4f}" for k, v in result["final_metrics"].items())
     log.info("Done (%s) in %.1f s: %s", result["status"], result["wall_time_s"], summary)
-    log.info("Work dir: %s", work_dir.resolve())
+    log.info("Work dir: %s", job.work_dir.resolve())
     if runner.stopped_by_signal and result["status"] == "stopped":  # (not one after the end)
         if not multirun:
-            log.info("Stopped by a signal; continue with: %s", cli.continue_command(sys.argv[1:], work_dir))
+            log.info("Stopped by a signal; continue with: %s", cli.continue_command(sys.argv[1:], job.work_dir))
             sys.exit(128 + runner.stop_signal)  # the shell's convention: 143 after SIGTERM, 130 after Ctrl-C
-        sweep_jobs.request_stop(sweep_dir, runner.stop_signal)  # type: ignore[arg-type]  # no job starts now
+        sweep_jobs.request_stop(job.sweep_dir, runner.stop_signal)  # type: ignore[arg-type]  # no job starts now
         if sweep_jobs.in_launching_process():  # (in a worker: the launcher's process stops the sweep)
-            raise SweepInterrupted(runner.stop_signal)  # type: ignore[arg-type]  # main reports the sweep
+            raise SweepInterrupted(runner.stop_signal, job.sweep_dir.resolve())  # type: ignore[union-attr]  # main reports it
     value = None if best is None else float(best["value"])
     if multirun and (value is None or not math.isfinite(value)):
         return worst_value(rule)  # diverged or never validated: the worst, never NaN
     return value
 
 
-_TASK_STARTED = False  # set by the task function: a SystemExit(1) before it is Hydra's config error
-_HYDRA_RECORD_DEFERRED = False  # a resume: .hydra/ is written by the task once the checkpoint fits
-
-
-def _defer_hydra_record(argv: list[str]) -> None:
+def _defer_hydra_record(argv: list[str]) -> bool:
     """A resume (resume=true or a path) must not rewrite the run's .hydra/ before its checkpoint
     is known to fit: Hydra is told not to write it (hydra.output_subdir=null), and the task
-    writes the same three files once the checkpoint is checked (``_write_hydra_record``)."""
-    global _HYDRA_RECORD_DEFERRED
+    writes the same three files once the checkpoint is checked (``_write_hydra_record``).
+    Returns whether it was deferred."""
     resume = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), "false")
     if (
         resume.strip().lower() in ("false", "null", "none", "0", "")
         or cli.sweeping(argv)
         or any(a.startswith("hydra.output_subdir=") for a in argv)
     ):
-        return
+        return False
     sys.argv.append("hydra.output_subdir=null")
-    _HYDRA_RECORD_DEFERRED = True
+    return True
 
 
 def _show_hooks_scratch(argv: list[str]) -> str | None:
@@ -301,7 +343,7 @@ def _report_interruption(signum: int, sweeping: bool, sweep_dir: Path | None = N
     if not sweeping:
         print(f"\nInterrupted ({name}).", file=sys.stderr)
         return
-    sweep_dir = sweep_dir or sweep_jobs.launched_dir
+    sweep_dir = sweep_dir or _sweep_dir_of_last_job()
     if sweep_dir is None:
         print(f"\nSweep interrupted ({name}) before its first job started.", file=sys.stderr)
         return
@@ -330,6 +372,14 @@ def _report_interruption(signum: int, sweeping: bool, sweep_dir: Path | None = N
         f"Resume it with: {cli.continue_sweep_command(sys.argv[1:], sweep_dir)}",
         file=sys.stderr,
     )
+
+
+def _sweep_dir_of_last_job() -> Path | None:
+    """The sweep dir of the last job Hydra started in this process, if any (a sweeper other than
+    expkit's, stopped between its jobs, names none)."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return Path(HydraConfig.get().sweep.dir).resolve()
 
 
 def _write_hydra_record(cfg: DictConfig, work_dir: Path) -> None:
@@ -419,13 +469,13 @@ def main() -> None:
             sys.exit(2)
         from expkit.core import distributed
 
-        if distributed.rank() == 0:
-            _defer_hydra_record(sys.argv[1:])
+        deferred = hydra_compat.RECORD_DEFERRED.set(distributed.rank() == 0 and _defer_hydra_record(sys.argv[1:]))
         scratch = _show_hooks_scratch(sys.argv[1:])
         try:
             with raise_on_sigterm() if sweeping else contextlib.nullcontext():
                 run()
         finally:
+            hydra_compat.RECORD_DEFERRED.reset(deferred)
             if scratch is not None:
                 import shutil
 
@@ -439,7 +489,7 @@ def main() -> None:
     except SystemExit as exc:
         # Hydra's own errors (an unknown key, an unparsable override) are the user's to fix, like
         # expkit's: one exit code for "fix your input"
-        exiting.append(2 if exc.code == 1 and not _TASK_STARTED else exc.code)
+        exiting.append(exit_status(exc))
     finally:
         import gc
 

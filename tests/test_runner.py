@@ -205,6 +205,40 @@ def test_resume_continues_exactly(tmp_path, by_epoch):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_the_run_state_is_one_object_that_a_checkpoint_saves_and_loads_whole(tmp_path):
+    import dataclasses
+
+    from expkit.engine.state import RunState
+
+    runner = toy_runner(tmp_path / "a", max_epochs=2)
+    runner.run()
+    state = runner.state
+    # every field of the run state is the Runner's attribute of the same name, read and set
+    for f in dataclasses.fields(RunState):
+        assert getattr(runner, f.name) is getattr(state, f.name), f.name
+    runner.epoch = 41
+    assert state.epoch == 41
+    runner.epoch = 2
+    assert not [k for k in vars(runner) if k in {f.name for f in dataclasses.fields(RunState)}]
+
+    # the checkpoint's meta and RNG are the state's, and a fresh state loads them back whole
+    checkpoint = torch.load(tmp_path / "a" / "checkpoints" / "epoch_2.pth", weights_only=True)
+    saved = state.state_dict()
+    assert {k: checkpoint["meta"][k] for k in saved["meta"]} == saved["meta"]
+    loaded = RunState()
+    loaded.load_state_dict(checkpoint, tmp_path / "a" / "checkpoints" / "epoch_2.pth")
+    assert (loaded.epoch, loaded.iter, loaded.inner_iter, loaded.position) == (2, 4, 0, state.position)
+    assert loaded.best_metrics == state.best_metrics and loaded.val_metrics == state.val_metrics
+    assert loaded.best_checkpoints == state.best_checkpoints  # (their names, read beside the file)
+    assert loaded.last_checkpoint == tmp_path / "a" / "checkpoints" / "epoch_2.pth"
+
+    # a best checkpoint whose recorded name leaves the checkpoint's dir is not taken
+    checkpoint["meta"]["best_checkpoints"] = {"val/acc": "../../../etc/passwd"}
+    outside = RunState()
+    outside.load_state_dict(checkpoint, tmp_path / "a" / "checkpoints" / "epoch_2.pth")
+    assert outside.best_checkpoints == {}
+
+
 def test_load_from_loads_weights_only(tmp_path):
     first = toy_runner(tmp_path / "a", max_epochs=1)
     first.run()

@@ -45,7 +45,14 @@ def point_last_checkpoint(checkpoint_dir: Path, checkpoint_path: Path, durable: 
     file and renamed, so a reader never sees it half written. The old pointer is removed
     first: renaming over it makes ext4 flush the new file (``auto_da_alloc``), 0.3-0.5 ms a
     save here. For the moment in between (or after a kill there) a reader finds no pointer
-    and takes the newest checkpoint file instead (``find_last_checkpoint``): the same one."""
+    and takes the newest checkpoint file instead (``find_last_checkpoint``): the same one.
+
+    Args:
+        checkpoint_dir: the run's ``checkpoints`` directory, where the pointer file is written.
+        checkpoint_path: the complete checkpoint (a file or a sharded directory) to point at; it must lie
+            under `checkpoint_dir`.
+        durable: fsync the pointer's data before the rename, so that it survives a power cut.
+    """
     if checkpoint_path.parent == checkpoint_dir:  # as the checkpoint hook saves (resolving costs 50 us)
         target = checkpoint_path.name
     else:
@@ -59,7 +66,14 @@ def point_last_checkpoint(checkpoint_dir: Path, checkpoint_path: Path, durable: 
 def find_last_checkpoint(work_dir: Path) -> Path | None:
     """The checkpoint `checkpoints/last_checkpoint` names; when there is no usable pointer
     (none yet, being replaced, unreadable, naming a file that is gone), the newest regular
-    checkpoint; None when there is no checkpoint at all."""
+    checkpoint; None when there is no checkpoint at all.
+
+    Args:
+        work_dir: the run directory (its ``checkpoints`` subdirectory is searched).
+
+    Returns:
+        The checkpoint's path, or None when there is none.
+    """
     pointer = work_dir / "checkpoints" / LAST_CHECKPOINT
     recorded = ""
     if pointer.is_file():
@@ -75,7 +89,15 @@ def find_last_checkpoint(work_dir: Path) -> Path | None:
 
 
 def regular_checkpoints(work_dir: Path) -> list[Path]:
-    """The regular (not best) checkpoints of `work_dir`, newest first."""
+    """The regular (not best) checkpoints of `work_dir`, newest first.
+
+    Args:
+        work_dir: the run directory (its ``checkpoints`` subdirectory is searched).
+
+    Returns:
+        The ``.pth`` files and complete ``.dcp`` directories in ``checkpoints``, neither hidden nor
+        named ``best_*`` nor leading out of it, sorted by modification time, newest first.
+    """
     directory = work_dir / "checkpoints"
     found = [
         p
@@ -89,7 +111,14 @@ def regular_checkpoints(work_dir: Path) -> list[Path]:
 
 
 def is_checkpoint(path: Path) -> bool:
-    """A checkpoint file, or a complete sharded checkpoint directory."""
+    """A checkpoint file, or a complete sharded checkpoint directory.
+
+    Args:
+        path: the path to test.
+
+    Returns:
+        True for any regular file (its content is not checked) or a complete sharded checkpoint directory.
+    """
     from expkit.checkpoint import sharding
 
     return path.is_file() or sharding.is_checkpoint_dir(path)
@@ -99,7 +128,11 @@ def remove_checkpoint(path: Path) -> None:
     """Delete a checkpoint, a file or a sharded directory (renamed first: a kill during the
     deletion leaves a temporary name, never a directory that looks complete without its shards).
     A symlink loses only itself; a directory is deleted only when it is a complete sharded
-    checkpoint (``.dcp`` with its index), never any other tree."""
+    checkpoint (``.dcp`` with its index), never any other tree.
+
+    Args:
+        path: the checkpoint file, symlink or sharded ``.dcp`` directory to delete; a missing file is no error.
+    """
     from expkit.checkpoint import sharding
 
     if path.is_symlink() or not path.is_dir():
@@ -115,7 +148,14 @@ def remove_checkpoint(path: Path) -> None:
 
 def remove_stale_temporaries(directory: Path) -> list[str]:
     """Delete the temporary files (`.<name>.tmp<pid>`) and sharded checkpoint directories
-    (`.<name>.dcp.tmp<pid>`, `...tmp<pid>old`) a killed writer left in `directory`."""
+    (`.<name>.dcp.tmp<pid>`, `...tmp<pid>old`) a killed writer left in `directory`.
+
+    Args:
+        directory: the checkpoint directory to clean.
+
+    Returns:
+        The names of the entries deleted (not those restored to their name).
+    """
     from expkit.checkpoint import sharding
 
     removed = []
@@ -147,7 +187,18 @@ def remove_stale_temporaries(directory: Path) -> list[str]:
 def load_resumable(work_dir: Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint of `work_dir` that loads: the pointer's, else the newest regular
     file that is readable (after a power cut an unsynced file may be empty). None when there
-    is no checkpoint; ConfigError when there are some but none loads."""
+    is no checkpoint; ConfigError when there are some but none loads.
+
+    Args:
+        work_dir: the run directory whose ``checkpoints`` are tried.
+
+    Returns:
+        The path of the checkpoint that loaded and its content (a sharded one without its weights,
+        see ``load_checkpoint(consolidate=False)``), or None when there is no checkpoint.
+
+    Raises:
+        ConfigError: when there are checkpoints but none loads.
+    """
     candidates = []
     pointed = find_last_checkpoint(work_dir)
     if pointed is not None:
@@ -178,6 +229,19 @@ def load_checkpoint(path: str | Path, key: str = "load_from", consolidate: bool 
     whole model's weights as ``state_dict`` (no optimizer state); with ``consolidate=False``
     without them (``checkpoint["sharded"]["path"]`` says where they are, for
     ``expkit.checkpoint.sharding.load_into``).
+
+    Args:
+        path: a checkpoint file, or a sharded checkpoint directory (``.dcp``).
+        key: the config key that gave `path`, named in error messages.
+        consolidate: for a sharded checkpoint, read the model's weights into ``state_dict``; False
+            reads only the rest.
+
+    Returns:
+        The checkpoint's content.
+
+    Raises:
+        ConfigError: when `path` is missing, unreadable, holds more than tensors and plain containers,
+            or is not an expkit checkpoint.
     """
     from expkit.checkpoint import sharding
 
@@ -188,7 +252,20 @@ def load_checkpoint(path: str | Path, key: str = "load_from", consolidate: bool 
 
 
 def load_checkpoint_file(path: Path, key: str, need_weights: bool = True) -> dict[str, Any]:
-    """A checkpoint file, loaded with ``weights_only=True``; `need_weights`: it must hold a ``state_dict``."""
+    """A checkpoint file, loaded with ``weights_only=True``; `need_weights`: it must hold a ``state_dict``.
+
+    Args:
+        path: the checkpoint file.
+        key: the config key that gave `path`, named in error messages.
+        need_weights: require a ``state_dict`` key.
+
+    Returns:
+        The checkpoint's content, loaded onto the CPU.
+
+    Raises:
+        ConfigError: when `path` is not a file, is unreadable or truncated, holds pickled objects beyond
+            tensors and plain containers, is not a dict, or lacks ``state_dict`` while `need_weights`.
+    """
     if not path.is_file():
         raise ConfigError(
             f"{key}={path}: no such checkpoint file. Give the path of a .pth file (or a sharded "

@@ -38,13 +38,27 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=+-]*")  # a checkpoint name a point
 
 
 def is_url(path: object) -> bool:
-    """A URL with a scheme other than file:// (a local path stays a local path)."""
+    """A URL with a scheme other than file:// (a local path stays a local path).
+
+    Args:
+        path: anything; only a str or path-like can be a URL.
+
+    Returns:
+        True when `path` starts with ``<scheme>://`` and the scheme is not ``file``.
+    """
     match = _SCHEME.match(str(path)) if isinstance(path, (str, os.PathLike)) else None
     return match is not None and match.group(1).lower() != "file"
 
 
 def local_path(path: str | os.PathLike) -> Path:
-    """``file:///x`` as ``/x``; any other path as it is."""
+    """``file:///x`` as ``/x``; any other path as it is.
+
+    Args:
+        path: a local path or a ``file://`` URL.
+
+    Returns:
+        The path, with a leading ``file://`` (any case) removed.
+    """
     text = os.fspath(path)
     return Path(text[len("file://") :]) if text.lower().startswith("file://") else Path(text)
 
@@ -58,7 +72,20 @@ def _cause(exc: BaseException) -> str:
 
 def filesystem(url: str, storage_options: Mapping[str, Any] | None, key: str) -> tuple[Any, str]:
     """fsspec's filesystem for `url` and the path in it; ConfigError naming `key` for an unknown
-    scheme or a scheme whose package is not installed (with the extra to install)."""
+    scheme or a scheme whose package is not installed (with the extra to install).
+
+    Args:
+        url: a URL with a scheme, e.g. ``s3://bucket/prefix``.
+        storage_options: keyword arguments for the fsspec filesystem (credentials, endpoint, ...); None: none.
+        key: the config key that gave `url`, named in error messages.
+
+    Returns:
+        The fsspec filesystem and the path in it, without a trailing ``/``.
+
+    Raises:
+        ConfigError: when fsspec does not know the scheme, the scheme's package is not installed, or
+            `storage_options` are refused.
+    """
     import fsspec
     from fsspec.registry import known_implementations
 
@@ -223,7 +250,20 @@ def fetch(url: str, which: str = "best", key: str = "checkpoint") -> Path:
     """A checkpoint URL as a local path: a ``.pth`` object or a ``.dcp`` dir, or a run's remote
     checkpoint dir (its best or, with ``which=last``, its ``last_checkpoint``), downloaded once
     into ``<temp dir>/expkit-checkpoints/<hash of the dir's URL>/``. Credentials and the endpoint
-    come from the standard variables of the store (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, ...)."""
+    come from the standard variables of the store (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, ...).
+
+    Args:
+        url: a ``.pth`` object's or ``.dcp`` directory's URL, or a run's remote checkpoint dir.
+        which: for a dir, ``"best"`` takes its first ``best_*`` checkpoint by name, falling back to
+            ``last_checkpoint`` when there is none; any other value takes ``last_checkpoint``.
+        key: the config key that gave `url`, named in error messages.
+
+    Returns:
+        The local path of the downloaded checkpoint (a cached copy when it matches the remote object).
+
+    Raises:
+        ConfigError: when the store cannot be reached, the dir holds no checkpoint, or the download fails.
+    """
     url = url.rstrip("/")
     head, _, name = url.rpartition("/")
     if name.endswith((".pth", ".dcp")):

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from expkit.checkpoint import checkpoint_io
-from expkit.core import atomic, confine, distributed
+from expkit.core import atomic, distributed
 from expkit.core.errors import CheckpointWriteError, ConfigError, ResumeRefused
-from expkit.core.rng import rng_states, set_rng_states
 from expkit.core.stages import Stage
 
 if TYPE_CHECKING:
@@ -43,26 +42,30 @@ T = TypeVar("T")
 
 
 def state_checkpoint(runner: Runner, save_optimizer: bool = True, save_scheduler: bool = True) -> dict[str, Any]:
-    """Everything needed to continue this run exactly."""
+    """Everything needed to continue this run exactly.
+
+    Args:
+        runner: the run whose state is saved.
+        save_optimizer: include the optimizers' state (a sharded run's shards hold it instead).
+        save_scheduler: include the schedulers' state.
+
+    Returns:
+        ``meta`` (counters, metrics, world size, samples of the epoch trained on, seed, time, work dir),
+            ``rng``, ``config`` and ``hooks``; unless the run is sharded, the weights (``state_dict``, on
+            the CPU) and with `save_optimizer` ``optimizer`` (or ``optimizers`` by name); with
+            `save_scheduler` ``scheduler`` (or ``schedulers``); ``grad_scaler`` when the run has a scaler.
+    """
     r = runner
-    checkpoint: dict[str, Any] = {
-        "meta": {
-            "epoch": r.position[0],
-            "iter": r.position[1],
-            "inner_iter": r.position[2],
-            "world_size": distributed.rank_and_world()[1],
-            "epoch_samples": r.epoch_samples() if r.position[2] else 0,  # (a resume on another number of processes)
-            "seed": r.settings.seed,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "work_dir": str(r.work_dir),
-            "best_metrics": r.best_metrics,
-            "val_metrics": r.val_metrics,  # the last validation's: result.json reports them after a resume
-            "best_checkpoints": {k: Path(v).name for k, v in r.best_checkpoints.items()},  # beside this file
-        },
-        "config": r.config,
-        "rng": rng_states(),
-        "hooks": r.hook_table.state_dict(),
-    }
+    checkpoint = r.state.state_dict()  # {"meta": counters and metrics, "rng": the RNG streams}
+    checkpoint["meta"].update(
+        world_size=distributed.rank_and_world()[1],
+        epoch_samples=r.epoch_samples() if r.position[2] else 0,  # (a resume on another number of processes)
+        seed=r.settings.seed,
+        time=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        work_dir=str(r.work_dir),
+    )
+    checkpoint["config"] = r.config
+    checkpoint["hooks"] = r.hook_table.state_dict()
     named = r.named_optimizers
     if not r.sharded:  # (sharded: weights and optimizer state go to the shards, see save_checkpoint)
         # (detached already; a CPU tensor as it is: .cpu() would be a no-op dispatched per tensor, 1-3 us each)
@@ -84,7 +87,15 @@ def state_checkpoint(runner: Runner, save_optimizer: bool = True, save_scheduler
 
 def checkpoint_name(runner: Runner, name: str) -> str:
     """The name a checkpoint file name gets on disk: ``epoch_3.pth``, or with
-    trainer.strategy=fsdp the sharded directory ``epoch_3.dcp``."""
+    trainer.strategy=fsdp the sharded directory ``epoch_3.dcp``.
+
+    Args:
+        runner: the run; only whether it is sharded matters.
+        name: a checkpoint file name, e.g. ``epoch_3.pth``.
+
+    Returns:
+        `name` as it is; for a sharded run, `name` without a ``.pth`` (or ``.dcp``) suffix, plus ``.dcp``.
+    """
     if not runner.sharded:
         return name
     from expkit.checkpoint import sharding
@@ -103,7 +114,30 @@ def save_checkpoint(
     durable: bool = False,
     writer: BackgroundWriter | None = None,
 ) -> Path:
-    """See ``Runner.save_checkpoint``."""
+    """See ``Runner.save_checkpoint``.
+
+    Args:
+        runner: the run to save.
+        path: the checkpoint file; for a sharded run its name becomes ``<name>.dcp`` (``checkpoint_name``).
+        save_optimizer: include the optimizers' state.
+        save_scheduler: include the schedulers' state.
+        is_best: a best checkpoint: ``runner.last_checkpoint`` and the ``last_checkpoint`` pointer stay.
+        metric: the monitored key a best checkpoint is for, passed to the ``after_save_checkpoint`` hooks.
+        durable: fsync what is written, so that it survives a power cut.
+        writer: the background writer; None writes now. With one, the previous save of the same kind is
+            waited for, the state is copied now and written in the writer's thread, and
+            ``after_save_checkpoint`` runs once it is complete.
+
+    Returns:
+        The path written or being written (the ``.dcp`` dir for a sharded run). On ranks other than 0 an
+            unsharded run writes nothing: `path` is returned (and, for a regular checkpoint, becomes
+            ``runner.last_checkpoint``).
+
+    Raises:
+        CheckpointWriteError: when the checkpoint or the ``last_checkpoint`` pointer cannot be written
+            (without a `writer`), when the previous save of the same kind failed (with one), or when a
+            sharded save cannot start writing its shards.
+    """
     r = runner
     if r.sharded:
         path = path.with_name(checkpoint_name(r, path.name))
@@ -217,7 +251,16 @@ def check_start(runner: Runner) -> None:
     """Read the checkpoint a run starts from (``resume``: true for the work dir's last complete
     one, or a path; ``load_from``: weights only) and check that it fits this run, before any
     hook runs or any file is written: a refused start raises ResumeRefused and leaves the run
-    dir it names as it was. Kept for ``load_or_resume``; done once."""
+    dir it names as it was. Kept for ``load_or_resume``; done once.
+
+    Args:
+        runner: the run about to start; its ``start_checkpoint`` gets the checkpoint's path and content
+            (empty when there is none to read).
+
+    Raises:
+        ResumeRefused: when the checkpoint is missing, unreadable or refused as untrusted (any ConfigError
+            of reading it), or does not fit the model or the optimizers.
+    """
     r = runner
     if r.start_checkpoint is not None:
         return
@@ -360,7 +403,17 @@ def _few(names: list[str], shown: int = 3) -> str:
 def load_or_resume(runner: Runner) -> None:
     """At the start of a run: ``resume`` (true: the work dir's last complete checkpoint; a
     path: that one) puts the whole run state back; ``load_from`` only the weights. The
-    checkpoint was read and checked by ``check_start``."""
+    checkpoint was read and checked by ``check_start``.
+
+    Args:
+        runner: the run about to start. With ``resume=true``, rank 0 first removes the temporary files an
+            interrupted write left; with no checkpoint yet, the run trains from scratch (a warning).
+
+    Raises:
+        ResumeRefused: from ``check_start``, when the checkpoint cannot be read or does not fit.
+        ConfigError: from ``apply_checkpoint``, when the weights (or a sharded checkpoint's tensors) do not
+            fit the model or optimizers.
+    """
     r = runner
     check_start(r)
     if r.resume_from is True or r.resume_from == "true":
@@ -399,7 +452,15 @@ def _resume_inside_epoch(r: Runner, meta: dict[str, Any]) -> None:
 
 def load_test_weights(runner: Runner) -> None:
     """test_with=best: test the best checkpoint by the first monitored metric (model
-    selection on validation, report on test); otherwise, or without one, the final weights."""
+    selection on validation, report on test); otherwise, or without one, the final weights.
+
+    Args:
+        runner: the run about to test; its ``test_checkpoint`` is set to the best checkpoint loaded, else
+            to its ``last_checkpoint`` (None when there is none).
+
+    Raises:
+        ConfigError: when the best checkpoint cannot be read or does not fit the model.
+    """
     r = runner
     path = next(iter(r.best_checkpoints.values()), None)
     distributed.barrier()  # rank 0 may still be writing the best checkpoint
@@ -415,7 +476,22 @@ def apply_checkpoint(
     runner: Runner, checkpoint: dict[str, Any], *, resume: bool, source: Path, purpose: str = ""
 ) -> None:
     """Put a checkpoint's weights (and, to resume, the whole run state) in place.
-    ``runner.load_purpose`` tells hooks why: resume, load_from or test."""
+    ``runner.load_purpose`` tells hooks why: resume, load_from or test.
+
+    Args:
+        runner: the run to load into.
+        checkpoint: the checkpoint's content; a sharded one without its weights (they are read from
+            ``checkpoint["sharded"]["path"]``).
+        resume: put back the whole run state (counters, metrics, RNG, optimizers, schedulers, grad scaler,
+            hooks), not only the weights.
+        source: the file or sharded dir the checkpoint was read from: logged, set as
+            ``runner.load_source``, and where the best checkpoints it names are looked for.
+        purpose: ``runner.load_purpose``; empty: ``resume`` or ``load_from``, by `resume`.
+
+    Raises:
+        ConfigError: when the weights do not fit the model, or a sharded checkpoint's index is refused or
+            its tensors do not fit the model or (to resume) the optimizers.
+    """
     r = runner
     r.resuming = r.resuming or resume
     r.load_purpose = purpose or ("resume" if resume else "load_from")
@@ -425,19 +501,8 @@ def apply_checkpoint(
     if not resume:
         log.info("Loaded weights from %s%s", source, " for the test" if purpose == "test" else "")
         return
-    meta = checkpoint["meta"]
-    r.epoch, r.iter, r.inner_iter = meta["epoch"], meta["iter"], meta.get("inner_iter", 0)
-    r.position = (r.epoch, r.iter, r.inner_iter)
-    _resume_inside_epoch(r, meta)
-    r.best_metrics = dict(meta.get("best_metrics", {}))
-    r.val_metrics = dict(meta.get("val_metrics", {}))
-    # recorded paths name this run's own files: read them in the dir of the file resumed from
-    recorded = meta.get("best_checkpoints", {})
-    confined = {
-        key: confine.confined(source.parent, path, source, "checkpoint")
-        for key, path in (recorded.items() if isinstance(recorded, dict) else ())
-    }
-    r.best_checkpoints = {key: str(path) for key, path in confined.items() if path is not None}
+    r.state.load_state_dict(checkpoint, source)  # counters, metrics, best checkpoints (beside source), RNG
+    _resume_inside_epoch(r, checkpoint["meta"])
     # one optimizer and scheduler ("optimizer", "scheduler"), or several by name
     if r.optimizer is not None and "optimizer" in checkpoint:
         r.optimizer.load_state_dict(checkpoint["optimizer"])
@@ -449,10 +514,7 @@ def apply_checkpoint(
                 owned[name].load_state_dict(state)
     if r.scaler is not None and "grad_scaler" in checkpoint:
         r.scaler.load_state_dict(checkpoint["grad_scaler"])
-    if "rng" in checkpoint:
-        set_rng_states(checkpoint["rng"])
     r.hook_table.load_state_dict(checkpoint.get("hooks", {}))
-    r.last_checkpoint = source
     log.info("Resumed from %s at epoch %d, iteration %d", source, r.epoch, r.iter)
 
 

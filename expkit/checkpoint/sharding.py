@@ -62,6 +62,14 @@ FORWARD_METHODS = ("train_step", "eval_step", "generate")  # model methods that 
 
 # -- sharding -------------------------------------------------------------------------------------
 def is_sharded(model: nn.Module) -> bool:
+    """Whether `model` is sharded by FSDP2 (an ``FSDPModule``).
+
+    Args:
+        model: the model to test.
+
+    Returns:
+        True when ``fully_shard`` was applied to `model` itself.
+    """
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
@@ -70,7 +78,18 @@ def is_sharded(model: nn.Module) -> bool:
 def block_names(model: nn.Module, given: Iterable[str] | None) -> list[str]:
     """The module class names to shard one by one: `given` (``trainer.fsdp_blocks``), else the
     model's ``fsdp_blocks`` (or Hugging Face's ``_no_split_modules``), else the classes of the
-    root's children that hold parameters."""
+    root's children that hold parameters.
+
+    Args:
+        model: the model to shard.
+        given: the class names the config gives (``trainer.fsdp_blocks``); None: not given.
+
+    Returns:
+        The class names, in the order given or found.
+
+    Raises:
+        ConfigError: when `given` names a class the model does not contain.
+    """
     if given is not None:
         names = [str(n) for n in given]
         present = {type(m).__name__ for m in model.modules()}
@@ -89,7 +108,14 @@ def block_names(model: nn.Module, given: Iterable[str] | None) -> list[str]:
 
 def check_hooks(hooks: Mapping[str, Any]) -> None:
     """Refuse, at start-up, the hooks that say they do not work with sharded parameters
-    (``supports_sharding = False``): better than a failure, or a hang, later."""
+    (``supports_sharding = False``): better than a failure, or a hang, later.
+
+    Args:
+        hooks: every hook of the run, by name.
+
+    Raises:
+        ConfigError: when a hook has ``supports_sharding = False``, naming each such hook.
+    """
     refused = [
         f"{name} ({type(hook).__name__})"
         for name, hook in hooks.items()
@@ -106,7 +132,20 @@ def shard(model: nn.Module, blocks: Iterable[str] | None, device: torch.device) 
     """FSDP2 over `model` in place (on `device`): each module whose class is in the blocks
     (innermost first), then the root. The model's ``train_step`` / ``eval_step`` / ``generate``
     methods are registered as forward methods: calling them gathers the parameters as
-    ``forward`` does (on every rank: a hook that calls the model must do so on all of them)."""
+    ``forward`` does (on every rank: a hook that calls the model must do so on all of them).
+
+    Args:
+        model: the model to shard; moved to `device` and changed in place.
+        blocks: the class names of the blocks (``trainer.fsdp_blocks``); None: found by ``block_names``.
+        device: the device of this rank.
+
+    Returns:
+        `model`, sharded.
+
+    Raises:
+        ConfigError: when the model owns its update (``train_step(batch, optimizers)``), `blocks` names a
+            class the model does not contain, or ``fully_shard`` fails on a module.
+    """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
@@ -182,7 +221,14 @@ def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict
 
 # -- saving ---------------------------------------------------------------------------------------
 def checkpoint_name(name: str) -> str:
-    """The directory name of a sharded checkpoint for a file name (``epoch_3.pth`` -> ``epoch_3.dcp``)."""
+    """The directory name of a sharded checkpoint for a file name (``epoch_3.pth`` -> ``epoch_3.dcp``).
+
+    Args:
+        name: a checkpoint file name, ``.pth`` or ``.dcp``.
+
+    Returns:
+        `name` with a ``.pth`` or ``.dcp`` suffix removed and ``.dcp`` appended.
+    """
     return name.removesuffix(".pth").removesuffix(SUFFIX) + SUFFIX
 
 
@@ -236,7 +282,24 @@ def save(
 ) -> Path:
     """Write a sharded checkpoint at `path` (a directory), collectively: every rank calls this.
     `state` is rank 0's checkpoint without weights and optimizers. Written under a temporary
-    name and renamed by rank 0 once every shard and the index are complete."""
+    name and renamed by rank 0 once every shard and the index are complete.
+
+    Args:
+        path: the checkpoint directory to write (``<name>.dcp``).
+        state: the rest of the checkpoint (counters, config, ...), written by rank 0 to ``state.pth``.
+        model: the model, sharded or not, whose weights are written.
+        optimizers: the optimizers by name, whose state is written (tensors through DCP, the rest to
+            ``state.pth``).
+        durable: fsync the shards and ``state.pth``, so that they survive a power cut.
+
+    Returns:
+        `path`.
+
+    Raises:
+        RuntimeError: when DCP could not write the shards.
+        OSError: on rank 0, its own error completing the checkpoint (e.g. FileExistsError when something
+            that is not a sharded checkpoint is in the way); on the other ranks, one naming it.
+    """
     import torch.distributed.checkpoint as dcp
 
     tmp, tensors, plain = _begin(path, model, optimizers)
@@ -373,6 +436,15 @@ def _replace_dir(new: Path, path: Path) -> None:
 
 # -- reading --------------------------------------------------------------------------------------
 def is_checkpoint_dir(path: Path) -> bool:
+    """Whether `path` is a complete sharded checkpoint: a directory holding DCP's index (``.metadata``) and
+    ``state.pth``.
+
+    Args:
+        path: the path to test.
+
+    Returns:
+        True when both files are there (the shards themselves are not checked).
+    """
     return path.is_dir() and (path / ".metadata").is_file() and (path / STATE_FILE).is_file()
 
 
@@ -466,7 +538,19 @@ def _tensor_planner(**kwargs: Any) -> Any:
 
 
 def read_state(path: Path, key: str) -> dict[str, Any]:
-    """``state.pth`` of a sharded checkpoint (no weights), read as a checkpoint is."""
+    """``state.pth`` of a sharded checkpoint (no weights), read as a checkpoint is.
+
+    Args:
+        path: the sharded checkpoint directory.
+        key: the config key that gave `path`, named in error messages.
+
+    Returns:
+        The checkpoint without weights, its ``sharded`` entry with ``path`` (the directory, for
+        ``load_into``) added.
+
+    Raises:
+        ConfigError: when `path` is not a complete sharded checkpoint, or ``state.pth`` does not load.
+    """
     from expkit.checkpoint import checkpoint_io
 
     if not is_checkpoint_dir(path):
@@ -485,7 +569,19 @@ def load_into(
     optimizers: Mapping[str, torch.optim.Optimizer] | None = None,
 ) -> None:
     """Load a sharded checkpoint's weights (and the state of those of `optimizers` it holds) into
-    `model`, sharded or not, on any number of processes: every rank calls this."""
+    `model`, sharded or not, on any number of processes: every rank calls this.
+
+    Args:
+        path: the sharded checkpoint directory.
+        state: the checkpoint's ``state.pth`` (``read_state``): its ``sharded.optimizers`` gives the
+            optimizers' plain values and which optimizers were saved.
+        model: the model to load the weights into.
+        optimizers: the optimizers by name; those the checkpoint does not hold are left as they are.
+            None: none.
+
+    Raises:
+        ConfigError: when the index is refused, or the tensors do not fit the model or an optimizer.
+    """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
@@ -522,7 +618,17 @@ def load_into(
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """The whole model's weights of a sharded checkpoint, in this process (no process group)."""
+    """The whole model's weights of a sharded checkpoint, in this process (no process group).
+
+    Args:
+        path: the sharded checkpoint directory.
+
+    Returns:
+        The weights by parameter (and buffer) name, on the CPU.
+
+    Raises:
+        ConfigError: when the index is refused or the checkpoint holds a pickled value.
+    """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -542,7 +648,17 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 def read_tensors(path: Path) -> dict[str, Any]:
     """Every tensor of a sharded checkpoint, whole, in this process: ``model`` (the weights) and
     ``optimizer.<name>`` (its state by parameter name), nested as they were saved. For
-    comparing two checkpoints (``expkit.check``), not for loading into a model."""
+    comparing two checkpoints (``expkit.check``), not for loading into a model.
+
+    Args:
+        path: the sharded checkpoint directory.
+
+    Returns:
+        The tensors, on the CPU, nested by the path they were saved under.
+
+    Raises:
+        ConfigError: when the index is refused or the checkpoint holds a pickled value.
+    """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -564,7 +680,18 @@ def read_tensors(path: Path) -> dict[str, Any]:
 
 def read_consolidated(path: Path, key: str) -> dict[str, Any]:
     """A sharded checkpoint as an ordinary one (``state_dict`` = the whole model's weights, no
-    optimizer state), read in this process: for evaluation, export, ``load_from`` and the test."""
+    optimizer state), read in this process: for evaluation, export, ``load_from`` and the test.
+
+    Args:
+        path: the sharded checkpoint directory.
+        key: the config key that gave `path`, named in error messages.
+
+    Returns:
+        The checkpoint, as ``read_state`` gives it, with ``state_dict`` (the weights) added.
+
+    Raises:
+        ConfigError: when `path` is not a complete sharded checkpoint, or a part of it is refused.
+    """
     state = read_state(path, key)
     state["state_dict"] = read_weights(path)
     return state
@@ -573,7 +700,17 @@ def read_consolidated(path: Path, key: str) -> dict[str, Any]:
 def check_runner_inputs(
     model: nn.Module, hooks: Mapping[str, Any] | Sequence[Any], default_hooks: Mapping[str, Any] | None
 ) -> None:
-    """trainer.strategy=fsdp: the model is sharded under torchrun, and every hook works with it."""
+    """trainer.strategy=fsdp: the model is sharded under torchrun, and every hook works with it.
+
+    Args:
+        model: the model the runner is given.
+        hooks: the hooks, by name or as a list (each named after its class).
+        default_hooks: the default hooks by name; None: none.
+
+    Raises:
+        ConfigError: when the model is not sharded in a distributed run, or a hook does not support
+            sharding.
+    """
     if distributed.is_distributed() and not is_sharded(model):
         raise ConfigError(
             "trainer.strategy=fsdp under torchrun needs the model sharded before its optimizer is built: "

@@ -82,7 +82,21 @@ def _check_numbers(target: Any, node: DictConfig, key: str) -> None:
 
 
 def instantiate_node(node: Any, key: str, **kwargs: Any) -> Any:
-    """Instantiate a config node that has a ``_target_``; errors name ``key``."""
+    """Instantiate a config node that has a ``_target_``; errors name ``key``.
+
+    Args:
+        node: the config node to build.
+        key: the node's config key, named in error messages.
+        **kwargs: extra keyword arguments for the target, passed to ``instantiate``.
+
+    Returns:
+        What the target built.
+
+    Raises:
+        ConfigError: when `node` is not a dict node with a ``_target_``, the target cannot be imported,
+            a number argument is given a string or a non-finite value, or building it fails (an
+            ExpkitError the target raises is raised as it is).
+    """
     if not isinstance(node, DictConfig) or "_target_" not in node:
         raise ConfigError(f"{key} needs a _target_ (the import path of what to build), got {node!r}")
     target = _locate_target(node, key)
@@ -112,7 +126,19 @@ def _accepted(target: Any, names: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_hook(node: Any, key: str) -> Hook:
-    """A hook from its config node; a ``priority:`` key beats the class attribute."""
+    """A hook from its config node; a ``priority:`` key beats the class attribute.
+
+    Args:
+        node: the hook's config node; not changed (a copy loses ``priority``).
+        key: the node's config key, named in error messages.
+
+    Returns:
+        The hook, its ``priority`` set from the node when the node gives one.
+
+    Raises:
+        ConfigError: when the priority is not a level name or an integer 0-100, building fails, or the
+            target builds something that is not a Hook.
+    """
     node = node.copy()
     priority = None
     if isinstance(node, DictConfig) and "priority" in node:
@@ -166,7 +192,19 @@ def _build_hooks(nodes: Any, key: str) -> dict[str, Hook]:
 
 
 def build_loggers(nodes: Any, key: str) -> dict[str, Backend]:
-    """The logging backends of config node `key` (``logger``), by name; an unknown one names the key."""
+    """The logging backends of config node `key` (``logger``), by name; an unknown one names the key.
+
+    Args:
+        nodes: the ``logger`` node, backend configs by name; None entries are skipped, and entries
+            without a ``_target_`` skipped with a warning.
+        key: the node's config key, named in error messages.
+
+    Returns:
+        The backends by name.
+
+    Raises:
+        ConfigError: when a backend cannot be built, or its target builds something that is not a Backend.
+    """
     loggers: dict[str, Backend] = {}
     for name, node in (nodes or {}).items():
         if node is None:
@@ -186,7 +224,15 @@ def build_loggers(nodes: Any, key: str) -> dict[str, Backend]:
 
 def describe_data(data: Any) -> dict[str, Any]:
     """What the data module tells models: its ``describe()``, or the image attributes of an
-    object that has no such method."""
+    object that has no such method.
+
+    Args:
+        data: the data module.
+
+    Returns:
+        ``data.describe()`` as a dict; without that method, those of ``DataModule.IMAGE_KEYS`` that
+        `data` has as attributes.
+    """
     if callable(getattr(data, "describe", None)):
         return dict(data.describe())
     return {k: getattr(data, k) for k in DataModule.IMAGE_KEYS if hasattr(data, k)}
@@ -195,7 +241,18 @@ def describe_data(data: Any) -> dict[str, Any]:
 def build_model(cfg: DictConfig, data: Any) -> Any:
     """The model of `cfg`. What the data module describes (``in_channels``, ``num_classes``,
     ``vocab_size``, ...) fills the model's arguments of those names that the config leaves
-    unset, and is available to any config value as ``${data_info:KEY}``."""
+    unset, and is available to any config value as ``${data_info:KEY}``.
+
+    Args:
+        cfg: the composed config; its ``model`` node is built.
+        data: the data module, whose description fills the model's arguments and ``DATA_INFO``.
+
+    Returns:
+        The model; a bare Hugging Face ``PreTrainedModel`` comes wrapped in ``HFModel``.
+
+    Raises:
+        ConfigError: when the model's target cannot be imported or building it fails.
+    """
     info = describe_data(data)
     DATA_INFO.clear()
     DATA_INFO.update(info)
@@ -215,7 +272,18 @@ _SLOT_KEYS = ("inputs", "higher_is_better")  # expkit's keys in a metric's node,
 
 def build_metrics(nodes: Any, key: str = "metrics") -> dict[str, MetricSlot]:
     """``metrics.<name>``: any object with update/compute/reset (torchmetrics included), plus
-    expkit's ``inputs`` (which eval-step outputs it reads) and ``higher_is_better`` (its direction)."""
+    expkit's ``inputs`` (which eval-step outputs it reads) and ``higher_is_better`` (its direction).
+
+    Args:
+        nodes: the ``metrics`` node, metric configs by name; None entries are skipped.
+        key: the node's config key, named in error messages.
+
+    Returns:
+        The metric slots by name.
+
+    Raises:
+        ConfigError: when a metric has no ``_target_``, cannot be built, or its slot settings are invalid.
+    """
     slots: dict[str, MetricSlot] = {}
     for name, node in (nodes or {}).items():
         if node is None:
@@ -257,7 +325,19 @@ def build_optimizers(optim: DictConfig, model: Any) -> dict[str, Any]:
     """``optim`` with a ``_target_``: one optimizer over the model (named "optimizer").
     Without: named optimizers, ``optim.<name>: {_target_: ..., module: <submodule path>}``,
     each over its submodule's parameters (the whole model when ``module`` is unset), for a
-    model whose ``train_step(batch, optimizers)`` uses them."""
+    model whose ``train_step(batch, optimizers)`` uses them.
+
+    Args:
+        optim: the ``optim`` node.
+        model: the model whose parameters (or submodules' parameters) the optimizers update.
+
+    Returns:
+        The optimizers by name (one named ``"optimizer"`` when `optim` has a ``_target_``).
+
+    Raises:
+        ConfigError: when a named optimizer has no ``_target_``, its ``module`` is not a submodule of the
+            model, building it fails, or `optim` defines no optimizer.
+    """
     if "_target_" in optim:
         return {"optimizer": _build_optimizer(optim, model, "optim")}
     optimizers = {}
@@ -276,7 +356,17 @@ def build_optimizers(optim: DictConfig, model: Any) -> dict[str, Any]:
 
 
 def build_trainer_settings(cfg: DictConfig) -> TrainerSettings:
-    """``cfg.trainer`` as TrainerSettings; a bad value raises a ConfigError naming ``trainer.<key>``."""
+    """``cfg.trainer`` as TrainerSettings; a bad value raises a ConfigError naming ``trainer.<key>``.
+
+    Args:
+        cfg: the composed config; its ``trainer`` node is read, resolved.
+
+    Returns:
+        The trainer settings.
+
+    Raises:
+        ConfigError: when ``TrainerSettings`` refuses a key or value with a TypeError.
+    """
     fields = OmegaConf.to_container(cfg.trainer, resolve=True)
     try:
         return TrainerSettings(**fields)  # type: ignore[arg-type]
@@ -285,7 +375,21 @@ def build_trainer_settings(cfg: DictConfig) -> TrainerSettings:
 
 
 def build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, Any] | None = None) -> Runner:
-    """Everything the run needs, from the composed config, handed to a Runner."""
+    """Everything the run needs, from the composed config, handed to a Runner.
+
+    Args:
+        cfg: the composed config.
+        work_dir: the run directory.
+        run_info: what the command knows of the run (its command line, the sweep job), handed to the
+            Runner; None: nothing.
+
+    Returns:
+        The Runner, with the data, model, optimizers, schedulers, criterion, metrics, hooks and loggers
+        built (and the seed set first when ``trainer.seed`` is given).
+
+    Raises:
+        ConfigError: when a part cannot be built, or a config value is missing or invalid.
+    """
     try:
         return _build_runner(cfg, work_dir, run_info)
     except MissingMandatoryValue as exc:

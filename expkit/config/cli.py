@@ -47,7 +47,15 @@ CONF_DIR = Path(__file__).parents[1] / "conf"
 
 # -- group choices, checked before Hydra composes (its message for hooks=[typo] lists nothing) --
 def config_dirs_of(argv: list[str]) -> list[Path]:
-    """expkit's shipped config dir, then every --config-dir / -cd on the command line."""
+    """expkit's shipped config dir, then every --config-dir / -cd on the command line.
+
+    Args:
+        argv: the command line, without the program name.
+
+    Returns:
+        ``CONF_DIR``, then the dir of each ``--config-dir`` / ``-cd`` (``--config-dir DIR`` or
+            ``--config-dir=DIR``) in the order given; none is checked to exist.
+    """
     dirs = [CONF_DIR]
     for token in tokens(argv):
         flag, _, value = token[0].partition("=")
@@ -57,7 +65,15 @@ def config_dirs_of(argv: list[str]) -> list[Path]:
 
 
 def available_options(group: str, dirs: Iterable[Path]) -> list[str]:
-    """The options of a config group: the .yaml files in <dir>/<group>/ of every config dir."""
+    """The options of a config group: the .yaml files in <dir>/<group>/ of every config dir.
+
+    Args:
+        group: the config group, e.g. ``model`` or ``hooks``.
+        dirs: the config dirs to look in; one without a `group` subdir is skipped.
+
+    Returns:
+        The names of those files without ``.yaml``, sorted, each once.
+    """
     return sorted({p.stem for d in dirs if (d / group).is_dir() for p in (d / group).glob("*.yaml")})
 
 
@@ -73,7 +89,17 @@ def _names(value: Any) -> list[str]:
 
 
 def check_group_choices(argv: list[str]) -> str | None:
-    """An error message for the first override that names an option no config dir has."""
+    """An error message for the first override that names an option no config dir has.
+
+    Args:
+        argv: the command line, without the program name.
+
+    Returns:
+        The message naming the unknown option, the group's options and an example; when the overrides
+            cannot be parsed, ``check_parsable``'s message instead; None when every option exists. Only
+            overrides of a config group are checked (not deletions, ``group@package=``, ``hydra...``);
+            ``null`` is always accepted.
+    """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     dirs = config_dirs_of(argv)
@@ -105,7 +131,18 @@ def check_group_choices(argv: list[str]) -> str | None:
 
 def continue_command(argv: list[str], work_dir: Path) -> str:
     """The command that resumes this run, quoted for a POSIX shell (paths with spaces paste);
-    under torchrun, a torchrun command with the same number of processes."""
+    under torchrun, a torchrun command with the same number of processes.
+
+    Args:
+        argv: the run's command line, without the program name; its ``hydra.run.dir=``, ``resume=`` and
+            ``hydra.output_subdir=`` words are left out.
+        work_dir: the run's work dir, given as ``hydra.run.dir``.
+
+    Returns:
+        ``python -m expkit.train`` (under torchrun with more than one process, ``torchrun
+            --nproc_per_node=N -m expkit.train``, with ``--nnodes`` for several nodes), the kept words,
+            ``hydra.run.dir=<work_dir>`` and ``resume=true``.
+    """
     kept = [a for a in argv if not a.startswith(("hydra.run.dir=", "resume=", "hydra.output_subdir="))]
     start = ["python", "-m", "expkit.train"]
     if "TORCHELASTIC_RUN_ID" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -116,7 +153,17 @@ def continue_command(argv: list[str], work_dir: Path) -> str:
 
 
 def continue_sweep_command(argv: list[str], sweep_dir: Path) -> str:
-    """The command that resumes this sweep in `sweep_dir` (its jobs found by their overrides)."""
+    """The command that resumes this sweep in `sweep_dir` (its jobs found by their overrides).
+
+    Args:
+        argv: the sweep's command line, without the program name; its ``hydra.sweep.dir=`` and ``resume=``
+            words are left out.
+        sweep_dir: the sweep dir, given as ``hydra.sweep.dir``.
+
+    Returns:
+        ``python -m expkit.train``, the kept words, ``hydra.sweep.dir=<sweep_dir>`` and ``resume=true``,
+            quoted for a POSIX shell.
+    """
     kept = [a for a in argv if not a.startswith(("hydra.sweep.dir=", "resume="))]
     return shlex.join(["python", "-m", "expkit.train", *kept, f"hydra.sweep.dir={sweep_dir}", "resume=true"])
 
@@ -140,7 +187,15 @@ INFO_TOPICS = ("all", "config", "defaults", "defaults-tree", "plugins", "searchp
 def tokens(argv: Sequence[str]) -> list[list[str]]:
     """The command line in the units Hydra's parser reads, for every command's argv handling: a
     flag with the value it takes (``["--config-dir", "conf"]``, ``["--info", "plugins"]``), a flag
-    alone (``["-m"]``), or one word that is not a flag (an override, a bare path)."""
+    alone (``["-m"]``), or one word that is not a flag (an override, a bare path).
+
+    Args:
+        argv: the command line, without the program name.
+
+    Returns:
+        One list per unit, in order: two words for a flag of ``VALUED_FLAGS`` followed by another word (for
+            ``--info`` / ``-i``, only when that word is one of ``INFO_TOPICS``), one word otherwise.
+    """
     out, i = [], 0
     while i < len(argv):
         arg = argv[i]
@@ -154,14 +209,30 @@ def tokens(argv: Sequence[str]) -> list[list[str]]:
 
 def flags_first(argv: list[str]) -> list[str]:
     """Hydra's flags (with their values) before the overrides: Hydra's argument parser takes the
-    overrides only as one block, so `model=x --config-dir conf optim.lr=1` would be refused."""
+    overrides only as one block, so `model=x --config-dir conf optim.lr=1` would be refused.
+
+    Args:
+        argv: the command line, without the program name.
+
+    Returns:
+        The words of the units of ``tokens`` that begin with ``-`` (each flag with its value), then the
+            other words, each part in its original order.
+    """
     parts = tokens(argv)
     return [a for t in parts if t[0].startswith("-") for a in t] + [t[0] for t in parts if not t[0].startswith("-")]
 
 
 def output_file_problem(path: Path) -> str | None:
     """Why a command's output file cannot be written there, checked before the work starts: it
-    is a directory, or a file stands where a directory of its path should be."""
+    is a directory, or a file stands where a directory of its path should be.
+
+    Args:
+        path: the file the command is to write.
+
+    Returns:
+        Why it cannot be written: `path` is a directory, its nearest existing parent is a file, or that
+            parent cannot be written to; None otherwise.
+    """
     if path.is_dir():
         return "is a directory; give a file name in it"
     existing = next((p for p in path.parents if p.exists()), None)
@@ -174,7 +245,17 @@ def output_file_problem(path: Path) -> str | None:
 
 def check_output_dirs(argv: list[str]) -> str | None:
     """An output dir that is empty (the current directory would become the work dir) or cannot
-    be written, named before Hydra tries to log into it."""
+    be written, named before Hydra tries to log into it.
+
+    Args:
+        argv: the command line, without the program name; a ``hydra.run.dir`` / ``hydra.sweep.dir`` it gives
+            (without ``${``) is created when missing, as Hydra would do next.
+
+    Returns:
+        The message for the first ``hydra.run.dir=`` / ``hydra.sweep.dir=`` that is empty or cannot be
+            created or written; when neither is given, for ``outputs/`` (or, without it, the current
+            directory) that cannot be written; None otherwise.
+    """
     given = False
     for arg in argv:
         key, sep, value = arg.partition("=")
@@ -202,7 +283,15 @@ def check_output_dirs(argv: list[str]) -> str | None:
 def search_is_multirun(argv: list[str]) -> list[str]:
     """`argv` with ``--multirun`` added when it picks a search (``hparams_search=optuna``) without
     ``-m``: a search is a sweep. (Hydra 1.4 takes ``hydra.mode`` only from the primary config or
-    the command line, so the search's config cannot set it.)"""
+    the command line, so the search's config cannot set it.)
+
+    Args:
+        argv: the command line, without the program name.
+
+    Returns:
+        ``["--multirun", *argv]`` when `argv` picks a search and holds none of ``-m``, ``--multirun``,
+            ``hydra.mode=...`` or a flag of ``NO_RUN_FLAGS``; otherwise `argv` itself.
+    """
     search = searching(argv)
     asks_hydra = any(a in NO_RUN_FLAGS for a in argv)  # --cfg, --help, --info: Hydra allows no -m beside them
     if search and not asks_hydra and not any(a in ("-m", "--multirun") or a.startswith("hydra.mode=") for a in argv):
@@ -211,12 +300,27 @@ def search_is_multirun(argv: list[str]) -> list[str]:
 
 
 def searching(argv: list[str]) -> bool:
-    """Whether the command line picks a search (``hparams_search=optuna``)."""
+    """Whether the command line picks a search (``hparams_search=optuna``).
+
+    Args:
+        argv: the command line, without the program name.
+
+    Returns:
+        True when an ``hparams_search=`` word has a value other than empty or ``null``.
+    """
     return any(a.startswith("hparams_search=") and a.partition("=")[2] not in ("", "null") for a in argv)
 
 
 def sweeping(argv: list[str]) -> bool:
-    """Whether the command line makes a sweep (-m, or an Optuna search, which sets Hydra's mode)."""
+    """Whether the command line makes a sweep (-m, or an Optuna search, which sets Hydra's mode).
+
+    Args:
+        argv: the command line, without the program name.
+
+    Returns:
+        True when `argv` holds ``-m``, ``--multirun``, ``hydra.mode=MULTIRUN`` or any ``hparams_search=`` word
+            (``hparams_search=null`` included).
+    """
     return any(a in ("-m", "--multirun", "hydra.mode=MULTIRUN") or a.startswith("hparams_search=") for a in argv)
 
 
@@ -226,7 +330,17 @@ NO_RUN_FLAGS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "
 def check_rerun(argv: list[str]) -> str | None:
     """A command aimed at a dir that already holds a run (hydra.run.dir) or sweep jobs
     (hydra.sweep.dir with -m or an Optuna search), without resume: refused before anything
-    is written there, naming what the dir holds and the two ways on."""
+    is written there, naming what the dir holds and the two ways on.
+
+    Args:
+        argv: the command line, without the program name.
+
+    Returns:
+        The refusal message; None when a flag of ``NO_RUN_FLAGS`` (or ``--cfg=``, ``--info=``) or
+            ``show_hooks=true`` is given, the last ``resume=`` is set, this is not rank 0 or is a torchrun
+            or Slurm restart, the dir is not given, holds ``${`` or does not exist, or it holds no run or
+            sweep jobs (or, for a search, a live worker of it runs there).
+    """
     if any(a in NO_RUN_FLAGS or a.startswith(("--cfg=", "--info=")) for a in argv) or "show_hooks=true" in argv:
         return None  # (nothing is written)
     resume = next((a.partition("=")[2] for a in reversed(argv) if a.lstrip("+").startswith("resume=")), "false")
@@ -291,7 +405,15 @@ def _writable(directory: Path) -> bool:
 
 
 def check_keys(argv: list[str]) -> str | None:
-    """Keys no config can have (none at all, or longer than a file name can be)."""
+    """Keys no config can have (none at all, or longer than a file name can be).
+
+    Args:
+        argv: the command line, without the program name.
+
+    Returns:
+        The message for the first override (a word with ``=`` that does not begin with ``-``) with no key,
+            or with a dot-separated part of its key longer than 200 characters; None otherwise.
+    """
     for arg in argv:
         key = arg.partition("=")[0].lstrip("+~")
         if "=" in arg and not arg.startswith("-") and not key.strip():
@@ -302,7 +424,15 @@ def check_keys(argv: list[str]) -> str | None:
 
 
 def check_parsable(argv: list[str]) -> str | None:
-    """The first override Hydra's grammar cannot parse, named (Hydra's own message does not)."""
+    """The first override Hydra's grammar cannot parse, named (Hydra's own message does not).
+
+    Args:
+        argv: the words to check; those without ``=`` and flags (beginning with ``-``) are skipped.
+
+    Returns:
+        The message naming the first word Hydra's override parser refuses, with the parser's first line
+            and examples; None when each one parses.
+    """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser = OverridesParser.create()
@@ -322,7 +452,16 @@ def check_parsable(argv: list[str]) -> str | None:
 
 def check_owner(argv: list[str]) -> str | None:
     """A run given a work dir that a live process owns is refused before Hydra writes .hydra/
-    and train.log into it (torchrun's other ranks share rank 0's dir and lock)."""
+    and train.log into it (torchrun's other ranks share rank 0's dir and lock).
+
+    Args:
+        argv: the command line, without the program name.
+
+    Returns:
+        ``busy_message`` for the dir of the last ``hydra.run.dir=`` word when a live process owns it; None
+            when none does, when no such word is given, in a sweep (``-m`` / ``--multirun``) and on ranks
+            other than 0.
+    """
     from expkit.workdir.ownership import busy_message, live_owner
 
     if any(a in ("-m", "--multirun") for a in argv) or os.environ.get("RANK", "0") != "0":
@@ -334,7 +473,15 @@ def check_owner(argv: list[str]) -> str | None:
 
 def hydra_quoted(value: str) -> str:
     """`value` as a quoted string in Hydra's override grammar: single-quoted; a quote, and the
-    backslashes before a quote or at the end, escaped (Hydra unescapes only those)."""
+    backslashes before a quote or at the end, escaped (Hydra unescapes only those).
+
+    Args:
+        value: the string to quote.
+
+    Returns:
+        `value` in single quotes, each run of backslashes before a quote or at the end doubled, then each
+            single quote preceded by a backslash.
+    """
     import re
 
     escaped = re.sub(r"\\+(?='|$)", lambda m: m.group(0) * 2, value).replace("'", "\\'")
@@ -344,7 +491,17 @@ def hydra_quoted(value: str) -> str:
 def hydra_argv(argv: list[str], options: Sequence[str]) -> list[str]:
     """The command line as Hydra takes it. ``work_dir=DIR`` is ``hydra.run.dir=DIR``, and any
     ``key=value`` that is not one of the command's settings (`options`) overrides the checkpoint's stored
-    config: it goes into ``overrides=[...]``, so ``data.batch_size=256`` works as before."""
+    config: it goes into ``overrides=[...]``, so ``data.batch_size=256`` works as before.
+
+    Args:
+        argv: the command line, without the program name.
+        options: the command's own settings (the top-level keys of its config).
+
+    Returns:
+        Flags (with their values), words without ``=``, ``hydra...`` overrides and the command's own
+            settings as given, ``work_dir=DIR`` as ``hydra.run.dir=DIR``, and the other overrides, each
+            quoted by ``hydra_quoted``, in one ``overrides=[...]`` (added to the first explicit one, if any).
+    """
     out, stored = [], []
     for token in tokens(argv):
         arg = token[0]
@@ -370,17 +527,25 @@ def hydra_argv(argv: list[str], options: Sequence[str]) -> list[str]:
     return out
 
 
-def command_main(run: Callable[[], Any], options: Sequence[str], started: Callable[[], bool]) -> None:
+def command_main(run: Callable[[], Any], options: Sequence[str]) -> None:
     """The entry point of a command over a checkpoint (eval, predict, export): the command line
     made Hydra's (``hydra_argv``, flags first), then the Hydra app `run`. Hydra's own errors
-    before the task `started` (a missing key, an unknown one) are the user's to fix: exit 2."""
-    from expkit.core import versions
+    before the task began (a missing key, an unknown one) are the user's to fix: exit 2.
+
+    Args:
+        run: the command's Hydra app (its ``hydra.main`` function), called with no arguments.
+        options: the command's own settings, for ``hydra_argv``.
+
+    Raises:
+        SystemExit: when `run` exits, with the status ``errors.exit_status`` gives (2 for Hydra's own errors
+            before the task began); before that, with status 2 when ``versions.require`` finds a package
+            older than expkit needs.
+    """
+    from expkit.core import errors, versions
 
     versions.require()
     sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:], options))  # (Hydra's parser takes flags before overrides)
     try:
         run()
     except SystemExit as exc:
-        if exc.code == 1 and not started():
-            sys.exit(2)
-        raise
+        sys.exit(errors.exit_status(exc))

@@ -29,7 +29,20 @@ log = logging.getLogger("expkit")
 
 def resolve_checkpoint(source: str | Path, which: str = "best") -> Path:
     """A checkpoint (a .pth file or a sharded .dcp dir) as given, or a run dir's best (or last) one;
-    a URL (``s3://...``) to either, downloaded once into a local cache (``expkit.checkpoint.remote.fetch``)."""
+    a URL (``s3://...``) to either, downloaded once into a local cache (``expkit.checkpoint.remote.fetch``).
+
+    Args:
+        source: a checkpoint file or sharded directory, a run dir, or a URL to one of them.
+        which: for a run dir, ``"best"`` (its ``result.json``'s best checkpoint, else its first
+            ``best_*`` by name, else its last one) or ``"last"`` (``checkpoints/last_checkpoint``).
+
+    Returns:
+        The local path of the checkpoint.
+
+    Raises:
+        ConfigError: when `source` is neither a checkpoint nor a run dir, `which` is neither ``best``
+            nor ``last`` (for a run dir), the run dir has no checkpoint, or a URL cannot be fetched.
+    """
     from expkit.checkpoint import remote
 
     if remote.is_url(source):
@@ -66,7 +79,23 @@ def stored_config(
     checkpoint: dict[str, Any], source: Path, overrides: Sequence[str] = (), trust: TrustPolicy | None = None
 ) -> DictConfig:
     """The config saved in the checkpoint, with `key=value` overrides (unknown keys refused),
-    resolved, and refused unless every ``_target_`` in it is trusted (`trust`, default: expkit's)."""
+    resolved, and refused unless every ``_target_`` in it is trusted (`trust`, default: expkit's).
+
+    Args:
+        checkpoint: the loaded checkpoint.
+        source: the checkpoint's path, named in error messages.
+        overrides: ``key=value`` overrides of the stored config (a leading ``+`` or ``~`` is not
+            honoured: the stored config is in struct mode).
+        trust: the targets trusted; None: expkit's default policy.
+
+    Returns:
+        The stored config, overridden, resolved and in struct mode, every ``_target_`` at its current path.
+
+    Raises:
+        ConfigError: when the checkpoint carries no config or not a mapping, an override names an unknown
+            key, or the config does not load.
+        UntrustedTargetError: when a ``_target_`` is not trusted.
+    """
     stored = checkpoint.get("config")
     if not stored:
         raise ConfigError(f"{source} carries no config; it was not written by a Hydra run of expkit")
@@ -109,6 +138,20 @@ def _renew_targets(node: Any) -> None:
 
 
 def weights(checkpoint: dict[str, Any], source: Path, ema: bool) -> dict[str, torch.Tensor]:
+    """The weights to load into the model: the checkpoint's ``state_dict``, or with `ema` its EMA weights
+    over it.
+
+    Args:
+        checkpoint: the loaded checkpoint.
+        source: the checkpoint's path, named in messages.
+        ema: take the averaged parameters (and buffers) of ``ema_state_dict`` in place of the raw ones.
+
+    Returns:
+        The weights by name (``checkpoint["state_dict"]`` itself when not `ema`).
+
+    Raises:
+        ConfigError: when `ema` is set and the checkpoint has no ``ema_state_dict``.
+    """
     if not ema:
         if "ema_state_dict" in checkpoint:
             log.info(
@@ -127,7 +170,23 @@ def restore(
     source: str | Path, which: str, ema: bool, overrides: list[str], trust: TrustPolicy
 ) -> tuple[Path, DictConfig, Any, Any, Any]:
     """(checkpoint path, stored config, the data's loaders, model with the checkpoint's weights,
-    the data module): what a trained run is rebuilt from."""
+    the data module): what a trained run is rebuilt from.
+
+    Args:
+        source: a checkpoint, a run dir or a URL (``resolve_checkpoint``).
+        which: ``"best"`` or ``"last"``, for a run dir.
+        ema: load the EMA weights.
+        overrides: ``key=value`` overrides of the stored config.
+        trust: the targets the stored config may name.
+
+    Returns:
+        The checkpoint's path, its config, what ``data.loaders()`` returned, the model with its weights
+        (``data_description`` set to the data module's ``describe()``), and the data module.
+
+    Raises:
+        ConfigError: when the checkpoint cannot be found or loaded, its config is refused, or a part
+            cannot be built.
+    """
     from expkit.config.build import build_model, instantiate_node
 
     path = resolve_checkpoint(source, which)
@@ -156,11 +215,34 @@ def load_model(
     The stored config may name only trusted targets: expkit's own and those of its shipped
     configs, plus `trusted_targets` (packages or objects, e.g. ``["my_project"]``) and the
     targets named in the YAML files of `config_dirs`. Others raise UntrustedTargetError.
+
+    Args:
+        source: a checkpoint, a run dir or a URL (``resolve_checkpoint``).
+        ema: load the EMA weights instead of the raw ones.
+        which: ``"best"`` or ``"last"``, for a run dir.
+        device: the device to move the model to.
+        overrides: ``key=value`` overrides of the stored config.
+        trusted_targets: packages or objects whose targets are trusted besides expkit's.
+        config_dirs: directories whose YAML files' targets are trusted.
+
+    Returns:
+        The model on `device`, in eval mode.
+
+    Raises:
+        ConfigError: when the checkpoint cannot be found or loaded, or its config is refused
+            (UntrustedTargetError for an untrusted target).
     """
     trust = TrustPolicy(trusted_targets, config_dirs)
     return restore(source, which, ema, list(overrides), trust)[3].to(device).eval()
 
 
 def stored_overrides(cfg: DictConfig) -> list[str]:
-    """``overrides=[...]`` as written: ``${...}`` in them is for the stored config, not this one."""
+    """``overrides=[...]`` as written: ``${...}`` in them is for the stored config, not this one.
+
+    Args:
+        cfg: the command's config, with an ``overrides`` list.
+
+    Returns:
+        The overrides as strings, interpolations unresolved; an empty list when there are none.
+    """
     return [str(o) for o in OmegaConf.to_container(cfg.overrides, resolve=False) or []]  # type: ignore[union-attr]

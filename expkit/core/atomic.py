@@ -26,7 +26,15 @@ PathT = TypeVar("PathT", str, Path)
 
 
 def disk_full(exc: BaseException) -> bool:
-    """ENOSPC, however it surfaced (an OSError, or torch's zip writer's RuntimeError)."""
+    """ENOSPC, however it surfaced (an OSError, or torch's zip writer's RuntimeError).
+
+    Args:
+        exc: the exception a write raised.
+
+    Returns:
+        True when `exc` has errno ENOSPC or its message reads like a full disk (torch's zip writer
+        says "unexpected pos").
+    """
     return getattr(exc, "errno", None) == errno.ENOSPC or "unexpected pos" in str(exc) or "No space left" in str(exc)
 
 
@@ -86,7 +94,19 @@ class _RecordingFile:
 
 def save_atomic(obj: Any, path: Path, durable: bool = False) -> Path:
     """torch.save to `path` through a temporary file; returns `path`. A write that fails
-    raises the file's own OSError (ENOSPC, EDQUOT, EIO by its errno)."""
+    raises the file's own OSError (ENOSPC, EDQUOT, EIO by its errno).
+
+    Args:
+        obj: what to save with ``torch.save``.
+        path: the file to write; its directory is made when missing.
+        durable: fsync the data before the rename, so that it survives a power cut.
+
+    Returns:
+        `path`.
+
+    Raises:
+        OSError: the write's own error, also when torch's zip writer reported it as a RuntimeError.
+    """
 
     def write(fd: int) -> None:
         with os.fdopen(fd, "wb", closefd=False) as f:  # (flushed when it closes, before any fsync)
@@ -102,7 +122,16 @@ def save_atomic(obj: Any, path: Path, durable: bool = False) -> Path:
 
 
 def write_bytes_atomic(path: PathT, data: bytes, durable: bool = False) -> PathT:
-    """`data` to `path` through a temporary file (the pointer, JSON records, the SVG curves)."""
+    """`data` to `path` through a temporary file (the pointer, JSON records, the SVG curves).
+
+    Args:
+        path: the file to write; its directory is made when missing.
+        data: the file's whole content.
+        durable: fsync the data before the rename, so that it survives a power cut.
+
+    Returns:
+        `path`.
+    """
 
     def write(fd: int) -> None:
         view = memoryview(data)
@@ -113,6 +142,16 @@ def write_bytes_atomic(path: PathT, data: bytes, durable: bool = False) -> PathT
 
 
 def write_text_atomic(path: PathT, text: str, durable: bool = False) -> PathT:
+    """`text`, UTF-8 encoded, to `path` through a temporary file (``write_bytes_atomic``).
+
+    Args:
+        path: the file to write; its directory is made when missing.
+        text: the file's whole content.
+        durable: fsync the data before the rename, so that it survives a power cut.
+
+    Returns:
+        `path`.
+    """
     return write_bytes_atomic(path, text.encode("utf-8"), durable=durable)
 
 
@@ -156,4 +195,14 @@ class SpaceReserve:
 
 
 def write_json_atomic(path: Path, obj: Any) -> Path:
+    """`obj` as indented JSON (anything JSON cannot hold written as its ``str``), with a final newline,
+    to `path` through a temporary file; not fsynced.
+
+    Args:
+        path: the file to write; its directory is made when missing.
+        obj: the value to write.
+
+    Returns:
+        `path`.
+    """
     return write_text_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")

@@ -24,7 +24,18 @@ def confined(directory: Path, recorded: object, source: str | Path, what: str = 
     warning) when it names anything else. A relative record must be one plain name; an
     absolute one (written before records were relative, or by the run this dir was copied
     from) means the entry of that name here, so a copied run dir never reaches back into
-    the original. A symlink whose target lies outside `directory` is rejected too."""
+    the original. A symlink whose target lies outside `directory` is rejected too.
+
+    Args:
+        directory: the dir the recorded name belongs to.
+        recorded: the name as read from the file (any type: only a str or Path can pass).
+        source: the file the name was read from, named in the warning.
+        what: what the name stands for (``"checkpoint"``, ...), named in the warning.
+
+    Returns:
+        ``directory / name``, or None when `recorded` is not one plain name (after an absolute path
+        is reduced to its entry here) or leads out of `directory` through a symlink.
+    """
     name = _one_name(directory, recorded)
     if name is None:
         log.warning("Ignoring %r recorded in %s: not the name of a %s in %s", recorded, source, what, directory)
@@ -37,7 +48,15 @@ def confined(directory: Path, recorded: object, source: str | Path, what: str = 
 
 
 def inside(directory: Path, path: Path) -> bool:
-    """Whether `path` resolves (symlinks followed) to an entry directly in `directory`."""
+    """Whether `path` resolves (symlinks followed) to an entry directly in `directory`.
+
+    Args:
+        directory: the dir.
+        path: the path to test; it need not exist.
+
+    Returns:
+        True when the resolved `path`'s parent is the resolved `directory`; False for a symlink loop.
+    """
     try:
         return path.resolve().parent == directory.resolve()
     except (OSError, RuntimeError):  # a symlink loop
@@ -61,7 +80,15 @@ def _one_name(directory: Path, recorded: object) -> str | None:
 
 def name_pattern(template: str) -> re.Pattern[str]:
     """The names a file name template (``epoch_{}.pth``) gives: ``{}`` stands for a count; the
-    sharded form of each (``epoch_3.dcp``) too."""
+    sharded form of each (``epoch_3.dcp``) too.
+
+    Args:
+        template: a file name template with ``{}`` where a count goes, e.g. ``epoch_{}.pth``.
+
+    Returns:
+        A pattern that matches such a name (with ``fullmatch``: it is not anchored), its count as digits,
+        or the same name with ``.dcp`` in place of a ``.pth`` suffix.
+    """
     regex = r"\d+".join(re.escape(part) for part in template.split("{}"))
     stem = regex.removesuffix(re.escape(".pth"))
     return re.compile(rf"(?:{regex}|{stem}\.dcp)")

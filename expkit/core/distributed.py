@@ -67,6 +67,12 @@ def _from_slurm() -> None:
 
 
 def world_size() -> int:
+    """The number of processes launched, from ``WORLD_SIZE`` (filled from Slurm's variables first when
+    running under Slurm without torchrun); 1 when not set.
+
+    Returns:
+        The launched world size; the process group need not be joined yet.
+    """
     _from_slurm()
     return int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -74,7 +80,11 @@ def world_size() -> int:
 def restart_count() -> int:
     """How many times torchrun (--max-restarts) has restarted this group; 0 outside torchrun.
     Known once the group has formed (``init``): with several nodes, an agent whose own workers
-    did not fail restarts them without counting, so its count is not the group's."""
+    did not fail restarts them without counting, so its count is not the group's.
+
+    Returns:
+        The group's attempt number as agreed in ``init``, else ``TORCHELASTIC_RESTART_COUNT``, else 0.
+    """
     if _ATTEMPT is not None:
         return _ATTEMPT
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -85,34 +95,69 @@ _ATTEMPT: int | None = None  # the group's attempt under torchrun, agreed by eve
 
 def requeue_count() -> int:
     """How many times Slurm has requeued this job (preemption, or submitit's requeue at a
-    timeout): ``SLURM_RESTART_COUNT``; 0 outside Slurm and on a job's first start."""
+    timeout): ``SLURM_RESTART_COUNT``; 0 outside Slurm and on a job's first start.
+
+    Returns:
+        ``SLURM_RESTART_COUNT`` as an int; 0 when it is unset or empty.
+    """
     return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
 
 
 def rank() -> int:
+    """This process's rank: the joined group's, else ``RANK`` (0 when not set).
+
+    Returns:
+        The rank.
+    """
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "0"))
 
 
 def local_rank() -> int:
+    """This process's rank on its node: ``LOCAL_RANK`` (0 when not set).
+
+    Returns:
+        The local rank, the index of the GPU this process uses.
+    """
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def rank_and_world() -> tuple[int, int]:
-    """(rank, number of processes) of the joined process group; (0, 1) outside one."""
+    """(rank, number of processes) of the joined process group; (0, 1) outside one.
+
+    Returns:
+        (rank, world size), or (0, 1) when no group of more than one process is joined.
+    """
     return (dist.get_rank(), dist.get_world_size()) if is_distributed() else (0, 1)
 
 
 def is_distributed() -> bool:
+    """Whether this process has joined a process group of more than one process.
+
+    Returns:
+        True when torch.distributed is available and initialised with a world size above 1.
+    """
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def is_main() -> bool:
-    """Rank 0, the one process that writes files (and the only one outside torchrun)."""
+    """Rank 0, the one process that writes files (and the only one outside torchrun).
+
+    Returns:
+        True when ``rank()`` is 0.
+    """
     return rank() == 0
 
 
 def init(timeout_s: int = 1800) -> bool:
-    """Join the process group when launched with more than one process; True if distributed."""
+    """Join the process group when launched with more than one process; True if distributed.
+
+    Args:
+        timeout_s: the collectives' timeout, in seconds.
+
+    Returns:
+        True when launched with more than one process (the group is joined, or was already); False
+        for a single process, which joins nothing.
+    """
     if world_size() < 2:
         return False
     if not dist.is_initialized():
@@ -154,13 +199,25 @@ _ELASTIC_STORE: Any = None  # torchrun's store, the same across its restarts (No
 
 def remember(key: str, value: str) -> None:
     """Keep `value` in torchrun's store for the restarts of this torchrun (and nowhere on disk):
-    the store lives as long as the torchrun agents do, and holds nothing of another torchrun."""
+    the store lives as long as the torchrun agents do, and holds nothing of another torchrun.
+
+    Args:
+        key: the name to keep it under (prefixed with ``expkit/`` in the store).
+        value: the value; nothing is kept outside torchrun.
+    """
     if _ELASTIC_STORE is not None:
         _ELASTIC_STORE.set(f"expkit/{key}", value)
 
 
 def recall(key: str) -> str | None:
-    """What an earlier attempt of this torchrun `remember`ed under `key`; None when nothing was."""
+    """What an earlier attempt of this torchrun `remember`ed under `key`; None when nothing was.
+
+    Args:
+        key: the name given to ``remember``.
+
+    Returns:
+        The remembered value, or None outside torchrun or when nothing was remembered under `key`.
+    """
     if _ELASTIC_STORE is None or not _ELASTIC_STORE.check([f"expkit/{key}"]):
         return None
     return _ELASTIC_STORE.get(f"expkit/{key}").decode("utf-8")
@@ -192,7 +249,14 @@ STOP_NONE, STOP_REQUESTED, STOP_SIGNAL = 0, 1, 2
 def agree_on_stop(code: int) -> int:
     """The strongest stop any rank has (STOP_SIGNAL > STOP_REQUESTED > STOP_NONE), on every
     rank: ranks stop after the same iteration (a stop taken alone would leave the others in
-    a collective: FSDP's gather, DDP's all-reduce, the checkpoint's save)."""
+    a collective: FSDP's gather, DDP's all-reduce, the checkpoint's save).
+
+    Args:
+        code: this rank's stop code: ``STOP_NONE``, ``STOP_REQUESTED`` or ``STOP_SIGNAL``.
+
+    Returns:
+        The largest code over all ranks; `code` itself in one process.
+    """
     global _CONTROL
     if not is_distributed():
         return code
@@ -233,7 +297,12 @@ def _pid_gone(pid: int) -> bool:
 
 
 def dead_ranks() -> list[tuple[int, int]]:
-    """(rank, pid) of the ranks on this host whose process is gone."""
+    """(rank, pid) of the ranks on this host whose process is gone.
+
+    Returns:
+        (rank, pid) of each rank recorded in ``PEERS`` on this host, other than this process, whose
+        process no longer runs (or is a zombie).
+    """
     import socket
 
     host = socket.gethostname()
@@ -253,7 +322,15 @@ _CAUSES = (
 
 def peer_failure(exc: BaseException) -> str | None:
     """One line for a collective that failed because another rank died or stopped answering
-    (gloo / NCCL errors are walls of text naming an address, not a rank); None for other errors."""
+    (gloo / NCCL errors are walls of text naming an address, not a rank); None for other errors.
+
+    Args:
+        exc: the error a collective (or anything else) raised.
+
+    Returns:
+        A line naming the dead ranks on this host (or saying that another rank stopped answering) and
+        the cause; None when no peers were gathered or `exc` is not the process group's error.
+    """
     if not PEERS:
         return None
     text = str(exc).lower()
@@ -276,7 +353,11 @@ def peer_failure(exc: BaseException) -> str | None:
 
 def writes_for_the_group() -> bool:
     """Whether this rank writes the run's last records: rank 0, or after rank 0 died, the
-    lowest rank still alive on its host (so a crash of rank 0 still leaves a result.json)."""
+    lowest rank still alive on its host (so a crash of rank 0 still leaves a result.json).
+
+    Returns:
+        True on rank 0, or on the lowest rank still alive on this host after rank 0 (on this host) died.
+    """
     if is_main():
         return True
     gone = {r for r, _ in dead_ranks()}
@@ -284,7 +365,14 @@ def writes_for_the_group() -> bool:
 
 
 def broadcast_object(value: Any) -> Any:
-    """Rank 0's value, on every rank."""
+    """Rank 0's value, on every rank.
+
+    Args:
+        value: this rank's value; only rank 0's is used. It must be picklable.
+
+    Returns:
+        Rank 0's value; `value` itself in one process.
+    """
     if not is_distributed():
         return value
     box = [value]
@@ -293,14 +381,25 @@ def broadcast_object(value: Any) -> Any:
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum over ranks, in place (a no-op in one process)."""
+    """Sum over ranks, in place (a no-op in one process).
+
+    Args:
+        tensor: the tensor to sum, on ``reduce_device()``; changed in place.
+
+    Returns:
+        `tensor`, holding the sum over ranks.
+    """
     if is_distributed():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
 
 def reduce_device() -> torch.device:
-    """Where reductions happen: the current GPU under NCCL, else the CPU."""
+    """Where reductions happen: the current GPU under NCCL, else the CPU.
+
+    Returns:
+        The current CUDA device when the group's backend is NCCL, else the CPU.
+    """
     if is_distributed() and dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

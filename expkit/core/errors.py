@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-__all__ = ["CheckpointWriteError", "ConfigError", "ExpkitError", "HookError", "ResumeRefused"]
+import contextlib
+from collections.abc import Iterator
+
+__all__ = [
+    "CheckpointWriteError",
+    "ConfigError",
+    "ExpkitError",
+    "HookError",
+    "ResumeRefused",
+    "TaskExit",
+    "exit_status",
+    "task_exits",
+]
 
 
 class ExpkitError(Exception):
@@ -29,3 +41,43 @@ class HookError(ExpkitError):
 
 class CheckpointWriteError(ExpkitError):
     """A checkpoint could not be written; the previous complete one is untouched."""
+
+
+class TaskExit(SystemExit):
+    """A command's own exit from inside its Hydra task function: its status is final (see
+    ``exit_status``)."""
+
+
+@contextlib.contextmanager
+def task_exits() -> Iterator[None]:
+    """Around a Hydra task function's body: a SystemExit raised in it leaves as a ``TaskExit``
+    with the same status, told apart from Hydra's own exits before the task began.
+
+    Yields:
+        Nothing: the body runs inside.
+
+    Raises:
+        TaskExit: for any SystemExit the body raised, with its code.
+    """
+    try:
+        yield
+    except TaskExit:
+        raise
+    except SystemExit as exc:
+        raise TaskExit(exc.code) from None
+
+
+def exit_status(exc: SystemExit) -> str | int | None:
+    """The status a command exits with when its Hydra app raised `exc`.
+
+    Args:
+        exc: what the Hydra app (``hydra.main``'s function) raised.
+
+    Returns:
+        The task's own status for a ``TaskExit``; 2 for Hydra's own error before the task began
+            (an unknown key, an override it cannot parse: status 1 in Hydra), the input being the
+            user's to fix; otherwise `exc`'s code (``--help``, ``--cfg job``: 0).
+    """
+    if isinstance(exc, TaskExit):
+        return exc.code
+    return 2 if exc.code == 1 else exc.code

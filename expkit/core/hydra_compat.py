@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 import hydra
@@ -25,6 +26,7 @@ __all__ = [
     "HYDRA_VERSION",
     "INIT_KWARGS",
     "MAIN_KWARGS",
+    "RECORD_DEFERRED",
     "basic_launcher",
     "basic_sweeper",
     "instantiate",
@@ -32,6 +34,12 @@ __all__ = [
     "main",
     "register_resolver",
 ]
+
+# A command that ran Hydra with hydra.output_subdir=null so that its task writes the run's .hydra/
+# itself, later (train: a resume, once its checkpoint is known to fit). Set around the app's call,
+# read by its task; here, not in the command's module, whose functions a joblib launcher pickles by
+# value when the command runs as __main__ (a ContextVar cannot be pickled).
+RECORD_DEFERRED: ContextVar[bool] = ContextVar("expkit_record_deferred", default=False)
 
 
 HYDRA_VERSION = versions.parse(hydra.__version__)[:2]
@@ -62,7 +70,15 @@ MAIN_KWARGS: dict[str, Any] = {"execution_whitelist": _checks_off()} if HYDRA_VE
 
 def instantiate(node: Any, /, **kwargs: Any) -> Any:
     """Hydra's ``instantiate`` of a node expkit has decided to build (see above); on Hydra 1.4
-    inside an execution whitelist that leaves that decision to expkit."""
+    inside an execution whitelist that leaves that decision to expkit.
+
+    Args:
+        node: the config node to build.
+        **kwargs: extra keyword arguments for the target, as Hydra's ``instantiate`` takes them.
+
+    Returns:
+        What Hydra's ``instantiate`` built.
+    """
     from hydra.utils import instantiate as hydra_instantiate
 
     if HYDRA_VERSION < (1, 4):
@@ -76,7 +92,12 @@ def instantiate(node: Any, /, **kwargs: Any) -> Any:
 def register_resolver(name: str, resolver: Callable[..., Any]) -> None:
     """Register an OmegaConf resolver (replacing one of that name): ``register_resolver`` on
     OmegaConf 2.4, ``register_new_resolver`` (which 2.4 deprecates) on 2.3 (whose own
-    ``register_resolver`` is an older, deprecated API)."""
+    ``register_resolver`` is an older, deprecated API).
+
+    Args:
+        name: the resolver's name, as written in ``${name:...}``.
+        resolver: the function that computes the value.
+    """
     if OMEGACONF_VERSION >= (2, 4):
         OmegaConf.register_resolver(name, resolver, replace=True)
     else:
@@ -84,7 +105,14 @@ def register_resolver(name: str, resolver: Callable[..., Any]) -> None:
 
 
 def locate(path: str) -> Any:
-    """The object a ``_target_`` names (Hydra's public ``get_object``, on both lines)."""
+    """The object a ``_target_`` names (Hydra's public ``get_object``, on both lines).
+
+    Args:
+        path: the dotted import path of a module attribute, e.g. ``torch.optim.AdamW``.
+
+    Returns:
+        The object.
+    """
     from hydra.utils import get_object
 
     return get_object(path)
@@ -96,14 +124,22 @@ def locate(path: str) -> Any:
 # class kept from an earlier import is no longer the one Hydra's own code names (BasicSweeper's
 # __init__ calls super(BasicSweeper, self) with the module's current class).
 def basic_launcher() -> type:
-    """Hydra's in-process launcher class, as its module holds it now."""
+    """Hydra's in-process launcher class, as its module holds it now.
+
+    Returns:
+        ``hydra._internal.core_plugins.basic_launcher.BasicLauncher``.
+    """
     from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 
     return BasicLauncher
 
 
 def basic_sweeper() -> type:
-    """Hydra's grid sweeper class, as its module holds it now."""
+    """Hydra's grid sweeper class, as its module holds it now.
+
+    Returns:
+        ``hydra._internal.core_plugins.basic_sweeper.BasicSweeper``.
+    """
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
     return BasicSweeper
@@ -119,7 +155,16 @@ def basic_sweeper() -> type:
 # the mode from it; anything else, or a config that asks for a multirun, is Hydra's as before.
 def main(config_path: str, config_name: str) -> Callable[[Callable[[Any], Any]], Callable[..., Any]]:
     """``hydra.main`` for expkit's commands: the same app on every Hydra line, composing a run's
-    config once."""
+    config once.
+
+    Args:
+        config_path: the config directory, relative to the command's module.
+        config_name: the primary config's name.
+
+    Returns:
+        A decorator that turns a task function into the command's entry point. On Hydra 1.3 that
+        entry point runs a plain run itself, composing once, and gives everything else to ``hydra.main``.
+    """
 
     def decorator(task_function: Callable[[Any], Any]) -> Callable[..., Any]:
         hydra_app = hydra.main(**MAIN_KWARGS, config_path=config_path, config_name=config_name)(task_function)

@@ -69,7 +69,26 @@ def _optimizer_arguments(factory: Callable) -> tuple[set[str], dict[str, Any]]:
 def build_param_groups(
     model: nn.Module, rules: Sequence[Mapping[str, Any]], factory: Callable, key: str = "optim.param_groups"
 ) -> list[dict[str, Any]]:
-    """The optimizer's parameter groups for `model` under `rules`; logs one line per group."""
+    """The optimizer's parameter groups for `model` under `rules`; logs one line per group.
+
+    Args:
+        model: the module whose parameters are grouped.
+        rules: the rules in order, each with ``match`` (a glob on parameter names, or a kind in
+            ``KINDS``), optionally ``name``, ``lr_mult``, ``decay_mult``, and any optimizer argument.
+        factory: the optimizer factory (a ``functools.partial`` or class); its arguments and settings
+            decide which rule keys are valid and what ``lr_mult`` / ``decay_mult`` multiply.
+        key: the rules' config key, named in error messages.
+
+    Returns:
+        The groups for the optimizer, each with ``params``, ``name`` and its settings: first a
+        ``default`` group of the parameters no rule matched (when there are any), then one per rule
+        that matched a parameter, in the rules' order. A rule that matches nothing is skipped with a
+        warning.
+
+    Raises:
+        ConfigError: when a rule has no string ``match``, has a key that is neither a rule key nor an
+            optimizer argument, or multiplies an ``lr`` / ``weight_decay`` the optimizer lacks as a number.
+    """
     accepted, settings = _optimizer_arguments(factory)
     named = list(model.named_parameters())
     owner: dict[str, int] = {}  # parameter name -> rule index (first match wins)

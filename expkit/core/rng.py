@@ -14,7 +14,11 @@ __all__ = ["algorithm_settings", "rng_states", "seed_everything", "set_determini
 
 
 def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (all devices)."""
+    """Seed Python, NumPy and torch (all devices).
+
+    Args:
+        seed: the seed; NumPy gets it modulo 2**32.
+    """
     import numpy as np
 
     random.seed(seed)
@@ -35,7 +39,17 @@ def set_deterministic() -> None:
 @contextlib.contextmanager
 def algorithm_settings(deterministic: bool, cudnn_benchmark: bool) -> Iterator[None]:
     """A run's ``trainer.deterministic`` / ``trainer.cudnn_benchmark`` (fixed input shapes:
-    cuDNN times its kernels once, then reuses the fastest), put back as they were afterwards."""
+    cuDNN times its kernels once, then reuses the fastest), put back as they were afterwards.
+
+    Args:
+        deterministic: turn on torch's deterministic algorithms and cuDNN's deterministic mode (and
+            turn cuDNN's benchmark off).
+        cudnn_benchmark: turn on cuDNN's benchmark mode; ignored when `deterministic` is set.
+
+    Yields:
+        None, with the settings in force; the three settings are put back on exit (the
+        ``CUBLAS_WORKSPACE_CONFIG`` that deterministic mode sets stays).
+    """
     before = (
         torch.are_deterministic_algorithms_enabled(),
         torch.backends.cudnn.deterministic,
@@ -55,7 +69,12 @@ def algorithm_settings(deterministic: bool, cudnn_benchmark: bool) -> Iterator[N
 def rng_states() -> dict[str, Any]:
     """Python, NumPy, torch and CUDA generator states as bytes and plain values (loadable with
     weights_only=True). Bytes, not tensors: each tensor is a record of its own in the
-    checkpoint's zip file, about 40 us to write, and 625 Python ints to a tensor take 45 us."""
+    checkpoint's zip file, about 40 us to write, and 625 Python ints to a tensor take 45 us.
+
+    Returns:
+        The states by generator: ``python``, ``numpy``, ``torch`` and, once CUDA is initialised,
+        ``cuda`` (a list of tensors, one per device).
+    """
     import numpy as np
 
     version, internal, gauss = random.getstate()
@@ -76,7 +95,12 @@ def rng_states() -> dict[str, Any]:
 
 
 def set_rng_states(states: Mapping[str, Any]) -> None:
-    """Put back what ``rng_states`` saved (checkpoints before 2026-11 hold tensors: also read)."""
+    """Put back what ``rng_states`` saved (checkpoints before 2026-11 hold tensors: also read).
+
+    Args:
+        states: what ``rng_states`` returned (bytes, or the tensors of older checkpoints); ``numpy``
+            and ``cuda`` are optional, and ``cuda`` is put back only when CUDA is available.
+    """
     import numpy as np
 
     py = states["python"]

@@ -25,7 +25,15 @@ class SweepInterrupted(BaseException):  # (a stop, as KeyboardInterrupt is, not 
 @contextlib.contextmanager
 def raise_on_sigterm() -> Iterator[None]:
     """Between a sweep's jobs (no run holds the signals): SIGTERM raises SweepInterrupted, as
-    Ctrl-C raises KeyboardInterrupt, instead of ending the process unreported."""
+    Ctrl-C raises KeyboardInterrupt, instead of ending the process unreported.
+
+    Yields:
+        None, with the SIGTERM handler in place (in the main thread only); the previous handler comes
+        back on exit.
+
+    Raises:
+        SweepInterrupted: from inside the block, when SIGTERM arrives.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -45,7 +53,17 @@ def stop_on_signals(runner: Any) -> Iterator[None]:
     """Inside: SIGTERM / SIGINT become ``runner.request_stop``: the current iteration finishes,
     the checkpoint hook saves, result.json says stopped (``runner.stop_signal`` holds the
     signal). A second Ctrl-C interrupts at once. The previous handlers come back on exit.
-    Outside the main thread (where Python cannot set handlers) it does nothing."""
+    Outside the main thread (where Python cannot set handlers) it does nothing.
+
+    Args:
+        runner: the runner to stop: its ``stop_signal`` is set and its ``request_stop`` called.
+
+    Yields:
+        None, with the handlers in place.
+
+    Raises:
+        KeyboardInterrupt: from inside the block, on a SIGINT after a first stop signal.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -116,6 +116,17 @@ def get_priority(priority: int | str | Priority) -> int:
     """Turn a level name (any case), a Priority or an int 0-100 into an int.
 
     Raises ValueError (bad name or range) or TypeError (bad type) with the valid choices.
+
+    Args:
+        priority: a level name of ``Priority`` (any case, surrounding spaces ignored), a Priority, an
+            int 0-100, or a string of such an int.
+
+    Returns:
+        The priority as an int.
+
+    Raises:
+        ValueError: when a name is not a level or a number is out of range.
+        TypeError: when `priority` is a bool or of another type.
     """
     if isinstance(priority, Priority):
         return priority.value
@@ -136,7 +147,14 @@ def get_priority(priority: int | str | Priority) -> int:
 
 
 def priority_name(value: int) -> str:
-    """'NORMAL' for 50, '55' for a value between levels."""
+    """'NORMAL' for 50, '55' for a value between levels.
+
+    Args:
+        value: a priority as an int.
+
+    Returns:
+        The name of the ``Priority`` level of that value, else the value as a string.
+    """
     try:
         return Priority(value).name
     except ValueError:

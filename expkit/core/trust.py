@@ -76,7 +76,15 @@ def _under(name: str, prefixes: Iterable[str]) -> bool:
 
 
 def config_dir_targets(dirs: Iterable[str | Path]) -> set[str]:
-    """Every ``_target_`` string named in the YAML files under `dirs`."""
+    """Every ``_target_`` string named in the YAML files under `dirs`.
+
+    Args:
+        dirs: the config directories, searched recursively for ``*.yaml`` files; a file that cannot be
+            read or parsed is skipped.
+
+    Returns:
+        The ``_target_`` values, from every document of every file.
+    """
     found: set[str] = set()
     for directory in dirs:
         for path in Path(directory).rglob("*.yaml"):

@@ -19,7 +19,15 @@ MINIMUM: dict[str, tuple[str, str]] = {
 
 
 def parse(version: str) -> tuple[int, ...]:
-    """The release numbers of a version string: '2.14.1+cu130' -> (2, 14, 1), '1.4.0rc3' -> (1, 4, 0)."""
+    """The release numbers of a version string: '2.14.1+cu130' -> (2, 14, 1), '1.4.0rc3' -> (1, 4, 0).
+
+    Args:
+        version: a version string, e.g. ``torch.__version__``.
+
+    Returns:
+        The leading dot-separated numbers, up to the first part that is not a plain number (that
+        part's leading digits included); a local version (``+...``) is ignored.
+    """
     numbers = []
     for part in version.split("+")[0].split("."):
         match = re.match(r"\d+", part)
@@ -33,7 +41,12 @@ def parse(version: str) -> tuple[int, ...]:
 
 def check_installed() -> str | None:
     """A message for the first installed package older than expkit needs, else None. Reads the
-    versions of the already imported modules (no package metadata scan: start-up stays cheap)."""
+    versions of the already imported modules (no package metadata scan: start-up stays cheap).
+
+    Returns:
+        One line naming the package, the version found, the version needed and the pip command to
+        upgrade it; None when torch, Hydra and OmegaConf are all recent enough.
+    """
     import hydra
     import omegaconf
     import torch

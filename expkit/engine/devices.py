@@ -21,7 +21,14 @@ __all__ = ["StepModule", "move", "precision", "run_device"]
 
 def run_device(settings: TrainerSettings) -> torch.device:
     """The device of this process: ``trainer.device`` (auto: cuda when available), and under
-    torchrun on GPUs, this rank's own GPU."""
+    torchrun on GPUs, this rank's own GPU.
+
+    Args:
+        settings: the trainer settings; ``device`` is ``"auto"`` or a torch device name.
+
+    Returns:
+        The device; under a distributed run on CUDA, ``cuda:<LOCAL_RANK>`` whatever index was given.
+    """
     name = settings.device
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
     if distributed.is_distributed() and device.type == "cuda":
@@ -31,7 +38,19 @@ def run_device(settings: TrainerSettings) -> torch.device:
 
 def precision(name: str, device: torch.device) -> tuple[torch.dtype | None, Any]:
     """``trainer.precision`` (32, bf16, 16) as (the autocast dtype or None, a GradScaler or
-    None): fp16 on CUDA scales the loss so small gradients do not underflow."""
+    None): fp16 on CUDA scales the loss so small gradients do not underflow.
+
+    Args:
+        name: ``"32"``, ``"bf16"`` or ``"16"``.
+        device: the run's device; a GradScaler is made only for CUDA.
+
+    Returns:
+        (None, None) for 32; (torch.bfloat16, None) for bf16; (torch.float16, a GradScaler on CUDA,
+        else None) for 16.
+
+    Raises:
+        KeyError: when `name` is none of those.
+    """
     dtype = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}[name]
     scaler = torch.amp.GradScaler("cuda") if dtype is torch.float16 and device.type == "cuda" else None
     return dtype, scaler
@@ -39,7 +58,16 @@ def precision(name: str, device: torch.device) -> tuple[torch.dtype | None, Any]
 
 def move(batch: Any, device: torch.device, channels_last: bool = False) -> Any:
     """Tensors to `device` without waiting for the copy (from pinned memory it overlaps with
-    compute); with `channels_last`, 4-D floating tensors (images) also change layout."""
+    compute); with `channels_last`, 4-D floating tensors (images) also change layout.
+
+    Args:
+        batch: a tensor, or a list, tuple or mapping of them (nested); anything else is returned as it is.
+        device: the device to move the tensors to.
+        channels_last: give 4-D floating-point tensors the channels-last memory format.
+
+    Returns:
+        The batch with its tensors on `device`: lists and tuples keep their type, mappings become dicts.
+    """
     if isinstance(batch, torch.Tensor):
         if channels_last and batch.dim() == 4 and batch.is_floating_point():
             return batch.to(device, non_blocking=True, memory_format=torch.channels_last)

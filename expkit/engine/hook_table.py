@@ -34,14 +34,32 @@ NULL = contextlib.nullcontext()  # shared: entering it costs next to nothing
 
 
 def overrides(hook: Hook, stage: str) -> bool:
-    """Whether `hook`'s class overrides `stage` (only those are called there)."""
+    """Whether `hook`'s class overrides `stage` (only those are called there).
+
+    Args:
+        hook: the hook.
+        stage: a stage name, e.g. ``after_train_iter``.
+
+    Returns:
+        True when the attribute `stage` of the hook's class is not ``Hook``'s own.
+    """
     return getattr(type(hook), stage) is not getattr(Hook, stage)
 
 
 def call_hook(runner: Any, stage: str, **payload: Any) -> None:
     """Run every hook registered at `stage`, in priority order; an error names the hook and
     the stage. ``Runner.call_hook`` is this function (instrumented runs use
-    ``HookTable.call_instrumented``)."""
+    ``HookTable.call_instrumented``).
+
+    Args:
+        runner: the runner, passed to each hook; its ``hook_table`` gives the hooks.
+        stage: the stage name.
+        **payload: the stage's keyword arguments, passed to each hook.
+
+    Raises:
+        HookError: when a hook raises (a HookError as it is, anything else but a ConfigError wrapped).
+        ConfigError: when a hook raises a ConfigError, its message prefixed with the hook and stage.
+    """
     for class_name, _, method in runner.hook_table.dispatch[stage]:
         try:
             method(runner, **payload)
@@ -51,7 +69,21 @@ def call_hook(runner: Any, stage: str, **payload: Any) -> None:
 
 def raise_hook_error(class_name: str, stage: str, exc: Exception) -> NoReturn:
     """An exception from a hook, named: a HookError as it is, bad input found by a hook as a
-    ConfigError (still the user's to fix), anything else as a HookError naming hook and stage."""
+    ConfigError (still the user's to fix), anything else as a HookError naming hook and stage.
+
+    Args:
+        class_name: the class name of the hook that raised.
+        stage: the stage it was called at.
+        exc: the exception it raised.
+
+    Returns:
+        Never: it always raises.
+
+    Raises:
+        HookError: `exc` itself when it is one, else one naming `class_name` and `stage` (for anything
+            but a ConfigError), chained to `exc`.
+        ConfigError: when `exc` is one: its message prefixed with ``in <class_name>.<stage>``.
+    """
     if isinstance(exc, HookError):
         raise exc
     if isinstance(exc, ConfigError):
@@ -205,7 +237,15 @@ class HookTable:
 
 
 def check_hook_methods(hook: Hook) -> None:
-    """Reject a misspelt stage (`after_train_itr`) or a stage method with a wrong signature."""
+    """Reject a misspelt stage (`after_train_itr`) or a stage method with a wrong signature.
+
+    Args:
+        hook: the hook to check; the public methods its classes define below ``Hook`` are checked.
+
+    Raises:
+        HookError: when a stage method does not take the stage's keyword payload, or a public method
+            named ``before_*``, ``after_*`` or ``on_*`` is not a stage.
+    """
     for cls in type(hook).__mro__:
         if cls is Hook or cls is object:
             break

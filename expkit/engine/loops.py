@@ -184,8 +184,8 @@ class TrainLoop:
         elif r.stop_reason is not None:
             return True
         if self.settings.max_iters is not None:
-            return r.iter >= self.settings.max_iters
-        return r.epoch >= self.settings.max_epochs  # type: ignore[operator]
+            return r.state.iter >= self.settings.max_iters
+        return r.state.epoch >= self.settings.max_epochs  # type: ignore[operator]
 
     def run(self) -> None:
         r = self.runner
@@ -196,40 +196,41 @@ class TrainLoop:
 
     def run_epoch(self) -> None:
         r = self.runner
+        s = r.state
         by_epoch = self.settings.by_epoch
         k = self.settings.accumulate_grad_batches
         r.call_hook(Stage.BEFORE_TRAIN_EPOCH)  # DistSamplerSeedHook sets the epoch's order here
         r.model.train()
-        if r.inner_iter % k:
+        if s.inner_iter % k:
             log.warning(
                 "Resuming after %d batches of the epoch, not a multiple of accumulate_grad_batches=%d: "
                 "this epoch's windows are shifted",
-                r.inner_iter,
+                s.inner_iter,
                 k,
             )
-        batches = _skip_batches(self.loader, r.inner_iter, r.epoch_start[0] and r.epoch_samples() or 0)  # type: ignore[arg-type]
-        if r.epoch_start[0] and batches is self.loader and hasattr(self.loader, "__len__"):
-            r.epoch_end = r.inner_iter + len(self.loader)  # (the sampler skipped the samples: its length is the rest)
+        batches = _skip_batches(self.loader, s.inner_iter, s.epoch_start[0] and r.epoch_samples() or 0)  # type: ignore[arg-type]
+        if s.epoch_start[0] and batches is self.loader and hasattr(self.loader, "__len__"):
+            s.epoch_end = s.inner_iter + len(self.loader)  # (the sampler skipped the samples: its length is the rest)
         if r.instrumented:
             batches = _timed_batches(batches, r)
         windows = zip(batches) if k == 1 else _windows(iter(batches), k)  # (1-tuples: no Python call a batch)
         # asked after every iteration when something can end an epoch early: an iteration budget,
         # other ranks or a stop request (inside an epoch, an epoch budget cannot)
         every_iter = self.distributed or self.settings.max_iters is not None
-        for step_idx, window in enumerate(windows, start=r.inner_iter // k):
+        for step_idx, window in enumerate(windows, start=s.inner_iter // k):
             self.run_iter(step_idx, window)
-            if not by_epoch and r.validation_due(r.iter):
+            if not by_epoch and r.validation_due(s.iter):
                 r.validate()
                 r.model.train()
-            if (every_iter or r.stop_reason is not None) and self.done():
+            if (every_iter or s.stop_reason is not None) and self.done():
                 break
         else:  # the loader is exhausted: the epoch is complete
-            r.position = (r.epoch + 1, r.iter, 0)
+            s.position = (s.epoch + 1, s.iter, 0)
             r.call_hook(Stage.AFTER_TRAIN_EPOCH)
-            r.epoch += 1
-            r.inner_iter = 0
-            r.epoch_start, r.epoch_end = (0, 0), None
-            if by_epoch and r.validation_due(r.epoch):
+            s.epoch += 1
+            s.inner_iter = 0
+            s.epoch_start, s.epoch_end = (0, 0), None
+            if by_epoch and r.validation_due(s.epoch):
                 r.validate()
             return
         r.call_hook(Stage.AFTER_TRAIN_EPOCH)  # cut short by the budget or a stop request
@@ -238,13 +239,14 @@ class TrainLoop:
         """One iteration: one optimizer step over a window of micro-batches (one unless
         ``accumulate_grad_batches`` > 1). ``batch_idx`` is the step's index in the epoch."""
         r = self.runner
+        s = r.state
         call = r.call_hook
         if r.instrumented is not self.bound_for:
             self._bind()
         idle = r.hook_table.idle if not r.instrumented else ()  # stages no hook listens to (unmarked)
         if r.moves_batches:
             window = [r.to_device(b) for b in window]
-        r.batch_ready = time.perf_counter()  # (IterTimerHook's data time ends here)
+        s.batch_ready = time.perf_counter()  # (IterTimerHook's data time ends here)
         data_batch = window[0]
         if BEFORE_TRAIN_ITER not in idle:
             call(BEFORE_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch)
@@ -267,13 +269,13 @@ class TrainLoop:
                 outputs = self._accumulate(batch_idx, window, idle)
                 data_batch = window[-1]
             self.optimizer_step()
-        consumed = r.inner_iter + len(window)  # batches of this epoch trained on
-        r.position = (r.epoch, r.iter + 1, consumed)  # what a checkpoint saved from here on records
+        consumed = s.inner_iter + len(window)  # batches of this epoch trained on
+        s.position = (s.epoch, s.iter + 1, consumed)  # what a checkpoint saved from here on records
         if AFTER_OPTIMIZER_STEP not in idle:
             call(AFTER_OPTIMIZER_STEP, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         call(AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
-        r.iter += 1
-        r.inner_iter = consumed
+        s.iter += 1
+        s.inner_iter = consumed
 
     def _forward_backward(
         self, batch_idx: int, data_batch: Any, weight: float | None, idle: Container[str]

@@ -13,6 +13,7 @@ import signal
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from expkit.engine import hook_table
 from expkit.engine.devices import StepModule, move, precision, run_device
 from expkit.engine.hook_table import NULL, HookTable
 from expkit.engine.loops import EvalLoop, TrainLoop
+from expkit.engine.state import RunState
 from expkit.hooks import default_hooks as make_default_hooks
 from expkit.hooks.base import Hook
 from expkit.loggers import logs
@@ -44,6 +46,15 @@ __all__ = ["Runner"]
 
 
 log = logging.getLogger("expkit")
+
+
+def _state_field(name: str) -> property:
+    """``runner.<name>``: the run state's field of that name (``runner.state.<name>``), read and set."""
+
+    def set_field(runner: Runner, value: Any) -> None:
+        setattr(runner.state, name, value)
+
+    return property(attrgetter(f"state.{name}"), set_field, doc=f"The run state's ``{name}`` (see ``RunState``).")
 
 
 class Runner:
@@ -161,33 +172,8 @@ class Runner:
         self.run_info = dict(run_info or {})
         self.data_info = dict(data_info or {})  # what the data module describes (num_classes: the start-up probe)
 
-        # run state; counters follow MMEngine (see expkit.core.stages)
-        self.epoch = 0
-        self.iter = 0
-        self.inner_iter = 0  # batches consumed in the current epoch (for exact mid-epoch resume)
-        self.position = (0, 0, 0)  # (epochs, iters, inner iters) completed: what a checkpoint records
-        # (samples of the epoch's order trained on, inner_iter then): set by a mid-epoch resume with another
-        # number of processes or batch size, from where this epoch's samples are counted; (0, 0) otherwise
-        self.epoch_start = (0, 0)
-        self.epoch_end: int | None = None  # that epoch's length in iterations (inner_iter goes on from the saved one)
-        self.batch_ready = 0.0  # time.perf_counter() when the current iteration's batch was ready
-        self.resuming = False  # True once this run continues from a resume checkpoint
-        self.load_purpose = ""  # why the last checkpoint was loaded: resume, load_from or test
-        self.load_source: Path | None = None  # the file (or sharded dir) the last checkpoint was loaded from
-        self.test_checkpoint: str | None = None  # the weights the test used
-        self.stop_reason: str | None = None
-        self.error: str | None = None  # why the run failed, in one line (result.json's "error")
-        self.stop_status = "stopped"  # result.json's status after a stop: stopped or pruned
-        self.status = "running"  # then completed, stopped or failed (set before after_run)
-        self.stop_signal: int | None = None  # the signal number when a signal asked to stop
-        self.stopped_by_signal = False  # whether a signal was the first stop request (not one after a stop)
+        self.state = RunState()  # the run's counters, metrics and ending: read through the fields below
         self.provenance: dict[str, Any] = {}  # provenance.json's record, once written (rank 0)
-        self.scalars: dict[str, float] = {}  # latest values hooks publish (train/time, ...)
-        self.val_metrics: dict[str, float] = {}
-        self.test_metrics: dict[str, float] = {}
-        self.best_metrics: dict[str, dict[str, Any]] = {}
-        self.best_checkpoints: dict[str, str] = {}
-        self.last_checkpoint: Path | None = None
 
         self._autocast_dtype, self.scaler = precision(self.settings.precision, self.device)  # scaler: fp16 on CUDA
         # whether the loops call autocast() around forward passes (bf16, 16) and to_device() on batches
@@ -200,13 +186,38 @@ class Runner:
         self.instrumented = False
         self.hook_times = self.hook_table.hook_times  # (stage, hook name) -> [seconds, calls], while timing
         self.phase_times = self.hook_table.phase_times  # loop phase -> [seconds, calls], while timing
-        self.extra_scalars: dict[str, float] = {}  # hooks' values for the next log record (cleared there)
         hooks_in = default_hooks if default_hooks is not None else make_default_hooks()
         for name, hook in hooks_in.items():
             self.register_hook(hook, name=name)
         named = hooks.items() if isinstance(hooks, Mapping) else ((type(h).__name__, h) for h in hooks)
         for name, hook in named:
             self.register_hook(hook, name=name)
+
+    # the run state's fields, as hooks read them (runner.epoch is runner.state.epoch)
+    epoch = _state_field("epoch")
+    iter = _state_field("iter")
+    inner_iter = _state_field("inner_iter")
+    position = _state_field("position")
+    epoch_start = _state_field("epoch_start")
+    epoch_end = _state_field("epoch_end")
+    batch_ready = _state_field("batch_ready")
+    val_metrics = _state_field("val_metrics")
+    test_metrics = _state_field("test_metrics")
+    best_metrics = _state_field("best_metrics")
+    best_checkpoints = _state_field("best_checkpoints")
+    last_checkpoint = _state_field("last_checkpoint")
+    scalars = _state_field("scalars")
+    extra_scalars = _state_field("extra_scalars")
+    resuming = _state_field("resuming")
+    load_purpose = _state_field("load_purpose")
+    load_source = _state_field("load_source")
+    test_checkpoint = _state_field("test_checkpoint")
+    status = _state_field("status")
+    stop_reason = _state_field("stop_reason")
+    stop_status = _state_field("stop_status")
+    stop_signal = _state_field("stop_signal")
+    stopped_by_signal = _state_field("stopped_by_signal")
+    error = _state_field("error")
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:

@@ -28,7 +28,16 @@ from expkit.hooks.sync_buffers import SyncBuffersHook
 
 
 def default_hooks(**overrides: Hook | None) -> dict[str, Hook]:
-    """MMEngine's six default hooks by name; pass NAME=hook to replace, NAME=None to drop."""
+    """MMEngine's six default hooks by name; pass NAME=hook to replace, NAME=None to drop.
+
+    Args:
+        **overrides: hooks by default-hook name (``runtime_info``, ``timer``, ``sampler_seed``,
+            ``logger``, ``param_scheduler``, ``checkpoint``); a hook replaces the default of that name
+            (or is added under a new name), None drops it.
+
+    Returns:
+        The hooks by name, the defaults in the order above.
+    """
     hooks: dict[str, Hook | None] = {
         "runtime_info": RuntimeInfoHook(),
         "timer": IterTimerHook(),

@@ -12,7 +12,14 @@ __all__ = ["OutputProbe", "leaf_modules"]
 
 
 def leaf_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """Modules without children, by name (the root itself when it has none)."""
+    """Modules without children, by name (the root itself when it has none).
+
+    Args:
+        model: the model.
+
+    Returns:
+        The leaf modules by qualified name; a root without children is named after its class.
+    """
     return {name or type(m).__name__: m for name, m in model.named_modules() if not list(m.children())}
 
 

@@ -347,7 +347,13 @@ class LoggerHook(Hook):
 def plot_curves(metrics_file: Any, path: Any) -> None:
     """curves.svg: one panel per metric (the loss first), its own y range, named on its axis;
     in it the train and val values as lines and the test value as a point, with a legend;
-    every panel on the run's step axis, from 0 to its last step."""
+    every panel on the run's step axis, from 0 to its last step.
+
+    Args:
+        metrics_file: the run's ``metrics.jsonl``, one JSON record per line.
+        path: the SVG file to write; nothing is written when no record has a ``train/loss*``,
+            ``val/*`` or ``test/*`` key.
+    """
     from expkit.loggers.svgplot import Panel, Series, charts
 
     with open(metrics_file, encoding="utf-8") as f:

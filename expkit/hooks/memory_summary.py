@@ -24,7 +24,15 @@ MB = 1024 * 1024
 
 
 def memory_now(device: torch.device) -> dict[str, float]:
-    """RSS now and at peak (MB), and CUDA allocated / reserved / peak allocated (MB)."""
+    """RSS now and at peak (MB), and CUDA allocated / reserved / peak allocated (MB).
+
+    Args:
+        device: the run's device; the CUDA figures are read only when it is a CUDA device.
+
+    Returns:
+        The figures in MB by log key: ``memory/rss_mb`` (Linux only), ``memory/peak_rss_mb`` and, on
+        CUDA, ``memory/cuda_allocated_mb``, ``memory/cuda_reserved_mb``, ``memory/cuda_peak_mb``.
+    """
     stats: dict[str, float] = {}
     try:
         with open("/proc/self/statm") as f:

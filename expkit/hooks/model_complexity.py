@@ -24,7 +24,16 @@ log = logging.getLogger("expkit")
 
 def model_complexity(model: nn.Module, example: torch.Tensor) -> dict[str, int]:
     """FLOPs (torch's FlopCounterMode: a multiply-add counts 2), parameters, and activations
-    (elements output by the leaf modules) of one forward pass on `example`, in eval mode."""
+    (elements output by the leaf modules) of one forward pass on `example`, in eval mode.
+
+    Args:
+        model: the model; put back in its training mode afterwards.
+        example: the input of the forward pass, batch dimension included, on the model's device.
+
+    Returns:
+        ``flops``, ``params``, ``trainable_params`` and ``activations`` of that pass (for the whole
+        batch of `example`).
+    """
     from torch.utils.flop_counter import FlopCounterMode
 
     sizes: list[int] = []

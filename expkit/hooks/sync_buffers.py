@@ -19,7 +19,15 @@ __all__ = ["SyncBuffersHook", "sync_buffers"]
 
 def sync_buffers(module: torch.nn.Module) -> int:
     """All-reduce (mean) every floating-point buffer, e.g. BatchNorm running statistics.
-    Returns how many were averaged; 0 outside a distributed run."""
+    Returns how many were averaged; 0 outside a distributed run.
+
+    Args:
+        module: the module whose buffers are averaged in place; every rank must call this.
+
+    Returns:
+        The number of floating-point buffers averaged; 0 when no process group of more than one
+        process is joined.
+    """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return 0
     buffers = [b for b in module.buffers() if b.is_floating_point()]

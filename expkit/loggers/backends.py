@@ -44,14 +44,28 @@ TABLE_COLUMNS = ["sample", "target", "prediction"]  # a predictions table's (log
 
 
 def markdown_table(rows: list[list[Any]]) -> str:
-    """A predictions table (``log_table``'s rows) as Markdown."""
+    """A predictions table (``log_table``'s rows) as Markdown.
+
+    Args:
+        rows: the rows, each [sample index, target, prediction]; cells are written with ``str``, unescaped.
+
+    Returns:
+        The table with a header row of ``TABLE_COLUMNS``, ending with a newline.
+    """
     lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|---|---|---|"]
     lines += [f"| {i} | {t} | {p} |" for i, t, p in rows]
     return "\n".join(lines) + "\n"
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
-    """The plottable values of a metrics.jsonl record (not the axis fields)."""
+    """The plottable values of a metrics.jsonl record (not the axis fields).
+
+    Args:
+        record: a metrics.jsonl record.
+
+    Returns:
+        Its int and float values (bools left out) as floats, by key, without ``step``, ``epoch`` and ``iter``.
+    """
     return {
         k: float(v)
         for k, v in record.items()
@@ -60,7 +74,15 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
 
 
 def hparams_of(runner: Runner) -> dict[str, Any]:
-    """The run's overrides as hyperparameters (what distinguishes the jobs of a sweep)."""
+    """The run's overrides as hyperparameters (what distinguishes the jobs of a sweep).
+
+    Args:
+        runner: the runner; its ``run_info["overrides"]`` are read.
+
+    Returns:
+        The value of each override by key (a leading ``+`` or ``~`` dropped), as an int or float when
+        it parses as one, else as the string; ``hydra.*`` overrides and those without a value are left out.
+    """
     params: dict[str, Any] = {}
     for override in runner.run_info.get("overrides", []):
         key, _, value = override.lstrip("+~").partition("=")

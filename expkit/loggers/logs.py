@@ -29,7 +29,11 @@ def show_progress() -> None:
 
 
 def log_to_file(path: Path) -> None:
-    """Also write every log record to `path` (a sweep job moved to another dir: its train.log)."""
+    """Also write every log record to `path` (a sweep job moved to another dir: its train.log).
+
+    Args:
+        path: the log file, opened for appending; a handler for it is added to the root logger.
+    """
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter(*LOG_FORMAT))
     logging.getLogger().addHandler(handler)
@@ -39,7 +43,12 @@ def log_to_file(path: Path) -> None:
 def log_to_rank_file(work_dir: Path, rank: int) -> None:
     """Ranks > 0 keep their own log file (rank<N>.log, every record) instead of sharing
     train.log, and print only warnings and errors, prefixed with their rank: rank 0 tells the
-    run once, and a line from another rank says whose it is."""
+    run once, and a line from another rank says whose it is.
+
+    Args:
+        work_dir: the run directory, where ``rank<N>.log`` is written.
+        rank: this process's rank; nothing changes on rank 0.
+    """
     if rank == 0:
         return
     root = logging.getLogger()

@@ -89,11 +89,25 @@ STALE_PARTIAL_S = 3600  # a store being made this long ago was killed: its parti
 
 
 def default_tracking_uri() -> str:
+    """The tracking URI used when neither ``logger.mlflow.tracking_uri`` nor ``MLFLOW_TRACKING_URI``
+    gives one: the SQLite store ``outputs/mlflow.db`` under the current directory.
+
+    Returns:
+        ``sqlite:///<absolute path of outputs/mlflow.db>``.
+    """
     return f"sqlite:///{(Path.cwd() / 'outputs' / 'mlflow.db').resolve()}"
 
 
 def sqlite_file(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` tracking URI; None for other stores and in-memory ones."""
+    """The database file of a ``sqlite:///`` tracking URI; None for other stores and in-memory ones.
+
+    Args:
+        uri: an MLflow tracking URI.
+
+    Returns:
+        The path after ``sqlite:///`` without a ``?query`` (relative when the URI has three slashes,
+        absolute with four), or None.
+    """
     if not uri.startswith("sqlite:///"):
         return None
     path = uri.removeprefix("sqlite:///").partition("?")[0]
@@ -121,7 +135,17 @@ def _tables(conn: sqlite3.Connection) -> set[str]:
 
 
 def has_scratch(db: Path) -> bool:
-    """Whether the SQLite store `db` holds alembic's scratch tables (one query: cheap on any store)."""
+    """Whether the SQLite store `db` holds alembic's scratch tables (one query: cheap on any store).
+
+    Args:
+        db: the SQLite file, opened read-only.
+
+    Returns:
+        True when a table named ``_alembic_tmp_*`` exists; False also when `db` is not a file.
+
+    Raises:
+        sqlite3.Error: when the file cannot be read as a SQLite database.
+    """
     if not db.is_file():
         return False
     with contextlib.closing(_connect_ro(db)) as conn:
@@ -129,7 +153,19 @@ def has_scratch(db: Path) -> bool:
 
 
 def inspect_store(db: Path) -> StoreState | None:
-    """The state of the SQLite store `db` (None: no such file), read without writing anything."""
+    """The state of the SQLite store `db` (None: no such file), read without writing anything.
+
+    Args:
+        db: the SQLite file, opened read-only.
+
+    Returns:
+        The schema revision, the scratch tables with their row counts, the tables they stand in for
+        that are gone, the number of runs, and how many tables hold the user's rows; None when `db` is
+        not a file.
+
+    Raises:
+        sqlite3.Error: when the file cannot be read as a SQLite database.
+    """
     if not db.is_file():
         return None
     with contextlib.closing(_connect_ro(db)) as conn:
@@ -156,7 +192,17 @@ def inspect_store(db: Path) -> StoreState | None:
 
 def half_made_message(db: Path, state: StoreState, cause: str | None = None) -> str:
     """What happened to the store `db`, and the repair that loses nothing. Only for a store with
-    alembic's scratch tables, or one that MLflow failed to open (`cause`) and that holds nothing."""
+    alembic's scratch tables, or one that MLflow failed to open (`cause`) and that holds nothing.
+
+    Args:
+        db: the SQLite file, named in the message and its commands.
+        state: what ``inspect_store`` found in it.
+        cause: MLflow's error on opening it, for a store without scratch tables.
+
+    Returns:
+        One message: what happened, then ``rm`` for a store that holds nothing, else a backup and
+        either the ``DROP TABLE`` command for empty scratch tables or a manual repair.
+    """
     quoted = shlex.quote(str(db))
     if state.scratch:
         left = ", ".join(state.scratch)
@@ -195,7 +241,15 @@ def half_made_message(db: Path, state: StoreState, cause: str | None = None) -> 
 def check_store(db: Path, recheck_s: float = 1.0) -> None:
     """Raise ConfigError if the SQLite store `db` holds alembic's scratch tables: one left half made.
     A migration running now also has them, for milliseconds at a time: the store is looked at again
-    after `recheck_s`, and only the same leftovers, at the same schema revision, count."""
+    after `recheck_s`, and only the same leftovers, at the same schema revision, count.
+
+    Args:
+        db: the SQLite file; a file that is missing, unreadable or locked is left to MLflow.
+        recheck_s: the seconds to wait before looking again.
+
+    Raises:
+        ConfigError: when the same scratch tables, at the same schema revision, are there both times.
+    """
     try:
         if not has_scratch(db):
             return
@@ -214,7 +268,11 @@ def make_store(db: Path) -> None:
     """Make the SQLite store `db` if it does not exist, whole or not at all: MLflow makes every table
     in ``.<name>.partial-*`` beside it, which is then hard-linked to `db` (atomic, and it fails
     rather than replace a store another job made meanwhile; that one is used). A kill meanwhile
-    leaves only the partial file, removed by a later run once it is an hour old."""
+    leaves only the partial file, removed by a later run once it is an hour old.
+
+    Args:
+        db: the SQLite file to make; nothing is done when it exists. Its directory must exist.
+    """
     if db.exists():
         return
     now = time.time()
@@ -243,7 +301,16 @@ def make_store(db: Path) -> None:
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """``{"optim": {"lr": 0.1}}`` -> ``{"optim.lr": "0.1"}``: the config as MLflow params."""
+    """``{"optim": {"lr": 0.1}}`` -> ``{"optim.lr": "0.1"}``: the config as MLflow params.
+
+    Args:
+        config: the (nested) config as plain containers.
+        prefix: prepended to every key (with the dots of the nesting).
+
+    Returns:
+        Every leaf value (an empty mapping counts as one) as a string cut to ``PARAM_VALUE_LIMIT``
+        characters, by its dotted key.
+    """
     flat: dict[str, str] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"

@@ -23,7 +23,14 @@ LEGEND_LINE, LEGEND_MAX = 13, 20  # px per legend entry; entries shown before ".
 
 def escape(text: str) -> str:
     """Text for an SVG element's content: &, < and > as entities (xml.sax.saxutils.escape,
-    without the millisecond its import costs a run's end)."""
+    without the millisecond its import costs a run's end).
+
+    Args:
+        text: the text to show.
+
+    Returns:
+        `text` with ``&``, ``<`` and ``>`` replaced (quotes are left: not for attribute values).
+    """
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
@@ -71,7 +78,17 @@ class Panel:
 
 
 def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    """About ``count`` round values (steps of 1, 2 or 5 times a power of ten) covering [lo, hi]."""
+    """About ``count`` round values (steps of 1, 2 or 5 times a power of ten) covering [lo, hi].
+
+    Args:
+        lo: one end of the range (finite).
+        hi: the other end (finite); the two may come in either order or be equal.
+        count: about how many ticks to give.
+
+    Returns:
+        The tick values, ascending, evenly spaced, the first at or below the range and the last at or
+        above it.
+    """
     if hi < lo:
         lo, hi = hi, lo
     if hi == lo:  # one value: widen around it
@@ -222,7 +239,12 @@ def _legend_rows(panel: Panel) -> int:
 
 def charts(path: str | Path, panels: Sequence[Panel]) -> None:
     """``panels`` side by side, written atomically to ``path``. Non-finite values (a NaN loss),
-    and x <= 0 on a log axis, are left out."""
+    and x <= 0 on a log axis, are left out.
+
+    Args:
+        path: the SVG file to write.
+        panels: the charts, left to right.
+    """
     width = PANEL_W * max(len(panels), 1)
     rows = max((_legend_rows(p) for p in panels), default=0)
     height = PANEL_H + (rows * LEGEND_LINE + 6 if rows else 0)
@@ -238,5 +260,11 @@ def charts(path: str | Path, panels: Sequence[Panel]) -> None:
 
 
 def line_charts(path: str | Path, panels: dict[str, Sequence[tuple[float, float]]], xlabel: str = "step") -> None:
-    """One panel per entry of ``panels`` (title -> [(x, y), ...]), one line each."""
+    """One panel per entry of ``panels`` (title -> [(x, y), ...]), one line each.
+
+    Args:
+        path: the SVG file to write.
+        panels: the points of each panel's one line, by panel title.
+        xlabel: the x axis label of every panel.
+    """
     charts(path, [Panel(title, [Series(points)], xlabel=xlabel) for title, points in panels.items()])

@@ -13,7 +13,14 @@ __all__ = ["offline_run_files", "read_wandb_run", "wait_for_wandb_run", "wandb_h
 
 
 def offline_run_files(work_dir: Path) -> list[Path]:
-    """The wandb offline run logs in a work dir (``wandb/offline-run-*/run-*.wandb``)."""
+    """The wandb offline run logs in a work dir (``wandb/offline-run-*/run-*.wandb``).
+
+    Args:
+        work_dir: the run directory.
+
+    Returns:
+        The paths, sorted by name.
+    """
     return sorted((work_dir / "wandb").glob("offline-run-*/run-*.wandb"))
 
 
@@ -62,7 +69,15 @@ def _wandb_record(raw: bytes) -> Any:
 def wandb_run_complete(path: Path) -> bool:
     """Whether a wandb run log holds its exit record, the one ``run.finish()`` writes last.
     wandb's service writes the log through a buffer and closes it after ``finish()`` has
-    returned, so for a moment the file can hold only its header."""
+    returned, so for a moment the file can hold only its header.
+
+    Args:
+        path: the run log (``run-<id>.wandb``); it must exist.
+
+    Returns:
+        True when one of its last 16 complete records is the exit record; False also when the file
+        does not start with wandb's header yet.
+    """
     data = Path(path).read_bytes()
     if data[:4] != b":W&B":
         return False
@@ -73,7 +88,15 @@ def wandb_run_complete(path: Path) -> bool:
 def wait_for_wandb_run(path: Path, timeout: float = 30.0) -> bool:
     """Wait until wandb's service has written a finished run's log out (its exit record is
     on disk), so that ``wandb sync`` or ``read_wandb_run`` right after a run sees all of it.
-    False if it has not after ``timeout`` seconds."""
+    False if it has not after ``timeout`` seconds.
+
+    Args:
+        path: the run log (``run-<id>.wandb``); it must exist.
+        timeout: the seconds to wait at most; the file is read again after 10 ms, doubling up to 250 ms.
+
+    Returns:
+        True once the exit record is on disk, False after `timeout`.
+    """
 
     deadline = time.monotonic() + timeout
     delay = 0.01
@@ -97,7 +120,18 @@ def _attempt_order(path: Path) -> tuple[str, int]:
 def wandb_history(work_dir: Path) -> list[dict[str, Any]]:
     """The history of a work dir's latest wandb run, as an uninterrupted run logged it: each
     resumed attempt's offline log replaces the earlier attempts' rows from its first step
-    on (what wandb's rewind does online)."""
+    on (what wandb's rewind does online).
+
+    Args:
+        work_dir: the run directory.
+
+    Returns:
+        The history rows (values by key, ``_step`` included) of the run whose id the latest offline
+        log has; empty when there is no offline log.
+
+    Raises:
+        ValueError: when an offline log is not a wandb run log.
+    """
     runs = [read_wandb_run(path) for path in sorted(offline_run_files(work_dir), key=_attempt_order)]
     latest = runs[-1]["run"].get("id") if runs else None
     rows: list[dict[str, Any]] = []
@@ -111,7 +145,18 @@ def wandb_history(work_dir: Path) -> list[dict[str, Any]]:
 def read_wandb_run(path: Path) -> dict[str, Any]:
     """Read an offline wandb run log (``run-<id>.wandb``) without uploading it: its run
     record (name, group, project), config, history rows and summary. Each record is a
-    protobuf ``wandb.proto.wandb_internal_pb2.Record``."""
+    protobuf ``wandb.proto.wandb_internal_pb2.Record``.
+
+    Args:
+        path: the run log (``run-<id>.wandb``).
+
+    Returns:
+        ``run`` (id, name, group, project, job_type, tags), ``config`` and ``summary`` (values by key)
+        and ``history`` (one dict per history record), values decoded from JSON.
+
+    Raises:
+        ValueError: when the file does not start with wandb's header.
+    """
     import json as _json
 
     data = Path(path).read_bytes()

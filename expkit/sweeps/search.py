@@ -49,7 +49,15 @@ WORKERS = ".workers"  # <sweep dir>/.workers/<host>-<pid>-<token>/.lock: one per
 
 def live_workers(sweep_dir: Path) -> int:
     """How many workers of an Optuna search run in `sweep_dir` now (here, or on other hosts that
-    share the dir): the sweeper's processes, each holding the lock of its dir under .workers/."""
+    share the dir): the sweeper's processes, each holding the lock of its dir under .workers/.
+
+    Args:
+        sweep_dir: the sweep directory.
+
+    Returns:
+        The number of entries under ``<sweep_dir>/.workers`` whose lock has a live owner; 0 when there
+        is no such dir.
+    """
     from expkit.workdir.ownership import live_owner
 
     workers = Path(sweep_dir) / WORKERS
@@ -59,7 +67,20 @@ def live_workers(sweep_dir: Path) -> int:
 def open_storage(spec: str) -> Any:
     """An Optuna storage from the sweeper's ``storage`` setting: a database URL
     (``sqlite:///study.db``, ``postgresql://...``: Optuna's RDB storage) or a file path ending
-    in .journal / .log / .jsonl (Optuna's journal file: no database server, fine on NFS)."""
+    in .journal / .log / .jsonl (Optuna's journal file: no database server, fine on NFS).
+
+    Args:
+        spec: a database URL (anything with ``://``) or a journal file path; a journal file's
+            directory is made when missing.
+
+    Returns:
+        Optuna's ``RDBStorage`` or ``JournalStorage``.
+
+    Raises:
+        ValueError: when `spec` is neither a URL nor a path ending in a journal suffix.
+        sqlalchemy.exc.SQLAlchemyError: when the database refuses, other than a race of workers making
+            its tables together, or that race still fails after six tries.
+    """
     if "://" in spec:
         import time
 
@@ -92,7 +113,15 @@ def open_storage(spec: str) -> Any:
 
 def database_url(spec: str) -> str:
     """A database URL as SQLAlchemy takes it: ``postgresql://`` goes through psycopg (3, the
-    postgres extra) when psycopg2, SQLAlchemy's default driver for it, is not installed."""
+    postgres extra) when psycopg2, SQLAlchemy's default driver for it, is not installed.
+
+    Args:
+        spec: a database URL.
+
+    Returns:
+        `spec` with its scheme replaced by ``postgresql+psycopg`` when it is ``postgresql`` or
+        ``postgres``, psycopg2 is missing and psycopg is installed; else `spec` unchanged.
+    """
     import importlib.util
 
     scheme, _, rest = spec.partition("://")
@@ -106,7 +135,15 @@ def database_url(spec: str) -> str:
 
 
 def shown_url(spec: str) -> str:
-    """`spec` for a message: a database URL without its password."""
+    """`spec` for a message: a database URL without its password.
+
+    Args:
+        spec: a storage setting: a database URL or a file path.
+
+    Returns:
+        The URL with its password masked (``***``); `spec` unchanged when it is not a URL or SQLAlchemy
+        cannot parse it.
+    """
     if "://" not in spec:
         return spec
     try:
@@ -118,13 +155,27 @@ def shown_url(spec: str) -> str:
 
 
 def job_env(trial: Any, study_name: str, storage: str) -> list[str]:
-    """The overrides that tell a launched job its trial (Hydra sets them as environment variables)."""
+    """The overrides that tell a launched job its trial (Hydra sets them as environment variables).
+
+    Args:
+        trial: the Optuna trial the job runs (its id and number are read).
+        study_name: the study's name.
+        storage: the storage setting, as ``open_storage`` takes it.
+
+    Returns:
+        Three ``+hydra.job.env_set.<VAR>='<value>'`` overrides: the trial, the study and the storage.
+    """
     values = {TRIAL_ENV: f"{trial._trial_id} {trial.number}", STUDY_ENV: study_name, STORAGE_ENV: storage}
     return [f"+hydra.job.env_set.{k}='{v}'" for k, v in values.items()]
 
 
 def current_trial() -> tuple[Any, int] | None:
-    """(optuna.Trial, trial number) of this sweep job, or None outside an Optuna search."""
+    """(optuna.Trial, trial number) of this sweep job, or None outside an Optuna search.
+
+    Returns:
+        The trial, loaded from the storage the environment names (with the sweeper's pruner), and
+        its number; None when ``EXPKIT_OPTUNA_TRIAL`` is unset or empty.
+    """
     spec = os.environ.get(TRIAL_ENV)
     if not spec:
         return None

@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from omegaconf import DictConfig
 
 from expkit.core import atomic, confine
 from expkit.core.atomic import write_json_atomic, write_text_atomic
+from expkit.core.signals import SweepInterrupted
 from expkit.loggers import logs
 from expkit.metrics import worst_value
 from expkit.workdir.results import write_failure
@@ -49,7 +51,7 @@ __all__ = [
     "job_result",
     "job_target",
     "key_kind",
-    "mark_launch",
+    "launch",
     "own_job_dir",
     "place_job",
     "read_job",
@@ -67,7 +69,14 @@ log = logging.getLogger("expkit")
 
 
 def job_order(path: Path) -> tuple[int, str]:
-    """Job dirs in Hydra's order: 0, 1, ..., 10 (not 0, 1, 10, 2)."""
+    """Job dirs in Hydra's order: 0, 1, ..., 10 (not 0, 1, 10, 2).
+
+    Args:
+        path: a job dir of the sweep.
+
+    Returns:
+        The sort key: the length of the dir's name, then the name.
+    """
     return len(path.name), path.name
 
 
@@ -80,38 +89,78 @@ SWEEP_JOBS_ENV = "EXPKIT_SWEEP_JOBS"  # how many jobs this launch runs (set by e
 
 SWEEP_PID_ENV = "EXPKIT_SWEEP_PID"  # the process that launches the jobs (the sweeper's)
 STOP_FILE = ".stop"  # in the sweep dir: a signal stopped this launch; its jobs not started yet never start
-launched_dir: Path | None = None  # this process's sweep dir, once a launch or a job began here
 
 
-def mark_launch(jobs: int | None = None, sweep_dir: Path | None = None) -> None:
-    """Tell this launch's jobs (in this process, or in the workers it starts) when it began, and
-    how many jobs it runs (the first job projects the sweep's checkpoints against the free disk)."""
+@contextlib.contextmanager
+def launch(jobs: int | None, sweep_dir: str | Path) -> Iterator[None]:
+    """A sweeper's launch of `jobs` jobs into `sweep_dir`: its jobs (in this process, or in the
+    workers it starts) are told when it began and how many jobs it runs (the first job projects
+    the sweep's checkpoints against the free disk). A Ctrl-C or SIGTERM that stops it leaves as
+    ``SweepInterrupted`` naming `sweep_dir`, which ``expkit.train.main`` reports.
+
+    Args:
+        jobs: how many jobs the launch runs, set as ``str(jobs)`` in ``EXPKIT_SWEEP_JOBS``; None
+            (a sweep without a finite length) leaves it unset.
+        sweep_dir: the sweep dir, named by the ``SweepInterrupted`` that leaves the block.
+
+    Yields:
+        None, once ``EXPKIT_SWEEP_LAUNCHED`` (the time now), ``EXPKIT_SWEEP_PID`` (this process) and
+            ``EXPKIT_SWEEP_JOBS`` are set; they stay set after the block.
+
+    Raises:
+        SweepInterrupted: for a KeyboardInterrupt inside the block (with SIGINT), or one raised there,
+            given the resolved `sweep_dir` when it names no sweep dir.
+    """
+    import signal
     import time
 
-    global launched_dir
     os.environ[SWEEP_LAUNCHED_ENV] = repr(time.time())
     os.environ[SWEEP_PID_ENV] = str(os.getpid())
     if jobs is not None:
         os.environ[SWEEP_JOBS_ENV] = str(jobs)
-    if sweep_dir is not None:
-        launched_dir = Path(sweep_dir).resolve()
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise SweepInterrupted(signal.SIGINT, Path(sweep_dir).resolve()) from None
+    except SweepInterrupted as exc:
+        exc.sweep_dir = exc.sweep_dir or Path(sweep_dir).resolve()
+        raise
 
 
 def in_launching_process() -> bool:
     """Whether this job runs in the process that launches the sweep's jobs (Hydra's basic
-    launcher), not in a worker (joblib, submitit)."""
+    launcher), not in a worker (joblib, submitit).
+
+    Returns:
+        True when ``EXPKIT_SWEEP_PID`` is unset or names this process.
+    """
     return os.environ.get(SWEEP_PID_ENV) in (None, str(os.getpid()))
 
 
 def request_stop(sweep_dir: Path, signum: int) -> None:
-    """A signal stops this launch: no job of it that has not started yet will start."""
+    """A signal stops this launch: no job of it that has not started yet will start.
+
+    Args:
+        sweep_dir: the sweep dir, where ``.stop`` is written with the signal and this launch's start time
+            (an OSError, e.g. a full disk, is ignored).
+        signum: the signal that stopped it.
+    """
     with contextlib.suppress(OSError):  # (a full disk: the jobs then stop on their own signal)
         write_json_atomic(sweep_dir / STOP_FILE, {"signal": signum, "launch": os.environ.get(SWEEP_LAUNCHED_ENV)})
 
 
 def stop_requested(sweep_dir: Path) -> int | None:
     """The signal that stopped this launch of the sweep, if one did (a stop file of an earlier
-    launch is stale: a resume starts everything again)."""
+    launch is stale: a resume starts everything again).
+
+    Args:
+        sweep_dir: the sweep dir whose ``.stop`` file is read.
+
+    Returns:
+        The signal number in the stop file when it was written by this launch (the same
+            ``EXPKIT_SWEEP_LAUNCHED``); None when there is no readable stop file, it is another launch's,
+            this process is in no launch, or it records no integer signal.
+    """
     try:
         stop = json.loads((sweep_dir / STOP_FILE).read_text())
     except (OSError, ValueError):
@@ -171,7 +220,15 @@ COMPUTE_KEYS = (
 
 def key_kind(key: str) -> str | None:
     """``control`` or ``compute`` for a config key (``a.b.c``) or group (``hydra/launcher``), by
-    the longest listed prefix; None when no list holds it."""
+    the longest listed prefix; None when no list holds it.
+
+    Args:
+        key: a config key or group, with or without a leading ``+``, ``++`` or ``~``.
+
+    Returns:
+        ``"control"`` or ``"compute"``: the list holding the longest prefix of `key` (`key` itself, or a
+            part of it that ends before a ``.``); None when neither does.
+    """
     key = key.lstrip("+~").replace("/", ".")
     best, kind = -1, None
     for listed, name in ((CONTROL_KEYS, "control"), (COMPUTE_KEYS, "compute")):
@@ -184,11 +241,27 @@ def key_kind(key: str) -> str | None:
 def job_identity(overrides: list[str]) -> list[str]:
     """What makes a job the same job across launches: its overrides, sorted, without the ones
     that only control the run (CONTROL_KEYS); reordering values on the command line changes
-    nothing."""
+    nothing.
+
+    Args:
+        overrides: the job's overrides, ``key=value`` each.
+
+    Returns:
+        The overrides whose key is not a control key (``key_kind``), sorted.
+    """
     return sorted(o for o in overrides if key_kind(o.partition("=")[0]) != "control")
 
 
 def read_job(work_dir: Path) -> dict[str, Any] | None:
+    """A job dir's record, as ``record_job`` (or ``place_job``, for an alias) wrote it.
+
+    Args:
+        work_dir: the job dir.
+
+    Returns:
+        The content of ``<work_dir>/job.json`` (not checked to be a dict); None when the file is missing,
+            cannot be read or is not JSON.
+    """
     try:
         return json.loads((work_dir / JOB_FILE).read_text())
     except (OSError, json.JSONDecodeError):
@@ -208,7 +281,13 @@ def _index_key(identity: list[str]) -> str:
 def record_job(work_dir: Path, identity: list[str]) -> None:
     """job.json: the identity, and a copy of the job's .hydra files (Hydra rewrites .hydra/ of
     <sweep>/<n> at every launch, so a resumed sweep with reordered values can put them back);
-    and the sweep's index entry for the identity."""
+    and the sweep's index entry for the identity.
+
+    Args:
+        work_dir: the job dir; its ``.hydra/*.yaml`` files are copied into its job.json.
+        identity: the job's identity (``job_identity``), recorded as ``overrides`` and keyed in the index
+            ``<sweep>/.jobs/`` (the sweep being `work_dir`'s parent).
+    """
     hydra_files = {p.name: p.read_text() for p in (work_dir / ".hydra").glob("*.yaml")}
     write_json_atomic(work_dir / JOB_FILE, {"overrides": identity, "hydra": hydra_files})
     write_text_atomic(work_dir.parent / INDEX_DIR / _index_key(identity), work_dir.name)
@@ -217,7 +296,12 @@ def record_job(work_dir: Path, identity: list[str]) -> None:
 def restore_hydra_record(work_dir: Path, job: dict[str, Any]) -> None:
     """Put back the .hydra files a job.json copied: each name recorded there must be one
     ``.yaml`` name directly inside the job's own .hydra/ (the record is data: a crafted name
-    is ignored with a warning, never written through)."""
+    is ignored with a warning, never written through).
+
+    Args:
+        work_dir: the job dir whose ``.hydra/`` gets the files back.
+        job: the content of its job.json; its ``hydra`` entry maps file names to their text.
+    """
     hydra_dir = work_dir / ".hydra"
     files = job.get("hydra")
     for name, text in files.items() if isinstance(files, dict) else ():
@@ -231,7 +315,15 @@ def restore_hydra_record(work_dir: Path, job: dict[str, Any]) -> None:
 
 def job_target(work_dir: Path) -> Path:
     """Where the job of a sweep's job dir really ran (a resumed job's dir may point to another
-    dir of the same sweep: alias_of; one that names anything else is ignored)."""
+    dir of the same sweep: alias_of; one that names anything else is ignored).
+
+    Args:
+        work_dir: a job dir of the sweep.
+
+    Returns:
+        The dir that job.json's ``alias_of`` names, when that is an existing dir directly in the same sweep
+            dir; otherwise `work_dir`.
+    """
     alias = (read_job(work_dir) or {}).get("alias_of")
     if not alias:
         return work_dir
@@ -240,7 +332,15 @@ def job_target(work_dir: Path) -> Path:
 
 
 def job_result(work_dir: Path) -> dict[str, Any] | None:
-    """A job's result.json, where the job really ran."""
+    """A job's result.json, where the job really ran.
+
+    Args:
+        work_dir: a job dir of the sweep.
+
+    Returns:
+        The content of ``result.json`` in ``job_target(work_dir)``; None when it is missing, cannot be read
+            or is not JSON.
+    """
     try:
         return json.loads((job_target(work_dir) / "result.json").read_text())
     except (OSError, json.JSONDecodeError):
@@ -250,7 +350,15 @@ def job_result(work_dir: Path) -> dict[str, Any] | None:
 def tally_jobs(sweep_dir: Path) -> dict[str, int]:
     """The jobs a sweep dir holds, by how they stand: completed (finished: completed, pruned,
     stopped by a hook), failed, interrupted (stopped by a signal, or no result yet); a job
-    that a stop kept from starting is not counted."""
+    that a stop kept from starting is not counted.
+
+    Args:
+        sweep_dir: the sweep dir; each dir in it with a job.json that is not an alias is one job.
+
+    Returns:
+        ``{"completed": n, "interrupted": n, "failed": n}``; a job with another status in its result
+            (e.g. ``skipped`` by fail_fast) counts as interrupted.
+    """
     counts = {"completed": 0, "interrupted": 0, "failed": 0}
     for job_dir in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
         job = read_job(job_dir)
@@ -264,7 +372,15 @@ def tally_jobs(sweep_dir: Path) -> dict[str, int]:
 
 def finished(result: dict[str, Any]) -> bool:
     """Whether a job's result.json says it ran to its end: completed, pruned, or stopped by a
-    hook (early stopping); a job stopped by a signal was preempted and goes on when resumed."""
+    hook (early stopping); a job stopped by a signal was preempted and goes on when resumed.
+
+    Args:
+        result: the content of a job's result.json.
+
+    Returns:
+        True for status ``completed`` or ``pruned``, or ``stopped`` with a ``stop_reason`` that does not
+            begin with ``signal``.
+    """
     status, reason = result.get("status"), str(result.get("stop_reason") or "")
     return status in ("completed", "pruned") or (status == "stopped" and not reason.startswith("signal"))
 
@@ -278,7 +394,15 @@ def _identity_of(job: dict[str, Any]) -> list[str] | None:
 def find_job(sweep_dir: Path, identity: list[str]) -> Path | None:
     """The dir in `sweep_dir` that holds the job with this identity, if any: one lookup in the
     sweep's index. A sweep dir whose index is not known complete (made by an older expkit, or
-    a write lost to a crash) is scanned once, indexing every job, and then marked complete."""
+    a write lost to a crash) is scanned once, indexing every job, and then marked complete.
+
+    Args:
+        sweep_dir: the sweep dir.
+        identity: the job's identity (``job_identity``).
+
+    Returns:
+        The job dir whose job.json records `identity` (an alias never counts); None when there is none.
+    """
     index = sweep_dir / INDEX_DIR
     try:
         entry = index / _index_key(identity)
@@ -307,7 +431,23 @@ def find_job(sweep_dir: Path, identity: list[str]) -> Path | None:
 def job_failed(
     exc: BaseException, work_dir: Path, sweep_dir: Path, rule: str, fail_fast: bool, message: str | None = None
 ) -> float:
-    """In a sweep: record the failure, then either stop the sweep (fail_fast) or let it go on."""
+    """In a sweep: record the failure, then either stop the sweep (fail_fast) or let it go on.
+
+    Args:
+        exc: what the job raised.
+        work_dir: the job's work dir, whose result.json records the failure.
+        sweep_dir: the sweep dir; with `fail_fast`, the ``.fail_fast`` marker (naming `work_dir`) is
+            written in it.
+        rule: the monitored metric's direction, ``"greater"`` or ``"less"``.
+        fail_fast: stop the sweep: re-raise `exc` instead of returning.
+        message: the failure's message; None: ``<exception type>: <exc>``.
+
+    Returns:
+        The worst value under `rule` (``worst_value``), for the job to return to the sweeper.
+
+    Raises:
+        BaseException: `exc` itself, re-raised when `fail_fast`.
+    """
     message = message or f"{type(exc).__name__}: {exc}"
     write_failure(work_dir, message)
     log.error("Job failed: %s (work dir %s)", message, work_dir)
@@ -321,13 +461,34 @@ FAIL_FAST_MARKER = ".fail_fast"
 
 
 def resuming_sweep(cfg: DictConfig) -> bool:
-    """resume=true: continue a sweep in its dir (a .pth path or false means something else)."""
+    """resume=true: continue a sweep in its dir (a .pth path or false means something else).
+
+    Args:
+        cfg: the job's composed config.
+
+    Returns:
+        True when ``cfg.resume`` is true or the string ``true`` (in any case).
+    """
     return str(cfg.resume).lower() == "true"
 
 
 def place_job(cfg: DictConfig, overrides: list[str], hydra_dir: Path, sweep_dir: Path) -> Path:
     """The work dir of this sweep job. Hydra numbers jobs by position; with resume=true a job
-    is found by its overrides instead (job.json), so reordered or added values mix nothing up."""
+    is found by its overrides instead (job.json), so reordered or added values mix nothing up.
+
+    Args:
+        cfg: the job's composed config (its ``resume``).
+        overrides: the job's overrides.
+        hydra_dir: the dir Hydra gave the job (``<sweep>/<n>``).
+        sweep_dir: the sweep dir.
+
+    Returns:
+        `hydra_dir` when not resuming (the job recorded there), when it holds this job already, or when it
+            holds no job and no dir holds this one (the job recorded there); else the dir that holds the
+            job (a `hydra_dir` that held no job records ``alias_of`` it), or, when `hydra_dir` holds another
+            job and no dir holds this one, a new ``<n>_<digest>`` dir recorded for it. When it is another
+            dir than `hydra_dir`, the log goes to its ``train.log`` too.
+    """
     identity = job_identity(overrides)
     if not resuming_sweep(cfg):
         record_job(hydra_dir, identity)
@@ -356,7 +517,19 @@ def place_job(cfg: DictConfig, overrides: list[str], hydra_dir: Path, sweep_dir:
 
 
 def finished_job_value(cfg: DictConfig, work_dir: Path, rule: str, monitor: str) -> float | None:
-    """With resume=true: a job that already finished is not trained again; its value is returned."""
+    """With resume=true: a job that already finished is not trained again; its value is returned.
+
+    Args:
+        cfg: the job's composed config (its ``resume`` and ``retry_failed``).
+        work_dir: the job's work dir, whose result.json is read.
+        rule: the monitored metric's direction, used when result.json records no ``monitor_rule``.
+        monitor: the monitored metric's key.
+
+    Returns:
+        The job's best value (``best_value``) when it finished; the worst value when it failed and
+            ``retry_failed`` is off; None when not resuming, without a result.json, or when the job is to
+            run (it did not finish, or failed and ``retry_failed`` is on).
+    """
     result_file = work_dir / "result.json"
     if not resuming_sweep(cfg) or not result_file.is_file():
         return None
@@ -375,6 +548,16 @@ def finished_job_value(cfg: DictConfig, work_dir: Path, rule: str, monitor: str)
 
 
 def best_value(result: dict[str, Any], monitor: str, rule: str) -> float:
+    """The value a finished job returns to the sweeper: its best `monitor` value, never NaN.
+
+    Args:
+        result: the content of the job's result.json.
+        monitor: the monitored metric's key, looked up in ``best_metrics``.
+        rule: the monitored metric's direction, used when result.json records no ``monitor_rule``.
+
+    Returns:
+        The best value as a float when it is recorded and finite; otherwise the worst value (``worst_value``).
+    """
     best = (result.get("best_metrics") or {}).get(monitor)
     value = None if best is None else best.get("value")
     return (
@@ -384,7 +567,18 @@ def best_value(result: dict[str, Any], monitor: str, rule: str) -> float:
 
 def done_since_launch(work_dir: Path, monitor: str, rule: str) -> float | None:
     """A job that another launch of this sweep finished after this launch began (two launches
-    of one sweep, e.g. a Slurm requeue while the first still runs): not run a second time."""
+    of one sweep, e.g. a Slurm requeue while the first still runs): not run a second time.
+
+    Args:
+        work_dir: the job's work dir, whose result.json is read.
+        monitor: the monitored metric's key.
+        rule: the monitored metric's direction, used when result.json records no ``monitor_rule``.
+
+    Returns:
+        The job's best value (``best_value``) when its result.json was written after this launch began
+            (``EXPKIT_SWEEP_LAUNCHED``) and says it finished; None otherwise (also outside a launch, and
+            when result.json is missing or cannot be read).
+    """
     launched, result_file = os.environ.get(SWEEP_LAUNCHED_ENV), work_dir / "result.json"
     try:
         if launched is None or result_file.stat().st_mtime < float(launched):
@@ -404,7 +598,18 @@ def done_since_launch(work_dir: Path, monitor: str, rule: str) -> float | None:
 
 def own_job_dir(job_dir: Path, hydra_dir: Path, command: str, owned: contextlib.ExitStack) -> bool:
     """Take `job_dir`'s lock into `owned`; False (the job skipped) when a live process of another
-    launch holds it. In a job of several tasks (submitit) rank 0 takes it and decides for all."""
+    launch holds it. In a job of several tasks (submitit) rank 0 takes it and decides for all.
+
+    Args:
+        job_dir: the dir whose lock is taken.
+        hydra_dir: the dir Hydra gave the job, set back by ``skip_busy_job`` when the job is skipped.
+        command: the command recorded in the lock.
+        owned: the exit stack that holds the lock until the job ends.
+
+    Returns:
+        True when this process runs the job (rank 0 took the lock); False when a live process of another
+            launch holds it.
+    """
     from expkit.core import distributed
     from expkit.workdir.ownership import WorkDirBusy, WorkDirLock
 
@@ -424,7 +629,13 @@ def own_job_dir(job_dir: Path, hydra_dir: Path, command: str, owned: contextlib.
 def skip_busy_job(hydra_dir: Path, busy: Any) -> None:
     """Another launch of this sweep runs this job right now: this launch skips it (the owner
     records it; waiting would hold this launch's workers idle). Hydra rewrote the dir's .hydra/
-    for this launch: the owner's record goes back, and nothing is logged into its train.log."""
+    for this launch: the owner's record goes back, and nothing is logged into its train.log.
+
+    Args:
+        hydra_dir: the dir Hydra gave the job: the ``.hydra`` files its job.json recorded are put back,
+            and the root logger's file handlers writing into it are closed and removed.
+        busy: the ``WorkDirBusy`` raised when taking the lock; its ``owner`` is named in the warning.
+    """
     from expkit.workdir.ownership import describe
 
     job = read_job(hydra_dir)

@@ -103,6 +103,14 @@ def _read(fd: int) -> dict[str, Any]:
 
 
 def describe(owner: dict[str, Any]) -> str:
+    """The owner recorded in a lock file, in one line for a message.
+
+    Args:
+        owner: the lock file's content.
+
+    Returns:
+        Its PID, host, start date, heartbeat age and command (``?`` for what is missing).
+    """
     age = time.time() - float(owner.get("heartbeat") or time.time())
     return (
         f"pid {owner.get('pid', '?')} on {owner.get('host', '?')}, since {owner.get('started', '?')}, "
@@ -111,6 +119,15 @@ def describe(owner: dict[str, Any]) -> str:
 
 
 def busy_message(work_dir: Path, owner: dict[str, Any]) -> str:
+    """The message of WorkDirBusy: who holds `work_dir` and what the user can do.
+
+    Args:
+        work_dir: the work dir that is held.
+        owner: the lock file's content (``{"unreadable": True}`` when it could not be read).
+
+    Returns:
+        The message; for an owner on another host, also when the dir becomes free if that host is gone.
+    """
     who = describe(owner) if owner and not owner.get("unreadable") else "another process"
     elsewhere = ""
     if owner.get("host") not in (None, socket.gethostname()) and owner.get("heartbeat"):
@@ -125,7 +142,18 @@ def busy_message(work_dir: Path, owner: dict[str, Any]) -> str:
 
 
 def why_stale(owner: dict[str, Any], now: float | None = None, stale_after: float = STALE_AFTER_S) -> str | None:
-    """Why the owner in a lock file no longer owns the dir, or None when it may still run."""
+    """Why the owner in a lock file no longer owns the dir, or None when it may still run.
+
+    Args:
+        owner: the lock file's content.
+        now: the current time, seconds since the epoch; None: now.
+        stale_after: the heartbeat age, in seconds, after which an owner on another host is gone.
+
+    Returns:
+        ``"released"`` for an empty or released lock; why the owner is gone (its PID no longer runs
+        on this host, or its heartbeat is too old); None for an unreadable lock or an owner that may
+        still run.
+    """
     if not owner or owner.get("released"):
         return "released"
     if owner.get("unreadable"):
@@ -232,7 +260,16 @@ class WorkDirLock:
 
 
 def live_owner(work_dir: Path) -> dict[str, Any] | None:
-    """The live owner of `work_dir`, if any, without taking the lock from anyone."""
+    """The live owner of `work_dir`, if any, without taking the lock from anyone.
+
+    Args:
+        work_dir: the work dir.
+
+    Returns:
+        The owner's record (``{"unreadable": True}`` when a holder's record cannot be read) while a
+        process holds the lock, or, where locks are not honoured, while the record is not stale; None
+        when there is no lock file or no live owner.
+    """
     path = Path(work_dir) / LOCK_FILE
     try:
         fd = os.open(path, os.O_RDWR)

@@ -121,7 +121,12 @@ class _GitQuery:
 
 def installed_packages() -> list[str]:
     """name==version of every installed distribution, from the ``*.dist-info`` folder names
-    on sys.path (parsing each METADATA file instead takes about 0.1 s)."""
+    on sys.path (parsing each METADATA file instead takes about 0.1 s).
+
+    Returns:
+        ``name==version`` of each distribution, the name lower-cased with ``_`` as ``-``, sorted; where
+        a name is found in several sys.path entries, the first entry's version.
+    """
     found: dict[str, str] = {}
     stdlib = os.path.dirname(os.__file__)
     skipped = {stdlib, os.path.join(stdlib, "lib-dynload")}  # (no distributions there; 200 files to list)
@@ -150,7 +155,15 @@ def _platform() -> str:
 
 
 def collect(cwd: Path | None = None) -> dict[str, Any]:
-    """The record but git's part ("git" stays empty: ``start`` asks git alongside the run)."""
+    """The record but git's part ("git" stays empty: ``start`` asks git alongside the run).
+
+    Args:
+        cwd: the directory the command runs in; None: the current directory.
+
+    Returns:
+        The command, cwd, start time, an empty ``git``, the Python, torch, CUDA and cuDNN versions,
+        the GPU names, the host, the platform and the installed packages.
+    """
     cwd = cwd or Path.cwd()
     cuda = torch.cuda.is_available()
     return {
@@ -182,7 +195,17 @@ def start(work_dir: Path, cwd: Path | None = None) -> Callable[[], dict[str, Any
     git's process starts now and runs on another core while the caller goes on (the Runner:
     its before_run hooks and metric probe); the returned function reads its answer and
     writes the files, once (later calls give the same record). It never raises: a file it
-    cannot write is logged, as the run's last records are."""
+    cannot write is logged, as the run's last records are.
+
+    Args:
+        work_dir: the run directory, where the files are written; entries inside it are not counted
+            as changes to the code.
+        cwd: the directory the command runs in, where git is asked; None: the current directory.
+
+    Returns:
+        The function that completes the record with git's part, writes the files the first time it
+        is called, and returns the record.
+    """
     info = collect(cwd)
     query = _GitQuery(Path(info["cwd"]))
     done = False
@@ -202,6 +225,14 @@ def start(work_dir: Path, cwd: Path | None = None) -> Callable[[], dict[str, Any
 
 
 def finish(info: dict[str, Any], status: str) -> dict[str, Any]:
-    """provenance.json's content at the end of a run (the runner writes it beside result.json)."""
+    """provenance.json's content at the end of a run (the runner writes it beside result.json).
+
+    Args:
+        info: the record ``start``'s function returned; updated in place.
+        status: the run's final status (``completed``, ``failed``, ...).
+
+    Returns:
+        `info`, with ``ended`` (the time now) and ``status`` added.
+    """
     info.update(ended=time.strftime("%Y-%m-%dT%H:%M:%S%z"), status=status)
     return info

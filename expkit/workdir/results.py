@@ -28,7 +28,19 @@ RESULT = "result.json"
 
 
 def run_result(runner: Runner, status: str, error: str | None, tb: str | None, wall_time: float) -> dict[str, Any]:
-    """result.json's content at the end of a run."""
+    """result.json's content at the end of a run.
+
+    Args:
+        runner: the runner whose state is recorded.
+        status: ``completed``, ``stopped``, ``pruned`` or ``failed``.
+        error: the one-line error (``failure_message``); None when the run did not fail.
+        tb: the traceback of the error; None without one.
+        wall_time: the run's duration, in seconds.
+
+    Returns:
+        The record: status, error, counters, final and best metrics, the monitor and its rule, the
+        checkpoints, the wall time, every entry of ``runner.run_info``, and the traceback.
+    """
     r = runner
     return {
         "status": status,  # completed, stopped, pruned or failed
@@ -54,7 +66,15 @@ def run_result(runner: Runner, status: str, error: str | None, tb: str | None, w
 
 def failure_message(exc: BaseException, resume_command: str | None = None) -> str:
     """Why a run failed, in one line (result.json's ``error``): the message of an error the
-    user can fix, the type and message of anything else; which rank died, and how to resume."""
+    user can fix, the type and message of anything else; which rank died, and how to resume.
+
+    Args:
+        exc: the exception that ended the run.
+        resume_command: the command that resumes the run, added when another rank died; None: not added.
+
+    Returns:
+        The line.
+    """
     from expkit.core.errors import ExpkitError
 
     if isinstance(exc, KeyboardInterrupt):
@@ -67,7 +87,16 @@ def failure_message(exc: BaseException, resume_command: str | None = None) -> st
 
 def write_run_result(runner: Runner, result: dict[str, Any], wall_time: float, reserve: SpaceReserve | None) -> None:
     """Rank 0 writes result.json and provenance.json (from `reserve`'s room when the disk is
-    full). When rank 0 died, the lowest surviving rank on its host writes result.json."""
+    full). When rank 0 died, the lowest surviving rank on its host writes result.json.
+
+    Args:
+        runner: the runner; its work dir, rank and provenance record are read.
+        result: the record (``run_result``).
+        wall_time: the run's duration, in seconds: a result.json written since the run started is
+            rank 0's, which a surviving rank leaves alone.
+        reserve: the space held for these files, used when the disk is full and released afterwards;
+            None: plain writes.
+    """
     r = runner
     path = r.work_dir / RESULT
     if not r.is_main and not (
@@ -95,7 +124,16 @@ def write_failure(
 ) -> None:
     """A short result.json for a run that ends before (or without) a Runner: a failure while
     building, a bad checkpoint in an eval sweep, a sweep job skipped after fail_fast. `keep`:
-    leave a result.json already there (the Runner's own) alone."""
+    leave a result.json already there (the Runner's own) alone.
+
+    Args:
+        work_dir: the run directory.
+        error: the one-line error.
+        status: the record's status.
+        keep: do nothing when a result.json is already there.
+        with_traceback: add the traceback of the exception being handled now.
+        **extra: more entries of the record.
+    """
     path = work_dir / RESULT
     if keep and path.exists():
         return

@@ -95,7 +95,16 @@ class ComposeOnce:
 
 def compose_once(launcher: Any, hydra_context: HydraContext) -> HydraContext:
     """A context whose config loader holds each job's config from the check to its launch by
-    `launcher` (the in-process BasicLauncher); the sweeper checks through ``check_batch``."""
+    `launcher` (the in-process BasicLauncher); the sweeper checks through ``check_batch``.
+
+    Args:
+        launcher: the in-process BasicLauncher; its ``hydra_context`` is replaced by the new context.
+        hydra_context: the sweep's context: its config loader is wrapped in a ``ComposeOnce`` and its
+            callbacks are kept.
+
+    Returns:
+        The new context, the same object the launcher now holds.
+    """
     shared = HydraContext(config_loader=ComposeOnce(hydra_context.config_loader), callbacks=hydra_context.callbacks)
     launcher.hydra_context = shared
     return shared
@@ -103,7 +112,14 @@ def compose_once(launcher: Any, hydra_context: HydraContext) -> HydraContext:
 
 def check_batch(hydra_context: HydraContext, config: DictConfig, batch: Sequence[Sequence[str]]) -> None:
     """Compose every job of a batch before any runs: an override that cannot compose fails the
-    sweep before anything trains (held for the launch under ``compose_once``)."""
+    sweep before anything trains (held for the launch under ``compose_once``).
+
+    Args:
+        hydra_context: the sweep's context; its config loader composes each job (a ``ComposeOnce``
+            also keeps the config for the launch, up to its ``max_held``).
+        config: the sweep's config, which each job's overrides are applied to.
+        batch: the batch's jobs, each a sequence of override strings (``key=value``).
+    """
     loader = hydra_context.config_loader
     for overrides in batch:
         if isinstance(loader, ComposeOnce):
@@ -114,7 +130,15 @@ def check_batch(hydra_context: HydraContext, config: DictConfig, batch: Sequence
 
 def count_jobs(overrides: Sequence[str]) -> int | None:
     """How many jobs a grid of `overrides` makes (the product of its sweeps' lengths); None when
-    a sweep has no finite length (an interval)."""
+    a sweep has no finite length (an interval).
+
+    Args:
+        overrides: the sweeper's ``params`` as ``key=value`` strings, then the command line's overrides.
+
+    Returns:
+        The product of the lengths of the choice and range sweeps (1 when there is none); None when the
+            overrides do not parse or a sweep cannot be counted here (an interval, a ``glob``).
+    """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
@@ -131,7 +155,15 @@ class SweepConfigError(CompactHydraException):
 
 def check_seed_keys(config: DictConfig) -> None:
     """``seed_keys`` (what makes seed groups): a list of keys of the config, checked before any
-    job starts."""
+    job starts.
+
+    Args:
+        config: the sweep's config; its ``seed_keys`` entry is checked (absent or null: nothing to check).
+
+    Raises:
+        SweepConfigError: when ``seed_keys`` is not a list of strings, or one of its keys is not in the
+            config (a key whose value is ``???`` counts as not in it).
+    """
     keys = config.get("seed_keys")
     if keys is None:
         return
@@ -294,7 +326,16 @@ class _StopWatcher:
 
 def stoppable(launcher: Any, config: DictConfig) -> Any:
     """`launcher`, stopped by signals as a sweep should be (see ``StopBetweenJobs``); the
-    in-process BasicLauncher as it is (its jobs stop the sweep themselves)."""
+    in-process BasicLauncher as it is (its jobs stop the sweep themselves).
+
+    Args:
+        launcher: the launcher Hydra instantiated for the sweep.
+        config: the sweep's config; ``hydra.sweep.dir`` is where the stop file is written.
+
+    Returns:
+        `launcher` itself when its type is exactly BasicLauncher; otherwise `launcher` wrapped in a
+            ``StopBetweenJobs``.
+    """
     return launcher if type(launcher) is basic_launcher() else StopBetweenJobs(launcher, config.hydra.sweep.dir)
 
 
@@ -310,13 +351,13 @@ class ExpkitSweeper(basic_sweeper()):  # type: ignore[misc]  # (the class this m
         self.launcher = stoppable(self.launcher, config)
 
     def sweep(self, arguments: list[str]) -> Any:
-        from expkit.sweeps.sweep_jobs import mark_launch
+        from expkit.sweeps.sweep_jobs import launch
 
         assert self.config is not None
         check_seed_keys(self.config)
         jobs = count_jobs([*(f"{k}={v}" for k, v in self.sweep_params.items()), *arguments])
-        mark_launch(jobs, self.config.hydra.sweep.dir)
-        return super().sweep(arguments)
+        with launch(jobs, self.config.hydra.sweep.dir):
+            return super().sweep(arguments)
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         assert self.config is not None and self.hydra_context is not None

@@ -114,7 +114,22 @@ ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaSw
 
 def distribution(value: Any) -> Any:
     """The Optuna distribution of a Hydra sweep value: interval (``tag(log, ...)`` for a log
-    scale, ``tag(int, ...)`` for integers), range (Hydra's: the stop is excluded) or choice."""
+    scale, ``tag(int, ...)`` for integers), range (Hydra's: the stop is excluded) or choice.
+
+    Args:
+        value: a parsed sweep (``Override.value()``): an ``IntervalSweep``, a ``RangeSweep`` or a
+            ``ChoiceSweep``.
+
+    Returns:
+        An interval: a ``FloatDistribution``, or an ``IntDistribution`` with ``int`` (its ends truncated
+            to integers); both log-scaled with ``log``. A range: an ``IntDistribution`` when start, stop
+            and step are all ints, else a ``FloatDistribution``, from its lowest to its highest value with
+            the step's absolute value (a negative step is allowed). A choice: a ``CategoricalDistribution``
+            of its values, a list or dict value as its override text (``[1,2]``).
+
+    Raises:
+        ValueError: when a range holds no value, or `value` is not an interval, range or choice sweep.
+    """
     from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
@@ -141,6 +156,16 @@ def distribution(value: Any) -> Any:
 
 
 def override_value(value: Any) -> str:
+    """The override text (the part after ``=``) of a value a trial took.
+
+    Args:
+        value: a value from ``trial.params``: a number, bool, None or string; a list or dict choice
+            comes as its override text (see ``distribution``).
+
+    Returns:
+        A string starting with ``[`` or ``{`` as it is; any other value as Hydra writes an override
+            value (``null`` for None, special characters of a string escaped).
+    """
     from hydra.core.override_parser.types import Override
 
     if isinstance(value, str) and value[:1] in "[{":  # a list or dict choice, kept as its override text
@@ -235,6 +260,7 @@ class OptunaSweeper(Sweeper):
 
     # -- the sweep -------------------------------------------------------------------------------
     def sweep(self, arguments: list[str]) -> None:
+        from expkit.sweeps.sweep_jobs import launch
         from expkit.workdir.ownership import WorkDirLock
 
         assert self.config is not None and self.launcher is not None
@@ -247,7 +273,8 @@ class OptunaSweeper(Sweeper):
         self.peers = live_workers(sweep_dir)  # (before this one: its ordinal among the live workers)
         owned = WorkDirLock(sweep_dir / WORKERS / self.worker, "python -m expkit.train (Optuna worker)").acquire()
         try:
-            self._open_and_search(arguments, sweep_dir)
+            with launch(self.n_trials * self.seeds_per_trial, sweep_dir):
+                self._open_and_search(arguments, sweep_dir)
         finally:
             owned.release()
 
@@ -256,10 +283,8 @@ class OptunaSweeper(Sweeper):
 
         from expkit.core.hydra_compat import instantiate
         from expkit.sweeps import search
-        from expkit.sweeps.sweep_jobs import mark_launch
 
         assert self.config is not None
-        mark_launch(self.n_trials * self.seeds_per_trial, sweep_dir)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         fixed, space = self._space(arguments)
         storage = self.storage or str(sweep_dir / "optuna.journal")  # the sweep dir keeps its own study
@@ -694,7 +719,19 @@ def _worker_alive(sweep_dir: Path, worker: Any) -> bool:
 
 def bind_sweep_dir(sweep_dir: Path, storage: str | None, study_name: str) -> None:
     """A sweep dir holds the trials of one study: the first worker records which; a command
-    aimed at it with another study or storage stops (exit 2) before it asks for a trial."""
+    aimed at it with another study or storage stops (exit 2) before it asks for a trial.
+
+    Args:
+        sweep_dir: the sweep dir; the binding is ``<sweep_dir>/.search.json``, written once (by a hard
+            link, so the first worker wins) with `study_name` and `storage`.
+        storage: the study's storage, as the sweep opens it (the default journal's path when none was
+            given); compared as text.
+        study_name: the study's name in its storage.
+
+    Raises:
+        SearchConfigError: when the recorded study name or storage differs from `study_name` and
+            `storage` (a binding that cannot be read or parsed counts as the same).
+    """
     mine = {"study_name": study_name, "storage": storage}
     path = sweep_dir / BINDING
     if not path.exists():

@@ -1,0 +1,120 @@
+"""A run's state: where it is, what it has found, how it ends. One object, saved and loaded whole.
+
+The Runner keeps it in ``runner.state`` and reads every field through an attribute of its own of
+the same name (``runner.epoch`` is ``runner.state.epoch``), which is what hooks use. The loops
+write the counters; a checkpoint stores ``state.state_dict()`` and a resume puts it back with
+``state.load_state_dict``. What is not here belongs to the objects the Runner was given (the
+model, optimizers, schedulers, hooks: each saves its own state) or to the process (RNG streams,
+saved with the state and put back with it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from expkit.core import confine
+from expkit.core.rng import rng_states, set_rng_states
+
+__all__ = ["RunState"]
+
+
+@dataclass(slots=True)
+class RunState:
+    """The mutable state of one run. Counters follow MMEngine (see ``expkit.core.stages``)."""
+
+    epoch: int = 0
+    """Epochs completed; inside an epoch, its 0-based index."""
+    iter: int = 0
+    """Training iterations (optimizer steps) completed."""
+    inner_iter: int = 0
+    """Batches of the current epoch trained on (a mid-epoch resume skips them)."""
+    position: tuple[int, int, int] = (0, 0, 0)
+    """(epochs, iterations, batches of the epoch) completed: what a checkpoint saved now records."""
+    epoch_start: tuple[int, int] = (0, 0)
+    """(samples of the epoch's order trained on, ``inner_iter`` then), set by a mid-epoch resume with
+    another number of processes or batch size; (0, 0) otherwise."""
+    epoch_end: int | None = None
+    """The resumed epoch's length in iterations when its sampler skipped the samples; None otherwise."""
+    batch_ready: float = 0.0
+    """``time.perf_counter()`` when the current iteration's batch was ready (data time ends there)."""
+    val_metrics: dict[str, float] = field(default_factory=dict)
+    """The last validation's metrics (``val/acc``, ...)."""
+    test_metrics: dict[str, float] = field(default_factory=dict)
+    """The test's metrics, once tested."""
+    best_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per metric key, its best value so far and when (``value``, ``epoch``, ``iter``)."""
+    best_checkpoints: dict[str, str] = field(default_factory=dict)
+    """Per monitored key, the path of its best checkpoint."""
+    last_checkpoint: Path | None = None
+    """The newest complete regular checkpoint (or the one resumed from)."""
+    scalars: dict[str, float] = field(default_factory=dict)
+    """The latest values hooks publish (``train/time``, ...)."""
+    extra_scalars: dict[str, float] = field(default_factory=dict)
+    """Hooks' values for the next log record (cleared there)."""
+    resuming: bool = False
+    """True once this run continues from a resume checkpoint."""
+    load_purpose: str = ""
+    """Why the last checkpoint was loaded: ``resume``, ``load_from`` or ``test``."""
+    load_source: Path | None = None
+    """The file (or sharded dir) the last checkpoint was loaded from."""
+    test_checkpoint: str | None = None
+    """The weights the test used."""
+    status: str = "running"
+    """``running``, then ``completed``, ``stopped``, ``pruned`` or ``failed`` (set before after_run)."""
+    stop_reason: str | None = None
+    """Why the run was asked to stop (the first request wins); None while nobody asked."""
+    stop_status: str = "stopped"
+    """What result.json says after the stop: ``stopped`` (early stopping, a signal) or ``pruned``."""
+    stop_signal: int | None = None
+    """The signal number, when a signal asked to stop."""
+    stopped_by_signal: bool = False
+    """Whether a signal was the first stop request (not one after a stop)."""
+    error: str | None = None
+    """Why the run failed, in one line (result.json's ``error``)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What continuing this run exactly needs of its state, as a checkpoint stores it.
+
+        Returns:
+            ``{"meta": {...}, "rng": ...}``: the counters (as completed: ``position``), the best
+                and last validation metrics, the best checkpoints' file names (they lie beside
+                the checkpoint) and every RNG stream of this process.
+        """
+        epoch, iters, inner = self.position
+        return {
+            "meta": {
+                "epoch": epoch,
+                "iter": iters,
+                "inner_iter": inner,
+                "best_metrics": self.best_metrics,
+                "val_metrics": self.val_metrics,  # the last validation's: result.json reports them after a resume
+                "best_checkpoints": {k: Path(v).name for k, v in self.best_checkpoints.items()},
+            },
+            "rng": rng_states(),
+        }
+
+    def load_state_dict(self, checkpoint: dict[str, Any], source: Path) -> None:
+        """Put a checkpoint's run state back (to resume): counters, metrics, RNG streams.
+
+        Args:
+            checkpoint: a checkpoint, as ``state_dict`` (with the rest of the checkpoint) wrote it.
+            source: the file (or sharded dir) it was read from: the best checkpoints it names are
+                read beside it, and nowhere else (a name that leaves that dir is dropped).
+        """
+        meta = checkpoint["meta"]
+        self.epoch, self.iter, self.inner_iter = meta["epoch"], meta["iter"], meta.get("inner_iter", 0)
+        self.position = (self.epoch, self.iter, self.inner_iter)
+        self.epoch_start, self.epoch_end = (0, 0), None
+        self.best_metrics = dict(meta.get("best_metrics", {}))
+        self.val_metrics = dict(meta.get("val_metrics", {}))
+        recorded = meta.get("best_checkpoints", {})
+        confined = {
+            key: confine.confined(source.parent, path, source, "checkpoint")
+            for key, path in (recorded.items() if isinstance(recorded, dict) else ())
+        }
+        self.best_checkpoints = {key: str(path) for key, path in confined.items() if path is not None}
+        self.last_checkpoint = source
+        if "rng" in checkpoint:
+            set_rng_states(checkpoint["rng"])
