@@ -160,7 +160,7 @@ def test_every_module_says_what_it_exports_and_exports_its_public_functions_and_
 DOCUMENTED = sorted((ROOT / "expkit").rglob("*.py")) + sorted((ROOT / "hydra_plugins").rglob("*.py"))
 
 
-def test_every_public_function_documents_its_arguments():
+def test_every_public_function_and_class_documents_its_arguments():
     missing = []
     for path in DOCUMENTED:
         tree = ast.parse(path.read_text())
@@ -171,6 +171,12 @@ def test_every_public_function_documents_its_arguments():
         ]
         listed = set(ast.literal_eval(declared[0].value)) if declared else set()
         for node in tree.body:
+            init = next((n for n in getattr(node, "body", ()) if getattr(n, "name", "") == "__init__"), None)
+            if isinstance(node, ast.ClassDef) and node.name in listed and isinstance(init, ast.FunctionDef):
+                arguments = [a.arg for a in (*init.args.args, *init.args.kwonlyargs) if a.arg != "self"]
+                doc = (ast.get_docstring(node) or "") + (ast.get_docstring(init) or "")
+                if arguments and "Args:" not in doc:  # (the constructor's, in the class's docstring)
+                    missing.append(f"{path.relative_to(ROOT)}: class {node.name} has no Args: section")
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in listed:
                 arguments = [a.arg for a in (*node.args.args, *node.args.kwonlyargs) if a.arg not in ("self", "cls")]
                 doc = ast.get_docstring(node) or ""

@@ -46,7 +46,13 @@ class BackgroundWriter:
     """One background thread for a run's checkpoint writes, and the host buffers they are staged
     in: a set per kind of save (``regular``, ``best``), so that the best checkpoint and the
     regular one saved after the same validation are written one after the other without the
-    loop waiting between them. One save of each kind is in flight at a time."""
+    loop waiting between them. One save of each kind is in flight at a time.
+
+    Args:
+        shards: for sharded checkpoints (``trainer.strategy=fsdp``), the run's
+            ``expkit.checkpoint.sharding.AsyncShards``: it writes the shards, and ``wait`` has the ranks
+            agree through it on whether each write completed everywhere. None: unsharded saves only.
+    """
 
     def __init__(self, shards: Any = None) -> None:
         self.shards = (

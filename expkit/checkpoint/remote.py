@@ -107,7 +107,21 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None, key: str) ->
 
 
 class RemoteDir:
-    """A run's checkpoint dir in object storage: ``<url>/<name>`` objects and a ``last_checkpoint``."""
+    """A run's checkpoint dir in object storage: ``<url>/<name>`` objects and a ``last_checkpoint``.
+
+    Args:
+        url: the dir's URL, e.g. ``s3://bucket/prefix/run``; a trailing ``/`` is dropped.
+        storage_options: keyword arguments for the fsspec filesystem (credentials, endpoint, ...); None: none.
+        key: the config key that gave the URL, named in error messages.
+        given: the value that key was given (the dir's parent URL, for a checkpoint hook), named in
+            error messages; None: `url`.
+        timeout: the seconds each call to the store may take (fsspec's ``timeout``, passed to
+            asynchronous filesystems such as s3 and gs only); None or 0: no limit.
+
+    Raises:
+        ConfigError: fsspec does not know the URL's scheme, the scheme's package is not installed, or
+            `storage_options` are refused.
+    """
 
     def __init__(
         self,

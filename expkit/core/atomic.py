@@ -157,7 +157,12 @@ def write_text_atomic(path: PathT, text: str, durable: bool = False) -> PathT:
 
 class SpaceReserve:
     """A few KiB held on the work dir's disk from the start of a run, given back when the disk
-    is full so that the run's last words (result.json, provenance.json) still fit."""
+    is full so that the run's last words (result.json, provenance.json) still fit.
+
+    Args:
+        path: the file that holds the space (``SIZE`` bytes allocated now); deleted on release. When it
+            cannot be made (a full disk already), nothing is held and no error is raised.
+    """
 
     SIZE = 64 * 1024
 

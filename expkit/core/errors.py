@@ -31,7 +31,13 @@ class ResumeRefused(ConfigError):
 
 
 class HookError(ExpkitError):
-    """A hook raised inside a stage, or is malformed. Names the hook and the stage."""
+    """A hook raised inside a stage, or is malformed. Names the hook and the stage.
+
+    Args:
+        hook_name: the name of the hook (its class name, as expkit raises it), kept as ``hook_name``.
+        stage: the stage it raised at, or the name of its malformed method, kept as ``stage``.
+        message: what went wrong; the error's text is ``in <hook_name>.<stage>: <message>``.
+    """
 
     def __init__(self, hook_name: str, stage: str, message: str) -> None:
         self.hook_name = hook_name

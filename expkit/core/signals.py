@@ -15,7 +15,13 @@ class SweepInterrupted(BaseException):  # (a stop, as KeyboardInterrupt is, not 
     """A signal stopped a sweep: raised after the job it stopped has saved and recorded itself
     (or, with a launcher that runs jobs in workers, after the launch has returned), out of
     Hydra's launcher (which catches only Exception), so that no further job starts;
-    ``expkit.train.main`` reports the sweep and exits 128 + `signum`."""
+    ``expkit.train.main`` reports the sweep and exits 128 + `signum`.
+
+    Args:
+        signum: the number of the signal that stopped the sweep (also the exception's one argument).
+        sweep_dir: the sweep's dir, whose jobs the report counts; None: the report looks for the dir of
+            the last job that ran.
+    """
 
     def __init__(self, signum: int, sweep_dir: Any = None) -> None:
         super().__init__(signum)

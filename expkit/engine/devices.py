@@ -81,7 +81,12 @@ def move(batch: Any, device: torch.device, channels_last: bool = False) -> Any:
 
 class StepModule(nn.Module):
     """The training step as a module, so DistributedDataParallel wraps the whole step,
-    including a model's own train_step (gradients are averaged over ranks in backward)."""
+    including a model's own train_step (gradients are averaged over ranks in backward).
+
+    Args:
+        runner: the run; its model becomes this module's only submodule, and its ``train_step`` is
+            called when the model has none of its own.
+    """
 
     def __init__(self, runner: Runner) -> None:
         super().__init__()

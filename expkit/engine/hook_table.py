@@ -101,7 +101,14 @@ def _add_time(table: dict[Any, list[float]], key: Any, seconds: float) -> None:
 
 
 class Phase:
-    """Times a loop phase into the table's ``phase_times`` and marks it for the profiler."""
+    """Times a loop phase into the table's ``phase_times`` and marks it for the profiler.
+
+    Args:
+        table: the hook table whose ``timing`` and ``markers`` (read on entering and leaving the phase)
+            decide whether the phase is timed and marked, and whose ``phase_times`` gets the time.
+        name: the phase's name (``data``, ``forward``, ...): its key in ``phase_times`` and its
+            profiler marker, ``phase/<name>``.
+    """
 
     __slots__ = ("discard", "marker", "name", "start", "table")
 

@@ -111,6 +111,10 @@ class TrainLoop:
 
     Both run whole passes over the loader as epochs; an iteration budget may end the last
     one early. A stop request ends training after the current iteration.
+
+    Args:
+        runner: the run: its settings, train loader, model (through DDP when distributed),
+            optimizers, grad scaler and hooks are read here; its state advances as the loop runs.
     """
 
     def __init__(self, runner: Runner) -> None:
@@ -350,7 +354,13 @@ class EvalLoop:
 
     A mapping of named loaders (several validation sets) is one validation: each set in turn
     (``runner.eval_set`` names it while its batches run), reported as ``val/<set>/<metric>``,
-    and the hooks' epoch-level stages see all of them at once."""
+    and the hooks' epoch-level stages see all of them at once.
+
+    Args:
+        runner: the run whose model, eval step, metrics and hooks the pass uses.
+        loader: the batches, or a mapping of set names to loaders (several validation sets).
+        mode: ``val`` or ``test``: the hook stages called and the prefix of the metric keys.
+    """
 
     def __init__(self, runner: Runner, loader: Iterable | Mapping[str, Iterable], mode: str) -> None:
         self.runner = runner

@@ -25,7 +25,14 @@ def leaf_modules(model: nn.Module) -> dict[str, nn.Module]:
 
 class OutputProbe:
     """Calls ``record(name, output)`` for each named module's tensor output until ``remove()``.
-    Attach it right before the forward pass you want to observe, remove it right after."""
+    Attach it right before the forward pass you want to observe, remove it right after.
+
+    Args:
+        modules: the modules to observe, by name; a forward hook is registered on each at once.
+            The name is what `record` receives.
+        record: called with (name, output) after each forward pass of a module whose output is a
+            tensor; other outputs (tuples, dicts, ...) are skipped.
+    """
 
     def __init__(self, modules: Mapping[str, nn.Module], record: Callable[[str, torch.Tensor], None]) -> None:
         def hook(name: str) -> Callable[..., None]:

@@ -22,7 +22,17 @@ class ActivationStatsHook(Hook):
     """Every ``interval`` iterations, records ``activations/<layer>/mean`` and ``/std`` of the
     named modules' outputs (``layers``: names as in ``model.named_modules()``; None: every
     leaf module that has parameters) for the log record. Forward hooks are attached only for
-    the iterations that are measured."""
+    the iterations that are measured.
+
+    Args:
+        layers: the names of the modules to measure, as in ``model.named_modules()``; None: every leaf
+            module that has parameters. A name the model lacks fails at the start of training.
+        interval: the iterations between measurements (the ``interval``-th, 2 * ``interval``-th, ...
+            iteration of the run); at least 1.
+
+    Raises:
+        ValueError: `interval` is below 1.
+    """
 
     priority = Priority.NORMAL
 

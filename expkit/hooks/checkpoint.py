@@ -147,6 +147,51 @@ class CheckpointHook(Hook):
     ``<out_dir>/<work dir name>/`` with its own ``last_checkpoint`` (``expkit.checkpoint.remote``);
     ``storage_options`` go to fsspec (``endpoint_url``, ``key``, ``secret``, ...); ``upload_timeout``:
     the seconds a call to the store (an upload) may take before the save fails.
+
+    Args:
+        interval: save every ``interval`` epochs (or iterations with `by_epoch` False); <= 0: no periodic
+            saves (`save_last` still saves at the end).
+        by_epoch: count `interval` and `save_begin` in epochs (True) or iterations (False); it also picks
+            the default file name template.
+        save_optimizer: regular checkpoints carry the optimizers' state (needed to resume exactly).
+        save_param_scheduler: regular checkpoints carry the schedulers' state.
+        out_dir: None: ``<work dir>/checkpoints``; a local path (or ``file://`` URL): ``<out_dir>/<work dir
+            name>``, which must be writable (checked at the start); any other URL: the checkpoints are
+            written to ``<work dir>/checkpoints`` and uploaded to ``<out_dir>/<work dir name>/``.
+        max_keep_ckpts: keep the newest n regular checkpoints, deleting older ones once a new one is
+            complete; -1: keep all. Best checkpoints are not counted.
+        save_last: also save where training ends (the budget reached or a stop), unless that position
+            is saved already.
+        save_best: the metric key(s) whose best value gets a ``best_<key>_<name>`` checkpoint (the older
+            best file of that key is deleted); ``auto``: the first metric validation reports; None: none.
+        rule: ``greater`` or ``less``: one for every `save_best` key, or one per key; declared for the
+            whole run. None: the run's direction rule decides.
+        greater_keys: words that mark a key without a rule as greater-is-better (matched on its last
+            part), tried before the run's own direction rule; None: none.
+        less_keys: the same for less-is-better.
+        save_begin: the first epoch (or iteration) counted by `interval`: interval 2 with save_begin 5
+            saves at 5, 7, 9, ...; at least 0.
+        filename_tmpl: the regular file name, with one ``{}`` for the epoch or iteration count (no ``/``,
+            not starting with ``.``); None: ``epoch_{}.pth`` or ``iter_{}.pth`` after `by_epoch`.
+        published_keys: at the end of training, the main process also writes slim copies of the last
+            (with `save_last`) and best checkpoints holding only these top-level keys, named
+            ``<name>-<sha256[:8]>.pth``; they must include ``meta`` or ``state_dict``. None: no copies.
+        best_save_optimizer: best checkpoints carry the optimizers' and schedulers' state.
+        fsync: force each checkpoint to disk before it gets its name (survives a power cut; an fsync
+            per save).
+        async_save: training waits only while the state is copied to host memory; the file is written
+            in a background thread, one save of each kind in flight at a time.
+        storage_options: with a URL `out_dir`: fsspec's options (``endpoint_url``, ``key``, ``secret``,
+            ...); None: none.
+        upload_timeout: with a URL `out_dir`: the seconds one call to the store may take before the
+            save fails.
+
+    Raises:
+        TypeError: a flag is not a bool, or `interval`, `max_keep_ckpts` or `save_begin` is not an integer.
+        ValueError: `save_begin` is negative, `max_keep_ckpts` is 0 or below -1, `filename_tmpl` is not
+            a file name with one ``{}``, `published_keys` names neither ``meta`` nor ``state_dict`` or
+            lists a key twice, `save_best` lists a key twice or ``auto`` with others, or `rule` has a
+            value other than greater or less or a count other than 1 or one per `save_best` key.
     """
 
     priority = Priority.VERY_LOW

@@ -21,7 +21,14 @@ __all__ = ["CSVHook"]
 class CSVHook(Hook):
     """emloop's WriteCSV: columns ``epoch``, ``step`` and ``variables`` (``train/loss`` is the
     epoch's mean training loss; others are the last validation's metrics, empty when that
-    epoch did not validate). Rows are appended, so a resumed run continues the file."""
+    epoch did not validate). Rows are appended, so a resumed run continues the file.
+
+    Args:
+        variables: the columns after ``epoch`` and ``step``, in order: ``train/loss``, or a key of the
+            metrics validation reports (``val/acc``, ...); a key validation does not report stays empty.
+        filename: the file's path relative to the work dir; the header is written only when the file
+            is new. Only the main process writes it.
+    """
 
     priority = Priority.BELOW_NORMAL
 

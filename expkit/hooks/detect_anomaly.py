@@ -19,7 +19,12 @@ __all__ = ["DetectAnomalyHook"]
 class DetectAnomalyHook(Hook):
     """Turns on ``torch.autograd.set_detect_anomaly`` for training: a backward pass that
     produces NaN fails with the forward operation that caused it. Slows training several
-    times over: for debugging only."""
+    times over: for debugging only.
+
+    Args:
+        check_nan: passed to ``set_detect_anomaly``: True fails on the first backward pass that produces
+            NaN; False keeps anomaly mode (the forward traceback in backward errors) without that check.
+    """
 
     priority = Priority.HIGHEST
 

@@ -32,6 +32,22 @@ class EarlyStoppingHook(Hook):
     ``monitor`` must be a metric validation reports (checked at start-up). ``strict``: a
     monitor missing from a validation's results is an error instead of a warning. ``min_delta`` defaults to 0 (MMEngine's
     code uses 0.1 and its docs 0.01; 0.1 is most of an accuracy's range).
+
+    Args:
+        monitor: the metric key to watch, e.g. ``val/acc``; it must be one validation reports.
+        rule: ``greater`` or ``less`` (which direction is better), declared for the whole run; None: the
+            run's direction rule decides.
+        min_delta: the margin by which a value must beat the best so far to count as an improvement.
+        patience: the validations in a row without an improvement after which training stops; at least 1.
+        strict: True: a validation whose results lack `monitor` raises a KeyError; False: it is skipped
+            with a warning.
+        check_finite: stop as soon as `monitor` is NaN or infinite.
+        stopping_threshold: stop as soon as `monitor` reaches this value (equals it or is better under
+            the rule); None: no threshold.
+
+    Raises:
+        ValueError: `rule` is not ``greater``, ``less`` or None, `patience` is below 1 or `min_delta`
+            is negative.
     """
 
     priority = Priority.LOWEST

@@ -34,6 +34,25 @@ class EMAHook(Hook):
     ``interval``: average every n iterations. ``begin_iter``/``begin_epoch``: before that,
     the average just follows the weights. ``update_buffers``: average buffers too
     (BatchNorm statistics); otherwise validation uses the model's own buffers.
+
+    Args:
+        momentum: the weight of the new weights in each update, in (0, 1); the average spans about
+            1 / `momentum` updates. The default is MMEngine's.
+        ema_type: ``ExponentialMovingAverage`` (weight `momentum`), ``StochasticWeightAverage`` (weight
+            1 / (k + 1), k the optimizer steps so far divided by `interval`, counted from the run's first
+            step) or ``MomentumAnnealingEMA`` (weight ``max(momentum, gamma / (gamma + steps))``).
+        interval: the optimizer steps between updates of the average; at least 1.
+        begin_iter: before iteration `begin_iter` (counted from 1) the average copies the weights instead
+            of averaging them; 0: average from the start.
+        begin_epoch: the same in epochs (counted from 1); set at most one of `begin_iter` and `begin_epoch`.
+        update_buffers: also average the floating-point buffers (BatchNorm statistics); False: validation
+            and test use the model's own buffers.
+        gamma: ``MomentumAnnealingEMA`` only: how slowly the weight anneals toward `momentum` (see
+            `ema_type`; `steps` counts optimizer steps); above 0.
+
+    Raises:
+        ValueError: `momentum` is not in (0, 1), `ema_type` is not one of ``EMA_TYPES``, `interval` is
+            below 1, `begin_iter` or `begin_epoch` is negative or both are set, or `gamma` is not above 0.
     """
 
     supports_sharding = False  # its copies of the parameters are not sharded; not checked with FSDP2 yet

@@ -19,7 +19,13 @@ __all__ = ["EmptyCacheHook"]
 class EmptyCacheHook(Hook):
     """``torch.cuda.empty_cache()`` before / after each train, val and test epoch and after
     each iteration, as chosen. Costs a synchronisation each time; a no-op without CUDA
-    (``calls`` counts the points it reached)."""
+    (``calls`` counts the points it reached).
+
+    Args:
+        before_epoch: empty the cache before each train, val and test epoch.
+        after_epoch: empty the cache after each train, val and test epoch.
+        after_iter: empty the cache after each train, val and test iteration (slow).
+    """
 
     priority = Priority.NORMAL
 

@@ -19,7 +19,15 @@ __all__ = ["GradNormHook"]
 class GradNormHook(Hook):
     """Every ``interval`` iterations, after backward (and before clipping), publishes
     ``train/grad_norm``: the L2 norm of all gradients together, as clip_grad_norm_ sees it.
-    With fp16 the gradients are still scaled there, so the scale is divided out."""
+    With fp16 the gradients are still scaled there, so the scale is divided out.
+
+    Args:
+        interval: the iterations between measurements (the ``interval``-th, 2 * ``interval``-th, ...
+            iteration of the run); at least 1.
+
+    Raises:
+        ValueError: `interval` is below 1.
+    """
 
     priority = Priority.ABOVE_NORMAL
 

@@ -25,7 +25,15 @@ class InvalidLossHook(Hook):
     """Checks the loss right after the forward pass, every ``interval`` iterations, and fails
     the run with the epoch and iteration when it is NaN or infinite: the weights never take
     that step, and the last checkpoint stays the last good one. Each check reads the loss
-    (a host-device synchronisation on a GPU: raise ``interval`` there)."""
+    (a host-device synchronisation on a GPU: raise ``interval`` there).
+
+    Args:
+        interval: the iterations between checks (the ``interval``-th, 2 * ``interval``-th, ... iteration
+            of the run); 1 checks every iteration. At least 1.
+
+    Raises:
+        ValueError: `interval` is below 1.
+    """
 
     priority = Priority.HIGHEST
 

@@ -18,7 +18,15 @@ __all__ = ["IterTimerHook"]
 
 class IterTimerHook(Hook):
     """Publishes ``train/data_time`` and ``train/time`` (seconds, smoothed over about
-    ``1/smoothing`` iterations) and ``eta_s`` in ``runner.scalars`` each iteration."""
+    ``1/smoothing`` iterations) and ``eta_s`` in ``runner.scalars`` each iteration.
+
+    Args:
+        smoothing: the weight of the newest iteration in the exponential averages of the times, in
+            (0, 1]; 1: no smoothing. The ETA uses the plain mean since the start (or resume) instead.
+
+    Raises:
+        ValueError: `smoothing` is not in (0, 1].
+    """
 
     priority = Priority.NORMAL
 

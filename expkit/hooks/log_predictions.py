@@ -32,7 +32,18 @@ log = logging.getLogger("expkit")
 class LogPredictionsHook(Hook):
     """``num_samples``: how many validation samples (the first ones of the validation set, the
     same at every validation); ``interval``: every n validations; ``tile``: the side in pixels
-    of each image in the grid; ``save``: also write the image (or table) into the work dir."""
+    of each image in the grid; ``save``: also write the image (or table) into the work dir.
+
+    Args:
+        num_samples: the number of samples shown: the first ones of the (first) validation loader, read
+            once and reused (this process's share under DDP).
+        interval: show them at every ``interval``-th validation of training (the count survives a resume).
+        tile: the side, in pixels, of each image in the grid (image classifiers only).
+        save: also write ``<work dir>/predictions/step_<n>.png`` (or ``.md`` for a table).
+
+    Raises:
+        ValueError: `num_samples`, `interval` or `tile` is not a positive integer.
+    """
 
     priority = Priority.LOW
 

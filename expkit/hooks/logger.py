@@ -59,7 +59,26 @@ class LoggerHook(Hook):
     that comes this many seconds after the last write, at the end of every epoch and before
     every validation; val/test records at once; everything before every checkpoint and at the
     end (a write per record costs a system call; a kill loses only records after the last
-    checkpoint, which a resume drops anyway)."""
+    checkpoint, which a resume drops anyway).
+
+    Args:
+        interval: the iterations between training records, counted within the epoch; the last
+            iteration of each epoch and of the run is always logged. A record's ``train/loss`` is the
+            mean over the iterations since the previous record.
+        filename: the records file, relative to the work dir; appended to, so a resumed run continues
+            it. ``expkit.check``, sweeps and the summaries read ``metrics.jsonl``.
+        progress: ``auto``: a live progress line on the log's handlers that write to a terminal (none
+            when the output is not a terminal); True: the same, falling back to the root logger's plain
+            stream handlers when none writes to a terminal; False: plain lines only. With a progress
+            line, those handlers hide the periodic training lines (``train.log`` keeps them).
+        plot: write ``curves.svg`` (loss and metrics against the step) into the work dir at the end.
+        flush_secs: the most seconds a training record may wait in the buffer before it is written
+            out (checked when the next record comes); 0: every record is written at once.
+
+    Raises:
+        ValueError: `interval` is not a positive integer, `flush_secs` is not a number >= 0, or
+            `progress` is not ``auto``, True or False.
+    """
 
     priority = Priority.BELOW_NORMAL
 

@@ -51,7 +51,18 @@ class MemorySummaryHook(Hook):
     """Every ``interval`` iterations publishes ``memory/rss_mb``, ``memory/peak_rss_mb`` and,
     on CUDA, ``memory/cuda_allocated_mb``, ``memory/cuda_reserved_mb``, ``memory/cuda_peak_mb``
     to the log record. ``by_layer``: on the first iteration, the memory of each leaf module's
-    output (VISSL's by-layer tracking), logged as a table and kept in result.json."""
+    output (VISSL's by-layer tracking), logged as a table and kept in result.json.
+
+    Args:
+        interval: the iterations between measurements (the ``interval``-th, 2 * ``interval``-th, ...
+            iteration of the run); at least 1.
+        by_layer: also measure each leaf module's output memory once, on the first training iteration.
+        top: the number of layers, largest first, in the by-layer table and in result.json's
+            ``memory_by_layer_mb``.
+
+    Raises:
+        ValueError: `interval` is below 1.
+    """
 
     priority = Priority.NORMAL
 

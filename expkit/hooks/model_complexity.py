@@ -58,7 +58,13 @@ def model_complexity(model: nn.Module, example: torch.Tensor) -> dict[str, int]:
 class ModelComplexityHook(Hook):
     """Before the run, one forward pass on a synthetic input of ``input_shape`` (one sample,
     no batch dimension; None: the shape of the first training sample). Logged, and kept
-    in result.json under ``model_complexity`` (per sample)."""
+    in result.json under ``model_complexity`` (per sample).
+
+    Args:
+        input_shape: the shape of one sample without the batch dimension, e.g. ``[3, 32, 32]``; the
+            forward pass gets a batch of one float tensor of zeros of that shape. None: the shape of
+            the first sample of the training set (else of the validation or test set).
+    """
 
     priority = Priority.VERY_HIGH
 

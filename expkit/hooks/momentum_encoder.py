@@ -32,7 +32,20 @@ class MomentumEncoderHook(Hook):
     """``online`` / ``target``: the model's submodules (dotted paths) with the same structure.
     ``momentum``: the starting m; ``schedule``: constant or cosine (to ``end_momentum`` at the
     last iteration). At the start of a run that does not resume, the target is set to the online
-    weights; the target never gets gradients."""
+    weights; the target never gets gradients.
+
+    Args:
+        online: the dotted path of the model's submodule that the optimizer trains.
+        target: the dotted path of the submodule that follows it (the same structure, checked when
+            training starts); its parameters are frozen.
+        momentum: m at the start, in [0, `end_momentum`]; m = 1 keeps the target as it is.
+        schedule: ``constant`` (m stays `momentum`) or ``cosine`` (m rises to `end_momentum` along a
+            half cosine over the run's iterations).
+        end_momentum: m at the end of the run, at most 1 (``cosine`` only).
+
+    Raises:
+        ValueError: not 0 <= `momentum` <= `end_momentum` <= 1, or `schedule` is not one of ``SCHEDULES``.
+    """
 
     supports_sharding = False  # its copies of the parameters are not sharded; not checked with FSDP2 yet
     priority = Priority.NORMAL

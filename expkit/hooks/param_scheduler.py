@@ -34,7 +34,13 @@ def _step_all(runner: Runner) -> None:
 class ParamSchedulerHook(Hook):
     """Steps the run's schedulers (``runner.schedulers``: one per optimizer) after each
     iteration (``scheduler_by_epoch=False``) or each complete epoch; ReduceLROnPlateau steps
-    after validation on ``monitor``."""
+    after validation on ``monitor``.
+
+    Args:
+        monitor: the validation metric a ReduceLROnPlateau scheduler steps on; its mode (max or min)
+            follows the run's direction of this metric. Unused without ReduceLROnPlateau; with one, a
+            validation that does not report it raises a ConfigError.
+    """
 
     priority = Priority.LOW
 

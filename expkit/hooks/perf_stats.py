@@ -21,7 +21,12 @@ log = logging.getLogger("expkit")
 class PerfStatsHook(Hook):
     """Times every hook call at every stage and the loop phases (data loading, forward,
     backward, optimizer step). At the end: a table in the log and ``perf_stats`` in
-    result.json, slowest first. Costs two clock reads per hook call and phase."""
+    result.json, slowest first. Costs two clock reads per hook call and phase.
+
+    Args:
+        top: the number of (hook, stage) rows, slowest first, in the log's table; result.json keeps
+            every row.
+    """
 
     priority = Priority.HIGHEST
 

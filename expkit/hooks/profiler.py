@@ -39,6 +39,29 @@ class ProfilerHook(Hook):
     ``record_shapes``, ``profile_memory``, ``with_stack``, ``with_flops``: torch.profiler's.
     ``profile_val``: also profile the first validation pass. ``row_limit``, ``sort_by``:
     the summary table.
+
+    Args:
+        wait: the training iterations skipped at the start of each window (counted from the start of
+            this run or resume).
+        warmup: the iterations traced but discarded after `wait` (they warm the profiler up).
+        active: the iterations recorded after `warmup`; at least 1.
+        repeat: the number of wait + warmup + active windows; 0: windows follow one another until
+            training ends.
+        activities: ``auto`` (cpu, plus cuda when the run is on a GPU), ``cpu``, ``cuda``, or a list of
+            these.
+        record_shapes: torch.profiler's option: record the operators' input shapes.
+        profile_memory: torch.profiler's option: record tensor allocations.
+        with_stack: torch.profiler's option: record Python stacks (large traces).
+        with_flops: torch.profiler's option: estimate the FLOPs of matmul and convolution operators.
+        profile_val: also profile one validation pass, to ``traces/val/``: the first one that starts
+            after the training windows are over (none with `repeat` 0).
+        row_limit: the rows of the top-operator table (``traces/<train|val>_summary.txt``).
+        sort_by: the column of ``key_averages()`` that orders that table, e.g. ``self_cuda_time_total``
+            on a GPU.
+
+    Raises:
+        ValueError: `wait`, `warmup` or `repeat` is negative, `active` is below 1, or `activities`
+            names something other than auto, cpu and cuda.
     """
 
     priority = Priority.VERY_LOW

@@ -20,7 +20,17 @@ class StopAfterHook(Hook):
     """Requests a stop once ``epochs`` epochs, ``iters`` iterations or ``minutes`` of training
     time are reached (whichever comes first; None: no limit). The stop saves a checkpoint,
     so a run given a time budget can be continued with ``resume=true``. Time already spent
-    before a resume counts."""
+    before a resume counts.
+
+    Args:
+        epochs: stop after this many complete epochs of the run (resumed ones included); None: no limit.
+        iters: stop after this many iterations of the run (resumed ones included); None: no limit.
+        minutes: stop after this much time since training started (validations included, time before a
+            resume counted), checked after each iteration; None: no limit.
+
+    Raises:
+        ValueError: all three are None.
+    """
 
     priority = Priority.NORMAL
 

@@ -126,7 +126,13 @@ class Backend:
 class TensorBoardBackend(Backend):
     """``<work dir>/<log_dir>/``: scalars under the metrics.jsonl names and steps, the resolved
     config as text, and the hyperparameters (the run's overrides) with the best and final
-    metrics in the HPARAMS tab. ``tensorboard --logdir outputs/`` shows every run and job."""
+    metrics in the HPARAMS tab. ``tensorboard --logdir outputs/`` shows every run and job.
+
+    Args:
+        log_dir: the event files' directory, relative to the work dir.
+        flush_secs: SummaryWriter's ``flush_secs``: the most seconds events wait in memory before they
+            are written to disk (every checkpoint and the end of the run flush them too).
+    """
 
     name = "tensorboard"
 
@@ -207,7 +213,27 @@ class WandbBackend(Backend):
     ``rewind=true`` rewinds the run to that step (wandb's ``resume_from``, where the server
     offers it); otherwise it resumes with ``resume="allow"`` and wandb keeps the first value
     it got per step, which exact resume makes the same value. Offline, each attempt writes its
-    own ``offline-run-*`` dir of that id; ``wandb_history(work_dir)`` reads them as one run."""
+    own ``offline-run-*`` dir of that id; ``wandb_history(work_dir)`` reads them as one run.
+
+    Args:
+        project: the wandb project.
+        entity: the team or user the run belongs to; None: wandb's default.
+        mode: ``online``, ``offline`` or ``disabled``; None: WANDB_MODE if set, else online when logged
+            in and offline otherwise.
+        name: the run's display name; None: the job's overrides (``hydra.*`` left out), or the work
+            dir's name when there are none.
+        group: the run's group; None: the sweep dir's name (none outside a sweep).
+        tags: the run's tags; empty: none.
+        job_type: wandb's job type.
+        flush_timeout: the seconds to wait after ``finish()`` for wandb to write the run's log out
+            (a warning when it has not); at least 0.
+        rewind: when resuming online, rewind the wandb run to the checkpoint's step (``resume_from``)
+            instead of resuming it with ``resume="allow"``.
+
+    Raises:
+        ValueError: `mode` is not online, offline, disabled or None, or `flush_timeout` is not a number
+            >= 0.
+    """
 
     ID_FILE = "run_id"
 

@@ -324,7 +324,21 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 class MLflowBackend(Backend):
     """See the module docstring. ``experiment``: the experiment of single runs, and the prefix
     of a sweep's; ``run_name``: null gives the job's overrides (or the work dir's name);
-    ``tags``: extra tags; ``artifacts``: log curves.svg and the config."""
+    ``tags``: extra tags; ``artifacts``: log curves.svg and the config.
+
+    Args:
+        tracking_uri: the MLflow store; None: MLFLOW_TRACKING_URI, else (on resume) the store the run
+            was made in, else ``sqlite:///<cwd>/outputs/mlflow.db``. A SQLite store is checked here.
+        experiment: the experiment of single runs; a sweep's jobs go to ``<experiment>/<sweep dir name>``.
+        run_name: the new MLflow run's name; None: the job's overrides (``hydra.*`` left out), or the work
+            dir's name when there are none.
+        tags: extra tags set on a new run (after ``work_dir``, which one of them may replace); None: none.
+        artifacts: at the end, store ``curves.svg`` and ``.hydra/config.yaml`` as the run's artifacts.
+
+    Raises:
+        ConfigError: the SQLite store holds the scratch tables an interrupted schema migration left
+            (a half-made store).
+    """
 
     name = "mlflow"
     ID_FILE = "run_id"

@@ -41,7 +41,16 @@ class Series:
     """Points of one line (``line=True``) or one set of markers; ``label`` goes in the legend
     and in the element's tooltip; ``errors``: a half-width per point, drawn as an error bar
     (y - e to y + e). (Plain classes, not dataclasses: making the two dataclasses cost 2 ms of
-    each run's end, where curves.svg is drawn.)"""
+    each run's end, where curves.svg is drawn.)
+
+    Args:
+        points: the (x, y) points, in drawing order; non-finite ones are left out.
+        label: the series' name in the legend and the tooltip; empty: none.
+        line: True: a line through the points (with a marker on each when there are fewer than 50);
+            False: markers only.
+        errors: the half-width of each point's error bar, in the order of `points`; a non-finite or
+            non-positive one draws no bar. None: no error bars.
+    """
 
     __slots__ = ("errors", "label", "line", "points")
 
@@ -57,7 +66,19 @@ class Series:
 
 class Panel:
     """One chart. ``log_x``: a log10 x axis (positive x only). ``categories``: x values are
-    indices into these names, shown as tick labels."""
+    indices into these names, shown as tick labels.
+
+    Args:
+        title: the text above the chart.
+        series: the series drawn in it; with several, each gets a color of ``COLORS`` in turn.
+        xlabel: the text under the x axis.
+        ylabel: the text beside the y axis; empty: none.
+        log_x: a log10 x axis, ticked at powers of ten; points with x <= 0 are left out.
+        categories: the names the x values index, shown as the x tick labels; None: numeric x values.
+        legend: list the labelled series under the chart (the first 20, then "... and N more").
+        x_range: (low, high) that a linear, non-categorical x axis covers at least, so that panels side
+            by side share a scale; None: the points' range only.
+    """
 
     __slots__ = ("categories", "legend", "log_x", "series", "title", "x_range", "xlabel", "ylabel")
 

@@ -203,7 +203,13 @@ class TrialReportHook(Hook):
     """Reports ``monitor`` to the Optuna trial after every validation, at the run's step
     (``runner.iter``, the one step axis of metrics.jsonl), and stops the run when the study's
     pruner prunes it: the current epoch's checkpoint stays, the test pass is skipped, and
-    result.json says ``pruned``. Registered by ``expkit.train`` for jobs of an Optuna search."""
+    result.json says ``pruned``. Registered by ``expkit.train`` for jobs of an Optuna search.
+
+    Args:
+        trial: the job's ``optuna.Trial`` (``current_trial``'s), with the study's pruner; the main process
+            reports to it.
+        number: the trial's number in the study, kept as ``number`` (the hook itself does not use it).
+    """
 
     priority = "LOWEST"  # after the checkpoint hook has saved this validation's files
 

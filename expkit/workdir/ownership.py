@@ -62,7 +62,12 @@ os.register_at_fork(after_in_child=_close_in_child)
 
 
 class WorkDirBusy(ConfigError):
-    """The work dir is owned by a live process (exit 2: pick another dir, or wait)."""
+    """The work dir is owned by a live process (exit 2: pick another dir, or wait).
+
+    Args:
+        message: the error's text (``busy_message``'s: who holds the dir and what to do).
+        owner: the lock file's content, kept as ``owner`` (``{"unreadable": True}`` when it could not be read).
+    """
 
     def __init__(self, message: str, owner: dict[str, Any]) -> None:
         super().__init__(message)
@@ -165,7 +170,17 @@ def why_stale(owner: dict[str, Any], now: float | None = None, stale_after: floa
 
 
 class WorkDirLock:
-    """``with WorkDirLock(work_dir, command):`` owns the dir or raises WorkDirBusy."""
+    """``with WorkDirLock(work_dir, command):`` owns the dir or raises WorkDirBusy.
+
+    Args:
+        work_dir: the dir to own; the lock file is ``<work_dir>/.lock`` (the dir is made when the lock is
+            acquired, not here).
+        command: the command recorded as the owner's; None: ``python`` and this process's ``sys.argv``.
+        stale_after: the heartbeat age, in seconds, after which an owner on another host counts as gone
+            (decides only where the filesystem does not honour flock).
+        heartbeat: the seconds between refreshes of the lock file's heartbeat, in a background thread;
+            <= 0: no thread (the heartbeat is written only when the lock is acquired and released).
+    """
 
     def __init__(
         self,

@@ -72,7 +72,13 @@ MAX_HELD = 256
 
 class ComposeOnce:
     """A config loader that serves each sweep job's config composed during the check to the
-    launch that follows, once; everything else goes to Hydra's loader."""
+    launch that follows, once; everything else goes to Hydra's loader.
+
+    Args:
+        loader: Hydra's config loader, which composes every config and answers every other call.
+        max_held: the most configs held at a time; a job checked beyond that is composed again at
+            its launch.
+    """
 
     def __init__(self, loader: Any, max_held: int = MAX_HELD) -> None:
         self._loader = loader
@@ -185,7 +191,14 @@ class StopBetweenJobs:
     themselves as a single run does; this process, meanwhile, only writes the sweep dir's stop
     file (jobs not started yet then never start) and waits for the launch to return, then
     raises ``SweepInterrupted``, so no further batch starts. A second Ctrl-C quits at once.
-    Without this, the launcher's own KeyboardInterrupt handling kills its workers mid-save."""
+    Without this, the launcher's own KeyboardInterrupt handling kills its workers mid-save.
+
+    Args:
+        launcher: the launcher to wrap (joblib, submitit, ...); whatever this class does not define is
+            looked up on it.
+        sweep_dir: the sweep's dir (``hydra.sweep.dir``): where the stop file is written, and the dir
+            ``SweepInterrupted`` names.
+    """
 
     def __init__(self, launcher: Any, sweep_dir: Any) -> None:
         self._launcher, self._sweep_dir = launcher, Path(sweep_dir)
@@ -340,6 +353,17 @@ def stoppable(launcher: Any, config: DictConfig) -> Any:
 
 
 class ExpkitSweeper(basic_sweeper()):  # type: ignore[misc]  # (the class this module's execution finds)
+    """``hydra/sweeper=expkit``: Hydra's BasicSweeper (a grid) that checks ``seed_keys`` first, composes
+    each job once when the jobs run in this process, and otherwise makes the launcher stop between
+    jobs on a signal (``StopBetweenJobs``).
+
+    Args:
+        max_batch_size: the jobs composed (checked) per batch before the batch launches; None: all
+            jobs in one batch.
+        params: sweep values from the config, as ``hydra/sweeper=basic`` takes them (``{optim.lr:
+            "0.1,0.01"}``); a command-line override of the same key replaces its entry. None: none.
+    """
+
     def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.sweep_params = dict(params or {})

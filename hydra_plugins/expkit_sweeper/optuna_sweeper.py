@@ -174,6 +174,38 @@ def override_value(value: Any) -> str:
 
 
 class OptunaSweeper(Sweeper):
+    """``hydra/sweeper=optuna``: an Optuna study searched in slots, each trial launched as one job per
+    seed and told to the study when it ends (see the module docstring).
+
+    Args:
+        direction: ``maximize`` or ``minimize``; None: from the config's ``monitor``, by the run's rule
+            of which direction is better. An existing study must have the same direction.
+        study_name: the study's name in its storage; None: ``expkit``. An existing study of that name
+            is continued, and must hold the same search space.
+        storage: None: ``<sweep dir>/optuna.journal``; else an Optuna storage URL (``sqlite:///study.db``,
+            ``postgresql://...``) or a ``.journal`` file.
+        n_trials: the trials this command runs, on top of those the sweep dir holds (with
+            ``resume=true``: until it holds this many); at least 1.
+        n_jobs: the trials run at once, each in its own thread, with a launcher whose jobs run in
+            other processes; the in-process launcher runs one at a time. At least 1.
+        sampler: the Optuna sampler, or a ``_target_`` node built when the sweep starts (a seeded one
+            continuing a study gets a seed derived from its seed and the trials so far); None: Optuna's
+            default (TPE).
+        pruner: the Optuna pruner the jobs' ``TrialReportHook`` asks, or a ``_target_`` node; None: no
+            pruning.
+        params: the search space by config key, in Hydra's sweep syntax (``interval(..)``,
+            ``tag(log, interval(..))``, ``range(..)``, ``choice(..)``); a plain value is a fixed override.
+            A command-line override of the same key replaces its entry. None: none.
+        custom_search_space: ``"module.function"``, called as ``function(config, trial)`` for each new
+            trial to suggest more parameters; None: none.
+        seeds_per_trial: the jobs each trial runs, with the first ``seed_keys`` key (default
+            ``trainer.seed``) at its configured value + 0, 1, ...; the study gets their mean. At least 1.
+
+    Raises:
+        SearchConfigError: `direction` is not maximize, minimize or None, or `n_trials`, `n_jobs` or
+            `seeds_per_trial` is not a whole number >= 1.
+    """
+
     def __init__(
         self,
         direction: str | None = None,
@@ -629,7 +661,12 @@ class Ledger:
     """``optuna_trials.json``: this sweep dir's trials (number -> trial id, job dir, overrides,
     the worker running it, status), written after every ask and every tell. Several workers
     share it: each change is made under an exclusive ``flock`` of ``.optuna_trials.lock``
-    (NFS clients honour it across hosts), on the file as it is then."""
+    (NFS clients honour it across hosts), on the file as it is then.
+
+    Args:
+        path: the ledger file, ``<sweep dir>/optuna_trials.json``, read now (missing or unreadable: no
+            trials yet); the lock file ``.optuna_trials.lock`` is made beside it.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
