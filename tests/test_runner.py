@@ -28,6 +28,20 @@ def test_runner_without_hydra_trains_validates_tests_and_writes_result(tmp_path)
     assert runner.epoch == 3 and runner.iter == 6  # 8 samples, batch 4
 
 
+def test_run_info_adds_to_result_json_but_never_replaces_the_runs_own_keys(tmp_path):
+    runner = toy_runner(tmp_path, max_epochs=1)
+    runner.run_info = {"status": "completed-ish", "epoch": 99, "traceback": "x", "note": "kept"}
+    result = runner.run()
+    stored = json.loads((tmp_path / "result.json").read_text())
+    for record in (result, stored):
+        assert (record["status"], record["epoch"], record["traceback"], record["note"]) == (
+            "completed",
+            1,
+            None,
+            "kept",
+        )
+
+
 def test_golden_firing_order_with_two_equal_priority_hooks(tmp_path):
     log: list[str] = []
     hooks = {"first": Recorder("A", log), "second": Recorder("B", log)}  # both NORMAL

@@ -152,6 +152,8 @@ def test_the_users_own_package_loads_once_trusted(tmp_path, monkeypatch):
     with pytest.raises(UntrustedTargetError, match=r"model\._target_='my_project\.models\.ResidualMLP'"):
         load_model(tmp_path)
     by_package = load_model(tmp_path, trusted_targets=["my_project"])
+    assert TrustPolicy("my_project").user == ("my_project",)  # (trusted_targets=my_project: one name, not 10 letters)
+    assert type(load_model(tmp_path, trusted_targets="my_project")).__name__ == "ResidualMLP"
     by_config_dir = load_model(tmp_path, config_dirs=[PROJECT / "conf"])  # the targets your YAML files name
     assert type(by_package).__name__ == type(by_config_dir).__name__ == "ResidualMLP"
 

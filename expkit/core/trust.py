@@ -117,9 +117,22 @@ def _targets(node: Any, key: str) -> Iterator[tuple[str, Any]]:
 
 
 class TrustPolicy:
-    """The targets one reader of stored configs trusts (see the module docstring)."""
+    """The targets one reader of stored configs trusts (see the module docstring).
 
-    def __init__(self, trusted_targets: Sequence[str] = (), config_dirs: Sequence[str | Path] = ()) -> None:
+    Args:
+        trusted_targets: the user's dotted package, module or object names (e.g. ``["my_project"]``),
+            trusted besides expkit's: each one and every name under it, except ``NEVER_TRUSTED``. Blank
+            entries are ignored.
+        config_dirs: directories whose YAML files (read recursively, now) name targets that are trusted
+            exactly as named.
+
+    Raises:
+        ConfigError: an entry of `trusted_targets` is not a dotted name.
+    """
+
+    def __init__(self, trusted_targets: Sequence[str] | str = (), config_dirs: Sequence[str | Path] = ()) -> None:
+        if isinstance(trusted_targets, str):  # trusted_targets=my_project: one name, not its letters
+            trusted_targets = [trusted_targets]
         self.user = tuple(str(t).strip() for t in trusted_targets if str(t).strip())
         for entry in self.user:
             if not all(part.isidentifier() for part in entry.split(".")):

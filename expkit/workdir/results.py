@@ -42,7 +42,7 @@ def run_result(runner: Runner, status: str, error: str | None, tb: str | None, w
         checkpoints, the wall time, every entry of ``runner.run_info``, and the traceback.
     """
     r = runner
-    return {
+    result = {
         "status": status,  # completed, stopped, pruned or failed
         "error": error,
         "stop_reason": r.stop_reason,
@@ -59,9 +59,11 @@ def run_result(runner: Runner, status: str, error: str | None, tb: str | None, w
         "test_checkpoint": r.test_checkpoint,
         "provenance": "provenance.json",  # commit, versions, packages, host, command, times
         "wall_time_s": round(wall_time, 3),
-        **r.run_info,
-        "traceback": tb,
     }
+    # what the command and hooks add (overrides, command, perf_stats, ...): never over the run's own keys
+    result.update((k, v) for k, v in r.run_info.items() if k not in result and k != "traceback")
+    result["traceback"] = tb
+    return result
 
 
 def failure_message(exc: BaseException, resume_command: str | None = None) -> str:
