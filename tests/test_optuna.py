@@ -53,10 +53,14 @@ def test_hydra_sweep_syntax_maps_to_optuna_distributions():
     assert parse("tag(int, interval(1, 4))") == IntDistribution(1, 4)
     assert parse("range(1, 10, 2)") == IntDistribution(1, 9, step=2)  # Hydra's range: 10 excluded
     assert parse("range(0.0, 1.0, 0.25)") == FloatDistribution(0.0, 0.75, step=0.25)
+    assert parse("range(0, 1, 0.3)") == FloatDistribution(0.0, 0.9, step=0.3)  # (not cut to 0.6)
+    assert parse("range(1, 0, -0.3)") == FloatDistribution(0.1, 1.0, step=0.3)
     assert parse("choice(sgd, adam)") == CategoricalDistribution(["sgd", "adam"])
     assert parse("choice([128,128], [256])") == CategoricalDistribution(["[128,128]", "[256]"])
     with pytest.raises(ValueError, match="holds no value"):
         parse("range(5, 1)")
+    with pytest.raises(ValueError, match="step of 0"):  # (was a ZeroDivisionError's traceback)
+        parse("range(0, 10, 0)")
 
 
 @pytest.mark.slow

@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +129,8 @@ def distribution(value: Any) -> Any:
             of its values, a list or dict value as its override text (``[1,2]``).
 
     Raises:
-        ValueError: when a range holds no value, or `value` is not an interval, range or choice sweep.
+        ValueError: when a range holds no value or has a step of 0, or `value` is not an interval, range or
+            choice sweep.
     """
     from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
@@ -140,13 +142,18 @@ def distribution(value: Any) -> Any:
         return FloatDistribution(float(value.start), float(value.end), log=log_scale)
     if isinstance(value, RangeSweep):
         start, stop, step = value.start, value.stop, value.step
-        count = math.ceil((stop - start) / step)
+        if step == 0:
+            raise ValueError(f"range({start}, {stop}, 0) has a step of 0; give a step that is not 0")
+        count = sum(1 for _ in value.range())  # as many values as Hydra's own sweep of it runs
         if count < 1:
             raise ValueError(f"range({start}, {stop}, {step}) holds no value")
-        last = start + step * (count - 1)
         if all(isinstance(x, int) for x in (start, stop, step)):
+            last = start + step * (count - 1)
             return IntDistribution(min(start, last), max(start, last), step=abs(step))
-        return FloatDistribution(float(min(start, last)), float(max(start, last)), step=abs(float(step)))
+        # the ends in decimal, as typed: start + 3 * 0.3 in binary floats is 0.8999999999999999, which
+        # Optuna's step check (in decimal) rounds down to 0.6, losing a value of the range
+        ends = (Decimal(str(start)), Decimal(str(start)) + Decimal(str(step)) * (count - 1))
+        return FloatDistribution(float(min(ends)), float(max(ends)), step=abs(float(step)))
     if isinstance(value, ChoiceSweep):
         primitive = (type(None), bool, int, float, str)
         return CategoricalDistribution(
