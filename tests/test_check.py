@@ -239,8 +239,11 @@ def test_ctrl_c_stops_the_runs_and_leaves_nothing(tmp_path):
         start_new_session=True,
     )
     deadline = time.time() + 120
-    while not list((tmp_path / "scratch").glob("*/a")) and time.time() < deadline:  # its runs have started
+    # its runs have started: a0.out is made as run a is launched and stays to the end (its dir a/ lives
+    # only while it trains, a few seconds that a loaded machine's poll can miss)
+    while not list((tmp_path / "scratch").glob("*/a0.out")) and time.time() < deadline:
         time.sleep(0.1)
+    assert proc.poll() is None, "the check ended before its runs were seen"
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

@@ -70,11 +70,13 @@ def _interrupt(tmp_path: Path, command: list[str], ready: Path, *signals: signal
 
 
 def _when_saved(jobs: list[Path], ready: Path) -> None:
-    """Make `ready` (from a watcher thread) once every one of `jobs` has its first checkpoint."""
+    """Make `ready` (from a watcher thread) once every one of `jobs` has saved a checkpoint (any
+    epoch's: retention removes epoch_1.pth two epochs later, and jobs started a few seconds apart on
+    a loaded machine need not hold it at the same moment)."""
 
     def watch() -> None:
         deadline = time.time() + 240
-        while time.time() < deadline and not all((job / "checkpoints" / "epoch_1.pth").exists() for job in jobs):
+        while time.time() < deadline and not all(any((job / "checkpoints").glob("epoch_*.pth")) for job in jobs):
             time.sleep(0.02)
         ready.touch()
 
