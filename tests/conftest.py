@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,13 @@ from expkit.testing import toy_loaders, toy_runner  # noqa: F401 (used by the te
 
 REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
+
+# The tests' Ctrl-C is a terminal's: the commands they start must hear SIGINT. A test run started
+# as a shell's background job (`bash .ci/run &` in a script) inherits SIGINT ignored, and so would
+# every process it starts (an ignored signal survives exec), which then ignores the tests' Ctrl-C
+# and runs to its end: restore the default here, which exec resets to SIG_DFL in the children.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Hydra's plugins, found once before any test runs: Hydra's test suites restore Hydra's singletons
 # after each test, and on Hydra 1.4 a plugin scan first made inside one of them left the core
