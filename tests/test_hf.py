@@ -256,6 +256,11 @@ def test_a_bare_pretrained_model_and_text_files_read_through_datasets(tmp_path):
         (["data.tokenizer=/nonexistent/tokenizer.json"], "data.tokenizer=/nonexistent/tokenizer.json: no such file"),
         (["data.text=/nonexistent/*.txt"], "data.text=/nonexistent/*.txt: no such file"),
         (["data.text=EMPTY"], "the text is empty"),
+        (["data.text=ZEROBYTES"], "the text is empty"),
+        (["data.text="], "data.text is empty: give pydoc, or the path or glob of text files"),
+        (["data.text=''"], "data.text is empty: give pydoc, or the path or glob of text files"),
+        (["data.text=DIR"], "is a directory; give the text files in it, e.g. data.text='"),
+        (["data.tokenizer=NOTATOKENIZER"], "not a tokenizer.json tokenizers can read"),
         (["model.pretrained=/nonexistent"], "model.pretrained=/nonexistent: not a local model directory"),
         (["model.config.model_type=gtp2"], "model_type='gtp2' is not a transformers model type; close matches: gpt2"),
         (["model.config.n_positions=32"], "model.config allows 32 positions, fewer than data.block_size=64"),
@@ -273,6 +278,11 @@ def test_a_bare_pretrained_model_and_text_files_read_through_datasets(tmp_path):
         "tokenizer file",
         "text files",
         "empty text",
+        "zero-byte text file",
+        "text unset",
+        "text quoted empty",
+        "text dir",
+        "tokenizer not json",
         "pretrained dir",
         "model type",
         "positions",
@@ -284,13 +294,26 @@ def test_a_bare_pretrained_model_and_text_files_read_through_datasets(tmp_path):
 def test_bad_input_exits_2_in_one_line(tmp_path, overrides, says):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
+    (tmp_path / "zero.txt").write_bytes(b"")
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("a line of text\n")
+    (tmp_path / "notes.txt").write_text("not a tokenizer\n")
     (tmp_path / "nolabel.csv").write_text("text\nhello\n")
-    overrides = [o.replace("EMPTY", str(empty)).replace("NOLABEL", str(tmp_path / "nolabel.csv")) for o in overrides]
+    named = {
+        "ZEROBYTES": tmp_path / "zero.txt",
+        "EMPTY": empty,
+        "NOLABEL": tmp_path / "nolabel.csv",
+        "DIR": tmp_path / "texts",
+        "NOTATOKENIZER": tmp_path / "notes.txt",
+    }
+    for placeholder, path in named.items():
+        overrides = [o.replace(placeholder, str(path)) for o in overrides]
     if not any(o.startswith("experiment=") for o in overrides):
         overrides = ["experiment=hf_causal_lm", *SMALL, *overrides]
     proc = run_cli(f"hydra.run.dir={tmp_path / 'runs' / 'bad'}", *overrides)
     assert proc.returncode == 2, proc.output[-3000:]
-    assert says in proc.stderr and "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and says in errors[0] and "Traceback" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.slow

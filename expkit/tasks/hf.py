@@ -113,11 +113,20 @@ def bpe_tokenizer(train_docs: list[str], path: str | None, vocab_size: int, cach
 
     Returns:
         The ``tokenizers.Tokenizer``.
+
+    Raises:
+        ConfigError: when `path` is not a tokenizer.json that ``tokenizers`` can read.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if path is not None:
-        return Tokenizer.from_file(str(Path(path).expanduser()))
+        try:
+            return Tokenizer.from_file(str(Path(path).expanduser()))
+        except Exception as exc:  # tokenizers raises a bare Exception for a file that is not its JSON
+            raise ConfigError(
+                f"data.tokenizer={path}: not a tokenizer.json tokenizers can read ({exc}); give a tokenizer.json "
+                "(tokenizers' Tokenizer.save), or data.tokenizer=null to train one on the text"
+            ) from None
     digest = hashlib.sha256()
     for doc in train_docs:
         digest.update(doc.encode())
@@ -208,9 +217,26 @@ class TextBlocks(DataModule):
         else:
             import glob
 
-            files = sorted(glob.glob(str(Path(self.text).expanduser())))
-            if not files:
+            # Path('') is '.', which glob finds: an empty value would reach datasets as the cwd
+            if not str(self.text).strip():
+                raise ConfigError(
+                    "data.text is empty: give pydoc, or the path or glob of text files, e.g. data.text='corpus/*.txt'"
+                )
+            found = sorted(glob.glob(str(Path(self.text).expanduser())))
+            if not found:
                 raise ConfigError(f"data.text={self.text}: no such file (a path or a glob of text files, or pydoc)")
+            files = [f for f in found if Path(f).is_file()]
+            if not files:
+                folder = found[0].rstrip("/")
+                raise ConfigError(
+                    f"data.text={self.text}: {'is a directory' if len(found) == 1 else 'names only directories'}; "
+                    f"give the text files in it, e.g. data.text='{folder}/*.txt'"
+                )
+            # datasets fails on a zero-byte file ("An error occurred while generating the dataset"):
+            # it holds no documents, so it is left out, and text that is all empty is named below
+            files = [f for f in files if Path(f).stat().st_size]
+            if not files:
+                raise ConfigError(f"data.text={self.text}: the text is empty; give files with text in them")
             from datasets import load_dataset
 
             with _quiet_datasets():
@@ -238,8 +264,9 @@ class TextBlocks(DataModule):
                 items are dicts of ``input_ids`` and ``labels``.
 
         Raises:
-            ConfigError: when the text files are missing or empty, there are too few documents to
-                split, or a block is longer than the train or validation text.
+            ConfigError: when `text` is empty or names directories, the text files are missing or
+                empty, `tokenizer` is not a tokenizer.json, there are too few documents to split, or a
+                block is longer than the train or validation text.
         """
         from datasets import Dataset
 
@@ -411,7 +438,8 @@ class TextClasses(DataModule):
 
         Raises:
             ConfigError: when a package is not in the standard library, the file is of another
-                kind, lacks a column or holds no rows, or there are too few texts to split.
+                kind, lacks a column or holds no rows, `tokenizer` is not a tokenizer.json, or there
+                are too few texts to split.
         """
         with _quiet_datasets():
             rows = self._rows().shuffle(seed=self.split_seed)
