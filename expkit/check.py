@@ -15,7 +15,7 @@ processes, each with ``expkit.check_probe.CheckProbe`` added:
 What differs between ``a`` and ``b`` only in a timing (an iteration's seconds, a timer hook's
 clock) is what any two runs differ in; it is left out of every comparison. Each difference
 found becomes a finding that names the piece at fault and what to change. Exit 0 when all
-match, 1 on any divergence, 2 on bad input. A report goes to ``check.out`` (check.json).
+match, 1 on any divergence, 2 on bad input. A report goes to ``check.out`` (under ``outputs/``).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from expkit.core.errors import ConfigError, TaskExit, exit_status, task_exits
 __all__ = [
     "DETERMINISM_WARNING",
     "RESULT_RUN_KEYS",
+    "SETTINGS",
     "TIMING",
     "TORCHRUN_ENV",
     "Comparison",
@@ -63,6 +64,7 @@ __all__ = [
     "run",
     "split_argv",
     "train_all",
+    "validate_settings",
 ]
 
 
@@ -104,6 +106,8 @@ TORCHRUN_ENV = {
     "MASTER_PORT",
 }  # (the check's own, not its runs')
 DETERMINISM_WARNING = re.compile(r"(\S+) does not have a deterministic implementation")
+# the keys of check.yaml's `check:`, in its order
+SETTINGS = ("iters", "kill_at", "keep", "dir", "out")
 
 
 # -- the plan ---------------------------------------------------------------------------------------
@@ -119,6 +123,8 @@ class Plan:
         nproc: the processes per run (under ``torchrun ... -m expkit.check``: as many as it started).
         loggers: the ``logger`` settings by backend name.
         scratch: the scratch dir where the runs' work dirs (and an MLflow store) go.
+        data_option: the ``data=`` option the config was composed with (None when unknown).
+        data_class: the data module's class (``data._target_``).
     """
 
     steps_per_epoch: int
@@ -128,6 +134,8 @@ class Plan:
     nproc: int = 1  # processes per run (torchrun ... -m expkit.check: as many as it started)
     loggers: dict[str, Any] = field(default_factory=dict)  # logger=[...]: name -> settings
     scratch: Path = Path()  # (where the runs' work dirs and an MLflow store go)
+    data_option: str | None = None  # data=NAME (None: composed without the group)
+    data_class: str | None = None  # data._target_
 
 
 def plan(cfg: DictConfig, nproc: int = 1) -> Plan:
@@ -186,7 +194,63 @@ def plan(cfg: DictConfig, nproc: int = 1) -> Plan:
     node = cfg.get("logger")
     given = OmegaConf.to_container(node, resolve=False) if isinstance(node, DictConfig) else {}
     loggers = {k: v for k, v in (given or {}).items() if isinstance(v, dict)}  # type: ignore[union-attr]
-    return Plan(steps, budget, kill, checkpoints, nproc, loggers)
+    from hydra.core.hydra_config import HydraConfig
+
+    # a finding about the data names the option and the class, as the user would type them
+    choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+    p = Plan(steps, budget, kill, checkpoints, nproc, loggers)
+    p.data_option, p.data_class = choices.get("data"), cfg.data.get("_target_")
+    return p
+
+
+def validate_settings(check: DictConfig) -> None:
+    """Refuse, before anything trains, a ``check.`` setting the check does not have or cannot
+    read, and a scratch dir or report path it cannot write in: three runs take minutes, and
+    the report is written after them.
+
+    Args:
+        check: the composed ``check`` node.
+
+    Raises:
+        ConfigError: naming the setting and what to type instead.
+    """
+    unknown = [str(k) for k in check if k not in SETTINGS]
+    if unknown:
+        known = ", ".join(f"check.{k}" for k in SETTINGS)
+        raise ConfigError(f"check.{unknown[0]}: the check has no such setting; its settings: {known}")
+    for key in ("iters", "kill_at"):
+        value = check.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"check.{key}={value}: give a number of iterations (e.g. check.{key}=40) or null")
+    if not isinstance(check.get("keep"), bool):
+        raise ConfigError(f"check.keep={check.get('keep')}: give check.keep=true or check.keep=false")
+    scratch = check.get("dir")
+    _writable(
+        Path(str(scratch) if scratch is not None else tempfile.gettempdir()),
+        f"check.dir={'null' if scratch is None else scratch}",
+        "check.dir=<a directory you can write in>",
+    )
+    if check.get("out"):
+        _writable(
+            Path(str(check.out)).parent,
+            f"check.out={check.out}",
+            "check.out=<a path you can write to> (or check.out=null for no report)",
+        )
+
+
+def _writable(directory: Path, setting: str, instead: str) -> None:
+    """Raise unless a file can be made in `directory`, or while it is missing in the nearest dir
+    above it (tried with a file that is gone at once: nothing is left behind on bad input)."""
+    there = directory.absolute()
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if not there.is_dir():
+        raise ConfigError(f"{setting}: {there} is a file; give {instead}")
+    try:
+        with tempfile.TemporaryFile(dir=there):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{setting}: cannot write in {there} ({exc.strerror or exc}); give {instead}") from None
 
 
 # -- the runs -----------------------------------------------------------------------------------------
@@ -572,7 +636,17 @@ def _loader(t: Trace) -> dict[str, Any]:
     return t.start[0].get("loader", {}) if t.start else {}
 
 
-def _data_advice(kind: str, facts: dict[str, Any], i: int, when: str) -> str:
+def _data_source(p: Plan, facts: dict[str, Any]) -> str:
+    """What a finding about the data names: ``data=clock_seeded (`checkfix.ClockSeededAugmentation`,
+    its train dataset `checkfix._Augmented`)``."""
+    what = [f"`{p.data_class}`"] if p.data_class else []
+    if facts.get("dataset"):
+        what.append(f"its train dataset `{facts['dataset']}`")
+    name = f"data={p.data_option}" if p.data_option else "data"
+    return f"{name} ({', '.join(what)})" if what else name
+
+
+def _data_advice(kind: str, facts: dict[str, Any], i: int, when: str, source: str) -> str:
     sampler = facts.get("sampler_name", "?")
     if kind in ("order", "samples"):
         what = "the same samples in another order" if kind == "order" else "other samples"
@@ -597,17 +671,17 @@ def _data_advice(kind: str, facts: dict[str, Any], i: int, when: str) -> str:
         )
     if not when.startswith("after resume"):
         return (
-            f"batch {i} {when} held the same samples with other values: the data pipeline draws randomness "
-            "that expkit's seed does not fix (a generator seeded from the clock, or an unseeded random.Random(), "
-            "np.random.default_rng() or torch.Generator()). Seed it from the run's seed (data.seed), e.g. "
-            "torch.Generator().manual_seed(seed)"
+            f"batch {i} {when} held the same samples with other values: the data pipeline of {source} draws "
+            "randomness that expkit's seed does not fix (a generator seeded from the clock, or an unseeded "
+            "random.Random(), np.random.default_rng() or torch.Generator()). Seed it from the run's seed "
+            "(data.seed), e.g. torch.Generator().manual_seed(seed)"
         )
     return (
-        f"batch {i} {when} held the same samples with other values: the dataset's __getitem__ draws from "
-        "a random generator that expkit neither seeds per sample nor restores on resume (the clock, an unseeded "
-        "random.Random()/np.random.default_rng()/torch.Generator(), or the global `random`, `numpy.random` or "
-        "torch generator, which skipping batches on resume moves). Draw each sample's randomness from a "
-        "generator seeded by (seed, epoch, index)"
+        f"batch {i} {when} held the same samples with other values: the dataset's __getitem__ ({source}) "
+        "draws from a random generator that expkit neither seeds per sample nor restores on resume (the clock, "
+        "an unseeded random.Random()/np.random.default_rng()/torch.Generator(), or the global `random`, "
+        "`numpy.random` or torch generator, which skipping batches on resume moves). Draw each sample's "
+        "randomness from a generator seeded by (seed, epoch, index)"
     )
 
 
@@ -695,6 +769,7 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
     cmp = Comparison()
     iters = range(p.budget)
     facts = _loader(ta)
+    source = _data_source(p, facts)
 
     # -- ops torch names as non-deterministic (warn_only mode, from every run's output)
     flagged = sorted(set(DETERMINISM_WARNING.findall(outputs)))
@@ -731,7 +806,7 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
         cmp.findings.append(
             Finding(
                 "same seed: same batches",
-                _data_advice(first[2], facts, i, f"of a second run from the same seed{on_rank(first[1])}"),
+                _data_advice(first[2], facts, i, f"of a second run from the same seed{on_rank(first[1])}", source),
             )
         )
     j = _first_iter(ta, tb, ("loss", "params"), iters)
@@ -826,7 +901,7 @@ def compare(a: Run, b: Run, c: Run, p: Plan, outputs: str) -> Comparison:
         f"iterations {p.kill_at}-{p.budget - 1}" + (f", {p.nproc} ranks" if p.nproc > 1 else ""),
     )
     if first and not determinism_failed:
-        cmp.findings.append(Finding("resume: same batches", _data_advice(first[2], facts, i, "after resume")))
+        cmp.findings.append(Finding("resume: same batches", _data_advice(first[2], facts, i, "after resume", source)))
     j = _first_iter(ta, tc, ("loss", "params"), after)
     cmp.add("resume: same losses and weights", [f"first differs at iteration {j}"] if j is not None else [])
     weights_held = j is None
@@ -1069,6 +1144,7 @@ def run(cfg: DictConfig) -> None:
 
 
 def _check(cfg: DictConfig) -> None:
+    validate_settings(cfg.check)
     argv, _ = split_argv(sys.argv[1:])
     p = plan(cfg, _processes())
     given_dir = cfg.check.get("dir")
@@ -1125,6 +1201,7 @@ def _check(cfg: DictConfig) -> None:
         from expkit.core import atomic
 
         atomic.write_text_atomic(Path(out), json.dumps(report, indent=2) + "\n")
+        print(f"Report: {out}")
     if not ok:
         sys.exit(1)
 

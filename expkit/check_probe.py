@@ -186,12 +186,16 @@ def loader_facts(loader: Any) -> dict[str, Any]:
         loader: the train loader (a DataLoader, or any object with the same attributes).
 
     Returns:
-        The loader's class; its sampler (or custom batch sampler): its qualified name and
-            whether it has ``set_epoch``, ``state_dict`` and a start to skip to; the number of
-            workers, whether it has a generator, its ``worker_init_fn``'s name, and whether its
-            workers persist.
+        The loader's class and its dataset's qualified name; its sampler (or custom batch
+            sampler): its qualified name and whether it has ``set_epoch``, ``state_dict`` and a
+            start to skip to; the number of workers, whether it has a generator, its
+            ``worker_init_fn``'s name, and whether its workers persist.
     """
     facts: dict[str, Any] = {"class": type(loader).__name__}
+    # a finding about the data names the dataset, as the others name their hook or metric
+    dataset = getattr(loader, "dataset", None)
+    if dataset is not None:
+        facts["dataset"] = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
     sampler = getattr(loader, "sampler", None)
     batch_sampler = getattr(loader, "batch_sampler", None)
     custom_batches = batch_sampler is not None and type(batch_sampler).__name__ != "BatchSampler"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +22,14 @@ FIXTURES = Path(__file__).parent / "check_fixtures"
 SHIPPED = sorted(p.stem for p in (REPO / "expkit" / "conf" / "experiment").glob("*.yaml"))
 
 
-def check(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+def check(
+    *args: str, tmp_path: Path, cwd: Path | None = None, default_out: bool = False
+) -> subprocess.CompletedProcess:
+    """The check run in `cwd` (`tmp_path`), its scratch dir and report in `tmp_path` unless `args`
+    give check.dir or check.out (or `default_out`: the report where the check puts it)."""
     env = {**os.environ, "PYTHONPATH": str(FIXTURES), "HYDRA_FULL_ERROR": "0"}
+    given = {a.partition("=")[0].lstrip("+~") for a in args} | ({"check.out"} if default_out else set())
+    chosen = [f"check.dir={tmp_path / 'scratch'}", f"check.out={tmp_path / 'check.json'}"]
     proc = subprocess.run(
         [
             sys.executable,
@@ -31,10 +38,9 @@ def check(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
             "--config-dir",
             str(FIXTURES / "conf"),
             *args,
-            f"check.dir={tmp_path / 'scratch'}",
-            f"check.out={tmp_path / 'check.json'}",
+            *[c for c in chosen if c.partition("=")[0] not in given],
         ],
-        cwd=tmp_path,
+        cwd=cwd or tmp_path,
         env=env,
         capture_output=True,
         text=True,
@@ -45,9 +51,19 @@ def check(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
 
 
 def test_the_default_experiment_is_reproducible_and_resumes_exactly(tmp_path):
-    proc = check("check.keep=true", tmp_path=tmp_path)
+    # in a git project, the report where it leaves the project's tree clean (its default place)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("# the user's code\n")
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t", "-C", str(project)]
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    proc = check("check.keep=true", tmp_path=tmp_path, cwd=project, default_out=True)
     assert proc.returncode == 0, proc.output
-    report = json.loads((tmp_path / "check.json").read_text())
+    written = list((project / "outputs").rglob("*.json"))
+    assert len(written) == 1 and f"Report: {written[0].relative_to(project)}" in proc.stdout, proc.stdout
+    report = json.loads(written[0].read_text())
     assert report["ok"] is True and report["findings"] == []
     assert (report["budget"], report["kill_at"], report["steps_per_epoch"]) == (
         60,
@@ -75,7 +91,11 @@ def test_the_default_experiment_is_reproducible_and_resumes_exactly(tmp_path):
     assert sorted(p.name for p in kept.iterdir() if p.is_dir()) == ["a", "b", "c"]
     resumed = json.loads((kept / "c" / "result.json").read_text())
     assert resumed["iter"] == 60 and (kept / "c" / "checkpoints" / "iter_50.pth").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["check.json", "scratch"]  # nothing else where it ran
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project", "scratch"]  # nothing else where it ran
+    # a later run's provenance does not count the report as a change to the code
+    from expkit.workdir.provenance import _GitQuery
+
+    assert _GitQuery(project).state(project / "outputs" / "runs" / "x")["changed_files"] == []
 
 
 # the two slowest shipped experiments are checked on a budget inside their first epoch (the
@@ -100,7 +120,11 @@ BROKEN = {
     ),
     "unseeded augmentation": (
         ["data=clock_seeded"],
-        "batch 0 of a second run from the same seed held the same samples with other values",
+        (
+            "batch 0 of a second run from the same seed held the same samples with other values: the data "
+            "pipeline of data=clock_seeded (`checkfix.ClockSeededAugmentation`, its train dataset "
+            "`checkfix._Augmented`) draws randomness"
+        ),
     ),
     "worker RNG": (
         ["data=worker_random"],
@@ -163,13 +187,51 @@ def test_the_pytest_helper_fails_with_the_findings(tmp_path):
         (["check.iters=10", "check.kill_at=10"], "check.kill_at=10: the interruption must fall inside the budget"),
         (["model=nope"], "model=nope"),
         (["trainer.seed=null"], "trainer.seed is null"),
+        (["check.keep=maybe"], "check.keep=maybe: give check.keep=true or check.keep=false"),
+        (["check.iters=many"], "check.iters=many: give a number of iterations"),
+        (["+check.foo=1"], "check.foo: the check has no such setting; its settings: check.iters, check.kill_at"),
+        (["check.dir=afile"], "check.dir=afile: {tmp_path}/afile is a file; give check.dir=<a directory"),
+        (["check.out=afile/check.json"], "check.out=afile/check.json: {tmp_path}/afile is a file; give check.out="),
     ],
 )
 def test_bad_input_exits_2_with_one_line_naming_it(tmp_path, args, message):
+    (tmp_path / "afile").write_text("")
     proc = check(*args, tmp_path=tmp_path)
     assert proc.returncode == 2, proc.output
-    assert message in proc.stderr and "Traceback" not in proc.output
+    assert message.format(tmp_path=tmp_path) in proc.stderr and "Traceback" not in proc.output
+    assert proc.stderr.count("Error:") <= 1, proc.stderr
+    assert "Checking" not in proc.output, "found before any run was started"
     assert not (tmp_path / "check.json").exists()
+
+
+def test_a_working_dir_it_cannot_write_in_exits_2_before_any_training(tmp_path):
+    """Where the report goes by default (under the working dir) is tried first: a read-only
+    working dir is named with what to type, before three runs train for nothing."""
+    project = tmp_path / "project"
+    project.mkdir()
+    project.chmod(0o555)
+    # root writes anywhere: without CAP_DAC_OVERRIDE it keeps to the dir's mode as any user does
+    as_user = []
+    if os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            pytest.skip("setpriv (util-linux) is needed to drop root's override of file modes")
+        as_user = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    try:
+        proc = subprocess.run(
+            [*as_user, sys.executable, "-m", "expkit.check", f"check.dir={tmp_path / 'scratch'}"],
+            cwd=project,
+            env={**os.environ, "HYDRA_FULL_ERROR": "0"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    finally:
+        project.chmod(0o755)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, output
+    assert f"cannot write in {project}" in proc.stderr and "check.out=" in proc.stderr, proc.stderr
+    assert proc.stderr.count("Error:") == 1 and "Traceback" not in output, output
+    assert "Checking" not in output and not (tmp_path / "scratch").exists(), "found before any run was started"
 
 
 # -- torchrun ... -m expkit.check: each run on as many processes, rank 0 killed ------------------------
