@@ -36,7 +36,7 @@ from hydra.experimental.callback import Callback
 from expkit.core import confine, hydra_compat
 from expkit.core.atomic import write_json_atomic, write_text_atomic
 from expkit.metrics import monitor_of
-from expkit.sweeps.sweep_jobs import finished, job_order, job_target, key_kind, read_job
+from expkit.sweeps.sweep_jobs import finished, job_order, job_target, key_kind, read_job, read_result
 
 __all__ = [
     "COLUMNS",
@@ -114,10 +114,7 @@ def job_row(work_dir: Path) -> dict[str, Any] | None:
     if not hydra_dir.is_dir() or "alias_of" in (read_job(work_dir) or {}):
         return None
     result_path = work_dir / "result.json"
-    try:
-        result = json.loads(result_path.read_text()) if result_path.is_file() else None
-    except (OSError, json.JSONDecodeError):
-        result = None
+    result = read_result(result_path)  # (None while it runs, and for a torn or foreign file)
     if result is not None and result.get("monitor") and result.get("monitor_rule") in ("greater", "less"):
         monitor, rule = result["monitor"], result["monitor_rule"]  # what the run used (no YAML to parse)
     else:
@@ -515,8 +512,11 @@ def record_job_end(sweep_dir: Path, work_dir: Path) -> None:
         if json.dumps(old, sort_keys=True) == json.dumps(row, sort_keys=True):  # (NaN == NaN here)
             return
         write_json_atomic(sweep_dir / ROWS_DIR / f"{row['job']}.json", row)
-        if any(k in row["override_values"] for k in seed_keys):  # seeds: a group's row changes with each member
-            _write_summary(sweep_dir, _all_rows(sweep_dir, False), seed_keys)  # (cached rows: a small file per job)
+        # written again from the cached rows (a small file per job) where a line would be wrong: a job
+        # already listed (interrupted, then resumed: one line each, until the sweep's end sorted them),
+        # or seed groups (a group's row changes with each member)
+        if old is not None or any(k in row["override_values"] for k in seed_keys):
+            _write_summary(sweep_dir, _all_rows(sweep_dir, False), seed_keys)
             return
         csv_path, md_path, best_path = (sweep_dir / n for n in ("summary.csv", "summary.md", "best.json"))
         new_file = not csv_path.is_file() or csv_path.stat().st_size == 0
@@ -544,24 +544,14 @@ def record_job_end(sweep_dir: Path, work_dir: Path) -> None:
         except (OSError, json.JSONDecodeError):
             best = {"job": None, "jobs": 0, "statuses": {}, "resumed_jobs": []}
         statuses = dict(best.get("statuses") or {})
-        if old is None:
-            jobs = int(best.get("jobs") or 0) + 1
-        else:
-            jobs = int(best.get("jobs") or 1)
-            old_status = str(old.get("status"))
-            statuses[old_status] = statuses.get(old_status, 1) - 1
         statuses[str(row.get("status"))] = statuses.get(str(row.get("status")), 0) + 1
-        statuses = {k: v for k, v in statuses.items() if v > 0}
         resumed = [j for j in best.get("resumed_jobs") or [] if j != row["job"]] + (
             [row["job"]] if row.get("resumed") else []
         )
-        worse_best = best.get("job") == row["job"] and old is not None and _sort_key(row) > _sort_key(old)
         top = _cached_row(sweep_dir, best["job"]) if best.get("job") not in (None, row["job"]) else None
         if top is None or _sort_key(row) < _sort_key(top):
             top = row
-        write_json_atomic(best_path, _best_json(top, jobs, statuses, resumed))
-    if worse_best:  # the best job got worse (pruned or rerun): another job may be best now
-        summarize(sweep_dir, plot=False)
+        write_json_atomic(best_path, _best_json(top, int(best.get("jobs") or 0) + 1, statuses, resumed))
 
 
 def plot_sweep(rows: list[dict[str, Any]], path: Path, seed_keys: list[str] | None = None) -> None:
@@ -677,7 +667,7 @@ def progress_line(sweep_dir: Path, job: str) -> str:
     from expkit.sweeps.sweep_jobs import SWEEP_JOBS_ENV, SWEEP_LAUNCHED_ENV
 
     rows = [r for r in (_cached_row(sweep_dir, p.stem) for p in (sweep_dir / ROWS_DIR).glob("*.json")) if r]
-    done = [r for r in rows if r.get("status") != "running"]
+    done = [r for r in rows if r.get("status") not in ("running", "interrupted")]  # (interrupted: runs again)
     launched = float(os.environ.get(SWEEP_LAUNCHED_ENV, "0") or 0) or None
     total = int(os.environ.get(SWEEP_JOBS_ENV, "0") or 0) or None
     row = next((r for r in rows if r["job"] == job), None)
@@ -776,7 +766,9 @@ def rebuild(sweep_dir: Path, plot: bool = True, quiet: bool = False, seed_keys: 
     Returns:
         0 when the summary was written, 2 when the sweep dir holds no job dir.
     """
-    best = summarize(sweep_dir, plot=plot, fresh=True, seed_keys=seed_keys)
+    # (checked first: summarizing takes the sweep's lock file, which a run dir must not be left holding)
+    has_jobs = any(p.is_dir() and (p / ".hydra").is_dir() for p in sweep_dir.iterdir() if not p.name.startswith("."))
+    best = summarize(sweep_dir, plot=plot, fresh=True, seed_keys=seed_keys) if has_jobs else None
     if best is None:
         print(f"Error: no job dirs (with .hydra/) in {sweep_dir}", file=sys.stderr)
         return 2

@@ -28,8 +28,8 @@ from omegaconf import DictConfig
 from expkit.checkpoint import checkpoint_io, run_checkpoint
 from expkit.config import cli
 from expkit.core import atomic, hydra_compat, versions
-from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused, exit_status, task_exits
-from expkit.core.signals import SweepInterrupted, raise_on_sigterm, stop_on_signals
+from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused, TaskExit, exit_status, task_exits
+from expkit.core.signals import SweepInterrupted, raise_on_sigterm, stop_on_signals, take_ctrl_c
 from expkit.loggers import logs
 from expkit.metrics import monitor_of, worst_value
 from expkit.sweeps import sweep_jobs
@@ -108,6 +108,7 @@ class _Job:
     monitor: str
     rule: str  # the monitored key's direction (min or max), as known before the run
     run_info: dict[str, Any]  # what the run records of its command (result.json, wandb, MLflow)
+    held: logs.HeldFileRecords | None = None  # a resume's log records, until its checkpoint fits
 
 
 def _task(cfg: DictConfig) -> float | None:
@@ -137,6 +138,8 @@ def _task(cfg: DictConfig) -> float | None:
         run_info["requeues"] = requeues
         log.info("Slurm requeue %d: resuming this job from its last complete checkpoint", requeues)
     job = _Job(cfg, work_dir, Path(hc.sweep.dir) if multirun else None, monitor, rule, run_info)
+    if hydra_compat.RECORD_DEFERRED.get() and not multirun:  # (refused, it leaves train.log as it was too)
+        job.held = logs.HeldFileRecords()
     try:
         with contextlib.ExitStack() as owned:  # the work dir's lock, the signal handlers: released on the way out
             if multirun:
@@ -148,6 +151,8 @@ def _task(cfg: DictConfig) -> float | None:
             ran = _build_and_run(job, owned)
             return ran if not isinstance(ran, tuple) else _report(job, *ran)
     finally:
+        if job.held is not None:
+            job.held.release()
         if joins:  # the task's process ends with it: leave the group while the interpreter lives (see shutdown)
             distributed.shutdown()
 
@@ -234,7 +239,12 @@ def _build_and_run(job: _Job, owned: contextlib.ExitStack) -> tuple[Any, dict[st
     cfg, work_dir, multirun = job.cfg, job.work_dir, job.sweep_dir is not None
     runner = None
     try:
-        trial = search.current_trial() if multirun else None  # a job of an Optuna search
+        try:
+            trial = search.current_trial() if multirun else None  # a job of an Optuna search
+        except search.StorageUnreachable as exc:  # not failed: resume=true runs it (its worker stops too)
+            log.error("Not started: %s", exc)
+            write_failure(work_dir, str(exc), status="stopped", keep=False, stop_reason=f"{search.UNREACHABLE}: {exc}")
+            return None
         if trial is not None:
             job.run_info["optuna_trial"] = trial[1]
         runner = build_runner(cfg, work_dir, job.run_info)
@@ -242,6 +252,8 @@ def _build_and_run(job: _Job, owned: contextlib.ExitStack) -> tuple[Any, dict[st
             if not multirun:  # (a sweep made so by its config: its jobs check nothing more here)
                 run_checkpoint.check_start(runner)
             _write_hydra_record(cfg, work_dir)
+            if job.held is not None:
+                job.held.keep()
         if not multirun:  # what building imported (torch._dynamo, with the optimizer) and built lives on too;
             _freeze_heap()  # (not in a sweep: jobs sharing a process must leave nothing frozen behind)
             # signals stay stop requests until the run is reported: torchrun SIGTERMs a dead rank's survivors
@@ -275,8 +287,7 @@ def _report(job: _Job, runner: Any, result: dict[str, Any]) -> float | None:
     multirun = job.sweep_dir is not None
     best = result["best_metrics"].get(job.monitor)
     rule = result.get("monitor_rule") or job.rule
-    summary = ", ".join(f"{k} {v:.4f}" for k, v in result["final_metrics"].items())
-    log.info("Done (%s) in %.1f s: %s", result["status"], result["wall_time_s"], summary)
+    log.info("Done (%s) in %.1f s: %s", result["status"], result["wall_time_s"], _done_metrics(result))
     log.info("Work dir: %s", job.work_dir.resolve())
     if runner.stopped_by_signal and result["status"] == "stopped":  # (not one after the end)
         if not multirun:
@@ -289,6 +300,20 @@ def _report(job: _Job, runner: Any, result: dict[str, Any]) -> float | None:
     if multirun and (value is None or not math.isfinite(value)):
         return worst_value(rule)  # diverged or never validated: the worst, never NaN
     return value
+
+
+def _done_metrics(result: dict[str, Any]) -> str:
+    """The Done line's metrics, each with where it comes from: validation at the last epoch, the
+    test with the weights it used (the best checkpoint, by default: another epoch's)."""
+    final = result["final_metrics"]
+    shown = lambda keys: ", ".join(f"{k} {final[k]:.4f}" for k in keys)
+    val = [k for k in final if not k.startswith("test/")]
+    test = [k for k in final if k.startswith("test/")]
+    parts = [f"{shown(val)} (epoch {result.get('epoch')})"] if val else []
+    if test:
+        weights = result.get("test_checkpoint")
+        parts.append(f"{shown(test)}" + (f" (weights {Path(weights).name})" if weights else ""))
+    return "; ".join(parts)
 
 
 def _defer_hydra_record(argv: list[str]) -> bool:
@@ -452,8 +477,9 @@ def main() -> None:
             128 + the signal number after SIGTERM or SIGINT; nothing when the run completes.
     """
     versions.require()
+    take_ctrl_c()  # (a sweep started with `&` in a script inherits SIGINT ignored)
     _freeze_heap()  # torch and Hydra are imported (by expkit's import)
-    sys.argv[1:] = cli.search_is_multirun(cli.flags_first(sys.argv[1:]))
+    sys.argv[1:] = cli.with_run_overrides(cli.search_is_multirun(cli.flags_first(sys.argv[1:])))
     argv = sys.argv[1:]
     message = cli.check_keys(argv) or cli.check_group_choices(argv) or cli.check_output_dirs(argv)
     if message:
@@ -490,6 +516,10 @@ def main() -> None:
         # Hydra's own errors (an unknown key, an unparsable override) are the user's to fix, like
         # expkit's: one exit code for "fix your input"
         exiting.append(exit_status(exc))
+        if exiting[-1] == 2 and not isinstance(exc, TaskExit):  # Hydra refused it: a misspelt key?
+            hint = cli.misspelt_keys(argv)
+            if hint:
+                print(f"Error: {hint}", file=sys.stderr)
     finally:
         import gc
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up (scripts/setup.sh, scripts/setup_postgres.sh), then run the whole test suite on two pytest workers (pytest-xdist;
-# -n 0 runs it in one process). Extra arguments go to pytest.
+# -n 0 runs it in one process). Extra arguments go to pytest. Run as root, it installs Debian's postgresql package
+# (apt-get) when its server programs are missing; as another user, the PostgreSQL tests skip instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

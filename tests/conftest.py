@@ -117,3 +117,93 @@ def small_disk(path: Path, size: str):
         yield path
     finally:
         subprocess.run(["umount", str(path)], capture_output=True)
+
+
+def _pg_bin(name: str) -> str | None:
+    """A PostgreSQL server program: on PATH, or where Debian's postgresql package puts it."""
+    import shutil
+
+    found = shutil.which(name)
+    if found:
+        return found
+    versions = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), key=lambda p: int(p.parts[-3]))
+    return str(versions[-1]) if versions else None
+
+
+class PostgresServer:
+    """A real PostgreSQL server on 127.0.0.1 in a data dir of its own (Debian's postgresql package:
+    scripts/test.sh and .ci/run install it): ``url``, and ``stop()`` / ``start()`` for outages.
+
+    Args:
+        root: the server's dir (data, socket, log); made here.
+    """
+
+    def __init__(self, root: Path) -> None:
+        import shutil
+        import socket
+
+        self.root, self.data = root, root / "data"
+        self.initdb, self.pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:  # (initdb refuses root: the server runs as postgres)
+            shutil.chown(root, "postgres")
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"postgresql://expkit@127.0.0.1:{self.port}/postgres"
+        init = [*self.as_user, self.initdb, "-D", str(self.data), "-A", "trust", "-U", "expkit"]
+        subprocess.run(init, check=True, capture_output=True)
+
+    def start(self) -> None:
+        options = f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off"
+        started = subprocess.run(
+            [
+                *self.as_user,
+                self.pg_ctl,
+                "-D",
+                str(self.data),
+                "-o",
+                options,
+                "-l",
+                str(self.root / "log"),
+                "-w",
+                "start",
+            ],
+            capture_output=True,
+            text=True,
+        )
+        assert started.returncode == 0, started.stdout + started.stderr + (self.root / "log").read_text()
+
+    def stop(self) -> None:
+        """As a crash or a power cut does (``-m immediate``): every connection dropped at once."""
+        subprocess.run(
+            [*self.as_user, self.pg_ctl, "-D", str(self.data), "-m", "immediate", "stop"], capture_output=True
+        )
+
+
+@pytest.fixture
+def postgres_server():
+    """A started ``PostgresServer``, stopped and removed after the test. Without PostgreSQL the
+    test skips (fails where CI sets EXPKIT_REQUIRE_POSTGRES=1)."""
+    import shutil
+    import tempfile
+
+    if _pg_bin("initdb") is None or _pg_bin("pg_ctl") is None:
+        if os.environ.get("EXPKIT_REQUIRE_POSTGRES"):
+            pytest.fail("PostgreSQL's initdb/pg_ctl are not installed (apt-get install postgresql)")
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql; scripts/test.sh does as root)")
+    pytest.importorskip("psycopg", reason="the postgres extra: pip install -e '.[postgres]'")
+    server = PostgresServer(Path(tempfile.mkdtemp(prefix="expkit-pg-")))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(server.root, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres(postgres_server):
+    """The URL of a real PostgreSQL server on 127.0.0.1 (``postgres_server``)."""
+    return postgres_server.url

@@ -298,3 +298,35 @@ def test_every_command_reads_its_command_line_in_the_same_units(tmp_path):
         "plot=false",
         "quiet=true",
     ]
+
+
+def test_resume_true_takes_the_runs_own_overrides_and_names_a_conflict(tmp_path):
+    # the README's `hydra.run.dir=outputs/runs/X resume=true` on a run started with overrides was
+    # refused ("the checkpoint does not fit this model") (issue 53, item 10)
+    first = run_cli(f"hydra.run.dir={tmp_path}", "model=cnn", "trainer.max_epochs=1")
+    assert first.returncode == 0, first.output
+    resumed = run_cli(f"hydra.run.dir={tmp_path}", "resume=true", "trainer.max_epochs=2")
+    assert resumed.returncode == 0, resumed.output
+    result = _result(tmp_path)
+    assert (result["epoch"], result["status"]) == (2, "completed")
+    assert "model=cnn" in result["overrides"] and "trainer.max_epochs=2" in result["overrides"]  # the new value won
+    # the Done line says where each number comes from; the test line names its weights
+    assert "(epoch 2); test/loss" in resumed.stdout and "(weights best_val_acc_epoch_" in resumed.stdout
+    assert "Test (weights best_val_acc_epoch_" in resumed.stdout
+    log_lines = (tmp_path / "train.log").read_text().count("\n")
+    other = run_cli(f"hydra.run.dir={tmp_path}", "resume=true", "model=mlp", "trainer.max_epochs=3")
+    assert other.returncode == 2 and "model._target_=expkit.models.CNN" in other.stderr, other.output
+    assert "Traceback" not in other.output
+    # refused: nothing in the run dir changed, its train.log included (issue 53, item 14)
+    assert (tmp_path / "train.log").read_text().count("\n") == log_lines
+    assert _result(tmp_path)["epoch"] == 2
+
+
+@pytest.mark.parametrize("word", ["trainer.max_epoch=2", "+trainer.max_epoch=2"], ids=["typo", "appended"])
+def test_a_misspelt_trainer_key_says_which_key_was_meant(tmp_path, word):
+    # Hydra's own advice for the first is the second, which then failed with "unexpected keyword
+    # argument 'max_epoch'" (issue 53, item 11)
+    proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", word)
+    assert proc.returncode == 2, proc.output
+    assert "did you mean trainer.max_epochs?" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.output

@@ -371,6 +371,19 @@ def test_seeds_per_trial_runs_each_trial_with_n_seeds_and_tells_their_mean(tmp_p
     groups = _rows(sweep)
     assert len(groups) == 2 and {g["n"] for g in groups} == {"2"}
 
-    refused = run_cli(*args, "hydra.sweeper.seeds_per_trial=0", f"hydra.sweep.dir={tmp_path / 'bad'}")
-    assert refused.returncode == 2 and "hydra.sweeper.seeds_per_trial=0" in refused.output
-    assert not (tmp_path / "bad" / "0").exists()
+    # every launch line names its trial in one short word (the study and storage were ~400
+    # characters of env_set on each: issue 53, item 4)
+    launches = [line for line in proc.output.splitlines() if " : " in line and "#" in line]
+    assert launches and all("EXPKIT_OPTUNA_STORAGE" not in line and len(line) < 300 for line in launches), launches
+
+    # bad settings: one Error: line each, exit 2, nothing started (issue 53, item 14)
+    for bad, named in (
+        (["hydra.sweeper.seeds_per_trial=0"], "hydra.sweeper.seeds_per_trial=0"),
+        (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0"),
+        (["hydra.sweeper.seeds_per_trial=2", "seed_keys=[]"], "seed_keys=[] names none"),
+    ):
+        refused = run_cli(*args, *bad, f"hydra.sweep.dir={tmp_path / 'bad'}")
+        assert refused.returncode == 2 and named in refused.stderr, refused.output
+        errors = [line for line in refused.output.splitlines() if line.strip()]
+        assert errors == [f"Error: {errors[0].removeprefix('Error: ')}"], refused.output  # the one line
+        assert not (tmp_path / "bad" / "0").exists()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_cli
 
-from expkit.workdir.ownership import LOCK_FILE, WorkDirBusy, WorkDirLock, live_owner
+from expkit.workdir.ownership import LOCK_FILE, WorkDirBusy, WorkDirLock, live_owner, why_stale
 
 SLOW_HOOK = """
 import time
@@ -191,3 +191,55 @@ def test_two_launches_of_one_sweep_run_each_job_once(tmp_path):
         assert json.loads((work / "result.json").read_text())["status"] == "completed"
     best = json.loads((sweep / "best.json").read_text())
     assert best["jobs"] == 4 and best["statuses"] == {"completed": 4}
+
+
+def test_a_killed_owner_not_yet_reaped_owns_nothing(tmp_path):
+    # a zombie answers os.kill(pid, 0) and keeps its start time in /proc: the other workers of a
+    # search waited on such a worker's trial until it was reaped (issue 53, item 2)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import time; from pathlib import Path; from expkit.workdir.ownership import WorkDirLock\n"
+                f"lock = WorkDirLock(Path({str(tmp_path)!r}), 'holder', heartbeat=0).acquire(); print('held', flush=True)\n"
+                "time.sleep(60)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        os.kill(holder.pid, signal.SIGKILL)  # not reaped: no wait() until the end
+        for _ in range(100):
+            if Path(f"/proc/{holder.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z":
+                break
+            time.sleep(0.05)
+        owner = json.loads((tmp_path / LOCK_FILE).read_text())
+        # (the leader shows Z while the process's other threads still exit: the flock goes with the last)
+        deadline = time.time() + 10
+        while live_owner(tmp_path) is not None and time.time() < deadline:
+            time.sleep(0.05)
+        os.kill(holder.pid, 0)  # the zombie still answers, with its start time: what fooled the old check
+        assert live_owner(tmp_path) is None
+        # where locks are not honoured, the record alone decides: a zombie is not alive either
+        assert why_stale(owner) == f"pid {holder.pid} is no longer running"
+        with WorkDirLock(tmp_path, heartbeat=0) as lock:
+            assert f"pid {holder.pid} is no longer running" in lock.took_over
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_an_owner_here_whose_lock_is_free_is_gone_even_if_its_pid_runs(tmp_path):
+    # a record naming this very process (alive, same start time) but with no flock held on the file:
+    # its PID was reused by a process that holds nothing there
+    from expkit.workdir.ownership import _process_start
+
+    _write_owner(tmp_path, start=_process_start(os.getpid()))
+    assert live_owner(tmp_path) is None
+    assert why_stale(json.loads((tmp_path / LOCK_FILE).read_text())) is None  # (the record alone: alive)
+    with WorkDirLock(tmp_path, heartbeat=0) as lock:
+        assert f"pid {os.getpid()} no longer holds its lock" in lock.took_over

@@ -8,12 +8,9 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -220,49 +217,6 @@ def _finish_quietly(workers: list[tuple[subprocess.Popen, Path]]) -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-
-
-def _pg_bin(name: str) -> str | None:
-    """A PostgreSQL server program: on PATH, or where Debian's postgresql package puts it."""
-    found = shutil.which(name)
-    if found:
-        return found
-    versions = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), key=lambda p: int(p.parts[-3]))
-    return str(versions[-1]) if versions else None
-
-
-@pytest.fixture
-def postgres():
-    """A real PostgreSQL server on 127.0.0.1 (Debian's postgresql package: scripts/test.sh and
-    .ci/run install it), in a fresh data dir, stopped after the test; yields its URL."""
-    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
-    if initdb is None or pg_ctl is None:
-        if os.environ.get("EXPKIT_REQUIRE_POSTGRES"):
-            pytest.fail("PostgreSQL's initdb/pg_ctl are not installed (apt-get install postgresql)")
-        pytest.skip("PostgreSQL is not installed (apt-get install postgresql; scripts/test.sh does as root)")
-    pytest.importorskip("psycopg", reason="the postgres extra: pip install -e '.[postgres]'")
-    root = Path(tempfile.mkdtemp(prefix="expkit-pg-"))  # (initdb refuses root: the server runs as postgres)
-    as_user: list[str] = []
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    data = root / "data"
-    subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "expkit"], check=True, capture_output=True)
-    options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off"
-    started = subprocess.run(
-        [*as_user, pg_ctl, "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"],
-        capture_output=True,
-        text=True,
-    )
-    assert started.returncode == 0, started.stdout + started.stderr + (root / "log").read_text()
-    try:
-        yield f"postgresql://expkit@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.slow

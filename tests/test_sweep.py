@@ -334,3 +334,45 @@ def test_the_first_job_warns_once_when_the_sweeps_checkpoints_would_not_fit(tmp_
         timeout=300,
     )
     assert fits.returncode == 0 and "would keep about" not in fits.stdout + fits.stderr
+
+
+def test_a_job_recorded_again_is_listed_once_and_an_interrupted_one_is_not_done(three_jobs, tmp_path):
+    # a job interrupted (scancel, a signal) and then resumed ends twice: summary.csv listed it twice
+    # until the sweep's end sorted it, and a resumed sweep's progress counted it as done (issue 53, item 4)
+    import shutil
+
+    from expkit.sweep import progress_line, record_job_end
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(three_jobs, sweep, ignore=shutil.ignore_patterns(".rows", "summary.*", "best.json", "sweep.svg"))
+    result_file = sweep / "1" / "result.json"
+    completed = json.loads(result_file.read_text())
+    result_file.write_text(json.dumps({**completed, "status": "stopped", "stop_reason": "signal SIGTERM"}))
+    for job in ("0", "1"):
+        record_job_end(sweep, sweep / job)
+    os.environ["EXPKIT_SWEEP_JOBS"] = "3"
+    try:
+        assert progress_line(sweep, "1").startswith("Sweep: 1/3 jobs done; job 1 (interrupted)")
+        result_file.write_text(json.dumps(completed))  # resumed, and completed
+        record_job_end(sweep, sweep / "1")
+        record_job_end(sweep, sweep / "2")
+        assert progress_line(sweep, "2").startswith("Sweep: 3/3 jobs done")
+    finally:
+        del os.environ["EXPKIT_SWEEP_JOBS"]
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))
+    assert sorted(r["job"] for r in rows) == ["0", "1", "2"]  # each job once
+    assert [r["status"] for r in rows] == ["completed"] * 3
+    best = json.loads((sweep / "best.json").read_text())
+    assert (best["jobs"], best["statuses"]) == (3, {"completed": 3})
+    assert [line for line in (sweep / "summary.md").read_text().splitlines() if line.startswith("| 1 |")] != []
+    assert sum(line.startswith("| 1 |") for line in (sweep / "summary.md").read_text().splitlines()) == 1
+
+
+def test_the_summary_command_on_a_run_dir_exits_2_and_leaves_nothing_there(three_jobs):
+    run_dir = three_jobs / "0"  # a run's dir, not a sweep's
+    before = sorted(p.name for p in run_dir.iterdir())
+    refused = subprocess.run(
+        [sys.executable, "-m", "expkit.sweep", f"sweep_dir={run_dir}"], capture_output=True, text=True, cwd=REPO
+    )
+    assert refused.returncode == 2 and "no job dirs" in refused.stderr, refused.stderr
+    assert sorted(p.name for p in run_dir.iterdir()) == before  # no .summary.lock, no .rows

@@ -74,3 +74,45 @@ def test_retry_failed_runs_again_only_the_failed_job_in_its_own_dir(tmp_path):
     assert (sweep / "2" / "result.json").stat().st_mtime_ns == stamps["2"]
     assert (sweep / "1" / "train.log").read_text().count("Invalid learning rate") == 2  # the failed one ran again
     assert json.loads((sweep / "1" / "result.json").read_text())["status"] == "failed"  # (lr=-1 fails again)
+
+
+def test_a_torn_or_foreign_result_json_counts_as_no_result_and_a_skipped_job_as_skipped(tmp_path):
+    # (issue 53, item 16: a truncated or non-dict result.json raised; fail_fast's skipped jobs were
+    # counted as interrupted)
+    from expkit.sweeps.sweep_jobs import JOB_FILE, best_value, job_result, read_result, tally_jobs
+
+    for name, text in (("0", '{"status": "compl'), ("1", "[1, 2]"), ("2", '"completed"'), ("3", "\udcff")):
+        job = tmp_path / name
+        job.mkdir()
+        (job / JOB_FILE).write_text(json.dumps({"overrides": [f"optim.lr={name}"]}))
+        (job / "result.json").write_bytes(text.encode("utf-8", "surrogateescape"))
+        assert job_result(job) is None and read_result(job / "result.json") is None, name
+    job = tmp_path / "4"
+    job.mkdir()
+    (job / JOB_FILE).write_text(json.dumps({"overrides": ["optim.lr=4"]}))
+    (job / "result.json").write_text(json.dumps({"status": "skipped", "error": "an earlier job failed"}))
+    assert tally_jobs(tmp_path) == {"completed": 0, "interrupted": 4, "failed": 0, "skipped": 1}
+    assert best_value({"best_metrics": {"val/acc": "0.5"}}, "val/acc", "greater") == -1e30  # (the worst)
+
+
+def test_hparams_search_null_is_neither_a_search_nor_a_sweep():
+    from expkit.config.cli import searching, sweeping
+
+    assert not searching(["hparams_search=null"]) and not sweeping(["hparams_search=null"])
+    assert searching(["hparams_search=optuna"]) and sweeping(["hparams_search=optuna"])
+    assert sweeping(["-m", "hparams_search=null"])
+
+
+def test_rank_and_local_rank_read_slurms_variables_under_a_plain_srun(monkeypatch):
+    from expkit.core import distributed
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "SUBMITIT_EXECUTOR"):
+        monkeypatch.delenv(name, raising=False)  # (restored as absent after the test: _from_slurm sets them)
+    for name, value in {
+        "SLURM_PROCID": "3",
+        "SLURM_LOCALID": "1",
+        "SLURM_NTASKS": "4",
+        "MASTER_ADDR": "127.0.0.1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    assert (distributed.rank(), distributed.local_rank(), distributed.world_size()) == (3, 1, 4)

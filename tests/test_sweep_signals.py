@@ -254,3 +254,42 @@ def test_ctrl_c_stops_an_optuna_search_in_slots_and_resume_finishes_its_trials(t
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert states() == [TrialState.COMPLETE] * 4
     assert [_status(sweep / j) for j in "0123"] == ["completed"] * 4
+
+
+def test_ctrl_c_stops_a_sweep_that_started_with_sigint_ignored_at_any_moment(tmp_path):
+    # a sweep started as a script's background job (`cmd &`) inherits SIGINT ignored; expkit takes
+    # Ctrl-C back (docs/sweeps-in-practice.md): a kill -INT stops it as it stops a sweep started
+    # normally, whenever it comes after a job's launch line (issue 53, item 3)
+    for started in ("ignoring SIGINT", "normally"):
+        for delay in (0.0, 0.05, 0.5):
+            sweep = tmp_path / f"{started.split()[0]}-{delay}"
+            command = _command(
+                tmp_path, "-m", "optim.lr=0.1,0.05,0.02", "trainer.max_epochs=3", f"hydra.sweep.dir={sweep}"
+            )
+            out = tmp_path / f"{sweep.name}.txt"
+            with out.open("w") as sink:
+                proc = subprocess.Popen(
+                    command,
+                    cwd=REPO,
+                    env=_env(tmp_path),
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                try:
+                    deadline = time.time() + 240
+                    while "#1 : " not in out.read_text():
+                        assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
+                        time.sleep(0.01)
+                    time.sleep(delay)
+                    os.killpg(proc.pid, signal.SIGINT)
+                    rc = proc.wait(timeout=120)
+                finally:
+                    if proc.poll() is None:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait()
+            output = out.read_text()
+            case = f"started {started}, SIGINT {delay} s after job 1's launch line"
+            assert rc == 130, f"{case}: exit {rc}\n{output[-3000:]}"
+            assert not (sweep / "2").exists(), case  # no job started after the signal
+            assert "Traceback" not in output, case

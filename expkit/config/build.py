@@ -367,7 +367,16 @@ def build_trainer_settings(cfg: DictConfig) -> TrainerSettings:
     Raises:
         ConfigError: when ``TrainerSettings`` refuses a key or value with a TypeError.
     """
+    import dataclasses
+    import difflib
+
     fields = OmegaConf.to_container(cfg.trainer, resolve=True)
+    known = [f.name for f in dataclasses.fields(TrainerSettings)]
+    for key in fields:  # type: ignore[union-attr]
+        if key not in known:  # (a key added with +trainer.KEY=...)
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean trainer.{close[0]}?" if close else "see --cfg job for the trainer's keys"
+            raise ConfigError(f"trainer.{key} is not a trainer setting; {hint}")
     try:
         return TrainerSettings(**fields)  # type: ignore[arg-type]
     except TypeError as exc:

@@ -34,11 +34,13 @@ __all__ = [
     "flags_first",
     "hydra_argv",
     "hydra_quoted",
+    "misspelt_keys",
     "output_file_problem",
     "search_is_multirun",
     "searching",
     "sweeping",
     "tokens",
+    "with_run_overrides",
 ]
 
 
@@ -321,7 +323,41 @@ def sweeping(argv: list[str]) -> bool:
         True when `argv` holds ``-m``, ``--multirun``, ``hydra.mode=MULTIRUN`` or any ``hparams_search=`` word
             (``hparams_search=null`` included).
     """
-    return any(a in ("-m", "--multirun", "hydra.mode=MULTIRUN") or a.startswith("hparams_search=") for a in argv)
+    return searching(argv) or any(a in ("-m", "--multirun", "hydra.mode=MULTIRUN") for a in argv)
+
+
+def with_run_overrides(argv: list[str]) -> list[str]:
+    """``hydra.run.dir=<run> resume=true``: the run's own overrides (its ``.hydra/overrides.yaml``)
+    come first, then the command line's, which win for a key both set. A run started with
+    ``model=cnn`` resumes as a cnn without retyping it; a new value of a key the checkpoint
+    cannot take (another model) is refused when the checkpoint is checked, naming the key.
+
+    Args:
+        argv: the command line, without the program name.
+
+    Returns:
+        `argv` with the run's overrides before it (leaving out ``resume`` and every key `argv` sets);
+            `argv` itself for a sweep, without ``resume=true`` or ``hydra.run.dir``, or when the run's
+            overrides.yaml is missing or is not a list of strings (read as data from a stranger).
+    """
+    import yaml
+
+    run_dir = next((a.partition("=")[2] for a in argv if a.startswith("hydra.run.dir=")), None)
+    if run_dir is None or sweeping(argv) or not any(a.lower() == "resume=true" for a in argv):
+        return argv
+    try:
+        stored = yaml.safe_load((Path(run_dir) / ".hydra" / "overrides.yaml").read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return argv
+    if not isinstance(stored, list) or not all(isinstance(o, str) for o in stored):
+        return argv
+
+    def key(word: str) -> str:
+        return word.partition("=")[0].lstrip("+~")
+
+    given = {key(a) for a in argv if "=" in a and not a.startswith("-")}
+    kept = [o for o in stored if key(o) not in given and key(o) != "resume" and not key(o).startswith("hydra.")]
+    return [*kept, *argv]
 
 
 NO_RUN_FLAGS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc")
@@ -542,10 +578,60 @@ def command_main(run: Callable[[], Any], options: Sequence[str]) -> None:
             older than expkit needs.
     """
     from expkit.core import errors, versions
+    from expkit.core.signals import take_ctrl_c
 
     versions.require()
+    take_ctrl_c()
     sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:], options))  # (Hydra's parser takes flags before overrides)
     try:
         run()
     except SystemExit as exc:
         sys.exit(errors.exit_status(exc))
+
+
+def misspelt_keys(argv: list[str]) -> str | None:
+    """After Hydra refused the command line (``Could not override 'trainer.max_epoch'``, whose own
+    advice is to add it with ``+``): the override keys the config does not have, each with the
+    closest key it does have. Composes the config once more, so only on that failure path.
+
+    Args:
+        argv: the command line, without the program name.
+
+    Returns:
+        ``trainer.max_epoch is not a key of the config; did you mean trainer.max_epochs?`` (one sentence
+            per such key); None when every dotted key is in the config, or the config cannot be composed
+            here (a ``--config-dir`` of the user's, a bad group choice: Hydra's message says enough).
+    """
+    import difflib
+
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import DictConfig, OmegaConf
+
+    words = [a for a in argv if "=" in a and not a.startswith("-")]
+    choices = [a for a in words if "." not in a.partition("=")[0] and not a.startswith(("+", "~"))]
+    dotted = [
+        a.partition("=")[0] for a in words if "." in a.partition("=")[0] and not a.startswith(("+", "~", "hydra."))
+    ]
+    if not dotted or any(a.startswith("--config-dir") or a == "-cd" for a in argv):
+        return None
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="expkit.conf", version_base="1.3"):
+            cfg = compose(config_name="train", overrides=choices)
+    except Exception:
+        return None
+    finally:
+        GlobalHydra.instance().clear()
+    missing = object()
+    sentences = []
+    for key in dotted:
+        if OmegaConf.select(cfg, key, default=missing) is not missing:
+            continue
+        parent, _, name = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent, default=None)
+        known = [str(k) for k in node] if isinstance(node, DictConfig) else []
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean {parent}.{close[0]}?" if close else "see --cfg job for the keys"
+        sentences.append(f"{key} is not a key of the config; {hint}")
+    return " ".join(sentences) or None

@@ -104,20 +104,26 @@ def requeue_count() -> int:
 
 
 def rank() -> int:
-    """This process's rank: the joined group's, else ``RANK`` (0 when not set).
+    """This process's rank: the joined group's, else ``RANK`` (filled from ``SLURM_PROCID`` under a plain
+    srun; 0 when not set).
 
     Returns:
         The rank.
     """
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    _from_slurm()  # (a plain srun: RANK comes from SLURM_PROCID)
+    return int(os.environ.get("RANK", "0"))
 
 
 def local_rank() -> int:
-    """This process's rank on its node: ``LOCAL_RANK`` (0 when not set).
+    """This process's rank on its node: ``LOCAL_RANK`` (filled from Slurm's ``SLURM_LOCALID`` under a
+    plain srun; 0 when not set).
 
     Returns:
         The local rank, the index of the GPU this process uses.
     """
+    _from_slurm()
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 

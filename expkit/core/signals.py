@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["SweepInterrupted", "raise_on_sigterm", "stop_on_signals"]
+__all__ = ["SweepInterrupted", "raise_on_sigterm", "stop_on_signals", "take_ctrl_c"]
 
 
 class SweepInterrupted(BaseException):  # (a stop, as KeyboardInterrupt is, not an error)
@@ -86,3 +86,19 @@ def stop_on_signals(runner: Any) -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def take_ctrl_c() -> None:
+    """Ctrl-C (SIGINT) stops an expkit command however it was started.
+
+    A process started as a background job of a non-interactive shell (``cmd &`` in a script,
+    ``setsid bash -c 'cmd' &``) inherits SIGINT ignored, and Python then leaves it ignored: a
+    sweep started so ran every job to its end whatever ``kill -INT`` it was sent. That
+    inheritance is POSIX's way of keeping a terminal's Ctrl-C from reaching background jobs,
+    not a wish of the user's (a terminal sends Ctrl-C only to its foreground group anyway);
+    whoever sends SIGINT to a run or a sweep wants it stopped, so expkit's commands take it
+    back. SIGTERM was never affected. A process that must not be stopped by SIGINT runs in its
+    own session (``setsid``), where no terminal's Ctrl-C reaches it.
+    """
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

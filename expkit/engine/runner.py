@@ -217,6 +217,7 @@ class Runner:
     stop_status = _state_field("stop_status")
     stop_signal = _state_field("stop_signal")
     stopped_by_signal = _state_field("stopped_by_signal")
+    stop_resumable = _state_field("stop_resumable")
     error = _state_field("error")
 
     @property
@@ -278,13 +279,16 @@ class Runner:
         """The resolved order per stage, as printed at start-up."""
         return self.hook_table.order_table()
 
-    def request_stop(self, reason: str, status: str = "stopped") -> None:
+    def request_stop(self, reason: str, status: str = "stopped", resumable: bool = False) -> None:
         """Ask the loop to stop after the current iteration (first reason wins). `status` is
         what result.json will say: ``stopped`` (early stopping, a signal) or ``pruned`` (a
-        search gave up on this trial: the test pass is skipped too)."""
+        search gave up on this trial: the test pass is skipped too). `resumable`: an
+        interruption, not an end (the test pass is skipped; ``resume=true`` goes on), which
+        `reason` then says by beginning with ``interrupted``."""
         if self.stop_reason is None:
             self.stop_reason, self.stop_status = reason, status
             self.stopped_by_signal = self.stop_signal is not None
+            self.stop_resumable = resumable
             log.info("Stop requested: %s", reason)
 
     # -- the run --------------------------------------------------------------------------
@@ -330,7 +334,12 @@ class Runner:
                         self.train()
                     elif self.val_loader is not None:  # nothing to train: evaluate
                         self.validate()
-                    if self.test_loader is not None and self.stop_signal is None and self.stop_status != "pruned":
+                    if (
+                        self.test_loader is not None
+                        and self.stop_signal is None
+                        and not self.stop_resumable
+                        and self.stop_status != "pruned"
+                    ):
                         run_checkpoint.load_test_weights(self)  # (preempted: test after resuming)
                         self.test()
                     if self.stop_reason is not None:

@@ -71,6 +71,9 @@ class RunState:
     """The signal number, when a signal asked to stop."""
     stopped_by_signal: bool = False
     """Whether a signal was the first stop request (not one after a stop)."""
+    stop_resumable: bool = False
+    """Whether the first stop request was an interruption the run goes on from when resumed (an
+    unreachable search storage; a signal's stop is one too): the test pass waits for that."""
     error: str | None = None
     """Why the run failed, in one line (result.json's ``error``)."""
 

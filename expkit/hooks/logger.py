@@ -12,6 +12,7 @@ import datetime
 import json
 import logging
 import time
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import torch
@@ -206,7 +207,13 @@ class LoggerHook(Hook):
             write_text_atomic(path, "".join(line + "\n" for line, _ in kept))
             self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in after_run
             if dropped:
-                log.info("Resuming at step %d: dropped %d records of %s written after it", step, dropped, self.filename)
+                log.info(
+                    "Resuming at step %d: dropped %d record%s of %s written after it",
+                    step,
+                    dropped,
+                    "" if dropped == 1 else "s",
+                    self.filename,
+                )
         for backend in list(self._backends):
             self._safely(backend, "resume", step)
             for _, record in kept:
@@ -354,6 +361,9 @@ class LoggerHook(Hook):
         width = max(len(k) for k in metrics) if metrics else 0
         table = "\n".join(f"    {k:<{width}}  {v:.4f}" for k, v in metrics.items())
         where = f"epoch {runner.epoch}" if runner.settings.by_epoch else f"iter {runner.iter}"
+        weights = runner.test_checkpoint or runner.load_source if mode == "test" else None
+        if weights:  # the test's weights: the best checkpoint's, or the evaluated one's (not this epoch's)
+            where = f"weights {Path(str(weights)).name}"
         log.info("%s (%s):\n%s", "Validation" if mode == "val" else "Test", where, table)
 
     def after_val_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:

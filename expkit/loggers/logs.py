@@ -12,7 +12,15 @@ import sys
 import threading
 from pathlib import Path
 
-__all__ = ["LOG_FORMAT", "errors_in_one_line", "log_to_file", "log_to_rank_file", "quiet_terminal", "show_progress"]
+__all__ = [
+    "LOG_FORMAT",
+    "HeldFileRecords",
+    "errors_in_one_line",
+    "log_to_file",
+    "log_to_rank_file",
+    "quiet_terminal",
+    "show_progress",
+]
 
 
 log = logging.getLogger("expkit")
@@ -38,6 +46,41 @@ def log_to_file(path: Path) -> None:
     handler.setFormatter(logging.Formatter(*LOG_FORMAT))
     logging.getLogger().addHandler(handler)
     errors_in_one_line()
+
+
+class HeldFileRecords:
+    """From now on, the records meant for the log files (train.log) are held in memory; the
+    terminal still shows them. ``keep()`` writes them and lets later ones through; ``release()``
+    without a ``keep()`` drops them. A resume whose checkpoint is refused leaves the run's
+    train.log exactly as it was, as the refusal says."""
+
+    def __init__(self) -> None:
+        from logging.handlers import MemoryHandler
+
+        root = logging.getLogger()
+        self._held: list[tuple[MemoryHandler, logging.Handler]] = []
+        for handler in list(root.handlers):
+            if isinstance(handler, logging.FileHandler):
+                memory = MemoryHandler(1 << 30, flushLevel=logging.CRITICAL + 1, flushOnClose=False)
+                root.removeHandler(handler)
+                root.addHandler(memory)
+                self._held.append((memory, handler))
+
+    def keep(self) -> None:
+        """Write the held records to their files; records go straight there from now on."""
+        for memory, handler in self._held:
+            memory.setTarget(handler)
+            memory.flush()
+        self.release()
+
+    def release(self) -> None:
+        """Put the files' handlers back (the records still held are dropped); safe to call twice."""
+        root = logging.getLogger()
+        for memory, handler in self._held:
+            root.removeHandler(memory)
+            memory.buffer.clear()
+            root.addHandler(handler)
+        self._held = []
 
 
 def log_to_rank_file(work_dir: Path, rank: int) -> None:

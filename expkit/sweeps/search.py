@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from expkit.hooks.base import Hook
 
@@ -23,10 +24,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "JOURNAL_SUFFIXES",
-    "STORAGE_ENV",
-    "STUDY_ENV",
+    "STORAGE_WAIT_S",
     "TRIAL_ENV",
+    "UNREACHABLE",
     "WORKERS",
+    "StorageUnreachable",
     "TrialReportHook",
     "current_trial",
     "database_url",
@@ -34,14 +36,81 @@ __all__ = [
     "live_workers",
     "open_storage",
     "shown_url",
+    "with_storage",
 ]
 
 
 log = logging.getLogger("expkit")
 
 TRIAL_ENV = "EXPKIT_OPTUNA_TRIAL"  # "<trial id> <trial number>"
-STUDY_ENV = "EXPKIT_OPTUNA_STUDY"
-STORAGE_ENV = "EXPKIT_OPTUNA_STORAGE"
+
+STORAGE_WAIT_S = 120.0  # how long an unreachable storage is waited for before the work stops
+UNREACHABLE = "interrupted: the Optuna storage was unreachable"  # (a job's stop_reason begins so)
+
+T = TypeVar("T")
+
+
+class StorageUnreachable(Exception):
+    """The study's storage did not answer for the whole wait (``with_storage``)."""
+
+
+def _outage_types() -> tuple[type[BaseException], ...]:
+    """The errors of a database that is down or restarting (not of a bad request): Optuna wraps
+    a failed commit in StorageInternalError; a read, a connect or a dropped connection raise
+    SQLAlchemy's OperationalError / InterfaceError (psycopg's, wrapped)."""
+    import optuna
+    from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+
+    return optuna.exceptions.StorageInternalError, OperationalError, InterfaceError, DisconnectionError
+
+
+def with_storage(what: str, call: Callable[[], T], wait_s: float = STORAGE_WAIT_S) -> T:
+    """`call()`, tried again with backoff while the study's storage is unreachable (a database
+    server restarting, a network blip), each retry logged; an outage longer than the wait
+    raises ``StorageUnreachable``. Any other error is raised at once.
+
+    Args:
+        what: what the call does, for the log lines ("telling trial 3 its value").
+        call: the storage operation; it must be safe to run again after an outage error (Optuna's
+            are: a failed commit is rolled back).
+        wait_s: the seconds to keep trying (``hydra.sweeper.storage_wait_s``).
+
+    Returns:
+        What `call` returned.
+
+    Raises:
+        StorageUnreachable: when `call` still failed with an outage error after `wait_s` seconds; its
+            message says what was being done, for how long, and the last error.
+    """
+    import time
+
+    outages = _outage_types()
+    start, pause = time.monotonic(), 0.5
+    while True:
+        try:
+            return call()
+        except outages as exc:
+            # the driver's own words (Optuna wraps SQLAlchemy's error, which wraps the driver's)
+            cause = exc.__cause__ or exc
+            cause = getattr(cause, "orig", None) or cause
+            error = f"{type(cause).__name__}: {(str(cause).splitlines() or [''])[0]}"
+            waited = time.monotonic() - start
+            if waited >= wait_s:
+                raise StorageUnreachable(
+                    f"the Optuna storage did not answer for {waited:.0f} s while {what} ({error})"
+                ) from None
+            pause = min(pause, wait_s - waited)
+            log.warning(
+                "Optuna storage unreachable while %s (%s); trying again in %.1f s (%.0f of %.0f s waited)",
+                what,
+                error,
+                pause,
+                waited,
+                wait_s,
+            )
+            time.sleep(pause)
+            pause = min(pause * 2, 8.0)
+
 
 JOURNAL_SUFFIXES = (".journal", ".log", ".jsonl")
 WORKERS = ".workers"  # <sweep dir>/.workers/<host>-<pid>-<token>/.lock: one per worker of a search
@@ -87,9 +156,15 @@ def open_storage(spec: str) -> Any:
         import optuna
         from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
+        # a database server restarts under a long search: a pooled connection is checked before
+        # use (one round trip) instead of failing its first statement, and a connect gives up in
+        # 10 s (with_storage then waits); SQLite has no server to lose
+        engine = {} if spec.startswith("sqlite") else {"pool_pre_ping": True}
+        if spec.partition("://")[0].partition("+")[0] in ("postgresql", "postgres"):
+            engine["connect_args"] = {"connect_timeout": 10}
         for attempt in range(6):
             try:
-                return optuna.storages.RDBStorage(database_url(spec))
+                return optuna.storages.RDBStorage(database_url(spec), engine_kwargs=engine)
             except (IntegrityError, ProgrammingError, OperationalError) as exc:
                 # workers started together all create the tables (PostgreSQL: a unique violation;
                 # SQLite: "table ... already exists", "database is locked"): the first one wins
@@ -154,49 +229,53 @@ def shown_url(spec: str) -> str:
         return spec
 
 
-def job_env(trial: Any, study_name: str, storage: str) -> list[str]:
-    """The overrides that tell a launched job its trial (Hydra sets them as environment variables).
+def job_env(trial: Any) -> str:
+    """The override that tells a launched job its trial (Hydra sets it as an environment variable
+    around the job, in whatever process runs it); the job finds the study and its storage in
+    its own Hydra config (``hydra.sweeper``).
 
     Args:
         trial: the Optuna trial the job runs (its id and number are read).
-        study_name: the study's name.
-        storage: the storage setting, as ``open_storage`` takes it.
 
     Returns:
-        Three ``+hydra.job.env_set.<VAR>='<value>'`` overrides: the trial, the study and the storage.
+        ``+hydra.job.env_set.EXPKIT_OPTUNA_TRIAL='<trial id> <trial number>'``.
     """
-    values = {TRIAL_ENV: f"{trial._trial_id} {trial.number}", STUDY_ENV: study_name, STORAGE_ENV: storage}
-    return [f"+hydra.job.env_set.{k}='{v}'" for k, v in values.items()]
+    return f"+hydra.job.env_set.{TRIAL_ENV}='{trial._trial_id} {trial.number}'"
 
 
-def current_trial() -> tuple[Any, int] | None:
-    """(optuna.Trial, trial number) of this sweep job, or None outside an Optuna search.
+def current_trial() -> tuple[Any, int, float] | None:
+    """(optuna.Trial, trial number, storage wait) of this sweep job, or None outside an Optuna search.
 
     Returns:
-        The trial, loaded from the storage the environment names (with the sweeper's pruner), and
-        its number; None when ``EXPKIT_OPTUNA_TRIAL`` is unset or empty.
+        The trial, loaded from the storage of the job's ``hydra.sweeper`` settings (with the sweeper's
+        pruner), its number and the seconds an unreachable storage is waited for
+        (``hydra.sweeper.storage_wait_s``); None when ``EXPKIT_OPTUNA_TRIAL`` is unset or empty.
+
+    Raises:
+        StorageUnreachable: when the storage does not answer for that long.
     """
     spec = os.environ.get(TRIAL_ENV)
     if not spec:
         return None
     import optuna
-
-    trial_id, number = (int(x) for x in spec.split())
-    name, storage = os.environ.get(STUDY_ENV, ""), os.environ.get(STORAGE_ENV, "")
-    study = optuna.load_study(study_name=name, storage=open_storage(storage), pruner=_sweeper_pruner())
-    return optuna.trial.Trial(study, trial_id), number
-
-
-def _sweeper_pruner() -> Any:
-    """The pruner the sweeper was given (``hydra.sweeper.pruner``: the job's Hydra config holds
-    it), built in this job; a study loaded from storage does not carry its pruner."""
-    import optuna
     from hydra.core.hydra_config import HydraConfig
 
     from expkit.core.hydra_compat import instantiate
 
-    spec = HydraConfig.get().sweeper.get("pruner") if HydraConfig.initialized() else None
-    return instantiate(spec) if spec else optuna.pruners.NopPruner()
+    trial_id, number = (int(x) for x in spec.split())
+    hydra = HydraConfig.get()
+    sweeper = hydra.sweeper
+    name = sweeper.get("study_name") or "expkit"
+    storage = sweeper.get("storage") or str(Path(hydra.sweep.dir) / "optuna.journal")  # (the sweeper's rule)
+    wait_s = float(sweeper.get("storage_wait_s", STORAGE_WAIT_S))
+    # a study loaded from storage does not carry its pruner: the sweeper's is built here too
+    pruner = instantiate(sweeper.pruner) if sweeper.get("pruner") else optuna.pruners.NopPruner()
+    study = with_storage(
+        f"loading study {name!r} for trial {number}",
+        lambda: optuna.load_study(study_name=name, storage=open_storage(storage), pruner=pruner),
+        wait_s,
+    )
+    return optuna.trial.Trial(study, trial_id), number, wait_s
 
 
 class TrialReportHook(Hook):
@@ -208,24 +287,44 @@ class TrialReportHook(Hook):
     Args:
         trial: the job's ``optuna.Trial`` (``current_trial``'s), with the study's pruner; the main process
             reports to it.
-        number: the trial's number in the study, kept as ``number`` (the hook itself does not use it).
+        number: the trial's number in the study, kept as ``number`` (for messages).
+        wait_s: how long an unreachable storage is tried again before the job stops, resumable
+            (``stopped``, ``stop_reason`` beginning ``interrupted``).
     """
 
     priority = "LOWEST"  # after the checkpoint hook has saved this validation's files
 
-    def __init__(self, trial: Any, number: int) -> None:
-        self.trial, self.number = trial, number
+    def __init__(self, trial: Any, number: int, wait_s: float = STORAGE_WAIT_S) -> None:
+        self.trial, self.number, self.wait_s = trial, number, wait_s
 
     def after_val_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:
         from expkit.core import distributed
 
         value = metrics.get(runner.monitor) if runner.monitor else None
-        prune = False
+        verdict: str | None = None  # None: go on; else "prune", or why the storage stops the job
         if runner.is_main and isinstance(value, (int, float)) and math.isfinite(value):  # (diverged: not reported)
-            self.trial.report(float(value), step=runner.iter)
-            prune = self.trial.should_prune()
-        if distributed.broadcast_object(prune):  # rank 0 decides for every rank of a multi-task job
+            try:
+                verdict = with_storage(
+                    f"reporting step {runner.iter} of trial {self.number}",
+                    self._report(value, runner.iter),
+                    self.wait_s,
+                )
+            except StorageUnreachable as exc:
+                # the validation's checkpoint is saved (this hook runs last): the job stops as a
+                # signal stops it, resumable, and its worker stops too (resume=true goes on)
+                verdict = f"{UNREACHABLE}: {exc}"
+        verdict = distributed.broadcast_object(verdict)  # rank 0 decides for every rank of a multi-task job
+        if verdict == "prune":
             pruner = type(self.trial.study.pruner).__name__
             runner.request_stop(
                 f"pruned by {pruner} at step {runner.iter} ({runner.monitor}={value:.4f})", status="pruned"
             )
+        elif verdict is not None:
+            runner.request_stop(verdict, resumable=True)
+
+    def _report(self, value: float, step: int) -> Callable[[], str | None]:
+        def report() -> str | None:
+            self.trial.report(float(value), step=step)  # (again after an outage: Optuna keeps a step's first value)
+            return "prune" if self.trial.should_prune() else None
+
+        return report

@@ -55,6 +55,7 @@ __all__ = [
     "own_job_dir",
     "place_job",
     "read_job",
+    "read_result",
     "record_job",
     "request_stop",
     "restore_hydra_record",
@@ -338,51 +339,71 @@ def job_result(work_dir: Path) -> dict[str, Any] | None:
         work_dir: a job dir of the sweep.
 
     Returns:
-        The content of ``result.json`` in ``job_target(work_dir)``; None when it is missing, cannot be read
-            or is not JSON.
+        The content of ``result.json`` in ``job_target(work_dir)``; None when it is missing, cannot be read,
+            is not JSON (a write cut short) or not a JSON object.
+    """
+    return read_result(job_target(work_dir) / "result.json")
+
+
+def read_result(path: Path) -> dict[str, Any] | None:
+    """A result.json's content.
+
+    Args:
+        path: the result.json file.
+
+    Returns:
+        Its content; None when it is missing, unreadable, not JSON (a write cut short: JSONDecodeError,
+            or UnicodeDecodeError for torn bytes) or not a JSON object.
     """
     try:
-        return json.loads((job_target(work_dir) / "result.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
         return None
+    return result if isinstance(result, dict) else None
 
 
 def tally_jobs(sweep_dir: Path) -> dict[str, int]:
     """The jobs a sweep dir holds, by how they stand: completed (finished: completed, pruned,
-    stopped by a hook), failed, interrupted (stopped by a signal, or no result yet); a job
-    that a stop kept from starting is not counted.
+    stopped by a hook), failed, interrupted (stopped by a signal or an outage, or no result
+    yet), skipped (not run after an earlier job failed: ``fail_fast``); a job that a stop kept
+    from starting is not counted.
 
     Args:
         sweep_dir: the sweep dir; each dir in it with a job.json that is not an alias is one job.
 
     Returns:
-        ``{"completed": n, "interrupted": n, "failed": n}``; a job with another status in its result
-            (e.g. ``skipped`` by fail_fast) counts as interrupted.
+        ``{"completed": n, "interrupted": n, "failed": n}``, and ``"skipped": n`` when there are any.
     """
-    counts = {"completed": 0, "interrupted": 0, "failed": 0}
+    counts = {"completed": 0, "interrupted": 0, "failed": 0, "skipped": 0}
     for job_dir in sorted(p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
         job = read_job(job_dir)
         if job is None or "alias_of" in job:
             continue
         result = job_result(job_dir) or {}
-        kind = "completed" if finished(result) else "failed" if result.get("status") == "failed" else "interrupted"
+        status = result.get("status")
+        kind = "completed" if finished(result) else status if status in ("failed", "skipped") else "interrupted"
         counts[kind] += 1
+    if not counts["skipped"]:
+        del counts["skipped"]
     return counts
 
 
 def finished(result: dict[str, Any]) -> bool:
     """Whether a job's result.json says it ran to its end: completed, pruned, or stopped by a
-    hook (early stopping); a job stopped by a signal was preempted and goes on when resumed.
+    hook (early stopping); a job stopped by a signal was preempted, and one stopped by an
+    outage was interrupted (``interrupted: ...``): both go on when resumed.
 
     Args:
         result: the content of a job's result.json.
 
     Returns:
-        True for status ``completed`` or ``pruned``, or ``stopped`` with a ``stop_reason`` that does not
-            begin with ``signal``.
+        True for status ``completed`` or ``pruned``, or ``stopped`` with a ``stop_reason`` that begins
+            with neither ``signal`` nor ``interrupted``.
     """
     status, reason = result.get("status"), str(result.get("stop_reason") or "")
-    return status in ("completed", "pruned") or (status == "stopped" and not reason.startswith("signal"))
+    return status in ("completed", "pruned") or (
+        status == "stopped" and not reason.startswith(("signal", "interrupted"))
+    )
 
 
 def _identity_of(job: dict[str, Any]) -> list[str] | None:
@@ -530,10 +551,9 @@ def finished_job_value(cfg: DictConfig, work_dir: Path, rule: str, monitor: str)
             ``retry_failed`` is off; None when not resuming, without a result.json, or when the job is to
             run (it did not finish, or failed and ``retry_failed`` is on).
     """
-    result_file = work_dir / "result.json"
-    if not resuming_sweep(cfg) or not result_file.is_file():
+    result = read_result(work_dir / "result.json") if resuming_sweep(cfg) else None
+    if result is None:  # (unreadable: the job runs again, from its last complete checkpoint)
         return None
-    result = json.loads(result_file.read_text())
     rule = result.get("monitor_rule") or rule  # the direction the run itself used
     status = result.get("status")
     if status == "failed" and not cfg.retry_failed:
@@ -558,11 +578,11 @@ def best_value(result: dict[str, Any], monitor: str, rule: str) -> float:
     Returns:
         The best value as a float when it is recorded and finite; otherwise the worst value (``worst_value``).
     """
-    best = (result.get("best_metrics") or {}).get(monitor)
-    value = None if best is None else best.get("value")
-    return (
-        float(value) if value is not None and math.isfinite(value) else worst_value(result.get("monitor_rule") or rule)
-    )
+    best = result.get("best_metrics")
+    best = best.get(monitor) if isinstance(best, dict) else None
+    value = best.get("value") if isinstance(best, dict) else None
+    finite = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if finite else worst_value(result.get("monitor_rule") or rule)
 
 
 def done_since_launch(work_dir: Path, monitor: str, rule: str) -> float | None:
@@ -583,10 +603,10 @@ def done_since_launch(work_dir: Path, monitor: str, rule: str) -> float | None:
     try:
         if launched is None or result_file.stat().st_mtime < float(launched):
             return None
-        result = json.loads(result_file.read_text())
     except (OSError, ValueError):
         return None
-    if not finished(result):
+    result = read_result(result_file)
+    if result is None or not finished(result):
         return None
     log.info(
         "Job in %s was %s by another launch of this sweep; this launch does not run it again",

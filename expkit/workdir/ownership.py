@@ -5,9 +5,11 @@ the owner (host, PID, the process's start time, start date, command) and a heart
 refreshed every 30 s, and the owner holds an exclusive ``flock`` on it. The kernel drops the
 flock when the owner dies, however it dies (SIGKILL included), so on one host a second
 writer is refused exactly while the owner lives; NFS clients honour flock across hosts too.
-Where locks are not honoured, the file decides: an owner on this host is alive while its
-PID runs with the same start time; an owner on another host, while its heartbeat is younger
-than ``STALE_AFTER_S``. A stale lock is taken over, with a message. The file stays after the
+An owner on this host whose lock can be taken is gone, whatever its PID says: a killed
+process that is not reaped yet (a zombie) still answers ``kill(pid, 0)``, and a PID is
+reused. Where locks are not honoured, the file decides: an owner on this host is alive while
+its PID runs, not a zombie, with the same start time; an owner on another host, while its
+heartbeat is younger than ``STALE_AFTER_S``. A stale lock is taken over, with a message. The file stays after the
 run, marked released, so that nobody ever locks a file another process is about to unlink.
 """
 
@@ -74,14 +76,21 @@ class WorkDirBusy(ConfigError):
         self.owner = owner
 
 
-def _process_start(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot; /proc/<pid>/stat field 22), which
-    tells a live owner from a new process that got its PID; None where /proc has no such PID."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name (field 3, the state, comes first);
+    None where /proc has no such PID."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rpartition(")")[2].split()[19]  # fields after the command name: field 22 is the 20th
+    return stat.rpartition(")")[2].split()
+
+
+def _process_start(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot; /proc/<pid>/stat field 22), which
+    tells a live owner from a new process that got its PID; None where /proc has no such PID."""
+    fields = _stat_fields(pid)
+    return fields[19] if fields else None  # field 22 is the 20th after the command name
 
 
 def _alive_here(owner: dict[str, Any]) -> bool:
@@ -94,8 +103,14 @@ def _alive_here(owner: dict[str, Any]) -> bool:
         return False
     except PermissionError:  # another user's process: alive
         pass
-    start = _process_start(pid)
-    return start is None or owner.get("start") in (None, start)
+    fields = _stat_fields(pid)
+    if fields is None:  # (no /proc: the signal's answer is all there is)
+        return True
+    # a killed process its parent has not reaped yet (a zombie) still answers os.kill, with
+    # its start time: it holds nothing, so it owns nothing
+    if fields[0] in ("Z", "X"):
+        return False
+    return owner.get("start") in (None, fields[19])
 
 
 def _read(fd: int) -> dict[str, Any]:
@@ -146,13 +161,20 @@ def busy_message(work_dir: Path, owner: dict[str, Any]) -> str:
     )
 
 
-def why_stale(owner: dict[str, Any], now: float | None = None, stale_after: float = STALE_AFTER_S) -> str | None:
+def why_stale(
+    owner: dict[str, Any],
+    now: float | None = None,
+    stale_after: float = STALE_AFTER_S,
+    lock_free: bool = False,
+) -> str | None:
     """Why the owner in a lock file no longer owns the dir, or None when it may still run.
 
     Args:
         owner: the lock file's content.
         now: the current time, seconds since the epoch; None: now.
         stale_after: the heartbeat age, in seconds, after which an owner on another host is gone.
+        lock_free: the caller could flock the file: an owner on this host would hold that lock while
+            it lives, so it is gone whatever its PID says (a PID can be a zombie's or reused).
 
     Returns:
         ``"released"`` for an empty or released lock; why the owner is gone (its PID no longer runs
@@ -164,7 +186,9 @@ def why_stale(owner: dict[str, Any], now: float | None = None, stale_after: floa
     if owner.get("unreadable"):
         return None
     if owner.get("host") == socket.gethostname():
-        return None if _alive_here(owner) else f"pid {owner.get('pid')} is no longer running"
+        if not _alive_here(owner):
+            return f"pid {owner.get('pid')} is no longer running"
+        return f"pid {owner.get('pid')} no longer holds its lock" if lock_free else None
     age = (now or time.time()) - float(owner.get("heartbeat") or 0)
     return f"its heartbeat is {age:.0f} s old" if age > stale_after else None
 
@@ -204,14 +228,15 @@ class WorkDirLock:
         try:
             import fcntl
 
+            locked = True
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:  # a live process holds it
                 raise self._busy(_read(fd)) from None
             except OSError:  # a filesystem without locks: the file alone decides
-                pass
+                locked = False
             owner = _read(fd)
-            reason = why_stale(owner, stale_after=self.stale_after) if owner else "released"
+            reason = why_stale(owner, stale_after=self.stale_after, lock_free=locked) if owner else "released"
             if reason is None:
                 raise self._busy(owner)
             if owner and reason != "released":
@@ -293,13 +318,14 @@ def live_owner(work_dir: Path) -> dict[str, Any] | None:
     try:
         import fcntl
 
+        locked = True
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             return _read(fd) or {"unreadable": True}
         except OSError:
-            pass
+            locked = False
         owner = _read(fd)
-        return owner if owner and why_stale(owner) is None else None
+        return owner if owner and why_stale(owner, lock_free=locked) is None else None
     finally:
         os.close(fd)  # drops the probe's shared lock

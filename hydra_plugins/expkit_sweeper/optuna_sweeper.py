@@ -26,6 +26,7 @@ import math
 import os
 import secrets
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -40,7 +41,8 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from expkit.sweeps.search import WORKERS, live_workers
+from expkit.core.errors import TaskExit
+from expkit.sweeps.search import UNREACHABLE, WORKERS, StorageUnreachable, live_workers, with_storage
 from hydra_plugins.expkit_sweeper.expkit_sweeper import (
     SweepConfigError,
     check_batch,
@@ -93,6 +95,8 @@ class OptunaSweeperConf:  # OmegaConf reads these annotations at run time (hence
         custom_search_space: ``"module.function"``: ``function(cfg, trial)`` suggests more.
         seeds_per_trial: N: each trial runs N jobs (seeds from ``seed_keys[0]``); the study
             gets their mean.
+        storage_wait_s: how long the sweeper and its jobs retry an unreachable storage (a
+            database server restarting) before the worker stops (exit 1; ``resume=true`` goes on).
     """
 
     _target_: str = "hydra_plugins.expkit_sweeper.optuna_sweeper.OptunaSweeper"
@@ -108,6 +112,7 @@ class OptunaSweeperConf:  # OmegaConf reads these annotations at run time (hence
     params: dict[str, Any] | None = None  # name -> interval(..), tag(log, interval(..)), choice(..), range(..)
     custom_search_space: str | None = None  # "module.function": function(cfg, trial) suggests more
     seeds_per_trial: int = 1  # N: each trial runs N jobs (seeds from seed_keys[0]); the study gets their mean
+    storage_wait_s: float = 120.0  # seconds an unreachable storage (a database restarting) is waited for
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="expkit")
@@ -207,10 +212,13 @@ class OptunaSweeper(Sweeper):
             trial to suggest more parameters; None: none.
         seeds_per_trial: the jobs each trial runs, with the first ``seed_keys`` key (default
             ``trainer.seed``) at its configured value + 0, 1, ...; the study gets their mean. At least 1.
+        storage_wait_s: the seconds a storage that stops answering (a database restarting) is tried
+            again, with backoff, by this worker and by its jobs; past that the job in hand stops
+            (``stopped``, resumable), and the worker stops with exit 1. At least 0.
 
     Raises:
-        SearchConfigError: `direction` is not maximize, minimize or None, or `n_trials`, `n_jobs` or
-            `seeds_per_trial` is not a whole number >= 1.
+        SearchConfigError: `direction` is not maximize, minimize or None, `n_trials`, `n_jobs` or
+            `seeds_per_trial` is not a whole number >= 1, or `storage_wait_s` is not a number >= 0.
     """
 
     def __init__(
@@ -225,14 +233,11 @@ class OptunaSweeper(Sweeper):
         params: dict[str, Any] | None = None,
         custom_search_space: str | None = None,
         seeds_per_trial: int = 1,
+        storage_wait_s: float = 120.0,
     ) -> None:
-        if direction not in (None, "maximize", "minimize"):
-            raise SearchConfigError(
-                f"hydra.sweeper.direction={direction}: use maximize, minimize, or null (from monitor)"
-            )
-        for key, number in (("n_trials", n_trials), ("n_jobs", n_jobs), ("seeds_per_trial", seeds_per_trial)):
-            if isinstance(number, bool) or not isinstance(number, int) or number < 1:
-                raise SearchConfigError(f"hydra.sweeper.{key}={number}: a whole number >= 1")
+        # checked in setup(): an error raised here reaches the user wrapped in Hydra's
+        # "Error in call to target ..." lines instead of as one line
+        self.storage_wait_s = storage_wait_s
         self.direction, self.study_name, self.storage = direction, study_name or "expkit", storage
         self.n_trials, self.n_jobs, self.seeds_per_trial = n_trials, n_jobs, seeds_per_trial
         self.sampler_cfg, self.pruner_cfg = sampler, pruner
@@ -245,9 +250,32 @@ class OptunaSweeper(Sweeper):
         self.worker = ""  # this worker's name under <sweep dir>/.workers/ (set when the sweep starts)
         self.peers = 0  # workers of this search already running when this one started
 
+    def _check_settings(self, config: DictConfig) -> None:
+        """The settings, before anything starts (see the class's Raises)."""
+        if self.direction not in (None, "maximize", "minimize"):
+            raise SearchConfigError(
+                f"hydra.sweeper.direction={self.direction}: use maximize, minimize, or null (from monitor)"
+            )
+        numbers = (("n_trials", self.n_trials), ("n_jobs", self.n_jobs), ("seeds_per_trial", self.seeds_per_trial))
+        for key, number in numbers:
+            if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+                raise SearchConfigError(f"hydra.sweeper.{key}={number}: give a whole number >= 1")
+        wait = self.storage_wait_s
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait >= 0:
+            raise SearchConfigError(f"hydra.sweeper.storage_wait_s={wait}: give seconds, a number >= 0")
+        self.storage_wait_s = float(wait)
+        seed_keys = config.get("seed_keys")
+        if self.seeds_per_trial > 1 and seed_keys is not None and len(seed_keys) == 0:
+            raise SearchConfigError(
+                f"hydra.sweeper.seeds_per_trial={self.seeds_per_trial} varies the first of seed_keys, but "
+                "seed_keys=[] names none: give seed_keys=[trainer.seed] (or seeds_per_trial=1)"
+            )
+
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         from expkit.core.hydra_compat import basic_launcher
 
+        with _one_line():
+            self._check_settings(config)
         self.config, self.hydra_context = config, hydra_context
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config
@@ -312,8 +340,13 @@ class OptunaSweeper(Sweeper):
         self.peers = live_workers(sweep_dir)  # (before this one: its ordinal among the live workers)
         owned = WorkDirLock(sweep_dir / WORKERS / self.worker, "python -m expkit.train (Optuna worker)").acquire()
         try:
-            with launch(self.n_trials * self.seeds_per_trial, sweep_dir):
+            with launch(self.n_trials * self.seeds_per_trial, sweep_dir), _one_line():
                 self._open_and_search(arguments, sweep_dir)
+        except StorageUnreachable as exc:
+            # nothing is lost: the job in hand saved and stopped resumable, and its trial is left
+            # running in the study; resume=true (or another worker) takes it over
+            log.error("Error: %s. This worker stops; once the storage answers, continue with resume=true", exc)
+            raise TaskExit(1) from None
         finally:
             owned.release()
 
@@ -437,18 +470,25 @@ class OptunaSweeper(Sweeper):
             with lock, ledger.locked():
                 if stop_requested(sweep_dir) is not None:
                     return None
-                running = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+                trials = with_storage(
+                    "reading the study's running trials",
+                    lambda: study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)),
+                    self.storage_wait_s,
+                )
+                running = {t.number for t in trials}
                 for number, entry in sorted(ledger.trials.items(), key=lambda kv: int(kv[0])):
                     if int(number) in running and entry.get("worker") != self.worker and not _alive(sweep_dir, entry):
                         return self._take_over(study, ledger, storage, entry, number)
                 if len(ledger.trials) < total:
-                    trial = study.ask(fixed_distributions=space)
+                    trial = with_storage(
+                        "asking for a new trial", lambda: study.ask(fixed_distributions=space), self.storage_wait_s
+                    )
                     jobs = [
                         [
                             *fixed,
                             *self._overrides(trial, space),
                             *seed,
-                            *search.job_env(trial, self.study_name, storage),
+                            search.job_env(trial),
                         ]
                         for seed in seeds
                     ]
@@ -493,11 +533,14 @@ class OptunaSweeper(Sweeper):
 
         from expkit.sweeps import search
 
-        trial = optuna.trial.Trial(study, entry["trial_id"])
+        trial = with_storage(
+            f"taking over trial {number}", lambda: optuna.trial.Trial(study, entry["trial_id"]), self.storage_wait_s
+        )
         jobs = []
         for overrides in entry.get("seed_overrides") or [entry["overrides"]]:
-            job = [o for o in overrides if not o.startswith("+hydra.job.env_set.")]
-            job += search.job_env(trial, self.study_name, storage)
+            # (the ledger of an earlier expkit holds +hydra.job.env_set.VAR=... overrides)
+            job = [o for o in overrides if not o.startswith(("+hydra.job.env_set.", "hydra.job.env_set="))]
+            job.append(search.job_env(trial))
             jobs.append(job if "resume=true" in job else [*job, "resume=true"])
         log.info(
             "Optuna: trial %s was left running by %s; resuming it in job %s",
@@ -630,16 +673,26 @@ class OptunaSweeper(Sweeper):
         statuses = [r.get("status") for r, _ in ends]
         if any(r.get("status") == "stopped" and not finished(r) for r, _ in ends):
             ledger.finish(trial, "interrupted")  # preempted: left running in the study, for resume=true
+            outage = next(
+                (str(r["stop_reason"]) for r, _ in ends if str(r.get("stop_reason")).startswith(UNREACHABLE)), None
+            )
+            if outage is not None:  # (the job waited for the storage already: so does this worker)
+                raise StorageUnreachable(outage.removeprefix(f"{UNREACHABLE}: "))
             return
+        number = trial.number
         if "pruned" in statuses:
-            study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
+            tell = lambda: study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
             status = "pruned"
         elif all(v is not None for _, v in ends):
-            study.tell(trial, math.fsum(v for _, v in ends) / len(ends), skip_if_finished=True)  # type: ignore[misc]
+            mean = math.fsum(v for _, v in ends) / len(ends)  # type: ignore[misc]
+            tell = lambda: study.tell(trial, mean, skip_if_finished=True)
             status = "completed" if len(set(statuses)) > 1 else str(statuses[0])
         else:  # failed, diverged (no finite best), or never ran
-            study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            tell = lambda: study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             status = next((s for s in statuses if s not in (None, "completed", "stopped")), "failed")
+        # (an outage past the wait leaves the trial running in the study and in the ledger: the job's
+        # result is on disk, and resume=true tells it)
+        with_storage(f"telling trial {number} how it ended ({status})", tell, self.storage_wait_s)
         ledger.finish(trial, status)
 
     def _write_results(self, study: Any, sweep_dir: Path) -> None:
@@ -662,6 +715,17 @@ class OptunaSweeper(Sweeper):
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         assert self.config is not None and self.hydra_context is not None
         check_batch(self.hydra_context, self.config, batch)
+
+
+@contextlib.contextmanager
+def _one_line() -> Iterator[None]:
+    """A SearchConfigError inside leaves as one ``Error:`` line and exit 2 (Hydra would add a line
+    about HYDRA_FULL_ERROR, and wrap one raised while it builds the sweeper in three more)."""
+    try:
+        yield
+    except SearchConfigError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        raise TaskExit(2) from None
 
 
 class Ledger:
