@@ -10,7 +10,7 @@ only on (seed, epoch), so a resumed run sees exactly the batches an uninterrupte
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,38 @@ __all__ = [
     "RandomImages",
     "check_fractions",
     "load_digits",
+    "preprocess",
     "stratified_split",
 ]
+
+# scikit-learn's digits count the ink in 4x4 blocks of a 32x32 bitmap: pixel values 0-16
+DIGIT_LEVELS = 16.0
+
+
+def preprocess(raw: torch.Tensor, preprocessing: Mapping[str, Any], shape: Sequence[int] | None = None) -> torch.Tensor:
+    """Raw inputs -> the model's, as a data module's ``preprocessing()`` (or an export's sidecar
+    JSON) records it: ``(raw - mean) / std`` as float32, reshaped to `shape` when each input has
+    its size. Inputs of another dtype than ``only_dtype``, when it is set, are taken as they are
+    (floats as float32, integers unchanged).
+
+    Args:
+        raw: the inputs, first dimension the batch.
+        preprocessing: ``mean`` and ``std`` (numbers, or one per feature: the last dimension),
+            and optionally ``only_dtype`` (e.g. ``uint8``).
+        shape: the shape of one input as the model takes it; None: not reshaped.
+
+    Returns:
+        The inputs as the model takes them.
+    """
+    only = preprocessing.get("only_dtype")
+    if only is not None and str(raw.dtype).removeprefix("torch.") != only:
+        return raw.float() if raw.is_floating_point() else raw
+    mean = torch.as_tensor(preprocessing["mean"], dtype=torch.float32)
+    std = torch.as_tensor(preprocessing["std"], dtype=torch.float32)
+    x = (raw.float() - mean) / std
+    if shape is not None and len(x) and x[0].numel() == torch.Size(shape).numel():
+        x = x.reshape(len(x), *shape)
+    return x
 
 
 def check_fractions(val_fraction: float, test_fraction: float) -> None:
@@ -101,8 +131,9 @@ class DataModule:
     # -- prediction on new data (python -m expkit.predict): the transforms training used ----------
     def predict_input(self, raw: torch.Tensor) -> torch.Tensor:
         """A batch of new inputs as users hold them (rows of a .npy/.pt file or a CSV, in the
-        dataset's own units) -> what the model takes. Default: 8-bit images scaled to [0, 1]
-        (as ToTensor does), other floats unchanged, integers (token ids) kept as they are.
+        dataset's own units) -> what the model takes. Default: the numbers ``preprocessing()``
+        states, by default 8-bit images scaled to [0, 1] (as ToTensor does), other floats
+        unchanged, integers (token ids) kept as they are.
 
         Args:
             raw: the inputs, first dimension the batch, as read from the file.
@@ -110,9 +141,50 @@ class DataModule:
         Returns:
             The inputs as the model takes them.
         """
-        if raw.dtype == torch.uint8:
-            return raw.float() / 255
-        return raw.float() if raw.is_floating_point() else raw
+        steps = self.preprocessing()
+        # a subclass that states no numbers: its inputs are taken as they are
+        if steps is None:
+            return raw.float() if raw.is_floating_point() else raw
+        return preprocess(raw, steps)
+
+    def preprocessing(self) -> dict[str, Any] | None:
+        """What ``predict_input`` does to raw inputs, as numbers another runtime can apply
+        (``expkit.export`` writes them beside an exported model): ``(raw - mean) / std``, then
+        reshaped to the model's input shape (``preprocess``). A subclass may override this
+        alone (the default ``predict_input`` applies it); one that overrides ``predict_input``
+        overrides this too.
+
+        Returns:
+            ``raw`` (what raw inputs are), ``mean`` and ``std`` (numbers, or one per feature),
+                ``formula``, and ``only_dtype`` when only inputs of that dtype are scaled. By
+                default 8-bit values divided by 255. None when a subclass overrides
+                ``predict_input`` but not this: its transform is not known as numbers.
+        """
+        # a subclass's own predict_input would not match the default numbers: an export would
+        # record numbers that are not what the model was trained on, so none are stated
+        if type(self).predict_input is not DataModule.predict_input:
+            return None
+        return {
+            "raw": "8-bit values (uint8) are scaled to [0, 1], as ToTensor scales images; other inputs as they are",
+            "mean": 0.0,
+            "std": 255.0,
+            "only_dtype": "uint8",
+            "formula": "(raw - mean) / std",
+        }
+
+    def postprocessing(self) -> dict[str, Any] | None:
+        """What ``predict_output`` does to a regressor's outputs, as numbers another runtime can
+        apply: ``output * std + mean``. A subclass may override this alone (the default
+        ``predict_output`` applies it).
+
+        Returns:
+            ``mean``, ``std`` and ``formula``; by default 0 and 1 (outputs as they are). None when a
+                subclass overrides ``predict_output`` but not this.
+        """
+        # as for preprocessing(): no numbers rather than ones that are not what predict_output does
+        if type(self).predict_output is not DataModule.predict_output:
+            return None
+        return {"mean": 0.0, "std": 1.0, "formula": "output * std + mean"}
 
     def predict_image(self, image: Any) -> torch.Tensor:
         """A PIL image -> one input, as this data's images reach the model: ``in_channels``
@@ -152,7 +224,8 @@ class DataModule:
         Returns:
             The values in the dataset's own units.
         """
-        return values
+        steps = self.postprocessing()
+        return values if steps is None else values * steps["std"] + steps["mean"]
 
     def loaders(self) -> tuple[DataLoader, DataLoader | None, DataLoader | None]:
         """(train, val, test) DataLoaders; val or test is None when the data has none.
@@ -247,7 +320,20 @@ class DigitsData(DataModule):
         Returns:
             Inputs of 64 values each as (N, 1, 8, 8) floats in [0, 1]; others as floats, unchanged.
         """
-        return raw.float().reshape(len(raw), 1, 8, 8) / 16.0 if raw[0].numel() == 64 else raw.float()
+        return preprocess(raw, self.preprocessing(), (1, 8, 8)) if raw[0].numel() == 64 else raw.float()
+
+    def preprocessing(self) -> dict[str, Any]:
+        """The digits' scaling (``load_digits``'s), as numbers.
+
+        Returns:
+            ``raw``, ``mean`` 0 and ``std`` 16 (the pixel counts' top), ``formula``.
+        """
+        return {
+            "raw": "64 pixel counts 0-16 per image, as scikit-learn's load_digits holds them (N x 64 or N x 8 x 8)",
+            "mean": 0.0,
+            "std": DIGIT_LEVELS,
+            "formula": "(raw - mean) / std",
+        }
 
     def class_names(self) -> list[str]:
         """The digits' class names.
@@ -308,7 +394,7 @@ def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
 
         bunch = sklearn_digits()
         images, target = bunch.data.astype(np.float32), bunch.target
-    x = torch.from_numpy(images).reshape(-1, 1, 8, 8) / 16.0
+    x = torch.from_numpy(images).reshape(-1, 1, 8, 8) / DIGIT_LEVELS
     return x, torch.as_tensor(target, dtype=torch.long)
 
 

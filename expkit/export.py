@@ -15,8 +15,11 @@ The model is built from the config stored in the checkpoint, through the same tr
                 for ``load_from=``, ``expkit.eval`` and ``torch.load(weights_only=True)``
 
 Beside the file, ``<file>.json`` says what it is: the format, the stored config, the input
-shape (batch first), the data's description (class count...), the checkpoint and its sha256.
-The example input is one batch of the run's own validation (or test) data.
+shape (batch first) and dtype, the preprocessing the data module applies to raw inputs
+(``(raw - mean) / std``: the digits' 0-16 counts divided by 16), the range of the inputs in
+training, the class names and a regressor's output scaling, the data's description (class
+count...), the checkpoint and its sha256. ``python -m expkit.predict checkpoint=<model.onnx>``
+reads it. The example input is one batch of the run's own validation (or test) data.
 """
 
 from __future__ import annotations
@@ -118,8 +121,9 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
 
     Returns:
         The JSON written beside the export: its format and file name, the checkpoint and its
-            sha256, the input's shape and dtype, the data's settings and description, and the
-            stored config.
+            sha256, the input's shape and dtype, for a model called as ``model(x)`` the data's
+            ``preprocessing``, ``postprocessing``, ``input_range`` and ``class_names``, the data's
+            settings and description, and the stored config.
 
     Raises:
         ConfigError: bad input (an unknown format, an output in the way, a model the format
@@ -146,7 +150,7 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
     if opset is not None and (isinstance(opset, bool) or not isinstance(opset, int) or opset < 7):
         raise ConfigError(f"opset={opset!r}: give an ONNX opset version, a whole number such as opset=18, or null")
     trust = TrustPolicy([str(t) for t in cfg.trusted_targets or []], config_dirs)
-    path, stored, loaders, model, _ = restore(
+    path, stored, loaders, model, data_module = restore(
         cfg.checkpoint, str(cfg.which), bool(cfg.ema), stored_overrides(cfg), trust
     )
     model.eval()
@@ -193,6 +197,7 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
         "checkpoint_sha256": sha256(path),
         "ema": bool(cfg.ema),
         **_input_description(x),
+        **(_prediction_description(data_module, loaders) if isinstance(x, torch.Tensor) else {}),
         "data": data,
         "data_description": getattr(model, "data_description", {}),  # in_channels, image_size, num_classes, ...
         "num_classes": getattr(model, "data_description", {}).get("num_classes"),
@@ -212,6 +217,25 @@ def _input_description(x: Any) -> dict[str, Any]:
             "input_dtype": {k: str(v.dtype).removeprefix("torch.") for k, v in x.items() if hasattr(v, "dtype")},
         }
     return {"input_shape": ["batch", *x.shape[1:]], "input_dtype": str(x.dtype).removeprefix("torch.")}
+
+
+def _prediction_description(data: Any, loaders: Any) -> dict[str, Any]:
+    """What turns raw inputs into the model's and its outputs back, as the data module states it
+    (another runtime cannot call ``predict_input``): ``preprocessing``, ``postprocessing``, the
+    1st-99th percentile ``input_range`` of the training inputs, and the ``class_names``."""
+    from expkit.predict import training_range
+
+    # a data module of the user's own need not subclass DataModule: what it lacks is null
+    def stated(name: str) -> Any:
+        method = getattr(data, name, None)
+        return method() if callable(method) else None
+
+    return {
+        "preprocessing": stated("preprocessing"),
+        "postprocessing": stated("postprocessing"),
+        "input_range": training_range(loaders),
+        "class_names": stated("class_names"),
+    }
 
 
 def _output_dir_problem(path: Path) -> str | None:

@@ -12,7 +12,9 @@ The model is built from the config stored in the checkpoint, through the same tr
 
 The run's data module turns them into what the model was trained on (``predict_image``,
 ``predict_input``: the digits' 0-16 pixel counts are scaled, the diabetes features standardised
-with the training statistics). Output, CSV or JSON lines (by the file's suffix), one row per
+with the training statistics). ``checkpoint=<model.onnx>``, a model ``expkit.export`` wrote, runs
+in onnxruntime with the preprocessing its sidecar ``<model.onnx>.json`` records (``ExportedData``).
+Output, CSV or JSON lines (by the file's suffix), one row per
 input: its path or index, then for a classifier the predicted class (its name when the data
 has names) and the ``top_k`` classes with their probabilities; for a regressor, the value in
 the data's own units.
@@ -35,8 +37,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from expkit.core import hydra_compat
 from expkit.core.errors import ConfigError, ExpkitError, TaskExit, task_exits
+from expkit.data import DataModule, preprocess
 
-__all__ = ["IMAGE_SUFFIXES", "OPTIONS", "check_range", "main", "predict", "read_inputs", "run", "training_range"]
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "OPTIONS",
+    "ExportedData",
+    "check_range",
+    "main",
+    "predict",
+    "read_inputs",
+    "run",
+    "training_range",
+]
 
 
 log = logging.getLogger("expkit")
@@ -177,15 +190,150 @@ def check_range(x: torch.Tensor, trained: tuple[float, float] | None, data: Any,
     squeezed = high - low < 0.25 * span
     if not (outside or squeezed):
         return
-    doc = (getattr(type(data), "predict_input", None).__doc__ or "").strip()  # type: ignore[union-attr]
-    transform = doc.splitlines()[0].rstrip(".") if doc else "predict_input"
     looks = "already preprocessed" if squeezed else "in other units than the training data"
     raise ConfigError(
-        f"input={source}: after {type(data).__name__}'s preprocessing ({transform}) the inputs span "
+        f"input={source}: after {_preprocessing_named(data)} the inputs span "
         f"[{low:.4g}, {high:.4g}], while the model was trained on [{trained[0]:.4g}, {trained[1]:.4g}] (1st-99th "
         f"percentile): they look {looks}. Give raw inputs as the dataset holds them, or preprocessed=true when "
         "they already are what the model takes (scaled as training scaled them)."
     )
+
+
+def _preprocessing_named(data: Any) -> str:
+    """The preprocessing ``predict_input`` applies, for messages: what an export's sidecar
+    records, or the data module's class and the first line of its ``predict_input`` doc."""
+    if isinstance(data, ExportedData):
+        return data.named()
+    doc = (getattr(type(data), "predict_input", None).__doc__ or "").strip()  # type: ignore[union-attr]
+    transform = doc.splitlines()[0].rstrip(".") if doc else "predict_input"
+    return f"{type(data).__name__}'s preprocessing ({transform})"
+
+
+class ExportedData(DataModule):
+    """An exported model's data, as the sidecar JSON ``expkit.export`` wrote beside it records it
+    (another runtime has no data module to call): ``predict_input`` applies the recorded
+    ``preprocessing`` and reshapes to the recorded ``input_shape``, ``predict_image`` the image
+    transform of the recorded ``in_channels`` and ``image_size``, ``predict_output`` the recorded
+    ``postprocessing``; ``class_names`` are the recorded ones.
+
+    Args:
+        info: the sidecar JSON's contents.
+        sidecar: its path, named in messages.
+    """
+
+    def __init__(self, info: dict[str, Any], sidecar: Path) -> None:
+        super().__init__()
+        self.info, self.sidecar = info, sidecar
+        self.shape = tuple(info["input_shape"][1:])
+        description = info.get("data_description") or {}
+        # predict_image (DataModule's) makes images grey or RGB and resizes them by these two
+        for key in ("in_channels", "image_size"):
+            if key in description:
+                setattr(self, key, description[key])
+
+    def predict_input(self, raw: torch.Tensor) -> torch.Tensor:
+        """The preprocessing the export's sidecar JSON records, then its input shape.
+
+        Args:
+            raw: the inputs, first dimension the batch, as read from the file.
+
+        Returns:
+            The inputs as the exported model takes them.
+
+        Raises:
+            ConfigError: when the sidecar records no preprocessing.
+        """
+        steps = self.info.get("preprocessing")
+        if steps is None:
+            raise ConfigError(
+                f"checkpoint={self.sidecar.with_suffix('')}: {self.sidecar.name} records no preprocessing (exported "
+                "before expkit recorded it, or its data module transforms inputs its own way): export it again, "
+                "give inputs as the model takes them with preprocessed=true, or predict from the run's checkpoint"
+            )
+        return preprocess(raw, steps, self.shape)
+
+    def named(self) -> str:
+        """The recorded preprocessing in words, for the log and messages.
+
+        Returns:
+            E.g. ``model.onnx.json's preprocessing (mean 0, std 16: (raw - mean) / std)``.
+        """
+        steps = self.info.get("preprocessing") or {}
+
+        def number(value: Any) -> str:
+            return f"{value:g}" if isinstance(value, (int, float)) else f"one per feature ({len(value)})"
+
+        said = f"mean {number(steps.get('mean', 0))}, std {number(steps.get('std', 1))}"
+        if steps.get("only_dtype"):
+            said += f", {steps['only_dtype']} inputs only"
+        return f"{self.sidecar.name}'s preprocessing ({said}: {steps.get('formula', '(raw - mean) / std')})"
+
+    def class_names(self) -> list[str] | None:
+        """The class names the sidecar records.
+
+        Returns:
+            The names, in class-index order; None when it records none.
+        """
+        return self.info.get("class_names")
+
+    def postprocessing(self) -> dict[str, Any] | None:
+        """The output scaling the sidecar records (``predict_output`` applies it).
+
+        Returns:
+            ``mean``, ``std`` and ``formula``; None when it records none (outputs as they are).
+        """
+        return self.info.get("postprocessing")
+
+
+def _exported(source: Path, device: str) -> tuple[Any, ExportedData]:
+    """An exported ONNX model as a callable on batches (in onnxruntime), and its data as its
+    sidecar JSON records it."""
+    sidecar = source.with_name(source.name + ".json")
+    if not source.is_file():
+        raise ConfigError(f"checkpoint={source}: no such file; give a model.onnx that python -m expkit.export wrote")
+    try:
+        import numpy as np
+
+        info = json.loads(sidecar.read_text(encoding="utf-8"))
+        shape = [int(n) for n in info["input_shape"][1:]]
+        numpy_dtype = np.dtype(str(info["input_dtype"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"checkpoint={source}: its {sidecar.name}, which says what the model takes, is missing or unreadable "
+            f"({type(exc).__name__}: {exc}); export it again with python -m expkit.export format=onnx"
+        ) from None
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ConfigError("checkpoint=<model.onnx> needs onnxruntime: pip install 'expkit[export]'") from None
+    available = onnxruntime.get_available_providers()
+    if device == "cpu":
+        providers: list[Any] = ["CPUExecutionProvider"]
+    elif device.startswith("cuda"):
+        if "CUDAExecutionProvider" not in available:
+            raise ConfigError(
+                f"device={device}: this onnxruntime has no CUDA ({', '.join(available)}); give device=cpu"
+            )
+        index = int(device.partition(":")[2] or 0)
+        providers = [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
+    else:
+        providers = available
+    # onnxruntime raises its own types (InvalidProtobuf, Fail, ...), none of them exported
+    try:
+        session = onnxruntime.InferenceSession(str(source), providers=providers)
+    except Exception as exc:
+        raise ConfigError(
+            f"checkpoint={source}: onnxruntime cannot load it ({str(exc).splitlines()[0][:200]})"
+        ) from None
+    name = session.get_inputs()[0].name
+
+    def model(batch: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(session.run(None, {name: batch.numpy().astype(numpy_dtype, copy=False)})[0])
+
+    # as restore() sets it on a checkpoint's model: predict tells a classifier by its num_classes
+    model.data_description = info.get("data_description") or {}  # type: ignore[attr-defined]
+    info["input_shape"] = ["batch", *shape]
+    return model, ExportedData(info, sidecar)
 
 
 def _read_csv(path: Path) -> torch.Tensor:
@@ -217,7 +365,8 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
     """Predict new inputs with a checkpoint's model, as ``python -m expkit.predict`` does.
 
     Args:
-        cfg: predict.yaml's settings: ``checkpoint``, ``input`` (a folder of images, a ``.npy``,
+        cfg: predict.yaml's settings: ``checkpoint`` (a run dir, a checkpoint, or a ``.onnx``
+            file ``expkit.export`` wrote, beside its sidecar JSON), ``input`` (a folder of images, a ``.npy``,
             ``.pt`` or ``.csv`` file, or a ``.txt`` file of texts, one per line, for a Hugging Face
             model), ``output`` (``.csv`` or ``.jsonl``), ``top_k`` and the rest.
         work_dir: the command's own dir (its log).
@@ -253,27 +402,41 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
     preprocessed = cfg.get("preprocessed", False)
     if not isinstance(preprocessed, bool):
         raise ConfigError(f"preprocessed must be true or false, got {preprocessed!r}")
-    trust = TrustPolicy([str(t) for t in cfg.trusted_targets or []], config_dirs)
-    path, stored, loaders, model, data = restore(
-        cfg.checkpoint, str(cfg.which), bool(cfg.ema), stored_overrides(cfg), trust
-    )
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device)
-    model = model.to(device).eval()
-    if Path(cfg.input).suffix.lower() == ".txt":  # texts: prompts for a language model, or texts to classify
-        rows = _text_rows(model, data, Path(cfg.input), cfg, device)
-        _write(output, rows)
-        log.info("Predicted %d texts of %s with %s: %s", len(rows), cfg.input, path, output)
-        return {"checkpoint": str(path), "output": str(output), "rows": len(rows)}
-    example = example_input(loaders)
-    expected = tuple(example.shape[1:])
+    # a folder's images go through the image transform, whose range is not the training inputs'
+    range_checked = not preprocessed and not Path(cfg.input).is_dir()
+    if Path(str(cfg.checkpoint)).suffix.lower() == ".onnx":
+        # an export has no data module to call: its sidecar JSON says what the model takes
+        path = Path(str(cfg.checkpoint))
+        if Path(cfg.input).suffix.lower() == ".txt":
+            raise ConfigError(f"input={cfg.input}: an exported ONNX model takes tensors, not texts")
+        model, data = _exported(path, str(cfg.device))
+        # onnxruntime takes and gives arrays in host memory, whichever device it runs on
+        device = torch.device("cpu")
+        expected, trained = data.shape, data.info.get("input_range")
+        data_name = str((data.info.get("data") or {}).get("_target_", "?"))
+    else:
+        trust = TrustPolicy([str(t) for t in cfg.trusted_targets or []], config_dirs)
+        path, stored, loaders, model, data = restore(
+            cfg.checkpoint, str(cfg.which), bool(cfg.ema), stored_overrides(cfg), trust
+        )
+        device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device)
+        model = model.to(device).eval()
+        if Path(cfg.input).suffix.lower() == ".txt":  # texts: prompts for a language model, or texts to classify
+            rows = _text_rows(model, data, Path(cfg.input), cfg, device)
+            _write(output, rows)
+            log.info("Predicted %d texts of %s with %s: %s", len(rows), cfg.input, path, output)
+            return {"checkpoint": str(path), "output": str(output), "rows": len(rows)}
+        expected = tuple(example_input(loaders).shape[1:])
+        trained = training_range(loaders) if range_checked else None
+        data_name = str(stored.data._target_)
     names, x = read_inputs(Path(cfg.input), data, preprocessed, expected)
     if tuple(x.shape[1:]) != expected:
         raise ConfigError(
             f"input={cfg.input}: inputs of shape {tuple(x.shape[1:])}, but the model takes "
-            f"{expected} (as its data, {stored.data._target_.rsplit('.', 1)[-1]}, gives them)"
+            f"{expected} (as its data, {data_name.rsplit('.', 1)[-1]}, gives them)"
         )
-    if not preprocessed and not Path(cfg.input).is_dir():
-        check_range(x, training_range(loaders), data, str(cfg.input))
+    if range_checked:
+        check_range(x, tuple(trained) if trained else None, data, str(cfg.input))
     outputs = []
     try:
         with torch.no_grad():
@@ -291,6 +454,9 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
     rows = _rows(names, y, data, classes if classifier else None, int(cfg.top_k), classifier)
     _write(output, rows)
     how = "as given (preprocessed=true)" if preprocessed else f"through {type(data).__name__}.predict_input"
+    if isinstance(data, ExportedData) and not preprocessed:
+        # the export's numbers, not a data module's code: say which ones ran
+        how = f"through {data.named()}"
     log.info("Predicted %d inputs of %s (%s) with %s: %s", len(rows), cfg.input, how, path, output)
     return {"checkpoint": str(path), "output": str(output), "rows": len(rows)}
 

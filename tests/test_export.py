@@ -83,6 +83,32 @@ def test_onnx_runs_in_onnxruntime_with_any_batch_and_matches_torch(run_dir, tmp_
         assert np.abs(y - model(x).detach().numpy()).max() < 1e-4
 
 
+def test_onnx_sidecar_records_the_preprocessing_so_raw_digits_give_the_models_classes(run_dir, tmp_path):
+    """The digits' 0-16 pixel counts are divided by 16 before the model sees them: an ONNX user
+    who fed raw pixels got silently other outputs. The sidecar JSON records the scaling the data
+    module applies, the input shape and dtype, the class names and the training inputs' range."""
+    import onnxruntime
+    import sklearn
+
+    proc = _export(f"checkpoint={run_dir}", "format=onnx", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads((tmp_path / "model.onnx.json").read_text())
+    steps = info["preprocessing"]
+    assert (steps["mean"], steps["std"], steps["formula"]) == (0.0, 16.0, "(raw - mean) / std")
+    assert "0-16" in steps["raw"] and info["input_dtype"] == "float32"
+    assert info["class_names"] == [str(d) for d in range(10)] and info["input_range"] == [0.0, 1.0]
+    table = np.loadtxt(
+        Path(sklearn.__file__).parent / "datasets" / "data" / "digits.csv.gz", delimiter=",", dtype=np.float32
+    )
+    pixels = table[-50:, :-1]  # as scikit-learn holds them: 64 counts 0-16 per digit
+    x = ((pixels - steps["mean"]) / steps["std"]).reshape(-1, *info["input_shape"][1:]).astype(info["input_dtype"])
+    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"))
+    (y,) = session.run(None, {"input": x})
+    with torch.no_grad():
+        expected = load_model(run_dir)(torch.from_numpy(pixels).reshape(-1, 1, 8, 8) / 16).numpy()
+    assert np.abs(y - expected).max() < 1e-4
+
+
 def test_torch_export_program_loads_and_runs_with_any_batch(run_dir, tmp_path):
     proc = _export(f"checkpoint={run_dir}", "format=torch_export", "which=last", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr

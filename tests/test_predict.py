@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,18 @@ def _predict(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "expkit.predict", *args], cwd=cwd, capture_output=True, text=True, timeout=300
     )
+
+
+def _export_onnx(run: Path, out: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "expkit.export", f"checkpoint={run}", "format=onnx", f"out={out}"],
+        cwd=out.parent,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HYDRA_FULL_ERROR": "0"},
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +103,58 @@ def test_predict_a_folder_of_images_at_any_depth(digits_run, tmp_path):
     assert [r["prediction"] for r in rows] == expected
 
 
+def test_predict_from_an_exported_onnx_model_applies_the_preprocessing_its_sidecar_records(digits_run, tmp_path):
+    """checkpoint=model.onnx runs the export in onnxruntime: raw digits (0-16 counts), a folder of
+    images and preprocessed inputs give what the checkpoint gives, and the log names the
+    preprocessing that ran. Without the sidecar's numbers it refuses raw inputs."""
+    from PIL import Image
+
+    _export_onnx(digits_run, tmp_path / "model.onnx")
+    pixels, labels = _sklearn_digits(60)
+    np.save(tmp_path / "raw.npy", pixels)
+    np.save(tmp_path / "scaled.npy", pixels / 16)
+    (tmp_path / "images").mkdir()
+    for i, image in enumerate(pixels[:4]):
+        Image.fromarray((image.reshape(8, 8) * 255 / 16).astype(np.uint8)).save(tmp_path / "images" / f"{i}.png")
+    rows = {}
+    for checkpoint, name, extra in (
+        (digits_run, "raw.npy", []),
+        ("model.onnx", "raw.npy", []),
+        ("model.onnx", "scaled.npy", ["preprocessed=true"]),
+        (digits_run, "images", []),
+        ("model.onnx", "images", []),
+    ):
+        out = f"{Path(checkpoint).name}-{name}.csv"
+        proc = _predict(tmp_path, f"checkpoint={checkpoint}", f"input={name}", f"output={out}", *extra)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        rows[(checkpoint, name, *extra)] = list(csv.DictReader((tmp_path / out).open()))
+        if checkpoint == "model.onnx" and not extra:
+            said = "model.onnx.json's preprocessing (mean 0, std 16: (raw - mean) / std)"
+            assert name == "images" or said in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    for onnx, checkpoint in (
+        (rows["model.onnx", "raw.npy"], rows[digits_run, "raw.npy"]),
+        (rows["model.onnx", "scaled.npy", "preprocessed=true"], rows[digits_run, "raw.npy"]),
+        (rows["model.onnx", "images"], rows[digits_run, "images"]),
+    ):
+        assert [r["prediction"] for r in onnx] == [r["prediction"] for r in checkpoint]
+        assert [float(r["p1"]) for r in onnx] == pytest.approx([float(r["p1"]) for r in checkpoint], abs=1e-5)
+    assert np.mean([int(r["prediction"]) for r in rows["model.onnx", "raw.npy"]] == labels) > 0.7
+
+    proc = _predict(tmp_path, "checkpoint=model.onnx", "input=scaled.npy", "output=refused.csv")
+    assert proc.returncode == 2 and "they look already preprocessed" in proc.stderr, proc.stderr
+    assert "model.onnx.json's preprocessing" in proc.stderr and not (tmp_path / "refused.csv").exists()
+    sidecar = tmp_path / "model.onnx.json"
+    info = json.loads(sidecar.read_text())
+    sidecar.write_text(json.dumps({k: v for k, v in info.items() if k != "preprocessing"}))  # an older export
+    proc = _predict(tmp_path, "checkpoint=model.onnx", "input=raw.npy", "output=refused.csv")
+    assert proc.returncode == 2 and "model.onnx.json records no preprocessing" in proc.stderr, proc.stderr
+    assert "preprocessed=true" in proc.stderr and "Traceback" not in proc.stderr
+    sidecar.unlink()
+    proc = _predict(tmp_path, "checkpoint=model.onnx", "input=raw.npy", "output=refused.csv")
+    assert proc.returncode == 2 and "model.onnx.json, which says what the model takes" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "refused.csv").exists()
+
+
 def test_predict_a_regressor_from_csv_rows_in_the_targets_units(tmp_path):
     from expkit.eval import load_model
     from expkit.tasks.regression import DiabetesData, load_diabetes
@@ -113,6 +178,16 @@ def test_predict_a_regressor_from_csv_rows_in_the_targets_units(tmp_path):
         out = load_model(work)((x[:20] - data.feature_mean) / data.feature_std).reshape(-1)
     assert values == pytest.approx((out * data.target_std + data.target_mean).tolist(), rel=1e-5)
     assert np.corrcoef(values, y[:20].numpy())[0, 1] > 0.3  # in the target's units, and it learned something
+
+    # the export records the features' standardisation and the target's: the same values from ONNX
+    _export_onnx(work, tmp_path / "model.onnx")
+    info = json.loads((tmp_path / "model.onnx.json").read_text())
+    assert info["preprocessing"]["mean"] == pytest.approx(data.feature_mean.tolist())
+    assert info["postprocessing"]["std"] == pytest.approx(data.target_std)
+    proc = _predict(tmp_path, "checkpoint=model.onnx", "input=patients.csv", "output=onnx.csv")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    onnx_values = [float(r["value"]) for r in csv.DictReader((tmp_path / "onnx.csv").open())]
+    assert onnx_values == pytest.approx(values, rel=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -155,6 +230,36 @@ def test_the_default_input_transform_scales_bytes_and_keeps_integers(raw, expect
 
     out = DataModule().predict_input(raw)
     assert out.dtype == expected.dtype and torch.equal(out, expected)
+
+
+def test_a_data_module_states_as_numbers_what_its_predict_input_does():
+    from expkit.data import DataModule, DigitsData, preprocess
+    from expkit.tasks.regression import DiabetesData
+
+    diabetes = DiabetesData()
+    diabetes.datasets()
+    for data, raw, shape in (
+        (DataModule(), torch.tensor([[0, 128, 255]], dtype=torch.uint8), None),
+        (DataModule(), torch.tensor([[3, 7]]), None),
+        (DigitsData(), torch.arange(128.0).reshape(2, 64) % 17, (1, 8, 8)),
+        (diabetes, torch.randn(4, 10) * 50 + 100, None),
+    ):
+        assert torch.equal(preprocess(raw, data.preprocessing(), shape), data.predict_input(raw))
+    assert diabetes.predict_output(torch.tensor([0.0, 1.0])).tolist() == pytest.approx(
+        [diabetes.target_mean, diabetes.target_mean + diabetes.target_std]
+    )
+
+    class OwnTransform(DataModule):
+        def predict_input(self, raw: torch.Tensor) -> torch.Tensor:
+            return raw.float().log1p()
+
+    class Stated(DataModule):
+        def preprocessing(self) -> dict:
+            return {"mean": 1.0, "std": 2.0}
+
+    # numbers that would not be what predict_input does are not stated; stated ones are applied
+    assert OwnTransform().preprocessing() is None
+    assert Stated().predict_input(torch.tensor([[3.0, 5.0]])).tolist() == [[1.0, 2.0]]
 
 
 def test_inputs_preprocessed_already_are_refused_unless_declared(digits_run, tmp_path):

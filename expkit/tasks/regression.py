@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 from expkit.core.errors import ConfigError
-from expkit.data import DataModule, check_fractions
+from expkit.data import DataModule, check_fractions, preprocess
 from expkit.models import mlp_layers
 
 __all__ = ["DiabetesData", "RegressionMLP", "load_diabetes"]
@@ -85,20 +85,33 @@ class DiabetesData(DataModule):
         Returns:
             The standardised features.
         """
-        if not hasattr(self, "feature_mean"):
-            self.datasets()
-        return (raw.float() - self.feature_mean) / self.feature_std
+        return preprocess(raw, self.preprocessing())
 
-    def predict_output(self, values: torch.Tensor) -> torch.Tensor:
-        """Disease progression in its own units (the target was standardised for training).
-
-        Args:
-            values: the model's standardised predictions.
+    def preprocessing(self) -> dict[str, Any]:
+        """The standardisation of the features, as numbers: the training split's statistics.
 
         Returns:
-            The predictions in the target's original units.
+            ``raw``, ``mean`` and ``std`` (one per feature), ``formula``.
         """
-        return values * self.target_std + self.target_mean
+        if not hasattr(self, "feature_mean"):
+            self.datasets()
+        return {
+            "raw": "rows of the 10 raw features (age, sex, bmi, bp, s1-s6, as scikit-learn's scaled=False)",
+            "mean": self.feature_mean.tolist(),
+            "std": self.feature_std.tolist(),
+            "formula": "(raw - mean) / std",
+        }
+
+    def postprocessing(self) -> dict[str, Any]:
+        """The target's standardisation undone, as numbers: the training split's statistics
+        (``predict_output`` gives disease progression in its own units).
+
+        Returns:
+            ``mean``, ``std`` and ``formula``.
+        """
+        if not hasattr(self, "feature_mean"):
+            self.datasets()
+        return {"mean": self.target_mean, "std": self.target_std, "formula": "output * std + mean"}
 
     def describe(self) -> dict[str, Any]:
         """What a model needs to know of the data, by constructor-argument name.
