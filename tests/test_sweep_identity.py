@@ -107,7 +107,10 @@ def test_rank_and_local_rank_read_slurms_variables_under_a_plain_srun(monkeypatc
     from expkit.core import distributed
 
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "SUBMITIT_EXECUTOR"):
-        monkeypatch.delenv(name, raising=False)  # (restored as absent after the test: _from_slurm sets them)
+        # set, then deleted: monkeypatch records them and removes what _from_slurm sets after the test
+        # (a name deleted while absent is not recorded, and WORLD_SIZE=4 leaked into later tests)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     for name, value in {
         "SLURM_PROCID": "3",
         "SLURM_LOCALID": "1",
