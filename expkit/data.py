@@ -249,6 +249,7 @@ class DataModule:
                 pin_memory=self.pin_memory,
                 generator=torch.Generator().manual_seed(self.seed),  # the workers' base seed
                 worker_init_fn=seed_worker,
+                collate_fn=self.collate,
                 **extra,
             )
 
@@ -267,10 +268,26 @@ class DataModule:
             return loader(ds, eval_sampler(ds))
 
         return (
-            loader(train, SeededRandomSampler(train, self.seed, rank, replicas)),  # type: ignore[arg-type]
+            loader(train, self.train_sampler(train, rank, replicas)),
             eval_loader(val),
             eval_loader(test),
         )
+
+    def train_sampler(self, train: Dataset, rank: int, replicas: int) -> SeededRandomSampler:
+        """The train order: a function of (seed, epoch) that a resume skips into, shared by the ranks.
+
+        Args:
+            train: the train dataset (its length is used).
+            rank: this process's rank.
+            replicas: the number of processes sharing the data.
+
+        Returns:
+            A ``SeededRandomSampler`` (a uniform permutation per epoch); a data module whose reads
+                are faster in order (tar shards) returns one whose ``permutation`` keeps them near.
+        """
+        return SeededRandomSampler(train, self.seed, rank, replicas)  # type: ignore[arg-type]
+
+    collate: Any = None  # the loaders' collate_fn; None: torch's default
 
 
 class DigitsData(DataModule):

@@ -91,10 +91,19 @@ class SeededRandomSampler(Sampler[int]):
         rest = self.n - min(self._skip, self.n)
         return rest + (-rest) % self.num_replicas
 
-    def __iter__(self) -> Iterator[int]:
+    def permutation(self) -> list[int]:
+        """This epoch's order of the whole dataset, before the skip and the split between ranks: a
+        function of (seed, epoch) only, never of the number of processes.
+
+        Returns:
+            A permutation of ``range(n)``; here a uniform one.
+        """
         g = torch.Generator()
         g.manual_seed(self.seed * 100_003 + self.epoch)
-        order = torch.randperm(self.n, generator=g).tolist()
+        return torch.randperm(self.n, generator=g).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        order = self.permutation()
         skip = min(self._skip, self.n)
         # padded with the order's first indices: equal shares; a skip by the same number of processes
         # leaves exactly the rest of the uninterrupted pass (the same padding)

@@ -14,5 +14,5 @@ if [ "$(cat .venv/.expkit-setup 2>/dev/null)" = "$stamp" ]; then
     exit 0
 fi
 # torch 2.14.1 + torchvision 0.29.1 are pinned together: other pairs fail to import torchvision here
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[vision,sweep,logging,metrics,export,postgres,s3,s3test,timm,hf,dev,lint,docs]"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[vision,sweep,logging,metrics,export,postgres,s3,s3test,shards,timm,hf,dev,lint,docs]"
 echo "$stamp" > .venv/.expkit-setup

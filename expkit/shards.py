@@ -1,0 +1,161 @@
+"""``python -m expkit.shards data=<group> out=<dir>``: a data module's splits as WebDataset shards.
+
+Each split (train, validation, test) of the data group's module is written, sample by sample
+and in order, with ``webdataset.ShardWriter`` into ``<out>/<split>-000000.tar``, ...: the
+input as ``<key>.npy`` (the tensor as the dataset yields it) or ``<key>.png`` (an 8-bit image),
+the class as ``<key>.cls``. The command ends by printing the ``data=webdataset`` overrides that
+train from the shards (the brace patterns quoted for the shell and for Hydra).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import shlex
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from expkit.core import hydra_compat
+from expkit.core.errors import ConfigError, TaskExit, task_exits
+
+__all__ = ["main", "run", "write_split"]
+
+log = logging.getLogger("expkit")
+
+
+def _encode(x: Any, input_key: str) -> bytes:
+    import numpy as np
+    import torch
+
+    array = x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    if input_key == "npy":
+        buffer = io.BytesIO()
+        np.save(buffer, array, allow_pickle=False)
+        return buffer.getvalue()
+    from PIL import Image
+
+    if array.ndim == 3:  # (C, H, W) floats in [0, 1]
+        array = array[0] if array.shape[0] == 1 else array.transpose(1, 2, 0)
+    image = Image.fromarray((np.clip(array, 0, 1) * 255).round().astype(np.uint8))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def write_split(dataset: Any, out: Path, split: str, samples_per_shard: int, input_key: str) -> list[Path]:
+    """Write `dataset`'s ``(input, class)`` samples, in order, as shards ``<out>/<split>-NNNNNN.tar``.
+
+    Args:
+        dataset: a map-style dataset of ``(input, class)`` pairs.
+        out: the dir the shards go into (made when missing).
+        split: the shards' name prefix (train, val, test).
+        samples_per_shard: the samples in each shard.
+        input_key: ``npy`` or ``png``.
+
+    Returns:
+        The shards written, in order.
+    """
+    import webdataset
+
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[str] = []
+    with webdataset.ShardWriter(
+        str(out / f"{split}-%06d.tar"), maxcount=samples_per_shard, verbose=0, post=written.append
+    ) as sink:
+        for i in range(len(dataset)):
+            x, y = dataset[i]
+            sink.write({"__key__": f"{split}{i:09d}", input_key: _encode(x, input_key), "cls": str(int(y)).encode()})
+    return [Path(p) for p in written]
+
+
+def _pattern(shards: list[Path]) -> str:
+    first, last = shards[0].name, shards[-1].name
+    prefix = first.rpartition("-")[0]
+    if len(shards) == 1:
+        return str(shards[0])
+    return str(shards[0].parent / f"{prefix}-{{{first[-10:-4]}..{last[-10:-4]}}}.tar")
+
+
+def _shell(word: str) -> str:
+    """`word` for a POSIX shell, in double quotes where it holds Hydra's single quotes (readable),
+    else as shlex quotes it."""
+    if "'" in word and not any(c in word for c in '"$`\\!'):
+        return f'"{word}"'
+    return shlex.quote(word)
+
+
+@hydra_compat.main(config_path="conf", config_name="shards")
+def run(cfg: DictConfig) -> None:
+    """The Hydra app: build the data group's module, write its splits, print the overrides.
+
+    Args:
+        cfg: the composed ``shards.yaml`` config.
+    """
+    with task_exits():
+        from expkit.config.cli import hydra_quoted
+        from expkit.core.hydra_compat import instantiate
+
+        n = cfg.samples_per_shard
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            print(f"Error: samples_per_shard={n}: give a whole number >= 1", file=sys.stderr)
+            raise TaskExit(2)
+        if cfg.input_key not in ("npy", "png"):
+            print(f"Error: input_key={cfg.input_key}: give npy or png", file=sys.stderr)
+            raise TaskExit(2)
+        out = Path(str(cfg.out))
+        if out.exists() and any(out.glob("*-[0-9][0-9][0-9][0-9][0-9][0-9].tar")):
+            print(f"Error: out={out} already holds shards; give another dir, or remove them", file=sys.stderr)
+            raise TaskExit(2)
+        try:
+            module = instantiate(cfg.data)
+            train, val, test = module.datasets()
+        except ConfigError as exc:
+            print(f"Error: {exc}", file=sys.stderr)
+            raise TaskExit(2) from None
+        overrides = ["data=webdataset"]
+        for split, dataset in (("train", train), ("val", val), ("test", test)):
+            if dataset is None:
+                continue
+            if isinstance(dataset, Mapping):  # named validation sets: the first
+                name, dataset = next(iter(dataset.items()))
+                log.info("%s: writing the %r set of the named sets", split, name)
+            shards = write_split(dataset, out, split, n, str(cfg.input_key))
+            log.info(
+                "%s: %d samples in %d shard%s (%s)",
+                split,
+                len(dataset),
+                len(shards),
+                "s" * (len(shards) > 1),
+                _pattern(shards),
+            )
+            pattern = _pattern(shards)
+            overrides.append(
+                f"data.{split}={hydra_quoted(pattern) if '{' in pattern else pattern}"
+            )  # (Hydra reads braces)
+        classes = module.describe().get("num_classes")
+        if classes:
+            overrides.append(f"data.num_classes={classes}")
+        print("Train from them with:\n  python -m expkit.train " + " ".join(_shell(o) for o in overrides))
+
+
+def main() -> None:
+    """``python -m expkit.shards``: run the Hydra app; Hydra's own errors (an unknown key) exit 2."""
+    from expkit.config.cli import flags_first
+    from expkit.core import errors, versions
+    from expkit.core.signals import take_ctrl_c
+
+    versions.require()
+    take_ctrl_c()
+    sys.argv[1:] = flags_first(sys.argv[1:])
+    try:
+        run()
+    except SystemExit as exc:
+        sys.exit(errors.exit_status(exc))
+
+
+if __name__ == "__main__":
+    main()
