@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -279,6 +280,79 @@ def test_a_missing_bucket_or_bad_credentials_exit_2_before_training(tmp_path, s3
     assert "Traceback" not in proc.stderr and "Epoch(train)" not in proc.output
 
 
+def _no_aws(tmp: Path) -> dict[str, str]:
+    """The environment without any AWS setting of this machine's, and without its config files."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    return {**env, "AWS_CONFIG_FILE": str(tmp / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "none")}
+
+
+def test_an_endpoint_that_accepts_and_never_answers_exits_2_within_seconds(tmp_path):
+    # a store behind a dead proxy or a stuck load balancer: the connection opens, no answer ever comes
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(server.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    env = {
+        **_no_aws(tmp_path),
+        "AWS_ACCESS_KEY_ID": "key",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.getsockname()[1]}",
+    }
+    try:
+        started = time.monotonic()
+        proc = run_cli(
+            f"hydra.run.dir={tmp_path / 'run'}",
+            "trainer.max_epochs=1",
+            f"default_hooks.checkpoint.out_dir=s3://{BUCKET}/x",
+            env=env,
+            timeout=150,  # (without the probe's own deadline it waits upload_timeout, 1800 s)
+        )
+        took = time.monotonic() - started
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+    assert proc.returncode == 2, proc.output
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "cannot write s3://ckpts/x/run/" in errors[0], proc.stderr
+    assert "no answer within 10 s" in errors[0] and "AWS_ENDPOINT_URL" in errors[0]
+    assert "Traceback" not in proc.stderr and "Epoch(train)" not in proc.output
+    assert took < 90, took  # start-up (about 8 s on a loaded 2-core machine) and two probe calls at most
+
+
+@pytest.mark.parametrize("store", ["without credentials", "unreachable"])
+def test_eval_of_a_url_it_cannot_read_exits_2_in_one_line(tmp_path, s3, store):
+    env = _no_aws(tmp_path)
+    if store == "unreachable":
+        with socket.socket() as s:  # (a port nothing listens on: the connection is refused)
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env.update(
+            AWS_ACCESS_KEY_ID=s3.key, AWS_SECRET_ACCESS_KEY=s3.secret, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}"
+        )
+    else:
+        env["AWS_ENDPOINT_URL"] = s3.endpoint
+    proc = subprocess.run(
+        [sys.executable, "-m", "expkit.eval", f"checkpoint=s3://{BUCKET}/run", f"work_dir={tmp_path / 'eval'}"],
+        capture_output=True,
+        text=True,
+        env={**env, "AWS_DEFAULT_REGION": "us-east-1", "HYDRA_FULL_ERROR": "0"},
+        timeout=150,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and f"checkpoint=s3://{BUCKET}/run: cannot list s3://{BUCKET}/run" in errors[0]
+    says = "NoCredentialsError" if store == "without credentials" else "Could not connect to the endpoint URL"
+    assert says in errors[0] and "AWS_ENDPOINT_URL" in errors[0], errors
+
+
 STOP_SERVER = """
 import os, signal
 from expkit import Hook
@@ -327,7 +401,8 @@ def test_a_store_that_stops_answering_mid_save_fails_the_run_and_loses_nothing(t
     assert _same_weights(tmp_path / "epoch_1.pth", work / "checkpoints" / "epoch_1.pth")
     assert {"epoch_1.pth", "epoch_2.pth"} <= {p.name for p in (work / "checkpoints").iterdir()}
     # the server answers again: the run resumes from its newest local checkpoint and ends as if never stopped
-    resumed = run_cli(*args, "resume=true", env=s3.env)
+    # (resume=true takes the run's own overrides, the stopping hook among them: this one leaves it out)
+    resumed = run_cli(*args, "resume=true", "~hooks.stop", env=s3.env)
     assert resumed.returncode == 0, resumed.output
     assert "epoch_2.pth at epoch 2" in resumed.output
     assert _same_weights(work / "checkpoints" / "epoch_3.pth", reference / "checkpoints" / "epoch_3.pth")
@@ -339,9 +414,10 @@ def test_a_store_that_stops_answering_mid_save_fails_the_run_and_loses_nothing(t
     [
         ("foo://bucket/runs", "unknown URL scheme foo://"),
         ("gs://bucket/runs", "pip install 'expkit[gcs]'"),
+        ("s3://", "default_hooks.checkpoint.out_dir=s3://: the URL names no bucket; type s3://<bucket>/<prefix>"),
     ],
 )
-def test_an_unknown_scheme_or_a_missing_package_exits_2_in_one_line(tmp_path, out_dir, says):
+def test_an_unknown_scheme_a_missing_package_or_no_bucket_exits_2_in_one_line(tmp_path, out_dir, says):
     if out_dir.startswith("gs://"):
         try:
             import gcsfs  # noqa: F401

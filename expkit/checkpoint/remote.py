@@ -28,13 +28,18 @@ from typing import Any
 
 from expkit.core.errors import CheckpointWriteError, ConfigError
 
-__all__ = ["EXTRAS", "LAST_CHECKPOINT", "RemoteDir", "fetch", "filesystem", "is_url", "local_path"]
+__all__ = ["EXTRAS", "LAST_CHECKPOINT", "RemoteDir", "checked_url", "fetch", "filesystem", "is_url", "local_path"]
 
 
 LAST_CHECKPOINT = "last_checkpoint"
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}  # scheme -> the expkit extra that brings its package
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=+-]*")  # a checkpoint name a pointer may give
+# seconds each call of the start-up probe may take, connecting and answering together: writing an
+# empty object takes well under a second on a working store, and an endpoint that accepts a
+# connection and never answers would otherwise hold the run for upload_timeout before it trains
+PROBE_TIMEOUT = 10.0
+_ADVICE = "check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) and the endpoint (AWS_ENDPOINT_URL)"
 
 
 def is_url(path: object) -> bool:
@@ -50,6 +55,26 @@ def is_url(path: object) -> bool:
     return match is not None and match.group(1).lower() != "file"
 
 
+def checked_url(url: str | os.PathLike, key: str) -> str:
+    """`url` without its trailing ``/``, once it names something after its scheme.
+
+    Args:
+        url: a URL (``is_url`` is true of it).
+        key: the config key that gave `url`, named in error messages.
+
+    Returns:
+        `url` without a trailing ``/``.
+
+    Raises:
+        ConfigError: when nothing but slashes follows ``<scheme>://`` (``s3://``), naming `key`.
+    """
+    text = os.fspath(url)
+    scheme = _SCHEME.match(text).group(1)  # type: ignore[union-attr]
+    if not text[len(scheme) + 3 :].strip("/"):
+        raise ConfigError(f"{key}={text}: the URL names no bucket; type {scheme}://<bucket>/<prefix>")
+    return text.rstrip("/")
+
+
 def local_path(path: str | os.PathLike) -> Path:
     """``file:///x`` as ``/x``; any other path as it is.
 
@@ -63,9 +88,9 @@ def local_path(path: str | os.PathLike) -> Path:
     return Path(text[len("file://") :]) if text.lower().startswith("file://") else Path(text)
 
 
-def _cause(exc: BaseException) -> str:
+def _cause(exc: BaseException, deadline: str = "default_hooks.checkpoint.upload_timeout") -> str:
     if isinstance(exc, TimeoutError) or type(exc).__name__ == "FSTimeoutError":
-        return "no answer within default_hooks.checkpoint.upload_timeout"
+        return f"no answer within {deadline}"
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
 
@@ -134,12 +159,15 @@ class RemoteDir:
         self.url = url.rstrip("/")
         self.key, self.given = key, given or self.url  # (errors name the key with the value it was given)
         self.fs, self.root = filesystem(self.url, storage_options, key)
+        self.timeout = timeout
+        self._async = getattr(self.fs, "async_impl", False)
+
+    def _call(self, method: str, *args: Any, deadline: float | None = None, **kwargs: Any) -> Any:
         # a store that stops answering in the middle of a request body is waited for by nothing in
         # aiohttp (its timeouts are for connecting and reading): fsspec's own deadline on each call
-        self._limit = {"timeout": timeout} if timeout and getattr(self.fs, "async_impl", False) else {}
-
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.fs, method)(*args, **kwargs, **self._limit)
+        # (asynchronous filesystems only), `deadline` when given, else the dir's timeout
+        limit = deadline or self.timeout
+        return getattr(self.fs, method)(*args, **kwargs, **({"timeout": limit} if limit and self._async else {}))
 
     def __repr__(self) -> str:
         return f"RemoteDir({self.url!r})"
@@ -149,17 +177,19 @@ class RemoteDir:
 
     def check(self) -> None:
         """Write and delete a small object: a missing bucket, bad credentials or a dead endpoint
-        is a ConfigError (exit 2) before training, naming the URL and the call that failed."""
+        is a ConfigError (exit 2) before training, naming the URL and the call that failed. Each
+        call has PROBE_TIMEOUT seconds, whatever the dir's own timeout (upload_timeout) is."""
         probe = self._path(f".expkit-write-test-{os.getpid()}")
         for call, action in (
-            ("write", lambda: self._call("pipe_file", probe, b"")),
-            ("delete", lambda: self._call("rm", probe)),
+            ("write", lambda: self._call("pipe_file", probe, b"", deadline=PROBE_TIMEOUT)),
+            ("delete", lambda: self._call("rm", probe, deadline=PROBE_TIMEOUT)),
         ):
             try:
                 action()
             except Exception as exc:
+                cause = _cause(exc, f"{PROBE_TIMEOUT:g} s")
                 raise ConfigError(
-                    f"{self.key}={self.given}: cannot {call} {self.url}/{probe.rsplit('/', 1)[-1]} ({_cause(exc)}); check "
+                    f"{self.key}={self.given}: cannot {call} {self.url}/{probe.rsplit('/', 1)[-1]} ({cause}); check "
                     "the bucket's name and that it exists, the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
                     "or default_hooks.checkpoint.storage_options) and the endpoint (AWS_ENDPOINT_URL)"
                 ) from None
@@ -210,7 +240,9 @@ class RemoteDir:
         except FileNotFoundError:
             return None
         except Exception as exc:
-            raise ConfigError(f"resume=true: cannot read {self.url}/{LAST_CHECKPOINT} ({_cause(exc)})") from None
+            raise ConfigError(
+                f"{self.key}={self.given}: cannot read {self.url}/{LAST_CHECKPOINT} ({_cause(exc)}); {_ADVICE}"
+            ) from None
         return name if _NAME.fullmatch(name) and name != LAST_CHECKPOINT else None
 
     def bests(self) -> list[str]:
@@ -219,6 +251,8 @@ class RemoteDir:
             names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self._call("ls", self.root, detail=False))
         except FileNotFoundError:
             return []
+        except Exception as exc:
+            raise ConfigError(f"{self.key}={self.given}: cannot list {self.url} ({_cause(exc)}); {_ADVICE}") from None
         return [n for n in names if n.startswith("best_") and n.endswith((".pth", ".dcp")) and _NAME.fullmatch(n)]
 
     def download(self, name: str, into: Path) -> Path:
@@ -278,10 +312,10 @@ def fetch(url: str, which: str = "best", key: str = "checkpoint") -> Path:
     Raises:
         ConfigError: when the store cannot be reached, the dir holds no checkpoint, or the download fails.
     """
-    url = url.rstrip("/")
+    url = checked_url(url, key)
     head, _, name = url.rpartition("/")
     if name.endswith((".pth", ".dcp")):
-        remote = RemoteDir(head, key=key)
+        remote = RemoteDir(head, key=key, given=url)
     else:
         remote, name = RemoteDir(url, key=key), ""
         picked = next(iter(remote.bests()), None) if which == "best" else None

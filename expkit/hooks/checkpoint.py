@@ -225,7 +225,9 @@ class CheckpointHook(Hook):
         self.save_param_scheduler = save_param_scheduler
         from expkit.checkpoint import remote
 
-        self.remote_url = str(out_dir).rstrip("/") if out_dir and remote.is_url(out_dir) else None
+        self.remote_url: str | None = None
+        if out_dir and remote.is_url(out_dir):
+            self.remote_url = remote.checked_url(out_dir, "default_hooks.checkpoint.out_dir")
         self.out_dir = remote.local_path(out_dir) if out_dir and self.remote_url is None else None
         self.storage_options = _plain(storage_options or {})
         self.upload_timeout = upload_timeout
