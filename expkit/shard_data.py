@@ -59,7 +59,19 @@ INDEX_VERSION = 1
 
 
 class ShardReadError(RuntimeError):
-    """A sample could not be read or decoded in the middle of a run: names the shard and the sample."""
+    """A sample could not be read or decoded in the middle of a run: names the shard and the sample.
+
+    Args:
+        message: what could not be read; raised again in the main process by a DataLoader worker's
+            wrapper (``Caught ShardReadError in DataLoader worker process 0. Original Traceback ...``),
+            it is the worker's message alone again, so the run's one-line error names the shard.
+    """
+
+    def __init__(self, message: str) -> None:
+        if message.startswith(f"Caught {type(self).__name__}"):
+            lines = [line for line in message.splitlines() if line.strip()]
+            message = lines[-1].partition(f"{type(self).__name__}: ")[2] or message
+        super().__init__(message)
 
 
 def _is_url(spec: str) -> bool:

@@ -40,6 +40,8 @@ __all__ = ["main", "run", "task_overrides"]
 
 log = logging.getLogger("expkit")
 
+EXIT_REQUEUED = 3  # a single run that stopped itself before its Slurm time limit (trainer.save_before_limit)
+
 # The shipped Optuna search's TPE sampler sets constant_liar, which Optuna 4 calls experimental (a
 # warning on every search, while Hydra builds the sweeper); Optuna 5 does not. That warning only, set
 # here: Hydra's plugin scan, which imports the sweeper, restores the warning filters it found.
@@ -109,6 +111,7 @@ class _Job:
     rule: str  # the monitored key's direction (min or max), as known before the run
     run_info: dict[str, Any]  # what the run records of its command (result.json, wandb, MLflow)
     held: logs.HeldFileRecords | None = None  # a resume's log records, until its checkpoint fits
+    requeue: bool = False  # the run stopped to be continued: the job is requeued once it is recorded
 
 
 def _task(cfg: DictConfig) -> float | None:
@@ -129,14 +132,15 @@ def _task(cfg: DictConfig) -> float | None:
         logs.errors_in_one_line()
     monitor, rule = monitor_of(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
     run_info = _run_info(cfg, hc, work_dir)
-    requeues = distributed.requeue_count()
-    if multirun and requeues > 0 and not sweep_jobs.resuming_sweep(cfg):  # Slurm requeued it (preemption, timeout)
+    requeues = distributed.requeue_count() or (_submitit_requeues(work_dir, hc) if multirun else 0)
+    if requeues > 0:
+        run_info["requeues"] = requeues
+    if multirun and requeues > 0 and not sweep_jobs.resuming_sweep(cfg):  # requeued (preemption, a time limit)
         from omegaconf import open_dict
 
         with open_dict(cfg):
             cfg.resume = True  # the job finds its dir by its overrides and continues from its last checkpoint
-        run_info["requeues"] = requeues
-        log.info("Slurm requeue %d: resuming this job from its last complete checkpoint", requeues)
+        log.info("Requeue %d: resuming this job from its last complete checkpoint", requeues)
     job = _Job(cfg, work_dir, Path(hc.sweep.dir) if multirun else None, monitor, rule, run_info)
     if hydra_compat.RECORD_DEFERRED.get() and not multirun:  # (refused, it leaves train.log as it was too)
         job.held = logs.HeldFileRecords()
@@ -155,6 +159,8 @@ def _task(cfg: DictConfig) -> float | None:
             job.held.release()
         if joins:  # the task's process ends with it: leave the group while the interpreter lives (see shutdown)
             distributed.shutdown()
+        if job.requeue:  # last: the run is recorded and its dir's lock released for the next attempt
+            _requeue()
 
 
 def _run_info(cfg: DictConfig, hc: Any, work_dir: Path) -> dict[str, Any]:
@@ -168,10 +174,58 @@ def _run_info(cfg: DictConfig, hc: Any, work_dir: Path) -> dict[str, Any]:
         "hooks": [k for k, v in cfg.hooks.items() if v is not None and "_target_" in v],  # (not in runtime.choices)
         "command": " ".join(["python -m expkit.train", *sys.argv[1:]]),
     }
+    if multirun and "SUBMITIT_EXECUTOR" in os.environ:  # (a requeued attempt knows its job by it)
+        run_info["submitit_job"] = str(hc.job.id)
     if distributed.is_distributed() and not multirun:  # a rank's death is told with the way back
         run_info["resume_command"] = cli.continue_command(sys.argv[1:], work_dir)
         run_info["restarts"] = distributed.restart_count()  # torchrun --max-restarts
     return run_info
+
+
+def _submitit_requeues(work_dir: Path, hc: Any) -> int:
+    """A submitit job that submitit requeued outside Slurm (its local executor starts the job's
+    command again, with nothing in the environment to say so): its dir's result.json says a
+    requeue signal stopped it, and names this same submitit job. Under Slurm,
+    ``SLURM_RESTART_COUNT`` says it first.
+
+    Returns:
+        The number of the requeue: one more than the stopped attempt's; 0 for a first attempt.
+    """
+    if "SUBMITIT_EXECUTOR" not in os.environ:
+        return 0
+    result = sweep_jobs.read_result(work_dir / "result.json")
+    if (
+        result is None
+        or result.get("status") != "stopped"
+        or not str(result.get("stop_reason") or "").startswith(("signal", "interrupted"))
+        or result.get("submitit_job") != str(hc.job.id)
+    ):
+        return 0
+    earlier = result.get("requeues")
+    return (earlier if isinstance(earlier, int) else 0) + 1
+
+
+def _requeue() -> None:
+    """The run stopped to be continued (a requeue signal, or its time limit near): a submitit job
+    gets submitit's signal back (submitit checkpoints the job, requeues it and ends this process);
+    a job the user submitted to Slurm is requeued with ``scontrol requeue`` by rank 0. When
+    neither can be, the run stays stopped and ``resume=true`` continues it."""
+    from expkit.core import distributed, slurm
+    from expkit.core.signals import hand_over, submitit_signal
+
+    submitit = submitit_signal()
+    if submitit is not None:
+        why = hand_over(submitit)
+    elif not distributed.is_main():
+        return
+    elif slurm.job_id() is None:
+        why = "not a Slurm job"
+    else:
+        why = slurm.requeue()
+        if why is None:
+            log.info("Requeued Slurm job %s: its next start resumes this run", slurm.job_id())
+    if why is not None:
+        log.warning("Not requeued (%s); resume=true continues this run from its last checkpoint", why)
 
 
 def _claim_sweep_job(job: _Job, hc: Any, owned: contextlib.ExitStack) -> tuple[bool, float | None]:
@@ -289,17 +343,30 @@ def _report(job: _Job, runner: Any, result: dict[str, Any]) -> float | None:
     rule = result.get("monitor_rule") or job.rule
     log.info("Done (%s) in %.1f s: %s", result["status"], result["wall_time_s"], _done_metrics(result))
     log.info("Work dir: %s", job.work_dir.resolve())
+    job.requeue = runner.requeue and result["status"] == "stopped"
     if runner.stopped_by_signal and result["status"] == "stopped":  # (not one after the end)
         if not multirun:
             log.info("Stopped by a signal; continue with: %s", cli.continue_command(sys.argv[1:], job.work_dir))
             sys.exit(128 + runner.stop_signal)  # the shell's convention: 143 after SIGTERM, 130 after Ctrl-C
-        sweep_jobs.request_stop(job.sweep_dir, runner.stop_signal)  # type: ignore[arg-type]  # no job starts now
+        if not _stops_only_this_job(runner):
+            sweep_jobs.request_stop(job.sweep_dir, runner.stop_signal)  # type: ignore[arg-type]  # no job starts now
         if sweep_jobs.in_launching_process():  # (in a worker: the launcher's process stops the sweep)
             raise SweepInterrupted(runner.stop_signal, job.sweep_dir.resolve())  # type: ignore[union-attr]  # main reports it
+    elif job.requeue and not multirun:  # stopped ahead of its time limit
+        log.info("Stopped before the job's time limit; continue with: %s", cli.continue_command(sys.argv[1:], job.work_dir))
+        sys.exit(EXIT_REQUEUED)
     value = None if best is None else float(best["value"])
     if multirun and (value is None or not math.isfinite(value)):
         return worst_value(rule)  # diverged or never validated: the worst, never NaN
     return value
+
+
+def _stops_only_this_job(runner: Any) -> bool:
+    """Whether a signal that stopped a sweep's job concerns that job alone, and so stops no other
+    job of the sweep: a requeue signal (the job comes back), or SIGTERM to a job that submitit
+    runs as a job of its own (Slurm's scancel, preemption or requeue of that one job). SIGINT,
+    or SIGTERM to the process that runs the sweep, stops the whole launch."""
+    return runner.requeue or (runner.stop_signal == signal.SIGTERM and "SUBMITIT_EXECUTOR" in os.environ)
 
 
 def _done_metrics(result: dict[str, Any]) -> str:
@@ -486,6 +553,7 @@ def main() -> None:
         print(f"Error: {message}", file=sys.stderr)
         sys.exit(2)
     exiting: list[Any] = []  # the code of a SystemExit, kept without the exception: its traceback holds the run
+    hydra_ran = False
     sweeping = cli.sweeping(argv)
     try:
         _share_run_dir_across_ranks()  # (joins torchrun's process group)
@@ -499,6 +567,7 @@ def main() -> None:
         scratch = _show_hooks_scratch(sys.argv[1:])
         try:
             with raise_on_sigterm() if sweeping else contextlib.nullcontext():
+                hydra_ran = True  # (a SystemExit from here on may be Hydra's refusal of the command line)
                 run()
         finally:
             hydra_compat.RECORD_DEFERRED.reset(deferred)
@@ -516,7 +585,7 @@ def main() -> None:
         # Hydra's own errors (an unknown key, an unparsable override) are the user's to fix, like
         # expkit's: one exit code for "fix your input"
         exiting.append(exit_status(exc))
-        if exiting[-1] == 2 and not isinstance(exc, TaskExit):  # Hydra refused it: a misspelt key?
+        if hydra_ran and exiting[-1] == 2 and not isinstance(exc, TaskExit):  # Hydra refused it: a misspelt key?
             hint = cli.misspelt_keys(argv)
             if hint:
                 print(f"Error: {hint}", file=sys.stderr)

@@ -623,13 +623,12 @@ def misspelt_keys(argv: list[str]) -> str | None:
         return None
     finally:
         GlobalHydra.instance().clear()
-    missing = object()
     sentences = []
     for key in dotted:
-        if OmegaConf.select(cfg, key, default=missing) is not missing:
-            continue
         parent, _, name = key.rpartition(".")
         node = OmegaConf.select(cfg, parent, default=None)
+        if not isinstance(node, DictConfig) or name in node:  # (a key whose value is ??? is in the config too)
+            continue
         known = [str(k) for k in node] if isinstance(node, DictConfig) else []
         close = difflib.get_close_matches(name, known, n=1)
         hint = f"did you mean {parent}.{close[0]}?" if close else "see --cfg job for the keys"

@@ -1,0 +1,279 @@
+"""``data=webdataset``: WebDataset tar shards written by ``webdataset.ShardWriter`` (directly, and by
+``python -m expkit.shards``), trained from on a local disk and in S3 (a real moto server),
+killed mid-epoch and resumed exactly (with workers; on another number of processes), read in
+bounded memory, and every bad input refused in one line."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO, run_cli, torchrun
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("webdataset")
+
+
+@pytest.fixture(scope="module")
+def digit_shards(tmp_path_factory) -> tuple[Path, list[str]]:
+    """The digits as shards (``expkit.shards``, 300 samples each) and the overrides it printed."""
+    out = tmp_path_factory.mktemp("digits") / "shards"
+    proc = subprocess.run(
+        [sys.executable, "-m", "expkit.shards", f"out={out}", "samples_per_shard=300"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    printed = proc.stdout.strip().splitlines()[-1].split("python -m expkit.train ", 1)[1]
+    overrides = [w.strip('"') for w in re.findall(r'"[^"]*"|\S+', printed)]
+    return out, overrides
+
+
+def test_the_shards_command_writes_what_webdataset_itself_reads_back(digit_shards):
+    import webdataset
+
+    from expkit.data import DigitsData
+
+    out, overrides = digit_shards
+    assert sorted(p.name for p in out.iterdir()) == [
+        "test-000000.tar",
+        "train-000000.tar",
+        "train-000001.tar",
+        "train-000002.tar",
+        "train-000003.tar",
+        "train-000004.tar",
+        "val-000000.tar",
+    ]
+    assert overrides[0] == "data=webdataset" and f"data.train='{out}/train-{{000000..000004}}.tar'" in overrides
+    train, _, _ = DigitsData().datasets()
+    read = list(webdataset.WebDataset(f"{out}/train-{{000000..000004}}.tar", shardshuffle=False))
+    assert len(read) == len(train) == 1258
+    for i in (0, 299, 300, 1257):  # in order, across shard boundaries
+        x, y = train[i]
+        assert np.array_equal(np.load(io.BytesIO(read[i]["npy"])), x.numpy()) and int(read[i]["cls"]) == int(y)
+
+
+def test_png_shards_written_by_shardwriter_train_and_their_index_is_cached(tmp_path):
+    import webdataset
+    from PIL import Image
+
+    g = np.random.default_rng(0)
+    with webdataset.ShardWriter(str(tmp_path / "img-%06d.tar"), maxcount=40, verbose=0) as sink:
+        for i in range(100):
+            label = i % 4
+            image = (g.random((12, 12, 3)) * 60 + label * 60).astype(np.uint8)  # a class is a brightness
+            buffer = io.BytesIO()
+            Image.fromarray(image).save(buffer, format="PNG")
+            sink.write({"__key__": f"{i:05d}", "png": buffer.getvalue(), "cls": str(label).encode()})
+    args = [
+        "data=webdataset",
+        f"data.train='{tmp_path}/img-{{000000..000002}}.tar'",
+        f"data.val={tmp_path}/img-000002.tar",
+        "data.num_classes=4",
+        "data.num_workers=0",
+        "trainer.max_epochs=2",
+        f"data.index_dir={tmp_path / 'index'}",
+    ]
+    proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", *args)
+    assert proc.returncode == 0, proc.output[-3000:]
+    assert "Indexed 3 of 3 shards of data.train" in proc.output
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["status"] == "completed" and result["epoch"] == 2
+    again = run_cli(f"hydra.run.dir={tmp_path / 'again'}", *args)
+    assert again.returncode == 0 and "Indexed" not in again.output  # read from the cache
+
+
+def test_a_run_killed_mid_epoch_with_two_workers_resumes_exactly(digit_shards, tmp_path):
+    from expkit.testing import assert_resumes_exactly
+
+    _, overrides = digit_shards
+    report = assert_resumes_exactly(
+        *overrides, "data.num_workers=2", f"data.index_dir={tmp_path / 'index'}", scratch=tmp_path
+    )
+    assert report["ok"]
+
+
+PROBE = """
+import hashlib, json, os
+from expkit import Hook
+
+class Seen(Hook):
+    priority = "LOWEST"
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        rows = [hashlib.sha1(row.numpy().tobytes()).hexdigest()[:16] for row in data_batch[0]]
+        with open(runner.work_dir / f"seen{os.environ.get('RANK', '0')}.jsonl", "a") as f:
+            f.write(json.dumps([runner.epoch, rows]) + "\\n")
+"""
+
+
+def _seen(work: Path) -> Counter:
+    seen: Counter = Counter()
+    for path in work.glob("seen*.jsonl"):
+        for line in path.read_text().splitlines():
+            epoch, rows = json.loads(line)
+            if epoch == 0:
+                seen.update(rows)
+    return seen
+
+
+def test_killed_on_two_processes_and_resumed_on_one_every_sample_once(digit_shards, tmp_path):
+    _, overrides = digit_shards
+    (tmp_path / "seenprobe.py").write_text(PROBE)
+    env = {"PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    common = [
+        *overrides,
+        "+hooks.seen._target_=seenprobe.Seen",
+        "trainer.max_epochs=1",
+        "data.num_workers=0",
+        f"data.index_dir={tmp_path / 'index'}",
+        "default_hooks.logger.plot=false",
+    ]
+    whole = run_cli(*common, f"hydra.run.dir={tmp_path / 'whole'}", cwd=tmp_path, env=env)
+    assert whole.returncode == 0, whole.output[-3000:]
+    work = tmp_path / "run"
+    stopped = torchrun(
+        *common,
+        f"hydra.run.dir={work}",
+        "+hooks.stop._target_=expkit.hooks.StopAfterHook",
+        "+hooks.stop.iters=7",
+        cwd=tmp_path,
+        nproc=2,
+        env=env,
+        timeout=400,
+    )
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert sum(_seen(work).values()) == 7 * 32 * 2
+    resumed = run_cli(*common, f"hydra.run.dir={work}", "resume=true", "~hooks.stop", cwd=tmp_path, env=env)
+    assert resumed.returncode == 0, resumed.output[-3000:]
+    assert "(saved with 2 processes, now 1)" in (work / "train.log").read_text()
+    seen, reference = _seen(work), _seen(tmp_path / "whole")
+    assert seen == reference  # every sample of the epoch once, none twice (1 process: no padding)
+
+
+def test_shards_in_s3_train_and_a_missing_bucket_or_dead_endpoint_exits_2(digit_shards, tmp_path):
+    pytest.importorskip("s3fs")
+    from test_object_storage import S3
+
+    out, _ = digit_shards
+    server = S3(tmp_path)
+    try:
+        fs = server.fs()
+        fs.mkdir("shards")
+        for shard in sorted(out.glob("*.tar")):
+            fs.put(str(shard), f"shards/{shard.name}")
+        args = [
+            "data=webdataset",
+            "data.train='s3://shards/train-{000000..000004}.tar'",
+            "data.val=s3://shards/val-000000.tar",
+            "data.num_workers=2",
+            "trainer.max_epochs=1",
+            f"data.index_dir={tmp_path / 'index'}",
+        ]
+        proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", *args, env=server.env)
+        assert proc.returncode == 0, proc.output[-3000:]
+        assert json.loads((tmp_path / "run" / "result.json").read_text())["status"] == "completed"
+        missing = run_cli(
+            f"hydra.run.dir={tmp_path / 'm'}", *args[:1], "data.train=s3://nobucket/train-000000.tar", env=server.env
+        )
+        assert missing.returncode == 2 and "s3://nobucket/train-000000.tar" in missing.stderr, missing.output[-2000:]
+    finally:
+        server.stop()
+    dead = run_cli(f"hydra.run.dir={tmp_path / 'd'}", *args, env=server.env)  # (the endpoint is gone now)
+    assert dead.returncode == 2 and "s3://shards/train-000000.tar" in dead.stderr, dead.output[-2000:]
+    assert "Traceback" not in missing.output + dead.output
+
+
+def test_bad_shards_exit_2_in_one_line_and_a_corrupt_sample_mid_run_names_its_shard(tmp_path, digit_shards):
+    import webdataset
+
+    out, _ = digit_shards
+    (tmp_path / "trunc.tar").write_bytes((out / "train-000000.tar").read_bytes()[:100_000])
+    with webdataset.ShardWriter(str(tmp_path / "nokey-%06d.tar"), maxcount=10, verbose=0) as sink:
+        for i in range(3):
+            sink.write({"__key__": f"s{i}", "txt": b"hello", "cls": b"1"})
+    cases = {
+        f"'{tmp_path}/none-{{000000..000001}}.tar'": "none-000000.tar does not exist",
+        str(tmp_path / "trunc.tar"): "trunc.tar is not a readable tar",
+        str(tmp_path / "nokey-000000.tar"): "nokey-000000.tar: its first sample has no input member",
+    }
+    for spec, expected in cases.items():
+        proc = run_cli(f"hydra.run.dir={tmp_path / 'bad'}", "data=webdataset", f"data.train={spec}")
+        assert proc.returncode == 2 and expected in proc.stderr, proc.output[-2000:]
+        assert "Traceback" not in proc.output and not (tmp_path / "bad" / "checkpoints").exists()
+        shutil.rmtree(tmp_path / "bad", ignore_errors=True)
+
+    with webdataset.ShardWriter(str(tmp_path / "corrupt-%06d.tar"), maxcount=100, verbose=0) as sink:
+        for i in range(100):
+            buffer = io.BytesIO()
+            np.save(buffer, np.full((1, 8, 8), i / 100, dtype=np.float32))
+            sink.write({"__key__": f"s{i:04d}", "npy": buffer.getvalue() if i != 70 else b"garbage", "cls": b"1"})
+    args = [
+        "data=webdataset",
+        f"data.train={tmp_path}/corrupt-000000.tar",
+        "trainer.max_epochs=1",
+        "data.shuffle_buffer=0",
+    ]
+    failed = run_cli(f"hydra.run.dir={tmp_path / 'c'}", *args, "data.num_workers=2")
+    assert failed.returncode == 1, failed.output[-2000:]
+    assert "corrupt-000000.tar: sample 70 of the shard cannot be read" in failed.stderr, failed.stderr[-2000:]
+    assert json.loads((tmp_path / "c" / "result.json").read_text())["status"] == "failed"
+    skipped = run_cli(f"hydra.run.dir={tmp_path / 's'}", *args, "data.on_error=skip", "data.num_workers=0")
+    assert skipped.returncode == 0 and "Skipped: " in skipped.output and "sample 70" in skipped.output
+
+
+MEMORY = """
+import json, resource, sys
+import torch
+from torch.utils.data import DataLoader
+from expkit.shard_data import WebDatasetData
+
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+data = WebDatasetData(train=sys.argv[1], num_classes=2, num_workers=0, batch_size=8, index_dir=sys.argv[2])
+train, _, _ = data.datasets()
+count = 0
+for x, y in DataLoader(train, batch_size=8, sampler=data.train_sampler(train, 0, 1)):
+    count += len(y)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"samples": count, "grew_mb": (after - before) / 1024, "input": list(x.shape)}))
+"""
+
+
+def test_a_gigabyte_of_shards_is_read_in_bounded_memory(tmp_path):
+    import webdataset
+
+    sample = np.zeros((4, 256, 256), dtype=np.float32)  # 1 MiB each
+    buffer = io.BytesIO()
+    np.save(buffer, sample)
+    payload = buffer.getvalue()
+    with webdataset.ShardWriter(str(tmp_path / "big-%06d.tar"), maxcount=128, verbose=0) as sink:
+        for i in range(1024):
+            sink.write({"__key__": f"{i:05d}", "npy": payload, "cls": str(i % 2).encode()})
+    assert sum(p.stat().st_size for p in tmp_path.glob("big-*.tar")) > 2**30
+    (tmp_path / "memory.py").write_text(MEMORY)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(tmp_path / "memory.py"),
+            f"{tmp_path}/big-{{000000..000007}}.tar",
+            str(tmp_path / "index"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert measured["samples"] == 1024 and measured["input"] == [8, 4, 256, 256]
+    assert measured["grew_mb"] < 300, measured  # a few batches in flight, never the gigabyte
