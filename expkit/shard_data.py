@@ -212,7 +212,8 @@ def _load_index(urls: list[str], key: str, index_dir: Path) -> list[list[dict[st
             raise ConfigError(
                 f"{key}: {url} does not exist ({len(urls)} shard{'s' if len(urls) > 1 else ''} named); "
                 "check the path or pattern (quote a brace pattern on the command line: "
-                f"{key}='dir/train-{{000000..000009}}.tar')"
+                f"{key}='dir/train-{{000000..000009}}.tar'), or write shards first: python -m expkit.shards "
+                "data=<data group> out=<dir>"
             ) from None
         except Exception as exc:  # an unreachable endpoint, a missing bucket, no credentials
             cause = (str(exc).splitlines() or [type(exc).__name__])[0]

@@ -105,9 +105,30 @@ BUDGETS = {"char_lm": 12, "segmentation": 12}
 SMALLER = {"hf_causal_lm": ["data.max_chars=60000"], "hf_text_classification": ["data.max_per_class=150"]}
 
 
+def _shards(where: Path) -> list[str]:
+    """experiment=digits_shards reads outputs/shards/digits: written here by its documented command
+    (outside the scratch dir, which must end empty), and the experiment pointed at it."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "expkit.shards", f"out={where}", "samples_per_shard=300"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [
+        f"data.train='{where}/train-{{000000..000004}}.tar'",
+        f"data.val={where}/val-000000.tar",
+        f"data.test={where}/test-000000.tar",
+        f"data.index_dir={where}/index",
+    ]
+
+
 @pytest.mark.parametrize("experiment", SHIPPED)
 def test_every_shipped_experiment_is_reproducible_and_resumes_exactly(tmp_path, experiment):
     overrides = [f"experiment={experiment}", *SMALLER.get(experiment, [])]
+    if experiment == "digits_shards":  # (a streamed experiment, with 2 workers)
+        overrides += _shards(tmp_path.parent / f"{tmp_path.name}-shards")
     report = assert_resumes_exactly(*overrides, iters=BUDGETS.get(experiment), scratch=tmp_path)
     assert report["ok"] and all(r["result"] in ("ok", "info") for r in report["rows"])
     assert list(tmp_path.iterdir()) == [], "the scratch dir is removed unless check.keep=true"

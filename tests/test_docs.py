@@ -358,6 +358,7 @@ COMMAND_PAGES = {
     "export.yaml": "using-the-model.md",
     "sweep.yaml": "sweeps.md",
     "check.yaml": "check.md",
+    "shards.yaml": "data-at-scale.md",
 }
 SKIPPED_PATHS = ("hydra.job_logging", "hydra.help", "hydra.sweeper.params.")  # Hydra's own; the search space
 

@@ -277,3 +277,20 @@ def test_a_gigabyte_of_shards_is_read_in_bounded_memory(tmp_path):
     measured = json.loads(proc.stdout.strip().splitlines()[-1])
     assert measured["samples"] == 1024 and measured["input"] == [8, 4, 256, 256]
     assert measured["grew_mb"] < 300, measured  # a few batches in flight, never the gigabyte
+
+
+def test_the_check_passes_on_shards_under_torchrun(digit_shards, tmp_path):
+    _, overrides = digit_shards
+    proc = torchrun(
+        *overrides,
+        "data.num_workers=1",
+        f"data.index_dir={tmp_path / 'index'}",
+        f"check.dir={tmp_path / 'scratch'}",
+        f"check.out={tmp_path / 'check.json'}",
+        cwd=tmp_path,
+        module="expkit.check",
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads((tmp_path / "check.json").read_text())
+    assert report["ok"] and all(r["result"] in ("ok", "info") for r in report["rows"]), report
