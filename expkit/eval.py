@@ -103,6 +103,7 @@ def evaluate(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] 
             "command": command,
         },
     )
+    runner.test_checkpoint = str(path.resolve())  # (the test's line names these weights, not "epoch 0")
     from expkit.workdir.ownership import WorkDirLock
 
     with WorkDirLock(work_dir, command):  # one writer per work dir (exit 2 when taken)

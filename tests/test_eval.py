@@ -40,8 +40,10 @@ def test_evaluating_the_best_checkpoint_gives_back_the_logged_test_metrics(tmp_p
     output = proc.stdout + proc.stderr
     assert "Data: test 270 samples\n" in output and "train ?" not in output and "evaluation only" in output
     assert "before_run:" not in output  # the hook table only when asked for
+    best = Path(trained["best_checkpoint"]).name  # the test line names the weights ("Test (epoch 0)" before)
+    assert f"Test (weights {best}):" in output, output
     evaluated = json.loads((tmp_path / "eval" / "result.json").read_text())
-    assert evaluated["checkpoint"] == trained["best_checkpoint"]
+    assert evaluated["checkpoint"] == trained["best_checkpoint"] == evaluated["test_checkpoint"]
     for key in ("test/acc", "test/loss"):
         assert evaluated["final_metrics"][key] == pytest.approx(trained["final_metrics"][key], abs=1e-6)
     assert json.loads((tmp_path / "eval" / "metrics.jsonl").read_text().splitlines()[-1])["test/acc"] > 0.5

@@ -456,7 +456,7 @@ def load_test_weights(runner: Runner) -> None:
 
     Args:
         runner: the run about to test; its ``test_checkpoint`` is set to the best checkpoint loaded, else
-            to its ``last_checkpoint`` (None when there is none).
+            to its ``last_checkpoint``; left as it is when there is none (an evaluation sets the file it loaded).
 
     Raises:
         ConfigError: when the best checkpoint cannot be read or does not fit the model.
@@ -468,8 +468,9 @@ def load_test_weights(runner: Runner) -> None:
         checkpoint = checkpoint_io.load_checkpoint(path, "best checkpoint", consolidate=False)
         apply_checkpoint(r, checkpoint, resume=False, source=Path(path), purpose="test")
         r.test_checkpoint = str(path)
-    else:
-        r.test_checkpoint = str(r.last_checkpoint) if r.last_checkpoint else None
+    elif r.last_checkpoint:
+        r.test_checkpoint = str(r.last_checkpoint)
+    # else: no checkpoint of this run; an evaluation has set the weights it loaded (or None)
 
 
 def apply_checkpoint(
