@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -341,3 +342,48 @@ def test_fsdp2_trains_a_transformers_model_and_saves_it_whole(tmp_path):
     shards = sharding.read_weights(work / "checkpoints" / "epoch_2.dcp")
     assert all(torch.equal(saved[k], shards[f"model.{k}"]) for k in saved if f"model.{k}" in shards)
     assert len([k for k in saved if f"model.{k}" in shards]) > 20  # the whole model, gathered from both ranks
+
+
+def _text_files(where: Path) -> str:
+    """Two text files of the Python documentation topics (a topic a line), as a user's corpus."""
+    from pydoc_data.topics import topics
+
+    texts = [topics[key].replace("\n", " ") for key in sorted(topics)]
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "a.txt").write_text("\n".join(texts[:60]))
+    (where / "b.txt").write_text("\n\n".join(texts[60:120]))  # (blank lines are no documents)
+    return str(where / "*.txt")
+
+
+def test_streamed_text_gives_the_same_blocks_from_token_files(tmp_path):
+    # data.streaming=true: the text files through datasets' streaming into memory-mapped token files
+    # (issue 54, item 5): the same split and blocks as in memory
+    from expkit.tasks.hf import TextBlocks, _TokenBlocks
+
+    text = _text_files(tmp_path / "corpus")
+    kept = {"text": text, "cache_dir": str(tmp_path / "cache"), "test_fraction": 0.1, "max_chars": 150_000}
+    in_memory = TextBlocks(**kept).datasets()
+    streamed = TextBlocks(**kept, streaming=True).datasets()
+    assert isinstance(streamed[0].blocks, _TokenBlocks) and not isinstance(in_memory[0].blocks, _TokenBlocks)
+    for a, b in zip(in_memory, streamed, strict=True):
+        assert len(a) == len(b) > 0
+        assert all(torch.equal(a[i]["input_ids"], b[i]["input_ids"]) for i in range(len(a)))
+    files = sorted(p.name for p in (tmp_path / "cache" / "token_blocks").iterdir())
+    assert len(files) == 1  # written once; a second module reads them
+    assert TextBlocks(**kept, streaming=True).datasets()[0].blocks.path.parent.name == files[0]
+
+
+@pytest.mark.slow
+def test_a_streamed_causal_lm_resumes_exactly(tmp_path):
+    from expkit.testing import assert_resumes_exactly
+
+    text = _text_files(tmp_path / "corpus")
+    report = assert_resumes_exactly(
+        "experiment=hf_causal_lm",
+        f"data.text={text}",
+        "data.streaming=true",
+        "data.max_chars=60000",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        scratch=tmp_path / "scratch",
+    )
+    assert report["ok"]
