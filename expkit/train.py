@@ -353,7 +353,9 @@ def _report(job: _Job, runner: Any, result: dict[str, Any]) -> float | None:
         if sweep_jobs.in_launching_process():  # (in a worker: the launcher's process stops the sweep)
             raise SweepInterrupted(runner.stop_signal, job.sweep_dir.resolve())  # type: ignore[union-attr]  # main reports it
     elif job.requeue and not multirun:  # stopped ahead of its time limit
-        log.info("Stopped before the job's time limit; continue with: %s", cli.continue_command(sys.argv[1:], job.work_dir))
+        log.info(
+            "Stopped before the job's time limit; continue with: %s", cli.continue_command(sys.argv[1:], job.work_dir)
+        )
         sys.exit(EXIT_REQUEUED)
     value = None if best is None else float(best["value"])
     if multirun and (value is None or not math.isfinite(value)):

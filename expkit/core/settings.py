@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import signal
 from typing import Any
 
 import torch
@@ -10,6 +11,10 @@ import torch
 from expkit.core.errors import ConfigError
 
 __all__ = ["TrainerSettings"]
+
+# the signals trainer.requeue_signal may name: INT and TERM already stop a run (and Slurm's scancel
+# sends TERM: no requeue), KILL and STOP cannot be caught, CHLD, PIPE and the faults mean other things
+_REQUEUE_SIGNALS = tuple(n for n in ("USR1", "USR2", "HUP", "URG", "XCPU", "PWR") if hasattr(signal, f"SIG{n}"))
 
 
 @dataclasses.dataclass
@@ -32,6 +37,11 @@ class TrainerSettings:
     cudnn_benchmark: bool = True  # on CUDA, let cuDNN pick the fastest kernels (off when deterministic)
     strategy: str = "ddp"  # under torchrun: ddp (every rank holds the whole model) | fsdp (FSDP2, sharded)
     fsdp_blocks: list[str] | None = None  # fsdp: module class names sharded one by one; None: the model's default
+    requeue_signal: str | None = (
+        "USR1"  # save, stop and requeue the Slurm job on it (sbatch --signal=USR1@90); None: off
+    )
+    save_before_limit: bool = True  # under Slurm: save, stop and requeue before the job's time limit cuts a save
+    limit_margin_s: float = 60  # save_before_limit: seconds kept before the limit on top of an iteration and a save
 
     def __post_init__(self) -> None:
         def positive(key: str, value: Any, allow_none: bool) -> None:
@@ -83,6 +93,24 @@ class TrainerSettings:
             )
         if self.test_with not in ("best", "last"):
             raise ConfigError(f"trainer.test_with must be best or last, got {self.test_with!r}")
+        self._check_requeue_settings()
+
+    def _check_requeue_settings(self) -> None:
+        """requeue_signal names a signal a run may take (not one that already stops it or that
+        cannot be caught); stored as its bare name (``USR1``)."""
+        if self.requeue_signal is not None:
+            name = str(self.requeue_signal).upper().removeprefix("SIG")
+            if name not in _REQUEUE_SIGNALS:
+                raise ConfigError(
+                    f"trainer.requeue_signal must be a signal name such as USR1 or USR2, or null; got "
+                    f"{self.requeue_signal!r} (valid: {', '.join(_REQUEUE_SIGNALS)})"
+                )
+            self.requeue_signal = name
+        if not isinstance(self.save_before_limit, bool):
+            raise ConfigError(f"trainer.save_before_limit must be true or false, got {self.save_before_limit!r}")
+        margin = self.limit_margin_s
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < float("inf"):
+            raise ConfigError(f"trainer.limit_margin_s must be a number of seconds >= 0, e.g. 60; got {margin!r}")
 
     def steps_per_epoch(self, batches: int) -> int:
         """Optimizer steps in an epoch of `batches` batches (the last window may be shorter)."""

@@ -1,14 +1,25 @@
-"""SIGTERM and SIGINT (preemption, Ctrl-C) as stop requests while a run runs."""
+"""SIGTERM and SIGINT (preemption, Ctrl-C) as stop requests while a run runs; the requeue
+signals (``trainer.requeue_signal``, submitit's USR2) as stops the job comes back from."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["SweepInterrupted", "raise_on_sigterm", "stop_on_signals", "take_ctrl_c"]
+__all__ = [
+    "SweepInterrupted",
+    "hand_over",
+    "raise_on_sigterm",
+    "requeue_signals",
+    "signal_number",
+    "stop_on_signals",
+    "submitit_signal",
+    "take_ctrl_c",
+]
 
 
 class SweepInterrupted(BaseException):  # (a stop, as KeyboardInterrupt is, not an error)
@@ -54,11 +65,82 @@ def raise_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def signal_number(name: str) -> int:
+    """The number of the signal called `name`: ``USR1``, ``SIGUSR1`` or ``usr1``.
+
+    Args:
+        name: the signal's name, with or without ``SIG``.
+
+    Returns:
+        Its number on this platform.
+
+    Raises:
+        KeyError: no signal has that name.
+    """
+    return int(signal.Signals["SIG" + name.upper().removeprefix("SIG")])
+
+
+def submitit_signal() -> int | None:
+    """The signal submitit sends a job before its time limit, on which its own handler
+    checkpoints the job, requeues it and exits: USR2, or what ``SUBMITIT_PREEMPT_SIGNAL`` names
+    (submitit's ``JobEnvironment.USR_SIG`` reads the same variable).
+
+    Returns:
+        Its number inside a job started by submitit (``SUBMITIT_EXECUTOR`` is set); None elsewhere.
+    """
+    if "SUBMITIT_EXECUTOR" not in os.environ:
+        return None
+    return signal_number(os.environ.get("SUBMITIT_PREEMPT_SIGNAL") or "USR2")
+
+
+def requeue_signals(requeue_signal: str | None) -> tuple[int, ...]:
+    """The signals on which a run saves and stops to be continued: `requeue_signal`, and inside a
+    submitit job submitit's own (``submitit_signal``).
+
+    Args:
+        requeue_signal: ``trainer.requeue_signal`` (a name such as ``USR1``); None: none of its own.
+
+    Returns:
+        Their numbers, each once; empty when there are none.
+    """
+    names = [signal_number(requeue_signal)] if requeue_signal else []
+    return tuple(dict.fromkeys([*names, *filter(None, [submitit_signal()])]))
+
+
+def hand_over(signum: int) -> str | None:
+    """Give submitit the signal expkit held back while the run saved: submitit's own handler
+    (installed before the job started, back once the run ended) checkpoints the job, requeues
+    it and ends this process, or says why it does not requeue (``max_num_timeout`` spent, a
+    job that is not checkpointable). On ranks other than 0 it does nothing.
+
+    Args:
+        signum: submitit's signal (``submitit_signal``).
+
+    Returns:
+        None when the handler returned (on a rank other than 0); why submitit does not requeue
+            the job otherwise.
+
+    Raises:
+        SystemExit: from submitit, once it has requeued the job.
+    """
+    if not callable(signal.getsignal(signum)):  # (no handler of submitit's: the signal would end the process)
+        return f"no handler for {signal.Signals(signum).name} is installed"
+    from submitit.core.utils import UncompletedJobError
+
+    try:
+        signal.raise_signal(signum)  # (its handler runs before raise_signal returns, in this thread)
+    except UncompletedJobError as exc:
+        return str(exc)
+    return None
+
+
 @contextlib.contextmanager
 def stop_on_signals(runner: Any) -> Iterator[None]:
     """Inside: SIGTERM / SIGINT become ``runner.request_stop``: the current iteration finishes,
     the checkpoint hook saves, result.json says stopped (``runner.stop_signal`` holds the
-    signal). A second Ctrl-C interrupts at once. The previous handlers come back on exit.
+    signal). A second Ctrl-C interrupts at once. The runner's requeue signals
+    (``runner.requeue_signals``) stop it the same way and set ``runner.requeue``: the command
+    requeues the job once the run is recorded. The previous handlers come back on exit.
     Outside the main thread (where Python cannot set handlers) it does nothing.
 
     Args:
@@ -80,7 +162,16 @@ def stop_on_signals(runner: Any) -> Iterator[None]:
         runner.stop_signal = signum
         runner.request_stop(f"signal {signal.Signals(signum).name}")
 
+    def on_requeue_signal(signum: int, frame: Any) -> None:
+        # (a run already stopping for another reason ends as that stop says: no requeue)
+        runner.requeue = runner.requeue or runner.stop_reason is None
+        runner.stop_signal = signum
+        runner.request_stop(f"signal {signal.Signals(signum).name}", resumable=True)
+
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in getattr(runner, "requeue_signals", ()):
+        if sig not in previous:  # (TERM or INT among them stays a plain stop)
+            previous[sig] = signal.signal(sig, on_requeue_signal)
     try:
         yield
     finally:

@@ -21,10 +21,10 @@ import torch
 from torch import nn
 
 from expkit.checkpoint import run_checkpoint
-from expkit.core import atomic, distributed
+from expkit.core import atomic, distributed, slurm
 from expkit.core.rng import algorithm_settings, rng_states, seed_everything, set_rng_states  # noqa: F401 (re-exported)
 from expkit.core.settings import TrainerSettings
-from expkit.core.signals import stop_on_signals
+from expkit.core.signals import requeue_signals, stop_on_signals
 from expkit.core.stages import Stage
 from expkit.engine import hook_table
 from expkit.engine.devices import StepModule, move, precision, run_device
@@ -33,6 +33,7 @@ from expkit.engine.loops import EvalLoop, TrainLoop
 from expkit.engine.state import RunState
 from expkit.hooks import default_hooks as make_default_hooks
 from expkit.hooks.base import Hook
+from expkit.hooks.time_limit import TimeLimitHook
 from expkit.loggers import logs
 from expkit.loggers.backends import Backend
 from expkit.metrics import Accuracy, Directions, MetricSlot, as_slots, probe_metrics
@@ -192,6 +193,19 @@ class Runner:
         named = hooks.items() if isinstance(hooks, Mapping) else ((type(h).__name__, h) for h in hooks)
         for name, hook in named:
             self.register_hook(hook, name=name)
+        # the signals that stop the run to be continued (trainer.requeue_signal, submitit's): stop_on_signals
+        self.requeue_signals = requeue_signals(self.settings.requeue_signal)
+        if self.settings.save_before_limit and self.is_main:  # (rank 0 decides; the others stop with it)
+            self._watch_time_limit()
+
+    def _watch_time_limit(self) -> None:
+        """Under Slurm, a job with a time limit gets a TimeLimitHook (``trainer.save_before_limit``):
+        Slurm is asked for the job's end once, here; outside Slurm nothing is asked or added."""
+        job = slurm.this_job()
+        if job is None or job.end_time is None:
+            return
+        what = f"the time limit of Slurm job {job.job_id}"
+        self.register_hook(TimeLimitHook(job.end_time, self.settings.limit_margin_s, what), name="time_limit")
 
     # the run state's fields, as hooks read them (runner.epoch is runner.state.epoch)
     epoch = _state_field("epoch")
@@ -218,6 +232,7 @@ class Runner:
     stop_signal = _state_field("stop_signal")
     stopped_by_signal = _state_field("stopped_by_signal")
     stop_resumable = _state_field("stop_resumable")
+    requeue = _state_field("requeue")
     error = _state_field("error")
 
     @property

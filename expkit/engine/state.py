@@ -74,6 +74,10 @@ class RunState:
     stop_resumable: bool = False
     """Whether the first stop request was an interruption the run goes on from when resumed (an
     unreachable search storage; a signal's stop is one too): the test pass waits for that."""
+    requeue: bool = False
+    """Whether the stop asks for the job to run again: a requeue signal (``trainer.requeue_signal``,
+    submitit's), or the job's time limit near (``trainer.save_before_limit``). The command requeues
+    the job once the run is recorded."""
     error: str | None = None
     """Why the run failed, in one line (result.json's ``error``)."""
 

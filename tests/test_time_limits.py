@@ -1,0 +1,241 @@
+"""Time limits, requeues and scancel without a Slurm cluster: submitit's local executor sends its
+timeout signal (USR2) and requeues as on Slurm; a run takes the requeue signal (USR1); SIGTERM
+to one job of a sweep (Slurm's scancel); the time-limit guard on a toy run. The same paths on a
+real slurmctld are in tests/test_slurm.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, toy_runner
+
+from expkit.core.errors import ConfigError
+from expkit.core.settings import TrainerSettings
+from expkit.hooks.time_limit import TimeLimitHook
+
+SLOW = """
+import time
+from expkit import Hook
+
+class Slow(Hook):
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        time.sleep(0.05)  # 2 s an epoch of 40 iterations: long enough to meet a time limit
+"""
+
+
+def _command(tmp_path: Path, *args: str) -> list[str]:
+    conf = tmp_path / "conf" / "hooks"
+    conf.mkdir(parents=True, exist_ok=True)
+    (conf / "slow.yaml").write_text("slow:\n  _target_: slowhook.Slow\n")
+    (tmp_path / "slowhook.py").write_text(SLOW)
+    return [sys.executable, "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), "hooks=[slow]", *args]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(tmp_path), "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1"}
+
+
+def _result(work: Path) -> dict:
+    return json.loads((work / "result.json").read_text())
+
+
+def _weights(work: Path, name: str) -> dict[str, torch.Tensor]:
+    return torch.load(work / "checkpoints" / name, weights_only=True)["state_dict"]
+
+
+def _assert_same_weights(work: Path, reference: Path, name: str) -> None:
+    final, expected = _weights(work, name), _weights(reference, name)
+    assert final.keys() == expected.keys()
+    for key in expected:
+        assert torch.equal(final[key], expected[key]), key
+
+
+def _train_losses(work: Path) -> list[tuple[int, float]]:
+    """(step, train/loss) of every training record of metrics.jsonl, in the file's order."""
+    records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
+
+
+# -- the settings -------------------------------------------------------------------------------------
+def test_requeue_settings_are_checked_and_the_signal_name_is_kept_bare():
+    assert TrainerSettings(requeue_signal="SIGUSR2").requeue_signal == "USR2"
+    assert TrainerSettings(requeue_signal=None).requeue_signal is None
+    for bad, key in (
+        ({"requeue_signal": "TERM"}, "trainer.requeue_signal"),
+        ({"requeue_signal": "FOO"}, "trainer.requeue_signal"),
+        ({"save_before_limit": "yes"}, "trainer.save_before_limit"),
+        ({"limit_margin_s": -1}, "trainer.limit_margin_s"),
+    ):
+        with pytest.raises(ConfigError, match=key):
+            TrainerSettings(**bad)
+
+
+# -- save_before_limit: the guard itself, on a real toy run ------------------------------------------
+def test_the_time_limit_guard_stops_resumable_while_a_save_still_fits_and_the_resume_ends_exactly(tmp_path):
+    reference = toy_runner(tmp_path / "reference", max_epochs=2)
+    reference.run()
+
+    class SlowIterations(TimeLimitHook):
+        """The guard with the job's end 0.5 s after training starts and a margin of 0.4 s; each
+        iteration takes 20 ms or more (4 batches an epoch): it stops after iteration 4 or sooner."""
+
+        def before_train(self, runner) -> None:
+            self.deadline = time.monotonic() + 0.5
+            super().before_train(runner)
+
+        def after_train_iter(self, runner, **payload) -> None:
+            time.sleep(0.02)
+            super().after_train_iter(runner, **payload)
+
+    guard = SlowIterations(time.time() + 3600, margin_s=0.4)
+    cut = toy_runner(tmp_path / "cut", max_epochs=2, hooks={"time_limit": guard})
+    result = cut.run()
+    # stopped after a few iterations, saved where it stopped, resumable (not finished for a sweep)
+    assert result["status"] == "stopped" and result["stop_reason"].startswith("interrupted: ")
+    assert "trainer.save_before_limit" in result["stop_reason"] and cut.requeue and cut.stop_resumable
+    assert 0 < result["iter"] < 8 and guard.longest_iter_s >= 0.02
+    assert cut.last_checkpoint is not None and cut.last_checkpoint.name == f"iter_{result['iter']}.pth"
+    from expkit.sweeps.sweep_jobs import finished
+
+    assert not finished(result)
+
+    resumed = toy_runner(tmp_path / "cut", max_epochs=2, resume=True)
+    assert resumed.run()["status"] == "completed"
+    for key, value in reference.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[key], value), key
+
+
+def test_a_run_outside_slurm_asks_slurm_nothing_and_gets_no_guard(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    runner = toy_runner(tmp_path, max_epochs=1)
+    assert "time_limit" not in runner.hook_names()
+
+
+# -- the requeue signal in a single run ---------------------------------------------------------------
+@pytest.mark.slow
+def test_the_requeue_signal_saves_and_stops_a_run_resumable_and_resume_ends_exactly(tmp_path):
+    reference = tmp_path / "reference"
+    common = ["trainer.max_epochs=3", "default_hooks.checkpoint.max_keep_ckpts=-1"]
+    done = subprocess.Popen([*_command(tmp_path, f"hydra.run.dir={reference}", *common)], cwd=REPO, env=_env(tmp_path))
+    work = tmp_path / "run"
+    out = tmp_path / "run.txt"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            _command(tmp_path, f"hydra.run.dir={work}", *common),
+            cwd=REPO,
+            env=_env(tmp_path),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.time() + 120
+        while not (work / "checkpoints" / "epoch_1.pth").exists():
+            assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR1)
+        assert proc.wait(timeout=60) == 128 + signal.SIGUSR1, out.read_text()[-3000:]
+    output = out.read_text()
+    result = _result(work)
+    assert (result["status"], result["stop_reason"]) == ("stopped", "signal SIGUSR1"), output[-3000:]
+    assert "Not requeued (not a Slurm job); resume=true continues" in output
+    assert "Traceback" not in output and 40 < result["iter"] < 120  # mid-run, saved where it stopped
+    assert (work / "checkpoints" / "last_checkpoint").read_text() == f"iter_{result['iter']}.pth"
+
+    resumed = subprocess.run(
+        _command(tmp_path, f"hydra.run.dir={work}", "resume=true", *common),
+        cwd=REPO,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert done.wait(timeout=240) == 0
+    assert _result(work)["status"] == "completed"
+    _assert_same_weights(work, reference, "epoch_3.pth")
+    assert _train_losses(work) == _train_losses(reference)  # each step once, as the uninterrupted run logged it
+
+
+# -- submitit's time limit: USR2, checkpoint, requeue, resume ------------------------------------------
+@pytest.mark.slow
+def test_submitit_time_limit_saves_requeues_and_the_next_attempt_resumes_exactly(tmp_path):
+    """hydra/launcher=submitit_local with timeout_min=1: submitit sends USR2 30 s into each attempt
+    (its local signal_delay_s), calls the launcher's checkpoint(), requeues and exits, as it does on
+    Slurm. The job saves at the signal, is recorded stopped, and the next attempt resumes it."""
+    reference = tmp_path / "reference"
+    common = ["trainer.max_epochs=20"]
+    done = subprocess.Popen([*_command(tmp_path, f"hydra.run.dir={reference}", *common)], cwd=REPO, env=_env(tmp_path))
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        _command(
+            tmp_path,
+            "-m",
+            *common,
+            "hydra/launcher=submitit_local",
+            "hydra.launcher.timeout_min=1",
+            "+hydra.launcher.max_num_timeout=3",  # (Hydra's default, 0, requeues nothing)
+            f"hydra.sweep.dir={sweep}",
+        ),
+        cwd=REPO,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    logs = "".join(p.read_text()[-3000:] for p in sorted((sweep / ".submitit").rglob("*_log.*")))
+    story = proc.stdout[-3000:] + proc.stderr[-3000:] + logs + (sweep / "0" / "train.log").read_text()[-3000:]
+    assert proc.returncode == 0, story
+    result = _result(sweep / "0")
+    assert result["status"] == "completed" and result["requeues"] >= 1, story
+    assert result["resumed_in_sweep"] is True
+    assert "Caught signal SIGUSR2" in logs and "Requeued job" in logs
+    train_log = (sweep / "0" / "train.log").read_text()
+    assert "Stop requested: signal SIGUSR2" in train_log and "Requeue 1: resuming this job" in train_log
+    assert "SystemExit" not in story and "failed" not in result.get("error", "") if result.get("error") else True
+    summary = (sweep / "summary.csv").read_text()
+    assert ",completed," in summary and "failed" not in summary and "interrupted" not in summary
+
+    assert done.wait(timeout=240) == 0
+    _assert_same_weights(sweep / "0", reference, "epoch_20.pth")
+    assert _train_losses(sweep / "0") == _train_losses(reference)
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_one_submitit_job_records_it_stopped_and_resume_finishes_it_alone(tmp_path):
+    """Slurm's scancel of one job of a sweep sends it SIGTERM: the job saves and is recorded
+    stopped (not failed), the sweep's other job runs to its end, and re-running the sweep with
+    resume=true trains the stopped job to its end and leaves the finished one alone."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "optim.lr=0.1,0.05", "trainer.max_epochs=8", "hydra/launcher=submitit_local"]
+    args += ["hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}"]
+    out = tmp_path / "sweep.txt"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(_command(tmp_path, *args), cwd=REPO, env=_env(tmp_path), stdout=sink, stderr=sink)
+        deadline = time.time() + 180
+        while not (sweep / "1" / "checkpoints" / "epoch_2.pth").exists():
+            assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
+            time.sleep(0.05)
+        job_pid = json.loads((sweep / "1" / ".lock").read_text())["pid"]  # submitit's task process, job 1's owner
+        os.kill(job_pid, signal.SIGTERM)
+        assert proc.wait(timeout=240) == 0, out.read_text()[-3000:]
+    stopped, other = _result(sweep / "1"), _result(sweep / "0")
+    assert (stopped["status"], stopped["stop_reason"]) == ("stopped", "signal SIGTERM")
+    assert other["status"] == "completed"  # the other job was not stopped with it
+    assert not (sweep / ".stop").exists()  # no other job of the sweep is kept from starting (or a requeue)
+    finished_at = (sweep / "0" / "result.json").stat().st_mtime
+
+    resumed = subprocess.run(
+        _command(tmp_path, *args, "resume=true"), cwd=REPO, env=_env(tmp_path), capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert [_result(sweep / j)["status"] for j in "01"] == ["completed", "completed"]
+    assert _result(sweep / "1")["resumed_in_sweep"] is True
+    assert (sweep / "0" / "result.json").stat().st_mtime == finished_at  # trained once
+    steps = [s for s, _ in _train_losses(sweep / "1")]
+    assert steps == sorted(set(steps))  # each step logged once
