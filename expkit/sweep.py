@@ -36,6 +36,8 @@ from hydra.experimental.callback import Callback
 from expkit.core import confine, hydra_compat
 from expkit.core.atomic import write_json_atomic, write_text_atomic
 from expkit.metrics import monitor_of
+from expkit.sweeps import search
+from expkit.sweeps.search import objective_values, objectives_of
 from expkit.sweeps.sweep_jobs import finished, job_order, job_target, key_kind, read_job, read_result
 
 __all__ = [
@@ -148,6 +150,9 @@ def job_row(work_dir: Path) -> dict[str, Any] | None:
             resumed=bool(result.get("resumed_in_sweep", False)),
             trial=result.get("optuna_trial"),
         )
+        objectives = objectives_of(work_dir.parent)  # (a search of several objectives: each one's value)
+        if objectives is not None:
+            row["objectives"] = dict(zip(objectives[0], objective_values(result, objectives[0]), strict=True))
     else:  # still running (or killed): what metrics.jsonl shows so far
         values = [v for _, v in curve if isinstance(v, (int, float)) and math.isfinite(v)]
         pick = max if rule == "greater" else min
@@ -442,10 +447,36 @@ def _all_rows(sweep_dir: Path, fresh: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def _mark_front(rows: list[dict[str, Any]], objectives: tuple[list[str], list[str]]) -> list[dict[str, Any]]:
+    """Mark each row ``pareto`` (True: on the front of the finished jobs with every objective's
+    value) and give it a column per objective; the front's rows, by the first objective's
+    direction, come first. Returns the front's rows."""
+    names, directions = objectives
+    usable = [
+        r
+        for r in rows
+        if r.get("status") == "completed"
+        and all(v is not None for v in (r.get("objectives") or {}).values())
+        and len(r.get("objectives") or {}) == len(names)
+    ]
+    front_idx = set(search.pareto_front([[r["objectives"][n] for n in names] for r in usable], directions))
+    front = [r for i, r in enumerate(usable) if i in front_idx]
+    sign = -1 if directions[0] == "maximize" else 1
+    for r in rows:
+        r["pareto"] = any(r is f for f in front)
+        for name in names:
+            r[name] = (r.get("objectives") or {}).get(name)
+    rows.sort(key=lambda r: (not r["pareto"], sign * r[names[0]] if r["pareto"] else 0.0, _sort_key(r)))
+    return [r for r in rows if r["pareto"]]
+
+
 def _write_summary(sweep_dir: Path, rows: list[dict[str, Any]], seed_keys: list[str]) -> dict[str, Any]:
     rows.sort(key=_sort_key)
     columns = _columns(rows)
     shown = _md_columns(columns)
+    objectives = search.objectives_of(sweep_dir)
+    if objectives is not None:
+        return _write_front_summary(sweep_dir, rows, objectives, columns)
     groups = group_rows(rows, seed_keys)
     if groups is not None:
         return _write_group_summary(sweep_dir, rows, groups, columns, seed_keys)
@@ -455,6 +486,45 @@ def _write_summary(sweep_dir: Path, rows: list[dict[str, Any]], seed_keys: list[
     for r in rows:
         statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1
     best = _best_json(rows[0], len(rows), statuses, [r["job"] for r in rows if r.get("resumed")])
+    write_text_atomic(sweep_dir / "summary.csv", _csv_text(rows, columns))
+    write_text_atomic(sweep_dir / "summary.md", "\n".join(lines) + "\n")
+    write_json_atomic(sweep_dir / "best.json", best)
+    return best
+
+
+def _write_front_summary(
+    sweep_dir: Path, rows: list[dict[str, Any]], objectives: tuple[list[str], list[str]], columns: list[str]
+) -> dict[str, Any]:
+    """summary.csv/.md of a search of several objectives: a column per objective and ``pareto``
+    (the non-dominated jobs, first); best.json lists the front's members instead of one best."""
+    names, directions = objectives
+    front = _mark_front(rows, objectives)
+    columns = columns[:2] + ["pareto", *names] + columns[2:]
+    shown = _md_columns(columns)
+    title = (
+        f"{len(rows)} jobs, the Pareto front of {', '.join(f'{n} ({d})' for n, d in zip(names, directions, strict=True))} "
+        f"first ({len(front)} jobs)"
+    )
+    lines = _md_header(title, sweep_dir, shown) + [_md_line(r, shown) for r in rows]
+    statuses: dict[str, int] = {}
+    for r in rows:
+        statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1
+    best = _best_json(front[0] if front else rows[0], len(rows), statuses, [r["job"] for r in rows if r.get("resumed")])
+    best.update(
+        objectives=names,
+        directions=directions,
+        pareto_front=[
+            {
+                "job": r["job"],
+                "trial": r.get("trial"),
+                "work_dir": r["work_dir"],
+                "values": {n: r[n] for n in names},
+                "best_checkpoint": r.get("best_checkpoint"),
+                "overrides": r["overrides"].split() if r["overrides"] else [],
+            }
+            for r in front
+        ],
+    )
     write_text_atomic(sweep_dir / "summary.csv", _csv_text(rows, columns))
     write_text_atomic(sweep_dir / "summary.md", "\n".join(lines) + "\n")
     write_json_atomic(sweep_dir / "best.json", best)
@@ -514,8 +584,8 @@ def record_job_end(sweep_dir: Path, work_dir: Path) -> None:
         write_json_atomic(sweep_dir / ROWS_DIR / f"{row['job']}.json", row)
         # written again from the cached rows (a small file per job) where a line would be wrong: a job
         # already listed (interrupted, then resumed: one line each, until the sweep's end sorted them),
-        # or seed groups (a group's row changes with each member)
-        if old is not None or any(k in row["override_values"] for k in seed_keys):
+        # seed groups (a group's row changes with each member), or a Pareto front (a job may leave it)
+        if old is not None or "objectives" in row or any(k in row["override_values"] for k in seed_keys):
             _write_summary(sweep_dir, _all_rows(sweep_dir, False), seed_keys)
             return
         csv_path, md_path, best_path = (sweep_dir / n for n in ("summary.csv", "summary.md", "best.json"))
@@ -590,8 +660,11 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, seed_keys: list[str] | No
             Series([(x, y)], label=f"job {job}: {key}={raw}", line=False) for x, (raw, y, job) in zip(xs, points)
         ]
         panels.append(panel)
+    objectives = search.objectives_of(path.parent)
+    if objectives is not None and len(objectives[0]) >= 2:  # the first two objectives, the front drawn
+        panels.append(_front_panel(rows, objectives))
     trials = sorted((r for r in rows if r.get("trial") is not None), key=lambda r: r["trial"])
-    if trials:  # an Optuna search: each trial's best value, and the best so far over the trials
+    if trials and objectives is None:  # an Optuna search: each trial's best value, and the best so far over the trials
         pick = max if trials[0]["rule"] == "greater" else min
         done, so_far, best = [], [], None
         for r in trials:
@@ -611,6 +684,23 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, seed_keys: list[str] | No
         series = [Series(so_far, label="best so far")] if so_far else []
         panels.append(Panel(f"search progress: best {monitor}", series + done, xlabel="trial", ylabel=monitor))
     charts(path, panels)
+
+
+def _front_panel(rows: list[dict[str, Any]], objectives: tuple[list[str], list[str]]) -> Any:
+    """Every finished job at its values of the first two objectives; the Pareto front as a line."""
+    from expkit.loggers.svgplot import Panel, Series
+
+    (x_name, y_name), (x_dir, y_dir) = objectives[0][:2], objectives[1][:2]
+    points = [
+        (r, (r.get("objectives") or {}).get(x_name), (r.get("objectives") or {}).get(y_name))
+        for r in rows
+        if r.get("status") == "completed"
+    ]
+    points = [(r, x, y) for r, x, y in points if x is not None and y is not None]
+    front = sorted((x, y) for r, x, y in points if r.get("pareto"))
+    series = [Series(front, label="Pareto front")] if front else []
+    series += [Series([(x, y)], label=f"job {r['job']}", line=False) for r, x, y in points]
+    return Panel(f"{x_name} ({x_dir}) against {y_name} ({y_dir})", series, xlabel=x_name, ylabel=y_name)
 
 
 def _group_panel(groups: list[dict[str, Any]], key: str, monitor: str) -> Any:
@@ -731,7 +821,10 @@ class SweepSummaryCallback(Callback):
             best = json.loads((sweep_dir / "best.json").read_text())
         else:
             best = self._summarize(sweep_dir, plot=True)
-        if best and best.get("group") is not None and best["value"] is not None:
+        if best and best.get("pareto_front") is not None:
+            members = ", ".join(f"job {m['job']} ({m['values']})" for m in best["pareto_front"]) or "none"
+            log.info("Sweep Pareto front of %s: %s", ", ".join(best["objectives"]), members)
+        elif best and best.get("group") is not None and best["value"] is not None:
             spread = f" ± {best['std']:.4f}" if best.get("std") is not None else ""
             log.info(
                 "Sweep best: %s, mean %s = %.4f%s over %d seeds; its best job %s (%s)",

@@ -387,3 +387,70 @@ def test_seeds_per_trial_runs_each_trial_with_n_seeds_and_tells_their_mean(tmp_p
         errors = [line for line in refused.output.splitlines() if line.strip()]
         assert errors == [f"Error: {errors[0].removeprefix('Error: ')}"], refused.output  # the one line
         assert not (tmp_path / "bad" / "0").exists()
+
+
+@pytest.mark.slow
+def test_a_search_of_two_objectives_marks_exactly_the_studys_pareto_front(tmp_path):
+    sweep = tmp_path / "sweep"
+    objectives = ["hydra.sweeper.objectives=[val/acc,model_params]", "hydra.sweeper.study_name=mo"]
+    refused = run_cli(*FAST, *objectives, f"hydra.sweep.dir={tmp_path / 'bad'}")
+    assert refused.returncode == 2 and "model_params has no rule" in refused.stderr, refused.output
+    assert "hydra.sweeper.directions=[maximize,<maximize|minimize>]" in refused.stderr
+    pruned = run_cli(
+        *FAST,
+        *objectives,
+        "hydra.sweeper.directions=[maximize,minimize]",
+        "+hydra.sweeper.pruner._target_=optuna.pruners.MedianPruner",
+        f"hydra.sweep.dir={tmp_path / 'p'}",
+    )
+    assert pruned.returncode == 2 and "cannot prune a study of several objectives" in pruned.stderr, pruned.output
+    assert not (tmp_path / "bad" / "0").exists() and not (tmp_path / "p" / "0").exists()
+
+    proc = run_cli(
+        *FAST,
+        *objectives,
+        "hydra.sweeper.directions=[maximize,minimize]",
+        "hydra.sweeper.n_trials=6",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert proc.returncode == 0, proc.output[-3000:]
+    study = _study(str(sweep / "optuna.journal"), "mo")
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"] and len(study.trials) == 6
+    best = json.loads((sweep / "best.json").read_text())
+    front = {m["trial"] for m in best["pareto_front"]}
+    assert front == {t.number for t in study.best_trials} and front  # exactly the non-dominated trials
+    for member in best["pareto_front"]:
+        told = study.trials[member["trial"]].values
+        assert [member["values"]["val/acc"], member["values"]["model_params"]] == pytest.approx(told)
+    rows = _rows(sweep)
+    assert {r["job"] for r in rows if r["pareto"] == "True"} == {m["job"] for m in best["pareto_front"]}
+    assert "Pareto front" in (sweep / "sweep.svg").read_text()
+
+
+@pytest.mark.slow
+def test_samplers_are_a_config_group_and_a_swapped_target_is_named(tmp_path):
+    for sampler in ("random", "cmaes"):
+        sweep = tmp_path / sampler
+        proc = run_cli(
+            *FAST, f"hydra/sweeper/sampler={sampler}", "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={sweep}"
+        )
+        assert proc.returncode == 0, proc.output[-3000:]
+        name = {"random": "RandomSampler", "cmaes": "CmaEsSampler"}[sampler]
+        assert f"sampler {name}" in proc.output
+    # the docs said sampler takes "_target_ of any Optuna sampler": the TPE settings stayed and RandomSampler
+    # raised a TypeError; now it names the group
+    swapped = run_cli(
+        *FAST, "hydra.sweeper.sampler._target_=optuna.samplers.RandomSampler", f"hydra.sweep.dir={tmp_path / 's'}"
+    )
+    assert swapped.returncode == 2 and "hydra/sweeper/sampler=tpe|random|cmaes|qmc|grid|nsga2" in swapped.stderr
+    assert "Traceback" not in swapped.output and not (tmp_path / "s" / "0").exists()
+    grid = run_cli(
+        *FAST,
+        "hydra/sweeper/sampler=grid",
+        "hydra.sweeper.params=null",
+        "optim.lr=choice(0.1,0.05)",
+        "hydra.sweeper.n_trials=5",
+        f"hydra.sweep.dir={tmp_path / 'g'}",
+    )
+    assert grid.returncode == 0 and "the grid is gone through" in grid.output, grid.output[-3000:]
+    assert sorted(p.name for p in (tmp_path / "g").iterdir() if p.name.isdigit()) == ["0", "1"]  # 2 points, not 5

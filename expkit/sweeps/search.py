@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "JOURNAL_SUFFIXES",
+    "OBJECTIVES",
     "STORAGE_WAIT_S",
     "TRIAL_ENV",
     "UNREACHABLE",
@@ -34,7 +35,10 @@ __all__ = [
     "database_url",
     "job_env",
     "live_workers",
+    "objective_values",
+    "objectives_of",
     "open_storage",
+    "pareto_front",
     "shown_url",
     "with_storage",
 ]
@@ -114,6 +118,74 @@ def with_storage(what: str, call: Callable[[], T], wait_s: float = STORAGE_WAIT_
 
 JOURNAL_SUFFIXES = (".journal", ".log", ".jsonl")
 WORKERS = ".workers"  # <sweep dir>/.workers/<host>-<pid>-<token>/.lock: one per worker of a search
+
+
+OBJECTIVES = "objectives.json"  # <sweep dir>/objectives.json: a search's objectives and directions
+
+
+def objective_values(result: dict[str, Any], objectives: Sequence[str]) -> list[float | None]:
+    """A job's value of each objective: the metric's best value in result.json, else its final
+    value, else a number result.json holds under that name (``model_params``, ``wall_time_s``).
+
+    Args:
+        result: the job's result.json.
+        objectives: the objectives' keys.
+
+    Returns:
+        One float per objective; None where result.json holds no finite number for it.
+    """
+    best, final = result.get("best_metrics") or {}, result.get("final_metrics") or {}
+    values: list[float | None] = []
+    for key in objectives:
+        found = best.get(key)
+        value = found.get("value") if isinstance(found, dict) else None
+        if value is None:
+            value = final.get(key) if isinstance(final, dict) else None
+        if value is None:
+            value = result.get(key)
+        usable = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        values.append(float(value) if usable else None)
+    return values
+
+
+def objectives_of(sweep_dir: Path) -> tuple[list[str], list[str]] | None:
+    """A search's objectives and their directions, as its sweeper recorded them.
+
+    Args:
+        sweep_dir: the sweep dir, whose ``objectives.json`` is read.
+
+    Returns:
+        (objectives, directions); None for a sweep of one objective, or an unreadable record.
+    """
+    import json
+
+    try:
+        record = json.loads((Path(sweep_dir) / OBJECTIVES).read_text())
+        names, directions = list(record["objectives"]), list(record["directions"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    ok = len(names) == len(directions) and all(isinstance(n, str) for n in names)
+    return (names, directions) if ok and set(directions) <= {"maximize", "minimize"} else None
+
+
+def pareto_front(points: list[list[float]], directions: list[str]) -> list[int]:
+    """The indices of the points no other point dominates (at least as good in every objective,
+    better in one), as Optuna's ``study.best_trials`` picks them.
+
+    Args:
+        points: each point's values, one per objective.
+        directions: ``maximize`` or ``minimize`` per objective.
+
+    Returns:
+        The non-dominated points' indices, in order.
+    """
+    signs = [1.0 if d == "minimize" else -1.0 for d in directions]
+    costs = [[s * v for s, v in zip(signs, point, strict=True)] for point in points]
+
+    def dominates(a: list[float], b: list[float]) -> bool:
+        return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
+
+    return [i for i, c in enumerate(costs) if not any(dominates(other, c) for other in costs)]
 
 
 def live_workers(sweep_dir: Path) -> int:
@@ -296,10 +368,14 @@ class TrialReportHook(Hook):
 
     def __init__(self, trial: Any, number: int, wait_s: float = STORAGE_WAIT_S) -> None:
         self.trial, self.number, self.wait_s = trial, number, wait_s
+        # a study of several objectives takes no intermediate values (Optuna cannot prune it)
+        self.reports = len(trial.study.directions) == 1
 
     def after_val_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:
         from expkit.core import distributed
 
+        if not self.reports:
+            return
         value = metrics.get(runner.monitor) if runner.monitor else None
         verdict: str | None = None  # None: go on; else "prune", or why the storage stops the job
         if runner.is_main and isinstance(value, (int, float)) and math.isfinite(value):  # (diverged: not reported)

@@ -39,10 +39,19 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from expkit.core.errors import TaskExit
-from expkit.sweeps.search import UNREACHABLE, WORKERS, StorageUnreachable, live_workers, with_storage
+from expkit.sweeps.search import (
+    OBJECTIVES,
+    UNREACHABLE,
+    WORKERS,
+    StorageUnreachable,
+    live_workers,
+    objective_values,
+    with_storage,
+)
+from hydra_plugins.expkit_sweeper import sampler_configs  # noqa: F401 (registers hydra/sweeper/sampler)
 from hydra_plugins.expkit_sweeper.expkit_sweeper import (
     SweepConfigError,
     check_batch,
@@ -89,7 +98,8 @@ class OptunaSweeperConf:  # OmegaConf reads these annotations at run time (hence
             ``.journal`` file, ``postgresql://...``.
         n_trials: trials this command runs (``resume=true``: until the sweep dir holds this many).
         n_jobs: trials at once (with a parallel launcher: joblib, submitit).
-        sampler: the Optuna sampler, as a ``_target_`` node (default: TPE).
+        sampler: the Optuna sampler, picked with ``hydra/sweeper/sampler=tpe|random|cmaes|qmc|grid|nsga2``
+            (default: tpe), as a ``_target_`` node.
         pruner: an Optuna pruner as a ``_target_`` node; None: no pruning.
         params: name -> ``interval(..)``, ``tag(log, interval(..))``, ``choice(..)``, ``range(..)``.
         custom_search_space: ``"module.function"``: ``function(cfg, trial)`` suggests more.
@@ -97,9 +107,16 @@ class OptunaSweeperConf:  # OmegaConf reads these annotations at run time (hence
             gets their mean.
         storage_wait_s: how long the sweeper and its jobs retry an unreachable storage (a
             database server restarting) before the worker stops (exit 1; ``resume=true`` goes on).
+        objectives: several objectives: metric keys of result.json (best, else final) or numbers it
+            holds (``model_params``, ``wall_time_s``); None: ``monitor`` alone.
+        directions: the objectives' directions; None: each metric's own rule.
     """
 
+    defaults: list[Any] = field(default_factory=lambda: [{"sampler": "tpe"}])  # hydra/sweeper/sampler=...
     _target_: str = "hydra_plugins.expkit_sweeper.optuna_sweeper.OptunaSweeper"
+    # the sampler and pruner nodes reach the sweeper as configs, built when the sweep starts: a
+    # setting a sampler does not take is then one line naming the group, not Hydra's wrapped TypeError
+    _recursive_: bool = False
     direction: str | None = None  # maximize | minimize; null: from `monitor`, by expkit's one "better" rule
     study_name: str | None = "expkit"
     storage: str | None = (
@@ -107,12 +124,14 @@ class OptunaSweeperConf:  # OmegaConf reads these annotations at run time (hence
     )
     n_trials: int = 20  # trials this command runs (resume=true: until the sweep dir holds this many)
     n_jobs: int = 1  # trials at once (with a parallel launcher: joblib, submitit)
-    sampler: Any = field(default_factory=lambda: {"_target_": "optuna.samplers.TPESampler", "seed": None})
+    sampler: Any = MISSING  # from the group hydra/sweeper/sampler: tpe | random | cmaes | qmc | grid | nsga2
     pruner: Any = None  # {_target_: optuna.pruners.MedianPruner, ...}; null: no pruning
     params: dict[str, Any] | None = None  # name -> interval(..), tag(log, interval(..)), choice(..), range(..)
     custom_search_space: str | None = None  # "module.function": function(cfg, trial) suggests more
     seeds_per_trial: int = 1  # N: each trial runs N jobs (seeds from seed_keys[0]); the study gets their mean
     storage_wait_s: float = 120.0  # seconds an unreachable storage (a database restarting) is waited for
+    objectives: list[str] | None = None  # [val/acc, model_params]: several objectives (a Pareto front); null: monitor
+    directions: list[str] | None = None  # one per objective, maximize | minimize; null: each metric's own rule
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="expkit")
@@ -215,6 +234,12 @@ class OptunaSweeper(Sweeper):
         storage_wait_s: the seconds a storage that stops answering (a database restarting) is tried
             again, with backoff, by this worker and by its jobs; past that the job in hand stops
             (``stopped``, resumable), and the worker stops with exit 1. At least 0.
+        objectives: several objectives, each a metric key of the jobs' result.json (its best value,
+            else its final one) or a number result.json holds (``model_params``, ``wall_time_s``):
+            the study is a multi-objective one and the summary marks its Pareto front; None:
+            ``monitor`` alone.
+        directions: one per objective, ``maximize`` or ``minimize``; None: each metric's own rule
+            (a key without one is refused before any trial).
 
     Raises:
         SearchConfigError: `direction` is not maximize, minimize or None, `n_trials`, `n_jobs` or
@@ -234,10 +259,14 @@ class OptunaSweeper(Sweeper):
         custom_search_space: str | None = None,
         seeds_per_trial: int = 1,
         storage_wait_s: float = 120.0,
+        objectives: list[str] | None = None,
+        directions: list[str] | None = None,
     ) -> None:
         # checked in setup(): an error raised here reaches the user wrapped in Hydra's
         # "Error in call to target ..." lines instead of as one line
         self.storage_wait_s = storage_wait_s
+        self.objectives = None if objectives is None else list(objectives)
+        self.directions = None if directions is None else list(directions)
         self.direction, self.study_name, self.storage = direction, study_name or "expkit", storage
         self.n_trials, self.n_jobs, self.seeds_per_trial = n_trials, n_jobs, seeds_per_trial
         self.sampler_cfg, self.pruner_cfg = sampler, pruner
@@ -249,6 +278,7 @@ class OptunaSweeper(Sweeper):
         self.checked: set[tuple[str, str]] | None = None  # the choices composed jobs have held (None: no job yet)
         self.worker = ""  # this worker's name under <sweep dir>/.workers/ (set when the sweep starts)
         self.peers = 0  # workers of this search already running when this one started
+        self.exhausted = False  # a GridSampler's grid is gone through: no trial is asked for after it
 
     def _check_settings(self, config: DictConfig) -> None:
         """The settings, before anything starts (see the class's Raises)."""
@@ -264,6 +294,24 @@ class OptunaSweeper(Sweeper):
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait >= 0:
             raise SearchConfigError(f"hydra.sweeper.storage_wait_s={wait}: give seconds, a number >= 0")
         self.storage_wait_s = float(wait)
+        if self.objectives is not None:
+            names = self.objectives
+            if not names or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+                raise SearchConfigError(
+                    f"hydra.sweeper.objectives={names}: give distinct keys, e.g. hydra.sweeper.objectives=[val/acc,model_params]"
+                )
+            if self.directions is not None and len(self.directions) != len(names):
+                raise SearchConfigError(
+                    f"hydra.sweeper.directions={self.directions}: give one per objective ({len(names)}: {', '.join(names)})"
+                )
+            if len(names) > 1 and self.pruner_cfg is not None:
+                raise SearchConfigError(
+                    "hydra.sweeper.pruner: Optuna cannot prune a study of several objectives (Trial.report takes "
+                    "one value); set hydra.sweeper.pruner=null"
+                )
+        for direction in self.directions or []:
+            if direction not in ("maximize", "minimize"):
+                raise SearchConfigError(f"hydra.sweeper.directions: {direction}: use maximize or minimize")
         seed_keys = config.get("seed_keys")
         if self.seeds_per_trial > 1 and seed_keys is not None and len(seed_keys) == 0:
             raise SearchConfigError(
@@ -308,6 +356,34 @@ class OptunaSweeper(Sweeper):
             else:
                 fixed[key] = override.input_line
         return list(fixed.values()), space
+
+    def _study_directions(self) -> list[str]:
+        """One direction per objective: ``directions``, else each metric's own rule (see
+        ``_direction``); a key without a rule is refused, naming it."""
+        if self.objectives is None:
+            return [self._direction()]
+        if self.directions is not None:
+            return list(self.directions)
+        from expkit.config.build import build_metrics
+        from expkit.metrics import Directions
+
+        assert self.config is not None
+        try:
+            rules = Directions(build_metrics(self.config.get("metrics")))
+        except Exception:  # (the metrics cannot be built here: the names' rules still hold)
+            rules = Directions({})
+        found = {key: rules.rule(key) for key in self.objectives}
+        unknown = [key for key, rule in found.items() if rule is None]
+        if unknown:
+            example = ",".join(
+                "maximize" if rule == "greater" else "minimize" if rule == "less" else "<maximize|minimize>"
+                for rule in found.values()
+            )
+            raise SearchConfigError(
+                f"hydra.sweeper.objectives: {', '.join(unknown)} {'has' if len(unknown) == 1 else 'have'} no rule of "
+                f"which direction is better; give one direction per objective: hydra.sweeper.directions=[{example}]"
+            )
+        return ["maximize" if rule == "greater" else "minimize" for rule in found.values()]
 
     def _direction(self) -> str:
         """`direction`, else the run's own rule for `monitor`: its metric's setting or the metric
@@ -361,32 +437,77 @@ class OptunaSweeper(Sweeper):
         fixed, space = self._space(arguments)
         storage = self.storage or str(sweep_dir / "optuna.journal")  # the sweep dir keeps its own study
 
-        def build(spec: Any) -> Any:  # Hydra builds nested _target_ nodes when it builds the sweeper
-            return instantiate(spec) if isinstance(spec, (dict, DictConfig)) else spec
+        def build(spec: Any, key: str = "sampler") -> Any:  # (a built object, from Python, is used as it is)
+            if not isinstance(spec, (dict, DictConfig)):
+                return spec
+            if key == "sampler":
+                spec = self._grid(spec, space)
+            try:
+                return instantiate(spec)
+            except Exception as exc:
+                target = str(spec.get("_target_", "?")).rpartition(".")[2]
+                cause = (str(exc.__cause__ or exc).splitlines() or [""])[0]
+                group = "hydra/sweeper/sampler=tpe|random|cmaes|qmc|grid|nsga2" if key == "sampler" else "its settings"
+                raise SearchConfigError(
+                    f"hydra.sweeper.{key}: {target} cannot be built ({cause}); a {key} keeps the settings "
+                    f"of the one it replaces when only its _target_ is changed: pick it with {group}"
+                ) from None
 
         sampler = build(self.sampler_cfg)
-        pruner = build(self.pruner_cfg) or optuna.pruners.NopPruner()
-        direction = self._direction()
+        pruner = build(self.pruner_cfg, "pruner") or optuna.pruners.NopPruner()
+        directions = self._study_directions()
+        direction = ", ".join(directions)
         try:
             study = optuna.create_study(
                 study_name=self.study_name,
                 storage=search.open_storage(storage),
                 sampler=sampler,
                 pruner=pruner,
-                direction=direction,
+                directions=directions,
                 load_if_exists=True,
             )
         except Exception as exc:  # a bad URL, an unreachable database, a dir that does not exist
             raise SearchConfigError(_storage_error(storage, exc)) from None
         study.sampler = self._continued(study, sampler, build)
-        if study.direction.name.lower() != direction:
+        theirs = ", ".join(d.name.lower() for d in study.directions)
+        if theirs != direction:
             raise SearchConfigError(
-                f"study {self.study_name!r} in {storage} {study.direction.name.lower()}s; this search "
-                f"would {direction} (set hydra.sweeper.direction, or another study_name)"
+                f"study {self.study_name!r} in {storage} {theirs}s; this search would {direction} "
+                "(set hydra.sweeper.direction or directions, or another study_name)"
             )
+        if self.objectives is not None:  # what the summary marks the Pareto front by
+            from expkit.core.atomic import write_json_atomic
+
+            write_json_atomic(sweep_dir / OBJECTIVES, {"objectives": self.objectives, "directions": directions})
         self._same_search(study, storage, space)
         bind_sweep_dir(sweep_dir, storage, self.study_name)
         self._search(study, sweep_dir, storage, fixed, space, sampler, pruner, direction)
+
+    @staticmethod
+    def _grid(spec: Any, space: dict[str, Any]) -> Any:
+        """A GridSampler without a ``search_space``: the grid of the search space's choices and
+        ranges (an interval has no grid: refused, naming it)."""
+        from optuna.distributions import CategoricalDistribution
+
+        if not str(spec.get("_target_", "")).endswith("GridSampler") or spec.get("search_space") is not None:
+            return spec
+        grid: dict[str, list[Any]] = {}
+        for key, dist in space.items():
+            if isinstance(dist, CategoricalDistribution):
+                grid[key] = list(dist.choices)
+            elif getattr(dist, "step", None) is not None:
+                count = round((dist.high - dist.low) / dist.step) + 1
+                grid[key] = [dist.low + i * dist.step for i in range(count)]
+                if isinstance(dist.low, float):
+                    grid[key] = [round(v, 12) for v in grid[key]]
+            else:
+                raise SearchConfigError(
+                    f"hydra/sweeper/sampler=grid: {key} is an interval, which has no grid; give it as "
+                    f"choice(...) or range(...), or give hydra.sweeper.sampler.search_space"
+                )
+        if not grid:
+            raise SearchConfigError("hydra/sweeper/sampler=grid: the search space is empty (hydra.sweeper.params)")
+        return {**OmegaConf.to_container(spec, resolve=True), "search_space": grid}  # type: ignore[dict-item]
 
     def _same_search(self, study: Any, storage: str, space: dict[str, Any]) -> None:
         """A study is one search: its space (and custom_search_space) is recorded in the study by
@@ -479,7 +600,7 @@ class OptunaSweeper(Sweeper):
                 for number, entry in sorted(ledger.trials.items(), key=lambda kv: int(kv[0])):
                     if int(number) in running and entry.get("worker") != self.worker and not _alive(sweep_dir, entry):
                         return self._take_over(study, ledger, storage, entry, number)
-                if len(ledger.trials) < total:
+                if len(ledger.trials) < total and not self.exhausted:
                     trial = with_storage(
                         "asking for a new trial", lambda: study.ask(fixed_distributions=space), self.storage_wait_s
                     )
@@ -655,10 +776,15 @@ class OptunaSweeper(Sweeper):
 
         from expkit.sweeps.sweep_jobs import finished, job_result
 
-        ends = []
+        ends: list[tuple[dict[str, Any], Any]] = []
         for ret in rets:
             output_dir = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir") if ret.hydra_cfg else None
             result = (job_result(Path(output_dir)) if output_dir else None) or {}
+            if self.objectives is not None:  # several objectives: each read from result.json
+                values = objective_values(result, self.objectives)
+                usable = ret.status == JobStatus.COMPLETED and finished(result) and None not in values
+                ends.append((result, values if usable else None))
+                continue
             monitor = result.get("monitor")
             best = (result.get("best_metrics") or {}).get(monitor or "", {}).get("value")
             value = ret.return_value if ret.status == JobStatus.COMPLETED else None
@@ -684,19 +810,43 @@ class OptunaSweeper(Sweeper):
             tell = lambda: study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
             status = "pruned"
         elif all(v is not None for _, v in ends):
-            mean = math.fsum(v for _, v in ends) / len(ends)  # type: ignore[misc]
-            tell = lambda: study.tell(trial, mean, skip_if_finished=True)
+            if self.objectives is not None:  # each objective's mean over the seeds
+                told: Any = [math.fsum(v[i] for _, v in ends) / len(ends) for i in range(len(self.objectives))]  # type: ignore[index]
+            else:
+                told = math.fsum(v for _, v in ends) / len(ends)  # type: ignore[misc]
+            tell = lambda: study.tell(trial, told, skip_if_finished=True)
             status = "completed" if len(set(statuses)) > 1 else str(statuses[0])
         else:  # failed, diverged (no finite best), or never ran
             tell = lambda: study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             status = next((s for s in statuses if s not in (None, "completed", "stopped")), "failed")
         # (an outage past the wait leaves the trial running in the study and in the ledger: the job's
         # result is on disk, and resume=true tells it)
-        with_storage(f"telling trial {number} how it ended ({status})", tell, self.storage_wait_s)
+        try:
+            with_storage(f"telling trial {number} how it ended ({status})", tell, self.storage_wait_s)
+        except RuntimeError as exc:
+            if "Study.stop" not in str(exc):
+                raise
+            # GridSampler stops the study once every point of its grid is asked for (it calls
+            # study.stop(), which only an optimize() loop takes): the trial was told all the same
+            # (Optuna stores it in a finally), and no new trial is asked for
+            log.info("Optuna: the grid is gone through; no new trial is asked for")
+            self.exhausted = True
         ledger.finish(trial, status)
 
     def _write_results(self, study: Any, sweep_dir: Path) -> None:
-        """optimization_results.yaml, as hydra-optuna-sweeper wrote it: the study's best trial."""
+        """optimization_results.yaml, as hydra-optuna-sweeper wrote it: the study's best trial (its
+        best trials, the Pareto front, for several objectives)."""
+        if len(study.directions) > 1:
+            front = study.best_trials
+            results = {
+                "name": "optuna",
+                "study_name": self.study_name,
+                "objectives": self.objectives,
+                "solutions": [{"number": t.number, "params": dict(t.params), "values": t.values} for t in front],
+            }
+            OmegaConf.save(OmegaConf.create(results), sweep_dir / "optimization_results.yaml")
+            log.info("Optuna Pareto front: trials %s", ", ".join(str(t.number) for t in front) or "none")
+            return
         try:
             best = study.best_trial
         except ValueError:  # no trial completed
