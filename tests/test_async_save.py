@@ -151,7 +151,7 @@ def test_a_kill_during_a_background_write_resumes_from_the_previous_checkpoint_b
     assert (work / "killed").read_text() == "True"  # killed while iter_30.pth was being written
     assert (work / "checkpoints" / "last_checkpoint").read_text() == "iter_15.pth"
     assert not (work / "checkpoints" / "iter_30.pth").exists()
-    resumed = run_cli(*args, "resume=true")
+    resumed = run_cli(*args, "resume=true", "~hooks.kill")  # (the run's own overrides hold the kill hook)
     assert resumed.returncode == 0, resumed.output
     assert "Resumed from" in resumed.output and "iter_15.pth" in resumed.output
     final, expected = (torch.load(w / "checkpoints" / "iter_120.pth", weights_only=True) for w in (work, reference))
@@ -265,7 +265,7 @@ def test_a_kill_during_a_background_sharded_write_resumes_from_the_previous_one_
     assert (work / "killed").read_text() == "True"  # killed while iter_8.dcp was being written
     assert (work / "checkpoints" / "last_checkpoint").read_text() == "iter_4.dcp"
     assert not (work / "checkpoints" / "iter_8.dcp").exists()
-    resumed = _torchrun(tmp_path, f"hydra.run.dir={work}", *args, "resume=true")
+    resumed = _torchrun(tmp_path, f"hydra.run.dir={work}", *args, "resume=true", "~hooks.kill")  # (as above)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "iter_4.dcp" in (work / "train.log").read_text()
     last = (reference / "checkpoints" / "last_checkpoint").read_text()

@@ -143,8 +143,12 @@ def test_a_second_writer_exits_2_naming_the_owner_and_a_killed_owner_is_taken_ov
         assert (work / "train.log").stat().st_size >= log_size and "is in use" not in (work / "train.log").read_text()
         owner.send_signal(signal.SIGKILL)
         owner.wait()
-        resumed = run_cli(
-            f"hydra.run.dir={work}", "trainer.max_epochs=3", "resume=true", env={"PYTHONPATH": str(tmp_path)}
+        resumed = run_cli(  # (the run's own overrides hold the slow hook: the resume drops it)
+            f"hydra.run.dir={work}",
+            "trainer.max_epochs=3",
+            "resume=true",
+            "~hooks.slow",
+            env={"PYTHONPATH": str(tmp_path)},
         )
         assert resumed.returncode == 0, resumed.output
         assert f"taking it over from pid {owner.pid}" in resumed.output and "is no longer running" in resumed.output

@@ -77,7 +77,7 @@ def test_a_checkpoint_inside_an_epoch_resumes_on_another_number_of_processes(
     done = _seen(work)
     assert sum(done.values()) == 7 * 32 * saved
 
-    proc = _launch(tmp_path, resumed, *common, "resume=true")
+    proc = _launch(tmp_path, resumed, *common, "resume=true", "~hooks.stop")  # (the run's own overrides hold it)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     log = (work / "train.log").read_text()
     assert f"{last} at epoch 0, iteration 7" in log
@@ -115,7 +115,7 @@ def test_the_iteration_that_ends_a_resumed_epoch_saves_after_its_validation(tmp_
         "+hooks.stop.iters=7",
     )
     assert stopped.returncode == 0, stopped.stderr[-3000:]
-    proc = _launch(tmp_path, 1, f"hydra.run.dir={work}", *saves, "trainer.max_epochs=2", "resume=true")
+    proc = _launch(tmp_path, 1, f"hydra.run.dir={work}", *saves, "trainer.max_epochs=2", "resume=true", "~hooks.stop")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     metas = [torch.load(p, weights_only=True)["meta"] for p in (work / "checkpoints").glob("iter_*.pth")]
     ends = [m for m in metas if m["epoch"] == 1 and m["inner_iter"] == 0]
