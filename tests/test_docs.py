@@ -166,7 +166,8 @@ def _expkit_command(tokens: list[str]) -> tuple[str, list[str]] | None:
 
 def _jobs(args: list[str]) -> list[list[str]]:
     """The argument lists that compose each value of a sweep: job i takes value i of every
-    swept key (its last value once it has no more)."""
+    swept key (its last value once it has no more). A bare word (`expkit.compare`'s run dirs) is
+    passed as it is, with the flags."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     flags: list[str] = []
@@ -175,7 +176,7 @@ def _jobs(args: list[str]) -> list[list[str]]:
     for arg in rest:
         if arg in FLAGS_WITH_VALUE:
             flags += [arg, next(rest)]
-        elif arg.startswith("-"):
+        elif arg.startswith("-") or "=" not in arg:
             flags.append(arg)
         else:
             overrides.append(arg)
@@ -359,6 +360,8 @@ COMMAND_PAGES = {
     "sweep.yaml": "sweeps.md",
     "check.yaml": "check.md",
     "shards.yaml": "data-at-scale.md",
+    "compare.yaml": "compare.md",
+    "lr_find.yaml": "lr-find.md",
 }
 SKIPPED_PATHS = ("hydra.job_logging", "hydra.help", "hydra.sweeper.params.")  # Hydra's own; the search space
 
