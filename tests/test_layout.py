@@ -15,8 +15,8 @@ from conftest import REPO
 from expkit._moved import MOVED, new_name
 
 FIXTURE = Path(__file__).parent / "fixtures" / "iter_50-2026-11-27.pth"  # (written before the move)
-COMMANDS = {"train", "eval", "predict", "export", "sweep", "check", "compare", "lr_find"}
-NAMED_BY_CONFIGS = {"models", "data", "metrics", "optimizers", "schedulers", "samplers", "check_probe"}
+COMMANDS = {"train", "eval", "predict", "export", "sweep", "check", "compare", "lr_find", "shards"}
+NAMED_BY_CONFIGS = {"models", "data", "shard_data", "metrics", "optimizers", "schedulers", "samplers", "check_probe"}
 PACKAGES = {"config", "sweeps", "engine", "checkpoint", "loggers", "workdir", "core", "hooks", "tasks", "conf"}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
 
 __all__ = ["StopAfterHook"]
 
+log = logging.getLogger("expkit")
+
 
 class StopAfterHook(Hook):
     """Requests a stop once ``epochs`` epochs, ``iters`` iterations or ``minutes`` of training
@@ -26,7 +29,8 @@ class StopAfterHook(Hook):
         epochs: stop after this many complete epochs of the run (resumed ones included); None: no limit.
         iters: stop after this many iterations of the run (resumed ones included); None: no limit.
         minutes: stop after this much time since training started (validations included, time before a
-            resume counted), checked after each iteration; None: no limit.
+            resume counted), checked after each iteration; None: no limit. A run that stopped on this budget
+            and is resumed gets a new one (a time-boxed session, continued).
 
     Raises:
         ValueError: all three are None.
@@ -39,6 +43,7 @@ class StopAfterHook(Hook):
             raise ValueError("set at least one of epochs, iters, minutes")
         self.epochs, self.iters, self.minutes = epochs, iters, minutes
         self.spent_s = 0.0
+        self.timed_out = False  # this run stopped on its time budget (a resume then starts a new one)
 
     def before_train(self, runner: Runner) -> None:
         self._since = time.perf_counter()
@@ -50,6 +55,7 @@ class StopAfterHook(Hook):
         if self.iters is not None and runner.iter + 1 >= self.iters:
             runner.request_stop(f"stop_after: {self.iters} iterations")
         elif self.minutes is not None and self._elapsed() >= 60 * self.minutes:
+            self.timed_out = True
             runner.request_stop(f"stop_after: {self.minutes} minutes of training")
 
     def after_train_epoch(self, runner: Runner) -> None:
@@ -57,7 +63,13 @@ class StopAfterHook(Hook):
             runner.request_stop(f"stop_after: {self.epochs} epochs")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"spent_s": self._elapsed() if hasattr(self, "_since") else self.spent_s}
+        return {"spent_s": self._elapsed() if hasattr(self, "_since") else self.spent_s, "timed_out": self.timed_out}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.spent_s = float(state.get("spent_s", 0.0))
+        if state.get("timed_out") and self.minutes is not None:
+            # the run stopped on its own time budget and is resumed (resume=true takes the run's
+            # overrides, this hook's among them): a time-boxed session, continued, gets a new box;
+            # a run cut short before its budget (preempted) keeps the time it spent
+            log.info("stop_after: the run used its %s minutes; resumed, it gets another %s", self.minutes, self.minutes)
+            self.spent_s = 0.0
