@@ -330,3 +330,20 @@ def test_a_misspelt_trainer_key_says_which_key_was_meant(tmp_path, word):
     assert proc.returncode == 2, proc.output
     assert "did you mean trainer.max_epochs?" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.output
+
+
+def test_a_run_stopped_on_its_time_budget_resumes_with_a_new_one(tmp_path):
+    # stop_after's docs promise that resume=true continues; with the run's own overrides taken on
+    # resume, the hook came back and stopped the run after one iteration
+    first = run_cli(
+        f"hydra.run.dir={tmp_path}", "hooks=[stop_after]", "hooks.stop_after.minutes=0.02", "trainer.max_epochs=3"
+    )
+    assert first.returncode == 0 and _result(tmp_path)["status"] == "stopped", first.output
+    stopped_at = _result(tmp_path)["iter"]
+    resumed = run_cli(f"hydra.run.dir={tmp_path}", "resume=true")
+    assert resumed.returncode == 0, resumed.output
+    assert (
+        "resume=true: the run's own overrides come first" in resumed.stderr and "hooks=[stop_after]" in resumed.stderr
+    )
+    assert "resumed, it gets another 0.02" in resumed.output
+    assert _result(tmp_path)["iter"] > stopped_at + 1

@@ -357,6 +357,12 @@ def with_run_overrides(argv: list[str]) -> list[str]:
 
     given = {key(a) for a in argv if "=" in a and not a.startswith("-")}
     kept = [o for o in stored if key(o) not in given and key(o) != "resume" and not key(o).startswith("hydra.")]
+    if kept:  # said, so that an error about one of them (a hook from a --config-dir not given) is understood
+        print(
+            f"resume=true: the run's own overrides come first ({Path(run_dir) / '.hydra' / 'overrides.yaml'}): "
+            f"{' '.join(kept)}; drop one with ~KEY, or give a new value",
+            file=sys.stderr,
+        )
     return [*kept, *argv]
 
 
