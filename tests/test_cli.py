@@ -336,7 +336,7 @@ def test_a_run_stopped_on_its_time_budget_resumes_with_a_new_one(tmp_path):
     # stop_after's docs promise that resume=true continues; with the run's own overrides taken on
     # resume, the hook came back and stopped the run after one iteration
     first = run_cli(
-        f"hydra.run.dir={tmp_path}", "hooks=[stop_after]", "hooks.stop_after.minutes=0.02", "trainer.max_epochs=3"
+        f"hydra.run.dir={tmp_path}", "hooks=[stop_after]", "hooks.stop_after.minutes=0.02", "trainer.max_epochs=50"
     )
     assert first.returncode == 0 and _result(tmp_path)["status"] == "stopped", first.output
     stopped_at = _result(tmp_path)["iter"]
