@@ -389,12 +389,26 @@ def test_a_checkpoint_from_an_earlier_expkit_resumes_bit_identically(tmp_path):
     assert not (tmp_path / "resumed" / "checkpoints" / "iter_50.pth").exists()  # it trained iterations 51-80 only
     straight = run_cli(*args, f"hydra.run.dir={tmp_path / 'straight'}")
     assert straight.returncode == 0, straight.output[-3000:]
+    # the oracle is a straight run of iterations 1-80 on this machine; bit for bit only where this CPU
+    # computes the fixture's first 50 iterations bit for bit (another CPU's kernels may sum in another
+    # order: then every state must still agree to float tolerance, which a dropped state would not)
+    here = _ckpt(tmp_path / "straight", "iter_50.pth")["state_dict"]
+    same_cpu = all(torch.equal(here[k], stored["state_dict"][k]) for k in stored["state_dict"])
     ends = [_ckpt(tmp_path / run, "iter_80.pth") for run in ("resumed", "straight")]
     for part in ("state_dict", "optimizer", "ema_state_dict", "rng"):  # weights, momentum, EMA weights, RNG streams
         a, b = (torch.utils._pytree.tree_leaves(end[part]) for end in ends)
-        assert len(a) == len(b) > 0 and all(
-            torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b, strict=True)
-        ), part
+
+        def agree(x: object, y: object, exact: bool = same_cpu or part == "rng") -> bool:
+            if not isinstance(x, torch.Tensor):
+                return x == y
+            if exact or not x.is_floating_point():
+                return torch.equal(x, y)
+            return torch.allclose(x, y, rtol=1e-4, atol=1e-5)
+
+        assert len(a) == len(b) > 0 and all(agree(x, y) for x, y in zip(a, b, strict=True)), (part, same_cpu)
     assert ends[0]["hooks"]["ema"] == ends[1]["hooks"]["ema"] == {"steps": 80}
     results = [json.loads((tmp_path / run / "result.json").read_text()) for run in ("resumed", "straight")]
-    assert results[0]["final_metrics"] == results[1]["final_metrics"] and "test/acc" in results[0]["final_metrics"]
+    assert "test/acc" in results[0]["final_metrics"]
+    for key, value in results[0]["final_metrics"].items():
+        other = results[1]["final_metrics"][key]
+        assert value == other if same_cpu else value == pytest.approx(other, rel=1e-3, abs=1e-3), key
