@@ -282,6 +282,7 @@ def test_overhead_benchmark_runs(workload):
         ("benchmarks/run_costs.py", r"\| whole run +\|"),
         ("benchmarks/check_cost.py", r"default +6 +min"),
         ("benchmarks/ckpt_stall.py", r"median/median"),
+        ("benchmarks/torchrun_exits.py", r"exited 0: 2 of 2"),
     ],
 )
 def test_other_benchmarks_run(script, label):
