@@ -60,7 +60,7 @@ def this_job() -> SlurmJob | None:
         return None
     try:
         proc = subprocess.run(
-            ["scontrol", "show", "job", "--oneliner", jid],
+            ["scontrol", "--oneliner", "show", "job", jid],
             capture_output=True,
             text=True,
             timeout=SCONTROL_TIMEOUT_S,
