@@ -31,10 +31,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from expkit.core import activation_checkpointing as act_ckpt
 from expkit.core import distributed
 from expkit.core.errors import ConfigError
 
 __all__ = [
+    "DTYPES",
     "FORWARD_METHODS",
     "STATE_FILE",
     "SUFFIX",
@@ -128,26 +130,59 @@ def check_hooks(hooks: Mapping[str, Any]) -> None:
         )
 
 
-def shard(model: nn.Module, blocks: Iterable[str] | None, device: torch.device) -> nn.Module:
+DTYPES = {"bf16": torch.bfloat16, "32": torch.float32}  # trainer.fsdp_param_dtype / fsdp_reduce_dtype
+
+
+def shard(
+    model: nn.Module,
+    blocks: Iterable[str] | None,
+    device: torch.device,
+    *,
+    activation_checkpointing: str | Sequence[str] | None = None,
+    compiled: bool = False,
+    param_dtype: str | None = None,
+    reduce_dtype: str | None = None,
+    offload: bool = False,
+) -> nn.Module:
     """FSDP2 over `model` in place (on `device`): each module whose class is in the blocks
     (innermost first), then the root. The model's ``train_step`` / ``eval_step`` / ``generate``
     methods are registered as forward methods: calling them gathers the parameters as
     ``forward`` does (on every rank: a hook that calls the model must do so on all of them).
 
+    Activation checkpointing wraps its blocks first, and a wrapped block is sharded as its wrapper
+    (torchtitan's order): the all-gather stays outside the recomputed part.
+
     Args:
         model: the model to shard; moved to `device` and changed in place.
         blocks: the class names of the blocks (``trainer.fsdp_blocks``); None: found by ``block_names``.
         device: the device of this rank.
+        activation_checkpointing: ``trainer.activation_checkpointing`` (None, ``"full"`` or class
+            names), applied before sharding.
+        compiled: whether the model will be compiled (``trainer.compile``), for activation checkpointing.
+        param_dtype: ``trainer.fsdp_param_dtype``: the dtype the gathered parameters compute in
+            (``bf16``, ``32``); the sharded master weights, the optimizer and checkpoints stay as they
+            are. None: the parameters' own.
+        reduce_dtype: ``trainer.fsdp_reduce_dtype``: the dtype gradients are reduce-scattered in;
+            None: the compute dtype.
+        offload: ``trainer.fsdp_offload``: keep the sharded parameters, gradients and optimizer state in
+            (pinned) CPU memory, the optimizer stepping there; CUDA only.
 
     Returns:
         `model`, sharded.
 
     Raises:
         ConfigError: when the model owns its update (``train_step(batch, optimizers)``), `blocks` names a
-            class the model does not contain, or ``fully_shard`` fails on a module.
+            class the model does not contain, `offload` is asked on a device other than CUDA, or
+            ``fully_shard`` fails on a module.
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+        register_fsdp_forward_method,
+    )
 
     from expkit.optimizers import owns_its_update
 
@@ -156,17 +191,31 @@ def shard(model: nn.Module, blocks: Iterable[str] | None, device: torch.device) 
             "a model that owns its update (train_step(batch, optimizers)) is not supported with "
             "trainer.strategy=fsdp yet; train it with trainer.strategy=ddp"
         )
-    model = model.to(device)
+    if offload and device.type != "cuda":
+        raise ConfigError(
+            f"trainer.fsdp_offload=true moves shards between CUDA and CPU memory; this run's device is "
+            f"{device.type}: set trainer.fsdp_offload=false"
+        )
+    model = model.to(device)  # (with offload, fully_shard moves the shards to CPU memory)
     names = set(block_names(model, blocks))
+    act_ckpt.apply(model, activation_checkpointing, blocks, compiled=compiled)
+    policy = MixedPrecisionPolicy(
+        param_dtype=DTYPES[param_dtype] if param_dtype else None,
+        reduce_dtype=DTYPES[reduce_dtype] if reduce_dtype else None,
+    )
+    options = {"mp_policy": policy, "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
     mesh = init_device_mesh(device.type, (distributed.rank_and_world()[1],))
     chosen = [
         (path, m)
         for path, m in model.named_modules()
-        if type(m).__name__ in names and m is not model and any(True for _ in m.parameters())
+        if act_ckpt.block_class(m) in names
+        and m is not model
+        and not path.endswith(act_ckpt.WRAPPED_STEP)  # a wrapped block: its wrapper is sharded
+        and any(True for _ in m.parameters())
     ]
     for path, module in [*reversed(chosen), ("(the root)", model)]:  # pre-order reversed: inner blocks first
         try:
-            fully_shard(module, mesh=mesh)
+            fully_shard(module, mesh=mesh, **options)
         except Exception as exc:
             raise ConfigError(
                 f"trainer.strategy=fsdp: could not shard {path} ({type(module).__name__}): "

@@ -423,7 +423,16 @@ def _build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, 
 
         sharding.check_hooks({**hooks, **default_hooks})  # before sharding: a refused hook is the clearer error
         if distributed.is_distributed():  # before the optimizer: it holds the shards
-            model = sharding.shard(model, settings.fsdp_blocks, run_device(settings))
+            model = sharding.shard(
+                model,
+                settings.fsdp_blocks,
+                run_device(settings),
+                activation_checkpointing=settings.activation_checkpointing,  # (wrapped before sharded)
+                compiled=settings.compile,
+                param_dtype=settings.fsdp_param_dtype,
+                reduce_dtype=settings.fsdp_reduce_dtype,
+                offload=settings.fsdp_offload,
+            )
 
     optimizers = build_optimizers(cfg.optim, model)
     schedulers = {}

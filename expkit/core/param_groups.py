@@ -26,6 +26,7 @@ from typing import Any
 
 from torch import nn
 
+from expkit.core.activation_checkpointing import parameter_name
 from expkit.core.errors import ConfigError
 
 __all__ = ["KINDS", "build_param_groups"]
@@ -47,7 +48,7 @@ _RULE_KEYS = ("match", "name", "lr_mult", "decay_mult")
 def _kind_params(model: nn.Module, kind: str) -> set[str]:
     """Names of the parameters that modules of `kind` own directly."""
     return {
-        f"{module_name}.{p}" if module_name else p
+        parameter_name(f"{module_name}.{p}" if module_name else p)
         for module_name, module in model.named_modules()
         if isinstance(module, KINDS[kind])
         for p, _ in module.named_parameters(recurse=False)
@@ -90,7 +91,7 @@ def build_param_groups(
             optimizer argument, or multiplies an ``lr`` / ``weight_decay`` the optimizer lacks as a number.
     """
     accepted, settings = _optimizer_arguments(factory)
-    named = list(model.named_parameters())
+    named = [(parameter_name(n), p) for n, p in model.named_parameters()]  # (activation checkpointing's steps left out)
     owner: dict[str, int] = {}  # parameter name -> rule index (first match wins)
     groups: list[dict[str, Any]] = []
     for i, rule in enumerate(rules):

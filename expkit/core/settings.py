@@ -37,6 +37,10 @@ class TrainerSettings:
     cudnn_benchmark: bool = True  # on CUDA, let cuDNN pick the fastest kernels (off when deterministic)
     strategy: str = "ddp"  # under torchrun: ddp (every rank holds the whole model) | fsdp (FSDP2, sharded)
     fsdp_blocks: list[str] | None = None  # fsdp: module class names sharded one by one; None: the model's default
+    fsdp_param_dtype: str | None = None  # fsdp: dtype the gathered parameters compute in (bf16 | 32); None: their own
+    fsdp_reduce_dtype: str | None = None  # fsdp: dtype gradients are reduced in (32 | bf16); None: the compute dtype
+    fsdp_offload: bool = False  # fsdp on CUDA: sharded parameters, gradients and optimizer state in CPU memory
+    activation_checkpointing: str | list[str] | None = None  # None: off | full: every block | [ClassName, ...]
     requeue_signal: str | None = (
         "USR1"  # save, stop and requeue the Slurm job on it (sbatch --signal=USR1@90); None: off
     )
@@ -94,6 +98,40 @@ class TrainerSettings:
         if self.test_with not in ("best", "last"):
             raise ConfigError(f"trainer.test_with must be best or last, got {self.test_with!r}")
         self._check_requeue_settings()
+        self._check_memory_settings()
+
+    def _check_memory_settings(self) -> None:
+        """activation_checkpointing is null, full or class names (stored as a list); the FSDP2
+        settings apply to trainer.strategy=fsdp only, and offloading to CUDA only."""
+        setting = self.activation_checkpointing
+        names = [setting] if isinstance(setting, str) and setting != "full" else setting
+        if setting != "full" and names is not None:
+            if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) and n for n in names):
+                raise ConfigError(
+                    "trainer.activation_checkpointing must be null (off), full (every block) or a list of "
+                    f"module class names, e.g. trainer.activation_checkpointing=[GPT2Block]; got {setting!r}"
+                )
+            self.activation_checkpointing = list(names)
+        for key, valid in (("fsdp_param_dtype", ("bf16", "32")), ("fsdp_reduce_dtype", ("32", "bf16"))):
+            value = getattr(self, key)
+            if value is None:
+                continue
+            if str(value) not in valid:
+                raise ConfigError(f"trainer.{key} must be {' or '.join(valid)} or null, got {value!r}")
+            setattr(self, key, str(value))
+        if not isinstance(self.fsdp_offload, bool):
+            raise ConfigError(f"trainer.fsdp_offload must be true or false, got {self.fsdp_offload!r}")
+        for key in ("fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_offload"):
+            if getattr(self, key) not in (None, False) and self.strategy != "fsdp":
+                raise ConfigError(
+                    f"trainer.{key} sets FSDP2's sharding: add trainer.strategy=fsdp, or leave trainer.{key} unset"
+                )
+        cuda = self.device.startswith("cuda") or (self.device == "auto" and torch.cuda.is_available())
+        if self.fsdp_offload and not cuda:
+            raise ConfigError(
+                "trainer.fsdp_offload=true moves shards between CUDA and CPU memory, and this run's device is "
+                f"the CPU (trainer.device={self.device}, no CUDA here): set trainer.fsdp_offload=false"
+            )
 
     def _check_requeue_settings(self) -> None:
         """requeue_signal names a signal a run may take (not one that already stops it or that

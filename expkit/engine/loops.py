@@ -128,6 +128,8 @@ class TrainLoop:
         else:
             self.step = runner.model.train_step if hasattr(runner.model, "train_step") else runner.train_step
         self.optimizers = Optimizers(runner.optimizers, runner.scaler, runner.settings.clip_grad_norm)
+        # a model whose loss is a mean over tokens says how many a batch counts: accumulation weighs by them
+        self.counted_tokens = getattr(runner.model, "counted_tokens", None)
         self.only_optimizer = next(iter(runner.optimizers), "")  # the one the loop steps (not an owned update)
         self.distributed = is_distributed()
         self._bind()
@@ -312,11 +314,16 @@ class TrainLoop:
 
     def _accumulate(self, batch_idx: int, window: Sequence[Any], idle: Container[str]) -> dict[str, Any]:
         """Gradient accumulation, exact: each micro-batch's (mean) loss is weighted by its share
-        of the window's samples, so the summed gradient is that of one batch of all of them,
-        the shorter last window of an epoch included. Under DDP (FSDP), gradients are all-reduced
-        (reduce-scattered) once, in the backward of the last micro-batch. Returns the last
-        micro-batch's outputs with ``loss`` the window's loss."""
-        sizes = [_samples(b) for b in window]
+        of the window's samples, or of its counted tokens when the model's loss is a mean over
+        tokens (its ``counted_tokens(batch)``: a causal LM, padded batches), so the summed
+        gradient is that of one batch of all of them, the shorter last window of an epoch
+        included. Under DDP (FSDP), gradients are all-reduced (reduce-scattered) once, in the
+        backward of the last micro-batch, and each process's window counts alike. Returns the
+        last micro-batch's outputs with ``loss`` the window's loss."""
+        counted = self.counted_tokens
+        # a token count stays a tensor on the device: dividing by the window's sum waits for nothing
+        tokens = [counted(b) for b in window] if counted is not None else [None]
+        sizes = tokens if tokens[0] is not None else [_samples(b) for b in window]
         total = sum(sizes)
         ddp = self.runner.ddp_model
         fsdp = self.runner.model if hasattr(self.runner.model, "set_requires_gradient_sync") else None

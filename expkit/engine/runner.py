@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from expkit.checkpoint import run_checkpoint
-from expkit.core import atomic, distributed, slurm
+from expkit.core import activation_checkpointing, atomic, distributed, slurm
 from expkit.core.rng import algorithm_settings, rng_states, seed_everything, set_rng_states  # noqa: F401 (re-exported)
 from expkit.core.settings import TrainerSettings
 from expkit.core.signals import requeue_signals, stop_on_signals
@@ -124,7 +124,15 @@ class Runner:
             from expkit.checkpoint import sharding
 
             sharding.check_runner_inputs(model, hooks, default_hooks)
-        self.model = model.to(self.device)
+        # a sharded model stays where shard() put it (with trainer.fsdp_offload, its shards in CPU memory)
+        self.model = model if self.sharded and distributed.is_distributed() else model.to(self.device)
+        # the blocks are wrapped before compiling (a sharded model's were, before sharding)
+        activation_checkpointing.apply(
+            self.model,
+            self.settings.activation_checkpointing,
+            self.settings.fsdp_blocks,
+            compiled=self.settings.compile,
+        )
         if self.settings.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         if self.settings.compile:

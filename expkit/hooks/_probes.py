@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from expkit.core.activation_checkpointing import parameter_name
+
 __all__ = ["OutputProbe", "leaf_modules"]
 
 
@@ -20,7 +22,7 @@ def leaf_modules(model: nn.Module) -> dict[str, nn.Module]:
     Returns:
         The leaf modules by qualified name; a root without children is named after its class.
     """
-    return {name or type(m).__name__: m for name, m in model.named_modules() if not list(m.children())}
+    return {parameter_name(name) or type(m).__name__: m for name, m in model.named_modules() if not list(m.children())}
 
 
 class OutputProbe:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from expkit.core.activation_checkpointing import parameter_name
 from expkit.core.stages import Priority
 from expkit.hooks._probes import OutputProbe, leaf_modules
 from expkit.hooks.base import Hook
@@ -45,7 +46,8 @@ class ActivationStatsHook(Hook):
         self.latest: dict[str, float] = {}
 
     def before_train(self, runner: Runner) -> None:
-        modules = dict(runner.model.named_modules())
+        # named as without activation checkpointing: a wrapped block's name is the block's own
+        modules = {parameter_name(n): m for n, m in runner.model.named_modules()}
         if self.layers is None:
             self._targets = {n: m for n, m in leaf_modules(runner.model).items() if list(m.parameters())}
         else:

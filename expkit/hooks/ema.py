@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from expkit.core.activation_checkpointing import parameter_name
 from expkit.core.stages import Priority
 from expkit.hooks.base import Hook
 
@@ -96,7 +97,7 @@ class EMAHook(Hook):
         tensors = list(runner.model.named_parameters())
         if self.update_buffers:
             tensors += [(n, b) for n, b in runner.model.named_buffers() if b.is_floating_point()]
-        self._names = [n for n, _ in tensors]
+        self._names = [parameter_name(n) for n, _ in tensors]  # the state_dict keys, with activation checkpointing too
         self._live = [t for _, t in tensors]
 
     def _ensure_ema(self) -> list[torch.Tensor]:

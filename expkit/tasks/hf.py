@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -687,16 +688,37 @@ class HFModel(nn.Module):
         self.tokenizer_json = tokenizer_json
         self.causal = type(model).__name__.endswith("ForCausalLM") or "LMHead" in type(model).__name__
         self.fsdp_blocks = tuple(getattr(model, "_no_split_modules", None) or ())
+        # a training step reads no KV cache: none is built (activation checkpointing would fill one
+        # twice, recomputing each block in backward)
+        takes_cache = "use_cache" in inspect.signature(model.forward).parameters
+        self._train_options: dict[str, Any] = {"use_cache": False} if takes_cache else {}
 
     def forward(self, **batch: Any) -> Any:
         return self.model(**batch)
 
-    def _outputs(self, batch: Mapping[str, Any]) -> tuple[Any, Any]:
+    def counted_tokens(self, batch: Mapping[str, Any]) -> torch.Tensor | None:
+        """The number of tokens a causal LM's loss is the mean over: the labels after the first
+        position that are not -100 (transformers' ignored label: padding). Gradient accumulation
+        weighs micro-batches by it, so they add up to the gradient of one batch of all of them.
+
+        Args:
+            batch: the model's keyword arguments, ``labels`` included.
+
+        Returns:
+            The count, a tensor on the labels' device; None when the model is not a causal LM or
+            the batch has no labels (the loss is then a mean over samples).
+        """
+        labels = batch.get("labels") if self.causal and isinstance(batch, Mapping) else None
+        if not isinstance(labels, torch.Tensor) or labels.dim() < 2:
+            return None
+        return (labels[..., 1:] != -100).sum()
+
+    def _outputs(self, batch: Mapping[str, Any], **options: Any) -> tuple[Any, Any]:
         if not isinstance(batch, Mapping):
             raise TypeError(
                 f"a Hugging Face model takes dict batches (input_ids, labels, ...), got {type(batch).__name__}"
             )
-        out = self.model(**batch)
+        out = self.model(**batch, **options)
         if getattr(out, "loss", None) is None:
             raise ValueError("the model computed no loss: the batch needs labels (a `labels` entry)")
         return out, batch.get("labels")
@@ -714,7 +736,7 @@ class HFModel(nn.Module):
             TypeError: when the batch is not a mapping.
             ValueError: when the model computes no loss (the batch has no ``labels``).
         """
-        out, _ = self._outputs(batch)
+        out, _ = self._outputs(batch, **self._train_options)
         return {"loss": out.loss, "logits": out.logits}
 
     def eval_step(self, batch: Mapping[str, Any]) -> dict[str, Any]:
