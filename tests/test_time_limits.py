@@ -207,6 +207,41 @@ def test_submitit_time_limit_saves_requeues_and_the_next_attempt_resumes_exactly
 
 
 @pytest.mark.slow
+def test_at_hydras_default_max_num_timeout_the_job_is_saved_stopped_and_resume_finishes_it(tmp_path):
+    """Hydra's launcher defaults to max_num_timeout=0: submitit gives up at the first timeout. The
+    job is still saved at USR2 and recorded stopped, not failed; resume=true finishes it."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "trainer.max_epochs=20", "hydra/launcher=submitit_local", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.run(
+        _command(tmp_path, *args, "hydra.launcher.timeout_min=1", "+hydra.launcher.max_num_timeout=0"),
+        cwd=REPO,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = _result(sweep / "0")
+    train_log = (sweep / "0" / "train.log").read_text()
+    assert (result["status"], result["stop_reason"]) == ("stopped", "signal SIGUSR2"), train_log[-3000:]
+    assert "Not requeued (Job not requeued because: timed-out too many times.)" in train_log
+    assert ",interrupted," in (sweep / "summary.csv").read_text()
+
+    resumed = subprocess.run(
+        _command(tmp_path, *args, "hydra.launcher.timeout_min=10", "resume=true"),
+        cwd=REPO,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert _result(sweep / "0")["status"] == "completed"
+    steps = [s for s, _ in _train_losses(sweep / "0")]
+    assert steps == sorted(set(steps)) and steps[-1] == 800  # each step logged once, to the end
+
+
+@pytest.mark.slow
 def test_a_sigterm_to_one_submitit_job_records_it_stopped_and_resume_finishes_it_alone(tmp_path):
     """Slurm's scancel of one job of a sweep sends it SIGTERM: the job saves and is recorded
     stopped (not failed), the sweep's other job runs to its end, and re-running the sweep with
