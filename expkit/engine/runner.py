@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import time
 import traceback
@@ -21,7 +22,7 @@ import torch
 from torch import nn
 
 from expkit.checkpoint import run_checkpoint
-from expkit.core import activation_checkpointing, atomic, distributed, slurm
+from expkit.core import activation_checkpointing, atomic, distributed
 from expkit.core.rng import algorithm_settings, rng_states, seed_everything, set_rng_states  # noqa: F401 (re-exported)
 from expkit.core.settings import TrainerSettings
 from expkit.core.signals import requeue_signals, stop_on_signals
@@ -33,7 +34,6 @@ from expkit.engine.loops import EvalLoop, TrainLoop
 from expkit.engine.state import RunState
 from expkit.hooks import default_hooks as make_default_hooks
 from expkit.hooks.base import Hook
-from expkit.hooks.time_limit import TimeLimitHook
 from expkit.loggers import logs
 from expkit.loggers.backends import Backend
 from expkit.metrics import Accuracy, Directions, MetricSlot, as_slots, probe_metrics
@@ -208,7 +208,12 @@ class Runner:
 
     def _watch_time_limit(self) -> None:
         """Under Slurm, a job with a time limit gets a TimeLimitHook (``trainer.save_before_limit``):
-        Slurm is asked for the job's end once, here; outside Slurm nothing is asked or added."""
+        Slurm is asked for the job's end once, here; outside Slurm nothing is imported, asked or added."""
+        if "SLURM_JOB_ID" not in os.environ:
+            return
+        from expkit.core import slurm
+        from expkit.hooks.time_limit import TimeLimitHook
+
         job = slurm.this_job()
         if job is None or job.end_time is None:
             return
