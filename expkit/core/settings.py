@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import signal
 from typing import Any
 
 import torch
@@ -14,7 +13,8 @@ __all__ = ["TrainerSettings"]
 
 # the signals trainer.requeue_signal may name: INT and TERM already stop a run (and Slurm's scancel
 # sends TERM: no requeue), KILL and STOP cannot be caught, CHLD, PIPE and the faults mean other things
-_REQUEUE_SIGNALS = tuple(n for n in ("USR1", "USR2", "HUP", "URG", "XCPU", "PWR") if hasattr(signal, f"SIG{n}"))
+# (by name: a platform without one, Windows, takes the setting and ignores the signal)
+_REQUEUE_SIGNALS = ("USR1", "USR2", "HUP", "URG", "XCPU", "PWR")
 
 
 @dataclasses.dataclass
@@ -41,9 +41,7 @@ class TrainerSettings:
     fsdp_reduce_dtype: str | None = None  # fsdp: dtype gradients are reduced in (32 | bf16); None: the compute dtype
     fsdp_offload: bool = False  # fsdp on CUDA: sharded parameters, gradients and optimizer state in CPU memory
     activation_checkpointing: str | list[str] | None = None  # None: off | full: every block | [ClassName, ...]
-    requeue_signal: str | None = (
-        "USR1"  # save, stop and requeue the Slurm job on it (sbatch --signal=USR1@90); None: off
-    )
+    requeue_signal: str | None = "USR1"  # save, stop and requeue the Slurm job on this signal; None: off
     save_before_limit: bool = True  # under Slurm: save, stop and requeue before the job's time limit cuts a save
     limit_margin_s: float = 60  # save_before_limit: seconds kept before the limit on top of an iteration and a save
 

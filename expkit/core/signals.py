@@ -101,10 +101,10 @@ def requeue_signals(requeue_signal: str | None) -> tuple[int, ...]:
         requeue_signal: ``trainer.requeue_signal`` (a name such as ``USR1``); None: none of its own.
 
     Returns:
-        Their numbers, each once; empty when there are none.
+        Their numbers, each once; empty when there are none (a signal this platform lacks is left out).
     """
-    names = [signal_number(requeue_signal)] if requeue_signal else []
-    return tuple(dict.fromkeys([*names, *filter(None, [submitit_signal()])]))
+    own = [signal_number(requeue_signal)] if requeue_signal and hasattr(signal, f"SIG{requeue_signal}") else []
+    return tuple(dict.fromkeys([*own, *filter(None, [submitit_signal()])]))
 
 
 def hand_over(signum: int) -> str | None:
