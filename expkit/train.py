@@ -3,7 +3,9 @@
 Bad input exits with status 2 and one message naming the key and the valid choices;
 a failed run exits with status 1, and its result.json says ``failed`` with the error;
 a run stopped by SIGTERM / SIGINT saves a checkpoint and exits with 128 + the signal
-number (143 / 130), result.json saying ``stopped``.
+number (143 / 130), result.json saying ``stopped``; so does one stopped by its requeue signal
+(``trainer.requeue_signal``: 138 after USR1), and one that stopped itself before its Slurm time
+limit (``trainer.save_before_limit``) exits 3; under Slurm both have their job requeued first.
 """
 
 from __future__ import annotations
