@@ -313,3 +313,72 @@ def test_data_stream_benchmark_runs():
     rows = re.findall(r"^\| (hand-written|expkit) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|", out, flags=re.MULTILINE)
     assert [r[0] for r in rows] == ["hand-written", "expkit"] and all(0.05 < float(r[3]) < 20 for r in rows), out
     assert re.search(r"memory: .* peak RSS \d+ MB; a digits run: \d+ MB; difference [+-]\d+ MB", out), out
+
+
+# -- the GPU check (benchmarks/gpu_check.py) in --dry mode: every part's code on the CPU ----------
+GPU_CHECK_ROW = re.compile(r"^([a-g])\s{2,}.+?\s{2,}(ok|failed|missed|not available|not run)(?:\s{2,}|$)", re.MULTILINE)
+
+
+def _gpu_check(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--dry", "--out", str(tmp_path), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    return out, report
+
+
+@pytest.mark.slow
+def test_the_gpu_check_runs_every_part_dry(tmp_path):
+    import dataclasses
+
+    out, report = _gpu_check(tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    expected = dict.fromkeys("abcdefg", "ok")
+    if "activation_checkpointing" not in {f.name for f in dataclasses.fields(TrainerSettings)}:
+        expected["g"] = "not available"  # (said so, not failed, while expkit has no such setting)
+    assert dict(GPU_CHECK_ROW.findall(out.stdout)) == expected, out.stdout  # the table
+    parts = {p["part"]: p for p in report["parts"]}
+    assert {k: p["status"] for k, p in parts.items()} == expected and report["ok"], report
+    assert report["environment"]["dry"] is True and (tmp_path / "gpu_check_parts.log").exists()
+    # a: the suite's CUDA tests ran through pytest and, without CUDA, each skipped with its reason
+    tests = parts["a"]["values"]["tests"]
+    assert len(tests) >= 2 and all(t.startswith("test_gpu_") for t in tests), tests
+    if not torch.cuda.is_available():
+        assert set(tests.values()) == {"skipped: needs a CUDA GPU"}, tests
+    # b, c: both sides timed in interleaved rounds; c compiled the model
+    for part in "bc":
+        seconds = parts[part]["values"]["seconds"]
+        assert len(seconds["expkit"]) == len(seconds["hand-written"]) >= 2 and math.isfinite(
+            parts[part]["values"]["ratio_min_min"]
+        )
+    assert parts["c"]["values"]["graphs_compiled"] >= 1
+    # d: stalls of both kinds of save; e: busy fractions of both sides; f: the settings read in the runs
+    assert all(parts["d"]["values"]["stalls_ms"][k] for k in ("sync", "async"))
+    assert all(0 < u <= 1.0001 for side in parts["e"]["values"]["utilisation"].values() for u in side)
+    strict = parts["f"]["values"]["trainer.deterministic=true"]
+    assert (
+        strict["ok"]
+        and strict["settings"]["cudnn.deterministic"] is True
+        and strict["settings"]["cudnn.benchmark"] is False
+    )
+    if expected["g"] == "ok":
+        assert parts["g"]["values"]["blocks_wrapped"] > 0
+
+
+@pytest.mark.slow
+def test_the_gpu_check_names_a_failing_part_and_exits_1(tmp_path):
+    out, report = _gpu_check(tmp_path, "--parts", "b,g", "--fail-part", "b")
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = dict(GPU_CHECK_ROW.findall(out.stdout))
+    assert rows["b"] == "failed" and rows["g"] in ("ok", "not available"), out.stdout  # g still ran
+    assert "FAILED part b" in out.stderr and "made to fail" in out.stderr, out.stderr
+    parts = {p["part"]: p for p in report["parts"]}
+    assert set(parts) == {"b", "g"} and parts["b"]["status"] == "failed" and not report["ok"]
+    assert "RuntimeError: part b made to fail" in parts["b"]["error"]
