@@ -410,6 +410,11 @@ def build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, A
 
 def _build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, Any] | None) -> Runner:
     settings = build_trainer_settings(cfg)
+    if settings.fsdp_offload and run_device(settings).type != "cuda":  # (before the data and model are built)
+        raise ConfigError(
+            "trainer.fsdp_offload=true moves shards between CUDA and CPU memory, and this run's device is "
+            f"{run_device(settings)} (trainer.device={settings.device}): set trainer.fsdp_offload=false"
+        )
     if settings.seed is not None:
         seed_everything(settings.seed)  # before building: model init and data splits depend on it
 

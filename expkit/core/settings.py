@@ -100,7 +100,8 @@ class TrainerSettings:
 
     def _check_memory_settings(self) -> None:
         """activation_checkpointing is null, full or class names (stored as a list); the FSDP2
-        settings apply to trainer.strategy=fsdp only, and offloading to CUDA only."""
+        settings apply to trainer.strategy=fsdp only. (Offloading needs CUDA: checked where a run
+        is built to train, so that a checkpoint of such a run still evaluates on a CPU.)"""
         setting = self.activation_checkpointing
         names = [setting] if isinstance(setting, str) and setting != "full" else setting
         if setting != "full" and names is not None:
@@ -124,12 +125,6 @@ class TrainerSettings:
                 raise ConfigError(
                     f"trainer.{key} sets FSDP2's sharding: add trainer.strategy=fsdp, or leave trainer.{key} unset"
                 )
-        cuda = self.device.startswith("cuda") or (self.device == "auto" and torch.cuda.is_available())
-        if self.fsdp_offload and not cuda:
-            raise ConfigError(
-                "trainer.fsdp_offload=true moves shards between CUDA and CPU memory, and this run's device is "
-                f"the CPU (trainer.device={self.device}, no CUDA here): set trainer.fsdp_offload=false"
-            )
 
     def _check_requeue_settings(self) -> None:
         """requeue_signal names a signal a run may take (not one that already stops it or that
