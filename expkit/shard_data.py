@@ -92,7 +92,10 @@ def expand_urls(spec: str, key: str) -> list[str]:
     Raises:
         ConfigError: when `spec` is empty or its braces do not expand.
     """
-    import braceexpand
+    try:
+        import braceexpand
+    except ImportError:  # (webdataset's own dependency: the shards extra)
+        raise ConfigError("data=webdataset needs the shards extra: pip install 'expkit[shards]'") from None
 
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"{key} is empty: give a shard path, a brace pattern or an s3:// URL")

@@ -110,6 +110,13 @@ def run(cfg: DictConfig) -> None:
         if out.exists() and any(out.glob("*-[0-9][0-9][0-9][0-9][0-9][0-9].tar")):
             print(f"Error: out={out} already holds shards; give another dir, or remove them", file=sys.stderr)
             raise TaskExit(2)
+        import importlib.util
+
+        if importlib.util.find_spec("webdataset") is None:
+            print(
+                "Error: python -m expkit.shards needs the shards extra: pip install 'expkit[shards]'", file=sys.stderr
+            )
+            raise TaskExit(2)
         try:
             module = instantiate(cfg.data)
             train, val, test = module.datasets()
