@@ -11,12 +11,12 @@ import re
 import shutil
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import REPO, run_cli, torchrun
+from test_world_size import PROBE, _seen  # (the per-sample probe of the world-size tests)
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("webdataset")
@@ -101,30 +101,6 @@ def test_a_run_killed_mid_epoch_with_two_workers_resumes_exactly(digit_shards, t
         *overrides, "data.num_workers=2", f"data.index_dir={tmp_path / 'index'}", scratch=tmp_path
     )
     assert report["ok"]
-
-
-PROBE = """
-import hashlib, json, os
-from expkit import Hook
-
-class Seen(Hook):
-    priority = "LOWEST"
-
-    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
-        rows = [hashlib.sha1(row.numpy().tobytes()).hexdigest()[:16] for row in data_batch[0]]
-        with open(runner.work_dir / f"seen{os.environ.get('RANK', '0')}.jsonl", "a") as f:
-            f.write(json.dumps([runner.epoch, rows]) + "\\n")
-"""
-
-
-def _seen(work: Path) -> Counter:
-    seen: Counter = Counter()
-    for path in work.glob("seen*.jsonl"):
-        for line in path.read_text().splitlines():
-            epoch, rows = json.loads(line)
-            if epoch == 0:
-                seen.update(rows)
-    return seen
 
 
 def test_killed_on_two_processes_and_resumed_on_one_every_sample_once(digit_shards, tmp_path):
