@@ -184,9 +184,9 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 
 def _shards(path: Path) -> dict:
     """Every tensor of a sharded checkpoint (weights, optimizer state), whole."""
-    from expkit.checkpoint import sharding
+    from expkit.checkpoint import dcp
 
-    return _flat(sharding.read_tensors(path))
+    return _flat(dcp.read_tensors(path))
 
 
 @pytest.mark.slow
@@ -195,7 +195,7 @@ def test_sharded_async_saves_on_two_processes_write_what_synchronous_saves_write
     for mode, work in runs.items():
         proc = _torchrun(tmp_path, f"hydra.run.dir={work}", f"default_hooks.checkpoint.async_save={mode}")
         assert proc.returncode == 0, proc.stderr[-3000:]
-    from expkit.checkpoint import sharding
+    from expkit.checkpoint.checkpoint_io import read_sharded_state
 
     names = sorted(p.name for p in (runs["false"] / "checkpoints").glob("*.dcp"))
     assert names == sorted(p.name for p in (runs["true"] / "checkpoints").glob("*.dcp"))
@@ -203,7 +203,7 @@ def test_sharded_async_saves_on_two_processes_write_what_synchronous_saves_write
     for name in names:  # every shard of the weights and the optimizer state, and state.pth
         a, b = (_shards(runs[m] / "checkpoints" / name) for m in ("false", "true"))
         assert a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a), name
-        a, b = (sharding.read_state(runs[m] / "checkpoints" / name, "test") for m in ("false", "true"))
+        a, b = (read_sharded_state(runs[m] / "checkpoints" / name, "test") for m in ("false", "true"))
         for state in (a, b):
             state["meta"].pop("time"), state["meta"].pop("work_dir"), state.pop("config"), state["hooks"].pop("timer")
         assert _same(a["sharded"]["optimizers"], b["sharded"]["optimizers"]) and _same(a["rng"], b["rng"])
@@ -278,7 +278,7 @@ def test_a_kill_during_a_background_sharded_write_resumes_from_the_previous_one_
 def _agree(rank: int, port: int, errors: list) -> None:
     import torch.distributed as dist
 
-    from expkit.checkpoint.sharding import AsyncShards
+    from expkit.checkpoint.dcp import AsyncShards
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:

@@ -234,7 +234,7 @@ def test_resume_keeps_the_best_file_of_a_key_that_extends_another(tmp_path, fini
 
 
 def test_a_sharded_save_never_replaces_a_tree_that_is_not_a_checkpoint(tmp_path):
-    from expkit.checkpoint.sharding import _replace_dir
+    from expkit.checkpoint.dcp import _replace_dir
 
     mine, new = tmp_path / "epoch_1.dcp", tmp_path / ".epoch_1.dcp.tmp1"
     mine.mkdir()

@@ -187,24 +187,24 @@ def test_fsdp_refuses_what_it_cannot_do_at_start_up(tmp_path, overrides, message
 
 def test_fsdp_blocks_default_per_model_and_unknown_names_are_refused():
     from expkit import models
-    from expkit.checkpoint import sharding
+    from expkit.engine import fsdp
 
     mlp = models.MLP(1, 8, 10)
-    assert sharding.block_names(mlp, None) == ["Linear"]
+    assert fsdp.block_names(mlp, None) == ["Linear"]
     resnet = models.torchvision_resnet(3, 32, 10)
-    assert sharding.block_names(resnet, None) == ["BasicBlock", "Bottleneck"]
+    assert fsdp.block_names(resnet, None) == ["BasicBlock", "Bottleneck"]
     with pytest.raises(ConfigError, match=r"trainer.fsdp_blocks names \['Block'\]"):
-        sharding.block_names(mlp, ["Block"])
+        fsdp.block_names(mlp, ["Block"])
 
 
 def test_a_sharded_checkpoint_whose_index_would_run_code_is_refused(tmp_path):
     import torch.distributed.checkpoint as dcp
 
-    from expkit.checkpoint import sharding
+    from expkit.checkpoint.dcp import STATE_FILE
 
     ckpt = tmp_path / "epoch_1.dcp"
     dcp.save({"model": {"w": torch.ones(2)}}, storage_writer=dcp.FileSystemWriter(ckpt))
-    atomic.save_atomic({"meta": {}, "config": None}, ckpt / sharding.STATE_FILE)
+    atomic.save_atomic({"meta": {}, "config": None}, ckpt / STATE_FILE)
     assert torch.equal(checkpoint_io.load_checkpoint(ckpt)["state_dict"]["w"], torch.ones(2))  # a plain one loads
 
     marker = tmp_path / "ran"
@@ -235,17 +235,17 @@ def test_a_sharded_checkpoint_whose_index_would_run_code_is_refused(tmp_path):
 def test_an_index_naming_paths_as_any_python_writes_them_reads_on_this_one():
     """DCP's index may hold a path: Python 3.13 pickles it as pathlib._local.PosixPath, older
     ones as pathlib.PosixPath. Both read on every Python; nothing else of pathlib does."""
-    from expkit.checkpoint import sharding
+    from expkit.checkpoint import dcp
 
     def text(value: str) -> bytes:  # pickle's SHORT_BINUNICODE
         return b"\x8c" + bytes([len(value)]) + value.encode()
 
     for module in ("pathlib", "pathlib._local"):
         data = b"\x80\x04" + text(module) + text("PosixPath") + b"\x93" + text("ckpt") + b"\x85R."
-        assert sharding._MetadataUnpickler(io.BytesIO(data)).load() == Path("ckpt")
+        assert dcp._MetadataUnpickler(io.BytesIO(data)).load() == Path("ckpt")
     sneaky = b"\x80\x04" + text("pathlib._local") + text("os") + b"\x93."
     with pytest.raises(pickle.UnpicklingError, match="not part of a checkpoint index"):
-        sharding._MetadataUnpickler(io.BytesIO(sneaky)).load()
+        dcp._MetadataUnpickler(io.BytesIO(sneaky)).load()
 
 
 @pytest.mark.slow
@@ -278,7 +278,7 @@ def test_a_sharded_run_survives_a_dead_worker_with_torchrun_restarts_bit_identic
 def test_a_sharded_checkpoint_restores_an_optimizer_whose_unused_parameters_have_no_state(tmp_path):
     from torch import nn
 
-    from expkit.checkpoint import sharding
+    from expkit.checkpoint import dcp
 
     def make():
         torch.manual_seed(0)
@@ -292,10 +292,13 @@ def test_a_sharded_checkpoint_restores_an_optimizer_whose_unused_parameters_have
     model, optimizer = make()
     model["used"](torch.randn(2, 4)).sum().backward()  # "unused" gets no gradient, so no Adam state
     optimizer.step()
-    sharding.save(tmp_path / "a.dcp", {"meta": {}}, model, {"optimizer": optimizer})
+    dcp.save(tmp_path / "a.dcp", {"meta": {}}, model, {"optimizer": optimizer})
     fresh_model, fresh = make()
-    sharding.load_into(
-        tmp_path / "a.dcp", sharding.read_state(tmp_path / "a.dcp", "resume"), fresh_model, {"optimizer": fresh}
+    dcp.load_into(
+        tmp_path / "a.dcp",
+        checkpoint_io.read_sharded_state(tmp_path / "a.dcp", "resume"),
+        fresh_model,
+        {"optimizer": fresh},
     )
     saved, loaded = optimizer.state_dict(), fresh.state_dict()
     assert [g["lr"] for g in loaded["param_groups"]] == [0.1, 0.01]
@@ -349,13 +352,13 @@ def test_a_signal_on_one_rank_stops_every_rank_after_the_same_iteration_and_the_
 def test_a_sharded_save_interrupted_between_its_renames_keeps_the_checkpoint(tmp_path):
     from torch import nn
 
-    from expkit.checkpoint import sharding
+    from expkit.checkpoint import dcp
 
     model = nn.Linear(2, 2)
-    sharding.save(tmp_path / "epoch_2.dcp", {"meta": {}}, model, {})
+    dcp.save(tmp_path / "epoch_2.dcp", {"meta": {}}, model, {})
     # killed while saving epoch_2.dcp again: the old one moved aside, the new one not yet renamed
     os.replace(tmp_path / "epoch_2.dcp", tmp_path / ".epoch_2.dcp.tmp41old")
-    sharding.save(tmp_path / "new.dcp", {"meta": {}}, model, {})
+    dcp.save(tmp_path / "new.dcp", {"meta": {}}, model, {})
     os.replace(tmp_path / "new.dcp", tmp_path / ".epoch_2.dcp.tmp41")
     (tmp_path / ".epoch_1.dcp.tmp7").mkdir()  # a save killed before its index: incomplete
     (tmp_path / ".epoch_0.dcp.del9").mkdir()  # a deletion killed half-way

@@ -336,10 +336,10 @@ def test_fsdp2_trains_a_transformers_model_and_saves_it_whole(tmp_path):
     assert samples.count("--- epoch") == 4 and "\nThe " in samples, samples
     from safetensors.torch import load_file
 
-    from expkit.checkpoint import sharding
+    from expkit.checkpoint import dcp
 
     saved = load_file(str(work / "hf_model" / "model.safetensors"))
-    shards = sharding.read_weights(work / "checkpoints" / "epoch_2.dcp")
+    shards = dcp.read_weights(work / "checkpoints" / "epoch_2.dcp")
     assert all(torch.equal(saved[k], shards[f"model.{k}"]) for k in saved if f"model.{k}" in shards)
     assert len([k for k in saved if f"model.{k}" in shards]) > 20  # the whole model, gathered from both ranks
 

@@ -1,4 +1,6 @@
 """Checkpoint files on disk: the `last_checkpoint` pointer, finding, reading and removing.
+A checkpoint is a ``.pth`` file or a sharded ``.dcp`` directory (``expkit.checkpoint.dcp``'s
+format); this module reads both.
 
 Writes go through ``expkit.core.atomic`` (temporary file, then rename), so the pointer moves
 only after the checkpoint it names is complete, and a resume never reads half a file.
@@ -16,6 +18,7 @@ from typing import Any
 
 import torch
 
+from expkit.checkpoint import dcp
 from expkit.core.atomic import write_text_atomic
 from expkit.core.confine import confined, inside
 from expkit.core.errors import ConfigError
@@ -28,6 +31,8 @@ __all__ = [
     "load_checkpoint_file",
     "load_resumable",
     "point_last_checkpoint",
+    "read_consolidated",
+    "read_sharded_state",
     "regular_checkpoints",
     "remove_checkpoint",
     "remove_stale_temporaries",
@@ -119,9 +124,7 @@ def is_checkpoint(path: Path) -> bool:
     Returns:
         True for any regular file (its content is not checked) or a complete sharded checkpoint directory.
     """
-    from expkit.checkpoint import sharding
-
-    return path.is_file() or sharding.is_checkpoint_dir(path)
+    return path.is_file() or dcp.is_checkpoint_dir(path)
 
 
 def remove_checkpoint(path: Path) -> None:
@@ -133,11 +136,9 @@ def remove_checkpoint(path: Path) -> None:
     Args:
         path: the checkpoint file, symlink or sharded ``.dcp`` directory to delete; a missing file is no error.
     """
-    from expkit.checkpoint import sharding
-
     if path.is_symlink() or not path.is_dir():
         path.unlink(missing_ok=True)
-    elif path.suffix == sharding.SUFFIX and sharding.is_checkpoint_dir(path):
+    elif path.suffix == dcp.SUFFIX and dcp.is_checkpoint_dir(path):
         doomed = path.with_name(f".{path.name}.del{os.getpid()}")
         with contextlib.suppress(OSError):
             os.replace(path, doomed)
@@ -156,8 +157,6 @@ def remove_stale_temporaries(directory: Path) -> list[str]:
     Returns:
         The names of the entries deleted (not those restored to their name).
     """
-    from expkit.checkpoint import sharding
-
     removed = []
     # a complete sharded checkpoint caught between its two renames (saved again under the same
     # name): it takes its name back, the newer one first, instead of being deleted
@@ -171,7 +170,7 @@ def remove_stale_temporaries(directory: Path) -> list[str]:
                 removed.append(tmp.name)
         elif tmp.is_dir() and tail.removesuffix("old").isdigit():
             final = directory / head.removeprefix(".")
-            if not final.exists() and sharding.is_checkpoint_dir(tmp):
+            if not final.exists() and dcp.is_checkpoint_dir(tmp):
                 os.replace(tmp, final)
                 log.info("Restored %s from %s (a save under the same name was interrupted)", final.name, tmp.name)
                 continue
@@ -228,7 +227,7 @@ def load_checkpoint(path: str | Path, key: str = "load_from", consolidate: bool 
     arbitrary unpickling is refused, never executed. A sharded checkpoint comes back with the
     whole model's weights as ``state_dict`` (no optimizer state); with ``consolidate=False``
     without them (``checkpoint["sharded"]["path"]`` says where they are, for
-    ``expkit.checkpoint.sharding.load_into``).
+    ``expkit.checkpoint.dcp.load_into``).
 
     Args:
         path: a checkpoint file, or a sharded checkpoint directory (``.dcp``).
@@ -243,11 +242,9 @@ def load_checkpoint(path: str | Path, key: str = "load_from", consolidate: bool 
         ConfigError: when `path` is missing, unreadable, holds more than tensors and plain containers,
             or is not an expkit checkpoint.
     """
-    from expkit.checkpoint import sharding
-
     path = Path(path)
-    if path.is_dir() and path.suffix == sharding.SUFFIX:
-        return sharding.read_consolidated(path, key) if consolidate else sharding.read_state(path, key)
+    if path.is_dir() and path.suffix == dcp.SUFFIX:
+        return read_consolidated(path, key) if consolidate else read_sharded_state(path, key)
     return load_checkpoint_file(path, key)
 
 
@@ -284,3 +281,45 @@ def load_checkpoint_file(path: Path, key: str, need_weights: bool = True) -> dic
     if not isinstance(checkpoint, dict) or (need_weights and "state_dict" not in checkpoint):
         raise ConfigError(f"{key}={path}: not an expkit checkpoint (no 'state_dict' key).")
     return checkpoint
+
+
+def read_sharded_state(path: Path, key: str) -> dict[str, Any]:
+    """``state.pth`` of a sharded checkpoint (no weights), read as a checkpoint is.
+
+    Args:
+        path: the sharded checkpoint directory.
+        key: the config key that gave `path`, named in error messages.
+
+    Returns:
+        The checkpoint without weights, its ``sharded`` entry with ``path`` (the directory, for
+        ``expkit.checkpoint.dcp.load_into``) added.
+
+    Raises:
+        ConfigError: when `path` is not a complete sharded checkpoint, or ``state.pth`` does not load.
+    """
+    if not dcp.is_checkpoint_dir(path):
+        raise ConfigError(
+            f"{key}={path}: not a complete sharded checkpoint (a directory with .metadata and {dcp.STATE_FILE})"
+        )
+    state = load_checkpoint_file(path / dcp.STATE_FILE, key, need_weights=False)
+    state["sharded"] = dict(state.get("sharded") or {}, path=str(path))
+    return state
+
+
+def read_consolidated(path: Path, key: str) -> dict[str, Any]:
+    """A sharded checkpoint as an ordinary one (``state_dict`` = the whole model's weights, no
+    optimizer state), read in this process: for evaluation, export, ``load_from`` and the test.
+
+    Args:
+        path: the sharded checkpoint directory.
+        key: the config key that gave `path`, named in error messages.
+
+    Returns:
+        The checkpoint, as ``read_sharded_state`` gives it, with ``state_dict`` (the weights) added.
+
+    Raises:
+        ConfigError: when `path` is not a complete sharded checkpoint, or a part of it is refused.
+    """
+    state = read_sharded_state(path, key)
+    state["state_dict"] = dcp.read_weights(path)
+    return state

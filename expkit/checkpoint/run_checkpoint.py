@@ -3,7 +3,7 @@
 ``Runner.state_checkpoint`` / ``Runner.save_checkpoint`` call into here; so does the start of
 ``Runner.run`` (``load_or_resume``) and the test pass (``load_test_weights``). Files on disk
 (atomic writes, ``last_checkpoint``, reading safely) are ``expkit.checkpoint.checkpoint_io``'s; sharded
-checkpoints are ``expkit.checkpoint.sharding``'s.
+checkpoints are ``expkit.checkpoint.dcp``'s.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from expkit.checkpoint import checkpoint_io
+from expkit.checkpoint import checkpoint_io, dcp
 from expkit.core import atomic, distributed
 from expkit.core.errors import CheckpointWriteError, ConfigError, ResumeRefused
 from expkit.core.stages import Stage
@@ -98,9 +98,7 @@ def checkpoint_name(runner: Runner, name: str) -> str:
     """
     if not runner.sharded:
         return name
-    from expkit.checkpoint import sharding
-
-    return sharding.checkpoint_name(name)
+    return dcp.checkpoint_name(name)
 
 
 def save_checkpoint(
@@ -217,10 +215,8 @@ def _write_files(
     if files is not None:
         files()
     elif r.sharded:
-        from expkit.checkpoint import sharding
-
         optimizers = r.optimizers if save_optimizer else {}
-        sharding.save(path, checkpoint, r.model, optimizers, durable=durable)
+        dcp.save(path, checkpoint, r.model, optimizers, durable=durable)
     else:
         atomic.save_atomic(checkpoint, path, durable=durable)
 
@@ -328,8 +324,6 @@ def _local(runner: Runner, given: str, key: str) -> Path:
 def _check_fits(runner: Runner, checkpoint: dict[str, Any], source: Path, resume: bool) -> None:
     """The checkpoint's weights fit the model (names and shapes), and its optimizer state the
     optimizers (groups and their sizes): what loading would find only after the hooks ran."""
-    from expkit.checkpoint import sharding
-
     r = runner
     given = (
         f"resume=true ({source})"
@@ -337,7 +331,7 @@ def _check_fits(runner: Runner, checkpoint: dict[str, Any], source: Path, resume
         else f"{'resume' if resume else 'load_from'}={source}"
     )
     unchanged = f"Nothing in {r.work_dir} was changed." if resume else ""
-    sharded_model = sharding.is_sharded(r.model)
+    sharded_model = dcp.is_sharded(r.model)
     if "state_dict" not in checkpoint:  # a sharded checkpoint: torch.distributed.checkpoint checks its shards
         return
     if sharded_model and resume and ("optimizer" in checkpoint or "optimizers" in checkpoint):
@@ -522,15 +516,13 @@ def apply_checkpoint(
 def _load_weights(runner: Runner, checkpoint: dict[str, Any], source: Path, resume: bool) -> None:
     """The checkpoint's weights into the model (sharded or not); a sharded checkpoint's
     optimizer state too, to resume."""
-    from expkit.checkpoint import sharding
-
     if "state_dict" not in checkpoint:  # a sharded checkpoint, read collectively
         optimizers = runner.optimizers if resume else None
-        sharding.load_into(Path(checkpoint["sharded"]["path"]), checkpoint, runner.model, optimizers)
+        dcp.load_into(Path(checkpoint["sharded"]["path"]), checkpoint, runner.model, optimizers)
         return
     state = {k.removeprefix("module."): v for k, v in checkpoint["state_dict"].items()}
     try:
-        if sharding.is_sharded(runner.model):  # (a file of an unsharded run to resume: refused by check_start)
+        if dcp.is_sharded(runner.model):  # (a file of an unsharded run to resume: refused by check_start)
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
             set_model_state_dict(runner.model, state, options=StateDictOptions(full_state_dict=True))

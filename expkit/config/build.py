@@ -424,11 +424,11 @@ def _build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, 
     data_info = dict(DATA_INFO)  # (build_model filled it)
     default_hooks, hooks = _build_hooks(cfg.default_hooks, "default_hooks"), _build_hooks(cfg.hooks, "hooks")
     if settings.strategy == "fsdp":
-        from expkit.checkpoint import sharding
+        from expkit.engine import fsdp
 
-        sharding.check_hooks({**hooks, **default_hooks})  # before sharding: a refused hook is the clearer error
+        fsdp.check_hooks({**hooks, **default_hooks})  # before sharding: a refused hook is the clearer error
         if distributed.is_distributed():  # before the optimizer: it holds the shards
-            model = sharding.shard(
+            model = fsdp.shard(
                 model,
                 settings.fsdp_blocks,
                 run_device(settings),

@@ -1,5 +1,6 @@
 """Where the step runs: this process's device, batches moved to it, and the training step
-as one module for DistributedDataParallel."""
+as one module for DistributedDataParallel (``trainer.strategy=ddp``; FSDP2's sharding is
+``expkit.engine.fsdp``'s)."""
 
 from __future__ import annotations
 

@@ -121,9 +121,9 @@ class Runner:
         self.device = run_device(self.settings)
         self.sharded = self.settings.strategy == "fsdp"  # sharded checkpoints (and FSDP2 under torchrun)
         if self.sharded:
-            from expkit.checkpoint import sharding
+            from expkit.engine import fsdp
 
-            sharding.check_runner_inputs(model, hooks, default_hooks)
+            fsdp.check_runner_inputs(model, hooks, default_hooks)
         # a sharded model stays where shard() put it (with trainer.fsdp_offload, its shards in CPU memory)
         self.model = model if self.sharded and distributed.is_distributed() else model.to(self.device)
         # the blocks are wrapped before compiling (a sharded model's were, before sharding)

@@ -141,7 +141,7 @@ class CheckpointHook(Hook):
     one save of each kind (regular, best) in flight at a time. The end of training waits for
     the last write. Sharded checkpoints (``trainer.strategy=fsdp``) go through
     ``torch.distributed.checkpoint.async_save``, and the ranks agree that a write is complete
-    at the next save (``expkit.checkpoint.sharding.AsyncShards``).
+    at the next save (``expkit.checkpoint.dcp.AsyncShards``).
     ``out_dir`` may be a URL (``s3://bucket/prefix``, ``gs://...``, any fsspec URL): checkpoints
     are written to ``<work dir>/checkpoints`` (the local cache), then uploaded to
     ``<out_dir>/<work dir name>/`` with its own ``last_checkpoint`` (``expkit.checkpoint.remote``);
@@ -347,7 +347,7 @@ class CheckpointHook(Hook):
 
             shards = None
             if runner.sharded:  # (collective: every rank makes DCP's process groups here, in the same order)
-                from expkit.checkpoint.sharding import AsyncShards
+                from expkit.checkpoint.dcp import AsyncShards
 
                 shards = AsyncShards()
             self.writer = BackgroundWriter(shards)

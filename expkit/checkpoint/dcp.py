@@ -1,16 +1,15 @@
-"""``trainer.strategy=fsdp``: FSDP2 sharding and sharded checkpoints.
-
-Under torchrun, ``shard()`` applies PyTorch's FSDP2 (``fully_shard``) to the chosen blocks of
-the model, then to the root, before the optimizer is built: every rank then holds 1/N of the
-parameters, gradients and optimizer state. In one process nothing is sharded, but checkpoints
-keep the sharded form, so a run can move between 1 and N processes.
+"""Sharded checkpoints: the ``torch.distributed.checkpoint`` (DCP) file format of ``trainer.strategy=fsdp``.
 
 A sharded checkpoint is a directory (``checkpoints/epoch_3.dcp/``) written with
 ``torch.distributed.checkpoint``: every rank writes its own shard of the weights and optimizer
 state (``__<rank>_0.distcp``), rank 0 writes the index (``.metadata``) and ``state.pth``
 (everything else: counters, config, random state, schedulers, hooks, the optimizers' settings).
-It is written under a temporary name and renamed when complete. It loads on any number of
-processes (DCP reshards), and in one process without a process group (``read_consolidated``).
+It is written under a temporary name and renamed when complete, synchronously (``save``) or
+in the background (``AsyncShards``). It loads on any number of processes (``load_into``: DCP
+reshards), and in one process without a process group (``read_weights``, ``read_tensors``;
+``expkit.checkpoint.checkpoint_io.load_checkpoint`` reads one whole). The model is sharded by
+``expkit.engine.fsdp``; a checkpoint of one process keeps this form too, so that a run can
+move between 1 and N processes.
 
 Reading one never runs code from the files: tensors only go through DCP (the optimizers'
 plain values go to ``state.pth``, read with ``weights_only=True``), and DCP's ``.metadata``, a
@@ -24,47 +23,38 @@ import os
 import pickle
 import shutil
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from expkit.core import activation_checkpointing as act_ckpt
 from expkit.core import distributed
 from expkit.core.errors import ConfigError
 
 __all__ = [
-    "DTYPES",
-    "FORWARD_METHODS",
     "STATE_FILE",
     "SUFFIX",
     "AsyncShards",
-    "block_names",
-    "check_hooks",
-    "check_runner_inputs",
     "checkpoint_name",
     "is_checkpoint_dir",
     "is_sharded",
     "load_into",
-    "read_consolidated",
-    "read_state",
     "read_tensors",
     "read_weights",
     "save",
-    "shard",
 ]
 
 
 STATE_FILE = "state.pth"  # beside DCP's shards: everything but the tensors of weights and optimizers
 SUFFIX = ".dcp"
-FORWARD_METHODS = ("train_step", "eval_step", "generate")  # model methods that run like forward under FSDP2
 
 
-# -- sharding -------------------------------------------------------------------------------------
+# -- the model ------------------------------------------------------------------------------------
 def is_sharded(model: nn.Module) -> bool:
-    """Whether `model` is sharded by FSDP2 (an ``FSDPModule``).
+    """Whether `model` is sharded by FSDP2 (an ``FSDPModule``, ``expkit.engine.fsdp.shard``): its
+    weights then load only through DCP's state-dict functions.
 
     Args:
         model: the model to test.
@@ -75,157 +65,6 @@ def is_sharded(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
-
-
-def block_names(model: nn.Module, given: Iterable[str] | None) -> list[str]:
-    """The module class names to shard one by one: `given` (``trainer.fsdp_blocks``), else the
-    model's ``fsdp_blocks`` (or Hugging Face's ``_no_split_modules``), else the classes of the
-    root's children that hold parameters.
-
-    Args:
-        model: the model to shard.
-        given: the class names the config gives (``trainer.fsdp_blocks``); None: not given.
-
-    Returns:
-        The class names, in the order given or found.
-
-    Raises:
-        ConfigError: when `given` names a class the model does not contain.
-    """
-    if given is not None:
-        names = [str(n) for n in given]
-        present = {type(m).__name__ for m in model.modules()}
-        missing = [n for n in names if n not in present]
-        if missing:
-            raise ConfigError(
-                f"trainer.fsdp_blocks names {missing}, which the model does not contain; its module "
-                f"classes are {sorted(present)}"
-            )
-        return names
-    declared = getattr(model, "fsdp_blocks", None) or getattr(model, "_no_split_modules", None)
-    if declared:
-        return [str(n) for n in declared]
-    return list(dict.fromkeys(type(c).__name__ for c in model.children() if any(True for _ in c.parameters())))
-
-
-def check_hooks(hooks: Mapping[str, Any]) -> None:
-    """Refuse, at start-up, the hooks that say they do not work with sharded parameters
-    (``supports_sharding = False``): better than a failure, or a hang, later.
-
-    Args:
-        hooks: every hook of the run, by name.
-
-    Raises:
-        ConfigError: when a hook has ``supports_sharding = False``, naming each such hook.
-    """
-    refused = [
-        f"{name} ({type(hook).__name__})"
-        for name, hook in hooks.items()
-        if not getattr(hook, "supports_sharding", True)
-    ]
-    if refused:
-        raise ConfigError(
-            f"trainer.strategy=fsdp: the hook(s) {', '.join(refused)} do not work with sharded parameters "
-            "yet; remove them (hooks=[...] without them) or use trainer.strategy=ddp"
-        )
-
-
-DTYPES = {"bf16": torch.bfloat16, "32": torch.float32}  # trainer.fsdp_param_dtype / fsdp_reduce_dtype
-
-
-def shard(
-    model: nn.Module,
-    blocks: Iterable[str] | None,
-    device: torch.device,
-    *,
-    activation_checkpointing: str | Sequence[str] | None = None,
-    compiled: bool = False,
-    param_dtype: str | None = None,
-    reduce_dtype: str | None = None,
-    offload: bool = False,
-) -> nn.Module:
-    """FSDP2 over `model` in place (on `device`): each module whose class is in the blocks
-    (innermost first), then the root. The model's ``train_step`` / ``eval_step`` / ``generate``
-    methods are registered as forward methods: calling them gathers the parameters as
-    ``forward`` does (on every rank: a hook that calls the model must do so on all of them).
-
-    Activation checkpointing wraps its blocks first, and a wrapped block is sharded as its wrapper
-    (torchtitan's order): the all-gather stays outside the recomputed part.
-
-    Args:
-        model: the model to shard; moved to `device` and changed in place.
-        blocks: the class names of the blocks (``trainer.fsdp_blocks``); None: found by ``block_names``.
-        device: the device of this rank.
-        activation_checkpointing: ``trainer.activation_checkpointing`` (None, ``"full"`` or class
-            names), applied before sharding.
-        compiled: whether the model will be compiled (``trainer.compile``), for activation checkpointing.
-        param_dtype: ``trainer.fsdp_param_dtype``: the dtype the gathered parameters compute in
-            (``bf16``, ``32``); the sharded master weights, the optimizer and checkpoints stay as they
-            are. None: the parameters' own.
-        reduce_dtype: ``trainer.fsdp_reduce_dtype``: the dtype gradients are reduce-scattered in;
-            None: the compute dtype.
-        offload: ``trainer.fsdp_offload``: keep the sharded parameters, gradients and optimizer state in
-            (pinned) CPU memory, the optimizer stepping there; CUDA only.
-
-    Returns:
-        `model`, sharded.
-
-    Raises:
-        ConfigError: when the model owns its update (``train_step(batch, optimizers)``), `blocks` names a
-            class the model does not contain, `offload` is asked on a device other than CUDA, or
-            ``fully_shard`` fails on a module.
-    """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import (
-        CPUOffloadPolicy,
-        MixedPrecisionPolicy,
-        OffloadPolicy,
-        fully_shard,
-        register_fsdp_forward_method,
-    )
-
-    from expkit.optimizers import owns_its_update
-
-    if owns_its_update(model):
-        raise ConfigError(
-            "a model that owns its update (train_step(batch, optimizers)) is not supported with "
-            "trainer.strategy=fsdp yet; train it with trainer.strategy=ddp"
-        )
-    if offload and device.type != "cuda":
-        raise ConfigError(
-            f"trainer.fsdp_offload=true moves shards between CUDA and CPU memory; this run's device is "
-            f"{device.type}: set trainer.fsdp_offload=false"
-        )
-    model = model.to(device)  # (with offload, fully_shard moves the shards to CPU memory)
-    names = set(block_names(model, blocks))
-    act_ckpt.apply(model, activation_checkpointing, blocks, compiled=compiled)
-    policy = MixedPrecisionPolicy(
-        param_dtype=DTYPES[param_dtype] if param_dtype else None,
-        reduce_dtype=DTYPES[reduce_dtype] if reduce_dtype else None,
-    )
-    options = {"mp_policy": policy, "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
-    mesh = init_device_mesh(device.type, (distributed.rank_and_world()[1],))
-    chosen = [
-        (path, m)
-        for path, m in model.named_modules()
-        if act_ckpt.block_class(m) in names
-        and m is not model
-        and not path.endswith(act_ckpt.WRAPPED_STEP)  # a wrapped block: its wrapper is sharded
-        and any(True for _ in m.parameters())
-    ]
-    for path, module in [*reversed(chosen), ("(the root)", model)]:  # pre-order reversed: inner blocks first
-        try:
-            fully_shard(module, mesh=mesh, **options)
-        except Exception as exc:
-            raise ConfigError(
-                f"trainer.strategy=fsdp: could not shard {path} ({type(module).__name__}): "
-                f"{type(exc).__name__}: {exc}. Choose other blocks with trainer.fsdp_blocks=[ClassName,...] "
-                "(a module used in two places cannot be its own block), or use trainer.strategy=ddp"
-            ) from None
-    for method in FORWARD_METHODS:
-        if callable(getattr(model, method, None)):
-            register_fsdp_forward_method(model, method)
-    return model
 
 
 # -- what goes through DCP (tensors) and what goes to state.pth (the rest) ---------------------------
@@ -286,10 +125,15 @@ def _begin(
 ) -> tuple[Path, dict[str, Any], dict[str, Any]]:
     """(the temporary directory every rank writes into, the tensors for DCP, the optimizers'
     plain values), collectively: the temporary name is rank 0's and cleared before any rank writes."""
+    # under FSDP2 these are this rank's local shards (DTensors), views of the live parameters and
+    # optimizer state: no communication, and no copy either (a caller that writes them in the
+    # background stages them first)
     tensors: dict[str, Any] = {"model": _model_state(model)}
     plain: dict[str, Any] = {}
     for name, optimizer in optimizers.items():
         tensors[f"optimizer.{name}"], plain[name] = _split(_optimizer_state(model, optimizer))
+    # one directory for every rank's shards: rank 0's pid names it, and a directory a killed
+    # writer left under that name is gone before any rank writes into it
     tmp = path.with_name(f".{path.name}.tmp{distributed.broadcast_object(os.getpid())}")
     if distributed.is_main():
         shutil.rmtree(tmp, ignore_errors=True)
@@ -349,10 +193,10 @@ def save(
         OSError: on rank 0, its own error completing the checkpoint (e.g. FileExistsError when something
             that is not a sharded checkpoint is in the way); on the other ranks, one naming it.
     """
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as torch_dcp
 
     tmp, tensors, plain = _begin(path, model, optimizers)
-    _written(tmp, lambda: dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp, sync_files=durable)))
+    _written(tmp, lambda: torch_dcp.save(tensors, storage_writer=torch_dcp.FileSystemWriter(tmp, sync_files=durable)))
     error = None
     if distributed.is_main():
         try:
@@ -404,25 +248,38 @@ class AsyncShards:
         may read the checkpoint before the ranks have agreed it is complete (``agree``)."""
         import copy
 
-        import torch.distributed.checkpoint as dcp
+        import torch.distributed.checkpoint as torch_dcp
 
         tmp, tensors, plain = _begin(path, model, optimizers)
-        plain = copy.deepcopy(plain)  # (learning rates: the scheduler changes them meanwhile)
+        # the optimizers' plain values are read in the writer's thread, after the scheduler has
+        # changed the learning rates of the next steps: a copy of them as they are now
+        plain = copy.deepcopy(plain)
+        # `tensors` are views of the live shards, which the next optimizer step overwrites while
+        # DCP writes: a host copy of each (DTensors rebuilt around the copies of their local
+        # shards), complete (CUDA synchronised) when `stage` returns, so the loop goes on at once
         staged = stage(tensors)
         futures: list[Any] = []
         _written(
             tmp,
             lambda: futures.append(
-                dcp.async_save(
+                torch_dcp.async_save(
                     staged,
-                    storage_writer=dcp.FileSystemWriter(tmp, sync_files=durable),
+                    storage_writer=torch_dcp.FileSystemWriter(tmp, sync_files=durable),
+                    # DCP's collectives (planning, gathering the write results) run in its own
+                    # thread while training runs collectives on the default group: on a group of
+                    # their own, one per kind, they can never pair with the wrong call
                     process_group=self.groups[kind],
+                    # `staged` is a copy already: DCP's default stager would copy it a second time
                     async_stager=_Staged(),
                 )
             ),
         )
 
         def complete() -> None:
+            # DCP ends with a collective: rank 0 gathers every rank's write results, writes the
+            # index, and sends the outcome back; so a result means every shard and the index are
+            # in `tmp`, and rank 0 alone then writes state.pth and gives the name. Its failure
+            # there reaches the other ranks only through ``agree``, at the next wait.
             _written(tmp, futures[0].result)
             if distributed.is_main():
                 _complete(tmp, path, state, plain, durable)
@@ -453,6 +310,7 @@ class _Staged:
     """DCP's stager (``torch.distributed.checkpoint.staging.AsyncStager``) for a state dict that
     is a host copy already: hands it over as it is."""
 
+    # nothing to wait for after DCP starts its thread: the copy was complete before async_save
     should_synchronize_after_execute = False
 
     def stage(self, state_dict: Any) -> Any:
@@ -586,31 +444,6 @@ def _tensor_planner(**kwargs: Any) -> Any:
     return TensorsOnly(**kwargs)
 
 
-def read_state(path: Path, key: str) -> dict[str, Any]:
-    """``state.pth`` of a sharded checkpoint (no weights), read as a checkpoint is.
-
-    Args:
-        path: the sharded checkpoint directory.
-        key: the config key that gave `path`, named in error messages.
-
-    Returns:
-        The checkpoint without weights, its ``sharded`` entry with ``path`` (the directory, for
-        ``load_into``) added.
-
-    Raises:
-        ConfigError: when `path` is not a complete sharded checkpoint, or ``state.pth`` does not load.
-    """
-    from expkit.checkpoint import checkpoint_io
-
-    if not is_checkpoint_dir(path):
-        raise ConfigError(
-            f"{key}={path}: not a complete sharded checkpoint (a directory with .metadata and {STATE_FILE})"
-        )
-    state = checkpoint_io.load_checkpoint_file(path / STATE_FILE, key, need_weights=False)
-    state["sharded"] = dict(state.get("sharded") or {}, path=str(path))
-    return state
-
-
 def load_into(
     path: Path,
     state: Mapping[str, Any],
@@ -631,7 +464,7 @@ def load_into(
     Raises:
         ConfigError: when the index is refused, or the tensors do not fit the model or an optimizer.
     """
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as torch_dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
@@ -652,7 +485,7 @@ def load_into(
         template[f"optimizer.{name}"] = tensors
         plain[name] = saved_plain[name]
     try:
-        dcp.load(template, storage_reader=_reader(path), planner=_tensor_planner())
+        torch_dcp.load(template, storage_reader=_reader(path), planner=_tensor_planner())
     except ConfigError:
         raise
     except (Exception, CheckpointException) as exc:  # (DCP's CheckpointException is a BaseException)
@@ -678,7 +511,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     Raises:
         ConfigError: when the index is refused or the checkpoint holds a pickled value.
     """
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as torch_dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     reader = _reader(path)
@@ -690,7 +523,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
             weights[where[1]] = torch.empty(entry.size, dtype=entry.properties.dtype)
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load({"model": weights}, storage_reader=_reader(path), planner=_tensor_planner(), no_dist=True)
+        torch_dcp.load({"model": weights}, storage_reader=_reader(path), planner=_tensor_planner(), no_dist=True)
     return weights
 
 
@@ -708,7 +541,7 @@ def read_tensors(path: Path) -> dict[str, Any]:
     Raises:
         ConfigError: when the index is refused or the checkpoint holds a pickled value.
     """
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as torch_dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     metadata = _reader(path).read_metadata()
@@ -723,47 +556,5 @@ def read_tensors(path: Path) -> dict[str, Any]:
         node[where[-1]] = torch.empty(entry.size, dtype=entry.properties.dtype)
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(tree, storage_reader=_reader(path), planner=_tensor_planner(), no_dist=True)
+        torch_dcp.load(tree, storage_reader=_reader(path), planner=_tensor_planner(), no_dist=True)
     return tree
-
-
-def read_consolidated(path: Path, key: str) -> dict[str, Any]:
-    """A sharded checkpoint as an ordinary one (``state_dict`` = the whole model's weights, no
-    optimizer state), read in this process: for evaluation, export, ``load_from`` and the test.
-
-    Args:
-        path: the sharded checkpoint directory.
-        key: the config key that gave `path`, named in error messages.
-
-    Returns:
-        The checkpoint, as ``read_state`` gives it, with ``state_dict`` (the weights) added.
-
-    Raises:
-        ConfigError: when `path` is not a complete sharded checkpoint, or a part of it is refused.
-    """
-    state = read_state(path, key)
-    state["state_dict"] = read_weights(path)
-    return state
-
-
-def check_runner_inputs(
-    model: nn.Module, hooks: Mapping[str, Any] | Sequence[Any], default_hooks: Mapping[str, Any] | None
-) -> None:
-    """trainer.strategy=fsdp: the model is sharded under torchrun, and every hook works with it.
-
-    Args:
-        model: the model the runner is given.
-        hooks: the hooks, by name or as a list (each named after its class).
-        default_hooks: the default hooks by name; None: none.
-
-    Raises:
-        ConfigError: when the model is not sharded in a distributed run, or a hook does not support
-            sharding.
-    """
-    if distributed.is_distributed() and not is_sharded(model):
-        raise ConfigError(
-            "trainer.strategy=fsdp under torchrun needs the model sharded before its optimizer is built: "
-            "expkit.config.build does it; from Python, call expkit.checkpoint.sharding.shard(model, blocks, device) first"
-        )
-    named = list(hooks.items()) if isinstance(hooks, Mapping) else [(type(h).__name__, h) for h in hooks]
-    check_hooks(dict(named, **(default_hooks or {})))
