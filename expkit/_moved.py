@@ -23,6 +23,7 @@ __all__ = ["MOVED", "SPLIT", "MovedModules", "install", "new_name"]
 # old module (under expkit.) -> the subpackage it lives in now
 MOVED: dict[str, str] = {
     **dict.fromkeys(("build", "cli", "restore"), "config"),
+    "check_probe": "check",
     **dict.fromkeys(("search", "sweep_jobs"), "sweeps"),
     **dict.fromkeys(("devices", "hook_table", "loops", "runner"), "engine"),
     **dict.fromkeys(("async_writer", "checkpoint_io", "remote", "run_checkpoint", "sharding"), "checkpoint"),
