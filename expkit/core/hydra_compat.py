@@ -187,7 +187,6 @@ def _run_composing_once(task_function: Callable[[Any], Any], config_path: str, c
     for any other command line, which Hydra's own path then takes."""
     import os
 
-    from hydra._internal.callbacks import Callbacks
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import (
         create_automatic_config_search_path,
@@ -197,28 +196,12 @@ def _run_composing_once(task_function: Callable[[Any], Any], config_path: str, c
         run_and_report,
     )
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.core.utils import run_job
     from hydra.errors import SearchPathException
-    from hydra.types import HydraContext, RunMode
+    from hydra.types import RunMode
     from omegaconf import open_dict
 
     args = get_args_parser().parse_args()  # (sys.argv; a bad flag exits 2 here as in Hydra's path)
-    if (
-        args.help
-        or args.hydra_help
-        or args.cfg is not None
-        or args.resolve
-        or args.multirun
-        or args.shell_completion
-        or args.info is not None
-        or args.experimental_rerun is not None
-    ):
-        return False
-    try:
-        if any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(args.overrides)):
-            return False  # (a sweep without -m: Hydra's path says what to do)
-    except Exception:  # an override Hydra cannot parse: its own path reports it
+    if not _is_plain_run(args):
         return False
     calling_file, calling_module = detect_calling_file_or_module_from_task_function(task_function)
     if calling_file is None and calling_module is None:
@@ -251,22 +234,51 @@ def _run_composing_once(task_function: Callable[[Any], Any], config_path: str, c
             cfg.hydra.mode = RunMode.RUN
             with open_dict(cfg.hydra.overrides):
                 cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
-
-        def run() -> None:
-            callbacks = Callbacks(cfg)
-            callbacks.on_run_start(config=cfg, config_name=config_name)
-            ret = run_job(
-                hydra_context=HydraContext(config_loader=app.config_loader, callbacks=callbacks),
-                task_function=task_function,
-                config=cfg,
-                job_dir_key="hydra.run.dir",
-                job_subdir_key=None,
-                configure_logging=True,
-            )
-            callbacks.on_run_end(config=cfg, config_name=config_name, job_return=ret)
-            _ = ret.return_value  # (raises the job's exception)
-
-        run_and_report(run)
+        run_and_report(lambda: _run_job(app, cfg, config_name, task_function))
     finally:
         GlobalHydra.instance().clear()
     return True
+
+
+def _is_plain_run(args: Any) -> bool:
+    """Whether Hydra 1.3's parsed command line (`args`) asks for a plain run: no --help, --cfg,
+    --info, -m or other flag of Hydra's own, and no override that is a sweep."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if (
+        args.help
+        or args.hydra_help
+        or args.cfg is not None
+        or args.resolve
+        or args.multirun
+        or args.shell_completion
+        or args.info is not None
+        or args.experimental_rerun is not None
+    ):
+        return False
+    try:
+        # a sweep without -m: Hydra's path says what to do
+        return not any(o.is_sweep_override() for o in OverridesParser.create().parse_overrides(args.overrides))
+    except Exception:  # an override Hydra cannot parse: its own path reports it
+        return False
+
+
+def _run_job(app: Any, cfg: Any, config_name: str, task_function: Callable[[Any], Any]) -> None:
+    """Hydra 1.3's run of one job (Hydra.run) on the config `app` composed: the callbacks around
+    it, its work dir and logging; the job's exception raised."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.utils import run_job
+    from hydra.types import HydraContext
+
+    callbacks = Callbacks(cfg)
+    callbacks.on_run_start(config=cfg, config_name=config_name)
+    ret = run_job(
+        hydra_context=HydraContext(config_loader=app.config_loader, callbacks=callbacks),
+        task_function=task_function,
+        config=cfg,
+        job_dir_key="hydra.run.dir",
+        job_subdir_key=None,
+        configure_logging=True,
+    )
+    callbacks.on_run_end(config=cfg, config_name=config_name, job_return=ret)
+    _ = ret.return_value  # (raises the job's exception)

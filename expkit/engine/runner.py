@@ -120,23 +120,7 @@ class Runner:
         self.is_main = distributed.is_main()  # rank 0 writes checkpoints, metrics, backends, result.json
         self.device = run_device(self.settings)
         self.sharded = self.settings.strategy == "fsdp"  # sharded checkpoints (and FSDP2 under torchrun)
-        if self.sharded:
-            from expkit.engine import fsdp
-
-            fsdp.check_runner_inputs(model, hooks, default_hooks)
-        # a sharded model stays where shard() put it (with trainer.fsdp_offload, its shards in CPU memory)
-        self.model = model if self.sharded and distributed.is_distributed() else model.to(self.device)
-        # the blocks are wrapped before compiling (a sharded model's were, before sharding)
-        activation_checkpointing.apply(
-            self.model,
-            self.settings.activation_checkpointing,
-            self.settings.fsdp_blocks,
-            compiled=self.settings.compile,
-        )
-        if self.settings.channels_last:
-            self.model = self.model.to(memory_format=torch.channels_last)
-        if self.settings.compile:
-            self.model.compile()  # in place: the same module, state_dict keys and hooks; compiled on first call
+        self.model = self._placed_model(model, hooks, default_hooks)
         self.ddp_model: nn.Module | None = None
         # one optimizer, or several by name (a model that owns its update: train_step(batch, optimizers))
         self.optimizers: dict[str, torch.optim.Optimizer] = (
@@ -195,16 +179,48 @@ class Runner:
         self.instrumented = False
         self.hook_times = self.hook_table.hook_times  # (stage, hook name) -> [seconds, calls], while timing
         self.phase_times = self.hook_table.phase_times  # loop phase -> [seconds, calls], while timing
-        hooks_in = default_hooks if default_hooks is not None else make_default_hooks()
-        for name, hook in hooks_in.items():
-            self.register_hook(hook, name=name)
-        named = hooks.items() if isinstance(hooks, Mapping) else ((type(h).__name__, h) for h in hooks)
-        for name, hook in named:
-            self.register_hook(hook, name=name)
+        self._register_hooks(default_hooks, hooks)
         # the signals that stop the run to be continued (trainer.requeue_signal, submitit's): stop_on_signals
         self.requeue_signals = requeue_signals(self.settings.requeue_signal)
         if self.settings.save_before_limit and self.is_main:  # (rank 0 decides; the others stop with it)
             self._watch_time_limit()
+
+    def _placed_model(
+        self, model: nn.Module, hooks: Mapping[str, Hook] | Sequence[Hook], default_hooks: Mapping[str, Hook] | None
+    ) -> nn.Module:
+        """The model as this process trains it: on its device (unless sharded), its blocks wrapped
+        for activation checkpointing, channels-last and compiled as the settings ask."""
+        if self.sharded:
+            from expkit.engine import fsdp
+
+            fsdp.check_runner_inputs(model, hooks, default_hooks)
+        # a sharded model stays where shard() put it (with trainer.fsdp_offload, its shards in CPU memory)
+        placed = model if self.sharded and distributed.is_distributed() else model.to(self.device)
+        # the blocks are wrapped before compiling (a sharded model's were, before sharding)
+        activation_checkpointing.apply(
+            placed,
+            self.settings.activation_checkpointing,
+            self.settings.fsdp_blocks,
+            compiled=self.settings.compile,
+        )
+        if self.settings.channels_last:
+            placed = placed.to(memory_format=torch.channels_last)
+        if self.settings.compile:
+            # in place: the same module, state_dict keys and hooks; compiled on its first call
+            placed.compile()
+        return placed
+
+    def _register_hooks(
+        self, default_hooks: Mapping[str, Hook] | None, hooks: Mapping[str, Hook] | Sequence[Hook]
+    ) -> None:
+        """The default hooks first (the six when None), then the custom ones, by name (a sequence's
+        by class name); ``register_hook`` keeps them sorted by priority, ties in this order."""
+        defaults = default_hooks if default_hooks is not None else make_default_hooks()
+        for name, hook in defaults.items():
+            self.register_hook(hook, name=name)
+        named = hooks.items() if isinstance(hooks, Mapping) else ((type(h).__name__, h) for h in hooks)
+        for name, hook in named:
+            self.register_hook(hook, name=name)
 
     def _watch_time_limit(self) -> None:
         """Under Slurm, a job with a time limit gets a TimeLimitHook (``trainer.save_before_limit``):
