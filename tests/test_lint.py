@@ -187,3 +187,44 @@ def test_every_public_function_and_class_documents_its_arguments():
                 if node.returns is not None and "Returns:" not in doc and "Yields:" not in doc:
                     missing.append(f"{path.relative_to(ROOT)}: {node.name}() returns something and has no Returns:")
     assert not missing, "\n".join(missing)
+
+
+# -- every function in view: no body over 80 lines (ruff's C901 and PLR0915 count branches and
+# statements, not lines) ----------------------------------------------------------------------------
+MAX_BODY_LINES = 80
+
+
+def _long_functions(source: str, name: str) -> list[str]:
+    """`name:line function (N lines)` for every function in `source` whose body is longer than
+    MAX_BODY_LINES: from its first statement after the docstring to its last line, blank lines
+    and comments included (what a reader scrolls through)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        body = node.body[1:] if ast.get_docstring(node, clean=False) is not None else node.body
+        lines = node.end_lineno - body[0].lineno + 1 if body else 0
+        if lines > MAX_BODY_LINES:
+            found.append(f"{name}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_body_is_longer_than_80_lines():
+    too_long = [
+        found
+        for path in sorted([*(ROOT / "expkit").rglob("*.py"), *(ROOT / "hydra_plugins").rglob("*.py")])
+        for found in _long_functions(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT)))
+    ]
+    assert not too_long, f"split these into functions that each do one thing (at most {MAX_BODY_LINES} lines):\n" + (
+        "\n".join(too_long)
+    )
+
+
+def test_the_function_length_rule_counts_the_body_without_its_docstring():
+    def function(body_lines: int) -> str:
+        return 'def f():\n    """Its docstring,\n    on two lines."""\n' + "    x = 1\n" * body_lines
+
+    assert _long_functions(function(80), "m.py") == []
+    assert _long_functions(function(81), "m.py") == ["m.py:1 f (81 lines)"]
+    nested = "class C:\n    def g(self):\n" + "        y = 2\n" * 81
+    assert _long_functions(nested, "m.py") == ["m.py:2 g (81 lines)"]
