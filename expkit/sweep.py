@@ -838,6 +838,15 @@ class SweepSummaryCallback(Callback):
             )
         elif best and best["job"] is not None:
             log.info("Sweep best: job %s, %s = %.4f, %s", best["job"], best["metric"], best["value"], best["work_dir"])
+        interrupted = (best or {}).get("statuses", {}).get("interrupted", 0)
+        if interrupted:  # (scancel of a cluster job: the sweep itself ended normally)
+            log.warning(
+                "%d job%s stopped by a signal before the end, saved: run the sweep command again with resume=true "
+                "to finish %s (the completed jobs are not run again)",
+                interrupted,
+                "s" if interrupted > 1 else "",
+                "them" if interrupted > 1 else "it",
+            )
 
     def _summarize(self, sweep_dir: Path, plot: bool) -> dict[str, Any] | None:
         try:

@@ -352,6 +352,11 @@ def _report(job: _Job, runner: Any, result: dict[str, Any]) -> float | None:
             sys.exit(128 + runner.stop_signal)  # the shell's convention: 143 after SIGTERM, 130 after Ctrl-C
         if not _stops_only_this_job(runner):
             sweep_jobs.request_stop(job.sweep_dir, runner.stop_signal)  # type: ignore[arg-type]  # no job starts now
+        elif _slurm_restarts_it(runner):
+            # No return value: submitit would hand the sweep this attempt's stopped result as the
+            # job's. Without one, the sweep's submitit goes on waiting for the job's next start.
+            log.info("Slurm is requeuing this job (scontrol requeue, a preemption): its next start resumes the run")
+            sys.exit(EXIT_REQUEUED)
         if sweep_jobs.in_launching_process():  # (in a worker: the launcher's process stops the sweep)
             raise SweepInterrupted(runner.stop_signal, job.sweep_dir.resolve())  # type: ignore[union-attr]  # main reports it
     elif job.requeue and not multirun:  # stopped ahead of its time limit
@@ -371,6 +376,20 @@ def _stops_only_this_job(runner: Any) -> bool:
     runs as a job of its own (Slurm's scancel, preemption or requeue of that one job). SIGINT,
     or SIGTERM to the process that runs the sweep, stops the whole launch."""
     return runner.requeue or (runner.stop_signal == signal.SIGTERM and "SUBMITIT_EXECUTOR" in os.environ)
+
+
+def _slurm_restarts_it(runner: Any) -> bool:
+    """Whether the SIGTERM that stopped a submitit job on Slurm is Slurm ending this attempt to
+    start the job again (``scontrol requeue``, a preemption), not ``scancel``: both send SIGTERM,
+    only Slurm's restart count tells them apart (asked once, here)."""
+    from expkit.core import slurm
+
+    return (
+        runner.stop_signal == signal.SIGTERM
+        and "SUBMITIT_EXECUTOR" in os.environ
+        and slurm.job_id() is not None
+        and slurm.being_requeued()
+    )
 
 
 def _done_metrics(result: dict[str, Any]) -> str:

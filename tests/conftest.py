@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -74,6 +75,49 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     )
     proc.output = proc.stdout + proc.stderr  # type: ignore[attr-defined]  # logs go to stdout, errors to stderr
     return proc
+
+
+SLOW_HOOK = """
+import time
+from expkit import Hook
+
+class Slow(Hook):
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        time.sleep(self.seconds)
+"""
+
+
+def slow_train(tmp_path: Path, *args: str, sleep_s: float = 0.05) -> list[str]:
+    """``python -m expkit.train hooks=[slow] ARGS``: every training iteration sleeps `sleep_s` (0.05:
+    2 s an epoch of digits' 40 iterations), so that a signal or a time limit meets the run mid-epoch.
+    The hook's module is written to `tmp_path`: run the command with ``slow_env(tmp_path)``."""
+    conf = tmp_path / "conf" / "hooks"
+    conf.mkdir(parents=True, exist_ok=True)
+    (conf / "slow.yaml").write_text(f"slow:\n  _target_: slowhook.Slow\n  seconds: {sleep_s}\n")
+    (tmp_path / "slowhook.py").write_text(SLOW_HOOK)
+    return [sys.executable, "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), "hooks=[slow]", *args]
+
+
+def slow_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment ``slow_train``'s command needs (its hook's module on PYTHONPATH), one thread."""
+    return {**os.environ, "PYTHONPATH": str(tmp_path), "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1", **extra}
+
+
+def assert_same_weights(work: Path, reference: Path, name: str) -> None:
+    """The checkpoint `name` of two work dirs holds bit-identical model weights."""
+    final, expected = (torch.load(w / "checkpoints" / name, weights_only=True)["state_dict"] for w in (work, reference))
+    assert final.keys() == expected.keys()
+    for key in expected:
+        assert torch.equal(final[key], expected[key]), f"{work.name}: {key} differs from {reference.name}'s"
+
+
+def train_losses(work: Path) -> list[tuple[int, float]]:
+    """(step, train/loss) of every training record of a work dir's metrics.jsonl, in the file's order."""
+    records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
 
 
 def torchrun(

@@ -6,11 +6,12 @@ from __future__ import annotations
 import csv
 import json
 import re
+import subprocess
 import sys
 import time
 
 import pytest
-from conftest import run_cli
+from conftest import REPO, assert_same_weights, run_cli, slow_env, slow_train, train_losses
 from slurm_fixture import slurm_cluster  # noqa: F401 (the session's cluster)
 
 pytestmark = pytest.mark.slow
@@ -73,3 +74,164 @@ def test_submitit_slurm_sweep_runs_each_job_on_the_cluster(slurm_cluster, tmp_pa
     assert len(job_ids) == 2, job_ids
     for job_id in job_ids:
         assert _accounted_state(slurm_cluster, job_id) == "COMPLETED", slurm_cluster.log("slurmdbd")
+
+
+def _launcher(cluster, *settings: str, launcher: str = "submitit_slurm") -> list[str]:
+    """A launcher's settings as a user of this cluster writes them: its partition, one CPU and a
+    little memory per task (two tasks side by side on its 2 CPUs)."""
+    return [
+        f"hydra/launcher={launcher}",
+        f"hydra.launcher.partition={cluster.partition}",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.mem_gb=2",
+        *settings,
+    ]
+
+
+def test_slurm_ddp_asks_the_cluster_for_its_gpus_and_runs_a_job_as_ddp_over_two_tasks(slurm_cluster, tmp_path):  # noqa: F811
+    env = {**slurm_cluster.env, "OMP_NUM_THREADS": "1"}
+    # what the cluster refuses is one Error: line and exit 2 (it was sbatch's error at the end of 55 lines)
+    for bad, said in (
+        (
+            ["hydra.launcher.gpus_per_node=1"],
+            "Error: the cluster refused the jobs: sbatch: error: Invalid generic resource",
+        ),
+        (["hydra.launcher.partition=nope"], "Error: hydra.launcher.partition: the cluster has no partition 'nope'"),
+    ):
+        proc = run_cli("-m", "hydra/launcher=slurm_ddp", *bad, f"hydra.sweep.dir={tmp_path / 'bad'}", env=env)
+        errors = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert proc.returncode == 2 and errors[-1].startswith(said) and len(errors) <= 2, proc.output
+        assert "Traceback" not in proc.output
+
+    # gpus_per_node from sinfo (this cluster has none: 0, so no --gpus line), tasks_per_node set: DDP over 2
+    sweep = tmp_path / "ddp"
+    proc = run_cli(
+        "-m",
+        *_launcher(slurm_cluster, "hydra.launcher.tasks_per_node=2", launcher="slurm_ddp"),
+        "trainer.max_epochs=1",
+        f"hydra.sweep.dir={sweep}",
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.output + slurm_cluster.log()
+    result = json.loads((sweep / "0" / "result.json").read_text())
+    assert result["status"] == "completed" and result["iter"] == 20, result  # 1258 samples / 2 ranks / 32
+    assert (sweep / "0" / "rank1.log").is_file()
+    (submission,) = (sweep / ".submitit").rglob("*_submission.sh")
+    script = submission.read_text()
+    assert "#SBATCH --ntasks-per-node=2" in script and "gpu" not in script, script
+
+
+def test_an_optuna_search_with_seed_groups_keeps_two_trials_in_flight_on_the_cluster(slurm_cluster, tmp_path):  # noqa: F811
+    import optuna
+
+    from expkit.sweeps.search import open_storage
+
+    sweep = tmp_path / "search"
+    proc = run_cli(
+        "-m",
+        "hparams_search=optuna",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.n_jobs=2",
+        "hydra.sweeper.seeds_per_trial=2",
+        *_launcher(slurm_cluster, "hydra.launcher.timeout_min=10"),
+        "trainer.max_epochs=1",
+        "data.batch_size=64",
+        f"hydra.sweep.dir={sweep}",
+        env={**slurm_cluster.env, "OMP_NUM_THREADS": "1"},
+        timeout=420,
+    )
+    assert proc.returncode == 0, proc.output + slurm_cluster.log()
+    results = {j: json.loads((sweep / j / "result.json").read_text()) for j in "0123"}
+    assert {r["status"] for r in results.values()} == {"completed"}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name="expkit", storage=open_storage(str(sweep / "optuna.journal")))
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    first, second = sorted(study.trials, key=lambda t: t.datetime_start)
+    assert second.datetime_start < first.datetime_complete  # both trials were out on the cluster at once
+    for trial in study.trials:  # each told the mean of its two seeds, each seed a Slurm job of its own
+        jobs = [r for r in results.values() if r["optuna_trial"] == trial.number]
+        assert len(jobs) == 2 and len({r["submitit_job"] for r in jobs}) == 2
+        assert trial.value == pytest.approx(sum(r["best_metrics"]["val/acc"]["value"] for r in jobs) / 2)
+    groups = list(csv.DictReader((sweep / "summary.csv").open()))
+    assert len(groups) == 2 and {g["n"] for g in groups} == {"2"}
+
+
+def test_a_requeue_a_time_limit_and_a_scancel_lose_nothing_of_a_sweep_on_the_cluster(slurm_cluster, tmp_path):  # noqa: F811
+    """Job 0 is requeued by an admin mid-epoch (``scontrol requeue``: SIGTERM, then Slurm starts it
+    again), then meets its time limit (submitit's USR2, signal_delay_s before timeout_min): it comes
+    back each time and ends bit-identical to an uninterrupted run. Job 1 is cancelled (``scancel``:
+    SIGTERM too): it is recorded stopped, the sweep says how to finish it, and ``resume=true``
+    finishes it alone."""
+    epochs = ["trainer.max_epochs=40", "default_hooks.logger.plot=false"]
+    env = slow_env(tmp_path, **slurm_cluster.env)
+    references = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "expkit.train",
+                f"hydra.run.dir={tmp_path / f'reference{seed}'}",
+                f"trainer.seed={seed}",
+                *epochs,
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for seed in (0, 1)
+    ]
+    sweep = tmp_path / "sweep"
+    launch = [
+        "-m",
+        "trainer.seed=0,1",
+        *epochs,
+        *_launcher(slurm_cluster, "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=60"),
+        "hydra.launcher.max_num_timeout=3",  # (Hydra's default, 0, requeues no job at its time limit)
+        f"hydra.sweep.dir={sweep}",
+    ]
+    running = subprocess.Popen(
+        slow_train(tmp_path, *launch), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+    def past_epoch_3(job: str) -> bool:
+        return any(int(p.stem.split("_")[1]) >= 3 for p in (sweep / job / "checkpoints").glob("epoch_*.pth"))
+
+    deadline = time.monotonic() + 180
+    while not (past_epoch_3("0") and past_epoch_3("1")):
+        if running.poll() is not None or time.monotonic() > deadline:
+            running.kill()
+            pytest.fail(running.communicate()[0][-3000:] + slurm_cluster.log())
+        time.sleep(0.3)
+    array = {p.name.split("_")[1]: p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+_\d+", p.name)}
+    assert slurm_cluster.run("scontrol", "requeue", array["0"]).returncode == 0
+    assert slurm_cluster.run("scancel", array["1"]).returncode == 0
+    output, _ = running.communicate(timeout=600)
+    train_log = (sweep / "0" / "train.log").read_text()
+    story = output[-3000:] + train_log[-4000:] + slurm_cluster.log()
+    assert running.returncode == 0, story
+    assert "1 job stopped by a signal before the end, saved: run the sweep command again with resume=true" in output
+    requeued, cancelled = (json.loads((sweep / j / "result.json").read_text()) for j in "01")
+    assert requeued["status"] == "completed" and requeued["requeues"] >= 2, story
+    assert "Slurm is requeuing this job" in train_log and "Stop requested: signal SIGUSR2" in train_log, story
+    assert (cancelled["status"], cancelled["stop_reason"]) == ("stopped", "signal SIGTERM"), cancelled
+    assert "1 completed 1 interrupted" in (sweep / "summary.csv").read_text()  # (the seed group's statuses)
+
+    finished = (sweep / "0" / "metrics.jsonl").read_bytes()
+    resumed = subprocess.run(
+        slow_train(tmp_path, *launch, "hydra.launcher.timeout_min=10", "resume=true"),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert json.loads((sweep / "1" / "result.json").read_text())["status"] == "completed"
+    assert (sweep / "0" / "metrics.jsonl").read_bytes() == finished  # the completed job is not run again
+    assert "interrupted" not in (sweep / "summary.csv").read_text()
+    for seed, reference in enumerate(references):
+        assert reference.wait(timeout=300) == 0
+        assert_same_weights(sweep / str(seed), tmp_path / f"reference{seed}", "epoch_40.pth")
+        assert train_losses(sweep / str(seed)) == train_losses(tmp_path / f"reference{seed}")  # each step once

@@ -14,29 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import REPO
+from conftest import REPO, assert_same_weights, slow_train
 from slurm_fixture import slurm_cluster  # noqa: F401 (the session's cluster)
 
 pytestmark = pytest.mark.slow
 
-SLOW = """
-import time
-from expkit import Hook
-
-class Slow(Hook):
-    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
-        time.sleep(0.05)  # 2 s an epoch of 40 iterations
-"""
 COMMON = ["trainer.max_epochs=20", "default_hooks.logger.plot=false"]
-
-
-def _slow_hook(tmp_path: Path) -> list[str]:
-    conf = tmp_path / "conf" / "hooks"
-    conf.mkdir(parents=True, exist_ok=True)
-    (conf / "slow.yaml").write_text("slow:\n  _target_: slowhook.Slow\n")
-    (tmp_path / "slowhook.py").write_text(SLOW)
-    return ["--config-dir", str(tmp_path / "conf"), "hooks=[slow]"]
 
 
 def _reference(tmp_path: Path) -> subprocess.Popen:
@@ -52,7 +35,7 @@ def _reference(tmp_path: Path) -> subprocess.Popen:
 
 def _submit(cluster, tmp_path: Path, *sbatch: str, args: tuple[str, ...] = ()) -> str:
     work = tmp_path / "run"
-    train = [sys.executable, "-m", "expkit.train", *_slow_hook(tmp_path), f"hydra.run.dir={work}", "resume=true"]
+    train = slow_train(tmp_path, f"hydra.run.dir={work}", "resume=true")
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/sh\nexec srun " + " ".join([*train, *COMMON, *args]) + "\n")
     proc = cluster.run(
@@ -88,15 +71,9 @@ def _story(cluster, tmp_path: Path) -> str:
 
 
 def _check_resumed_exactly(tmp_path: Path, reference: subprocess.Popen) -> dict:
-    result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert reference.wait(timeout=300) == 0
-    final, expected = (
-        torch.load(w / "checkpoints" / "epoch_20.pth", weights_only=True)["state_dict"]
-        for w in (tmp_path / "run", tmp_path / "reference")
-    )
-    for key in expected:
-        assert torch.equal(final[key], expected[key]), key
-    return result
+    assert_same_weights(tmp_path / "run", tmp_path / "reference", "epoch_20.pth")
+    return json.loads((tmp_path / "run" / "result.json").read_text())
 
 
 def test_the_requeue_signal_saves_requeues_the_job_and_its_next_start_resumes_exactly(slurm_cluster, tmp_path):  # noqa: F811

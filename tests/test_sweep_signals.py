@@ -17,30 +17,14 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, slow_env, slow_train
 from optuna.trial import TrialState
 
 pytestmark = pytest.mark.slow
-SLOW = """
-import time
-from expkit import Hook
-
-class Slow(Hook):
-    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
-        time.sleep(0.01)
-"""
 
 
 def _command(tmp_path: Path, *args: str) -> list[str]:
-    conf = tmp_path / "conf" / "hooks"
-    conf.mkdir(parents=True, exist_ok=True)
-    (conf / "slow.yaml").write_text("slow:\n  _target_: slowhook.Slow\n")
-    (tmp_path / "slowhook.py").write_text(SLOW)
-    return [sys.executable, "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), "hooks=[slow]", *args]
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(tmp_path), "HYDRA_FULL_ERROR": "0"}
+    return slow_train(tmp_path, *args, sleep_s=0.01)
 
 
 def _interrupt(tmp_path: Path, command: list[str], ready: Path, *signals: signal.Signals) -> tuple[int, str, float]:
@@ -49,7 +33,7 @@ def _interrupt(tmp_path: Path, command: list[str], ready: Path, *signals: signal
     out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}.txt"
     with out.open("w") as sink:
         proc = subprocess.Popen(
-            command, cwd=REPO, env=_env(tmp_path), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+            command, cwd=REPO, env=slow_env(tmp_path), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
             deadline = time.time() + 240
@@ -101,7 +85,9 @@ def test_ctrl_c_stops_the_sweep_and_the_printed_command_finishes_it(tmp_path):
 
     resume = shlex.split(re.search(r"Resume it with: (.*)", output).group(1))
     assert resume[:3] == ["python", "-m", "expkit.train"] and resume[-1] == "resume=true"
-    done = subprocess.run([sys.executable, *resume[1:]], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, *resume[1:]], cwd=REPO, env=slow_env(tmp_path), capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert [_status(sweep / j) for j in "012"] == ["completed"] * 3
     assert json.loads((sweep / "1" / "result.json").read_text())["resumed_in_sweep"] is True
@@ -154,7 +140,7 @@ def test_ctrl_c_leaves_the_optuna_trial_running_for_resume_to_finish(tmp_path):
 
     assert states() == [TrialState.COMPLETE, TrialState.RUNNING]  # not told as failed, nor complete
     done = subprocess.run(
-        [*_command(tmp_path, *args), "resume=true"], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True
+        [*_command(tmp_path, *args), "resume=true"], cwd=REPO, env=slow_env(tmp_path), capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert states() == [TrialState.COMPLETE] * 3
@@ -184,7 +170,9 @@ def test_ctrl_c_stops_joblib_workers_after_they_save_and_starts_no_other_job(tmp
     assert not any((sweep / j / "result.json").exists() or (sweep / j / "checkpoints").exists() for j in "23")
 
     resume = shlex.split(re.search(r"Resume it with: (.*)", output).group(1))
-    done = subprocess.run([sys.executable, *resume[1:]], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, *resume[1:]], cwd=REPO, env=slow_env(tmp_path), capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert [_status(sweep / j) for j in "0123"] == ["completed"] * 4
 
@@ -212,7 +200,9 @@ def test_ctrl_c_stops_submitit_local_jobs_after_they_save_and_starts_no_other_jo
         assert result["status"] == "stopped" and result["stop_reason"] == "signal SIGINT"
 
     resume = shlex.split(re.search(r"Resume it with: (.*)", output).group(1))
-    done = subprocess.run([sys.executable, *resume[1:]], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, *resume[1:]], cwd=REPO, env=slow_env(tmp_path), capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert [_status(sweep / j) for j in "012"] == ["completed"] * 3
 
@@ -249,7 +239,7 @@ def test_ctrl_c_stops_an_optuna_search_in_slots_and_resume_finishes_its_trials(t
 
     assert states() == [TrialState.RUNNING] * 2  # no trial asked after the signal, none told failed
     done = subprocess.run(
-        [*_command(tmp_path, *args), "resume=true"], cwd=REPO, env=_env(tmp_path), capture_output=True, text=True
+        [*_command(tmp_path, *args), "resume=true"], cwd=REPO, env=slow_env(tmp_path), capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert states() == [TrialState.COMPLETE] * 4
@@ -271,7 +261,7 @@ def test_ctrl_c_stops_a_sweep_that_started_with_sigint_ignored_at_any_moment(tmp
                 proc = subprocess.Popen(
                     command,
                     cwd=REPO,
-                    env=_env(tmp_path),
+                    env=slow_env(tmp_path),
                     stdout=sink,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,

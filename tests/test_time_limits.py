@@ -6,62 +6,22 @@ real slurmctld are in tests/test_slurm.py."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, toy_runner
+from conftest import REPO, assert_same_weights, slow_env, slow_train, toy_runner, train_losses
 
 from expkit.core.errors import ConfigError
 from expkit.core.settings import TrainerSettings
 from expkit.hooks.time_limit import TimeLimitHook
 
-SLOW = """
-import time
-from expkit import Hook
-
-class Slow(Hook):
-    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
-        time.sleep(0.05)  # 2 s an epoch of 40 iterations: long enough to meet a time limit
-"""
-
-
-def _command(tmp_path: Path, *args: str) -> list[str]:
-    conf = tmp_path / "conf" / "hooks"
-    conf.mkdir(parents=True, exist_ok=True)
-    (conf / "slow.yaml").write_text("slow:\n  _target_: slowhook.Slow\n")
-    (tmp_path / "slowhook.py").write_text(SLOW)
-    return [sys.executable, "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), "hooks=[slow]", *args]
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(tmp_path), "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1"}
-
 
 def _result(work: Path) -> dict:
     return json.loads((work / "result.json").read_text())
-
-
-def _weights(work: Path, name: str) -> dict[str, torch.Tensor]:
-    return torch.load(work / "checkpoints" / name, weights_only=True)["state_dict"]
-
-
-def _assert_same_weights(work: Path, reference: Path, name: str) -> None:
-    final, expected = _weights(work, name), _weights(reference, name)
-    assert final.keys() == expected.keys()
-    for key in expected:
-        assert torch.equal(final[key], expected[key]), key
-
-
-def _train_losses(work: Path) -> list[tuple[int, float]]:
-    """(step, train/loss) of every training record of metrics.jsonl, in the file's order."""
-    records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
 
 
 # -- the settings -------------------------------------------------------------------------------------
@@ -124,14 +84,16 @@ def test_a_run_outside_slurm_asks_slurm_nothing_and_gets_no_guard(tmp_path, monk
 def test_the_requeue_signal_saves_and_stops_a_run_resumable_and_resume_ends_exactly(tmp_path):
     reference = tmp_path / "reference"
     common = ["trainer.max_epochs=3", "default_hooks.checkpoint.max_keep_ckpts=-1"]
-    done = subprocess.Popen([*_command(tmp_path, f"hydra.run.dir={reference}", *common)], cwd=REPO, env=_env(tmp_path))
+    done = subprocess.Popen(
+        [*slow_train(tmp_path, f"hydra.run.dir={reference}", *common)], cwd=REPO, env=slow_env(tmp_path)
+    )
     work = tmp_path / "run"
     out = tmp_path / "run.txt"
     with out.open("w") as sink:
         proc = subprocess.Popen(
-            _command(tmp_path, f"hydra.run.dir={work}", *common),
+            slow_train(tmp_path, f"hydra.run.dir={work}", *common),
             cwd=REPO,
-            env=_env(tmp_path),
+            env=slow_env(tmp_path),
             stdout=sink,
             stderr=subprocess.STDOUT,
         )
@@ -149,17 +111,17 @@ def test_the_requeue_signal_saves_and_stops_a_run_resumable_and_resume_ends_exac
     assert (work / "checkpoints" / "last_checkpoint").read_text() == f"iter_{result['iter']}.pth"
 
     resumed = subprocess.run(
-        _command(tmp_path, f"hydra.run.dir={work}", "resume=true", *common),
+        slow_train(tmp_path, f"hydra.run.dir={work}", "resume=true", *common),
         cwd=REPO,
-        env=_env(tmp_path),
+        env=slow_env(tmp_path),
         capture_output=True,
         text=True,
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert done.wait(timeout=240) == 0
     assert _result(work)["status"] == "completed"
-    _assert_same_weights(work, reference, "epoch_3.pth")
-    assert _train_losses(work) == _train_losses(reference)  # each step once, as the uninterrupted run logged it
+    assert_same_weights(work, reference, "epoch_3.pth")
+    assert train_losses(work) == train_losses(reference)  # each step once, as the uninterrupted run logged it
 
 
 # -- submitit's time limit: USR2, checkpoint, requeue, resume ------------------------------------------
@@ -170,10 +132,12 @@ def test_submitit_time_limit_saves_requeues_and_the_next_attempt_resumes_exactly
     Slurm. The job saves at the signal, is recorded stopped, and the next attempt resumes it."""
     reference = tmp_path / "reference"
     common = ["trainer.max_epochs=20"]
-    done = subprocess.Popen([*_command(tmp_path, f"hydra.run.dir={reference}", *common)], cwd=REPO, env=_env(tmp_path))
+    done = subprocess.Popen(
+        [*slow_train(tmp_path, f"hydra.run.dir={reference}", *common)], cwd=REPO, env=slow_env(tmp_path)
+    )
     sweep = tmp_path / "sweep"
     proc = subprocess.run(
-        _command(
+        slow_train(
             tmp_path,
             "-m",
             *common,
@@ -183,7 +147,7 @@ def test_submitit_time_limit_saves_requeues_and_the_next_attempt_resumes_exactly
             f"hydra.sweep.dir={sweep}",
         ),
         cwd=REPO,
-        env=_env(tmp_path),
+        env=slow_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=400,
@@ -202,8 +166,8 @@ def test_submitit_time_limit_saves_requeues_and_the_next_attempt_resumes_exactly
     assert ",completed," in summary and "failed" not in summary and "interrupted" not in summary
 
     assert done.wait(timeout=240) == 0
-    _assert_same_weights(sweep / "0", reference, "epoch_20.pth")
-    assert _train_losses(sweep / "0") == _train_losses(reference)
+    assert_same_weights(sweep / "0", reference, "epoch_20.pth")
+    assert train_losses(sweep / "0") == train_losses(reference)
 
 
 @pytest.mark.slow
@@ -213,9 +177,9 @@ def test_at_hydras_default_max_num_timeout_the_job_is_saved_stopped_and_resume_f
     sweep = tmp_path / "sweep"
     args = ["-m", "trainer.max_epochs=20", "hydra/launcher=submitit_local", f"hydra.sweep.dir={sweep}"]
     proc = subprocess.run(
-        _command(tmp_path, *args, "hydra.launcher.timeout_min=1", "+hydra.launcher.max_num_timeout=0"),
+        slow_train(tmp_path, *args, "hydra.launcher.timeout_min=1", "+hydra.launcher.max_num_timeout=0"),
         cwd=REPO,
-        env=_env(tmp_path),
+        env=slow_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=300,
@@ -228,49 +192,14 @@ def test_at_hydras_default_max_num_timeout_the_job_is_saved_stopped_and_resume_f
     assert ",interrupted," in (sweep / "summary.csv").read_text()
 
     resumed = subprocess.run(
-        _command(tmp_path, *args, "hydra.launcher.timeout_min=10", "resume=true"),
+        slow_train(tmp_path, *args, "hydra.launcher.timeout_min=10", "resume=true"),
         cwd=REPO,
-        env=_env(tmp_path),
+        env=slow_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert _result(sweep / "0")["status"] == "completed"
-    steps = [s for s, _ in _train_losses(sweep / "0")]
+    steps = [s for s, _ in train_losses(sweep / "0")]
     assert steps == sorted(set(steps)) and steps[-1] == 800  # each step logged once, to the end
-
-
-@pytest.mark.slow
-def test_a_sigterm_to_one_submitit_job_records_it_stopped_and_resume_finishes_it_alone(tmp_path):
-    """Slurm's scancel of one job of a sweep sends it SIGTERM: the job saves and is recorded
-    stopped (not failed), the sweep's other job runs to its end, and re-running the sweep with
-    resume=true trains the stopped job to its end and leaves the finished one alone."""
-    sweep = tmp_path / "sweep"
-    args = ["-m", "optim.lr=0.1,0.05", "trainer.max_epochs=8", "hydra/launcher=submitit_local"]
-    args += ["hydra.launcher.timeout_min=10", f"hydra.sweep.dir={sweep}"]
-    out = tmp_path / "sweep.txt"
-    with out.open("w") as sink:
-        proc = subprocess.Popen(_command(tmp_path, *args), cwd=REPO, env=_env(tmp_path), stdout=sink, stderr=sink)
-        deadline = time.time() + 180
-        while not (sweep / "1" / "checkpoints" / "epoch_2.pth").exists():
-            assert proc.poll() is None and time.time() < deadline, out.read_text()[-3000:]
-            time.sleep(0.05)
-        job_pid = json.loads((sweep / "1" / ".lock").read_text())["pid"]  # submitit's task process, job 1's owner
-        os.kill(job_pid, signal.SIGTERM)
-        assert proc.wait(timeout=240) == 0, out.read_text()[-3000:]
-    stopped, other = _result(sweep / "1"), _result(sweep / "0")
-    assert (stopped["status"], stopped["stop_reason"]) == ("stopped", "signal SIGTERM")
-    assert other["status"] == "completed"  # the other job was not stopped with it
-    assert not (sweep / ".stop").exists()  # no other job of the sweep is kept from starting (or a requeue)
-    finished_at = (sweep / "0" / "result.json").stat().st_mtime
-
-    resumed = subprocess.run(
-        _command(tmp_path, *args, "resume=true"), cwd=REPO, env=_env(tmp_path), capture_output=True, text=True
-    )
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert [_result(sweep / j)["status"] for j in "01"] == ["completed", "completed"]
-    assert _result(sweep / "1")["resumed_in_sweep"] is True
-    assert (sweep / "0" / "result.json").stat().st_mtime == finished_at  # trained once
-    steps = [s for s, _ in _train_losses(sweep / "1")]
-    assert steps == sorted(set(steps))  # each step logged once

@@ -14,8 +14,11 @@ import re
 import subprocess
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["SlurmJob", "job_id", "requeue", "this_job"]
+from expkit.core.errors import ConfigError
+
+__all__ = ["SlurmJob", "SlurmNodes", "being_requeued", "job_id", "partition_nodes", "requeue", "this_job"]
 
 
 log = logging.getLogger("expkit")
@@ -42,11 +45,14 @@ class SlurmJob:
         end_time: when Slurm ends the job (its time limit), as ``time.time()`` seconds; None when it has
             no limit or Slurm did not say.
         requeue: whether the job may be requeued (``sbatch --requeue``, or the cluster's ``JobRequeue=1``).
+        restarts: how many times Slurm has requeued it so far (``Restarts=``): one more than this
+            attempt's ``SLURM_RESTART_COUNT`` once ``scontrol requeue`` or a preemption has ended it.
     """
 
     job_id: str
     end_time: float | None
     requeue: bool
+    restarts: int = 0
 
 
 def this_job() -> SlurmJob | None:
@@ -72,7 +78,13 @@ def this_job() -> SlurmJob | None:
     if proc.returncode != 0:
         log.warning("Could not ask Slurm about job %s: %s", jid, proc.stderr.strip() or f"exit {proc.returncode}")
         return None
-    return SlurmJob(jid, _end_time(proc.stdout), re.search(r"\bRequeue=1\b", proc.stdout) is not None)
+    restarts = re.search(r"\bRestarts=(\d+)", proc.stdout)
+    return SlurmJob(
+        jid,
+        _end_time(proc.stdout),
+        re.search(r"\bRequeue=1\b", proc.stdout) is not None,
+        int(restarts.group(1)) if restarts else 0,
+    )
 
 
 def _end_time(scontrol_line: str) -> float | None:
@@ -83,6 +95,18 @@ def _end_time(scontrol_line: str) -> float | None:
         return time.mktime(time.strptime(found.group(1), "%Y-%m-%dT%H:%M:%S")) if found else None
     except ValueError:
         return None
+
+
+def being_requeued() -> bool:
+    """Whether Slurm is ending this attempt of the job to start it again (``scontrol requeue``, a
+    preemption with ``PreemptMode=REQUEUE``): its restart count is already past this attempt's.
+    Asked once, when SIGTERM has stopped a run: ``scancel`` sends the same signal.
+
+    Returns:
+        True when the job comes back; False for a cancel, outside Slurm, or when Slurm does not answer.
+    """
+    job = this_job()
+    return job is not None and job.restarts > int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
 
 
 def requeue(job: SlurmJob | None = None) -> str | None:
@@ -110,3 +134,64 @@ def requeue(job: SlurmJob | None = None) -> str | None:
     if proc.returncode != 0:
         return f"scontrol requeue {job.job_id}: {proc.stderr.strip() or f'exit {proc.returncode}'}"
     return None
+
+
+class SlurmNodes(NamedTuple):
+    """What the nodes of a partition have, as ``sinfo`` reports them.
+
+    Args:
+        gpus: GPUs per node (its ``gpu`` generic resources): the most any node has; 0 without GPUs.
+        cpus: CPUs per node: the fewest any node has.
+    """
+
+    gpus: int
+    cpus: int
+
+
+def partition_nodes(partition: str | None) -> SlurmNodes:
+    """The nodes of `partition`, as ``sinfo`` reports them (``gpu:4``, ``gpu:a100:4(S:0-1)``: 4
+    GPUs), asked where the jobs are submitted when the launcher is built: ``hydra/launcher=slurm_ddp``
+    fills its defaults with them.
+
+    Args:
+        partition: the partition the jobs go to; None: the cluster's default one (``sinfo``'s ``*``).
+
+    Returns:
+        The GPUs and CPUs per node.
+
+    Raises:
+        ConfigError: sinfo is missing, fails, or does not know the partition.
+    """
+    fix = "or set hydra.launcher.gpus_per_node=N and cpus_per_task=N (gpus_per_node=0 on a cluster without GPUs)"
+    try:
+        proc = subprocess.run(
+            ["sinfo", "--noheader", "--format=%P|%G|%c"],
+            capture_output=True,
+            text=True,
+            timeout=SCONTROL_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(
+            f"hydra/launcher=slurm_ddp: could not ask Slurm (sinfo) about its nodes: {exc}; {fix}"
+        ) from None
+    if proc.returncode != 0:
+        why = proc.stderr.strip() or f"exit {proc.returncode}"
+        raise ConfigError(f"hydra/launcher=slurm_ddp: sinfo failed ({why}); {fix}")
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line.count("|") == 2]
+    names = sorted({row[0].rstrip("*") for row in rows})
+    wanted = [row for row in rows if (row[0].rstrip("*") == partition if partition else row[0].endswith("*"))]
+    if not wanted:
+        where = f"partition {partition!r}" if partition else "default partition"
+        raise ConfigError(f"hydra.launcher.partition: the cluster has no {where}; its partitions: {', '.join(names)}")
+    cpus = [int(row[2].rstrip("+")) for row in wanted if row[2].rstrip("+").isdigit()]
+    return SlurmNodes(gpus=max(_gpu_count(row[1]) for row in wanted), cpus=min(cpus, default=1))
+
+
+def _gpu_count(gres: str) -> int:
+    """The GPUs in one ``sinfo %G`` field: ``gpu:4`` and ``gpu:a100:4(S:0-1)`` are 4, ``(null)`` 0."""
+    count = 0
+    for item in gres.split(","):
+        found = re.fullmatch(r"gpu(?::[^:(]+)*?:(\d+)(?:\(.*\))?", item.strip())
+        count += int(found.group(1)) if found else 0
+    return count

@@ -13,9 +13,11 @@ Like Hydra's own plugins, it registers its config (``hydra/sweeper=expkit``) wit
 ConfigStore, so it works in any Hydra app, not only in expkit's commands.
 """
 
+import contextlib
 import logging
 import math
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,6 +27,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from expkit.core.errors import ConfigError, TaskExit
 from expkit.core.hydra_compat import basic_launcher, basic_sweeper
 
 __all__ = [
@@ -38,6 +41,7 @@ __all__ = [
     "check_seed_keys",
     "compose_once",
     "count_jobs",
+    "launcher_settings_checked",
     "stoppable",
 ]
 
@@ -240,7 +244,11 @@ class StopBetweenJobs:
             if _local_submitit(self._launcher):
                 watcher = _StopWatcher(self._sweep_dir)  # hears Ctrl-C for this process, which ignores it
             returns = work()
-        except Exception:
+        except Exception as exc:
+            refused = _refused_submission(exc)
+            if refused:  # (sbatch's one line, not submitit's traceback of 50)
+                print(f"Error: {refused}", file=sys.stderr)
+                raise TaskExit(2) from None
             if watcher is not None and watcher.heard():
                 got.append(watcher.heard())  # type: ignore[arg-type]
             if got:  # a worker the signal ended (SIGTERM between jobs): the sweep stops all the same
@@ -259,6 +267,20 @@ class StopBetweenJobs:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._launcher, name)
+
+
+def _refused_submission(exc: Exception) -> str | None:
+    """What the scheduler said when it refused to take the jobs (submitit's ``FailedJobError`` from
+    ``sbatch``: a generic resource the cluster lacks, more CPUs than a node has, an unknown
+    partition); None for any other error."""
+    if type(exc).__name__ not in ("FailedJobError", "FailedSubmissionError") or "submitit" not in type(exc).__module__:
+        return None
+    said = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (
+        f"the cluster refused the jobs: {said[-1] if said else type(exc).__name__} "
+        "(check hydra.launcher's partition, gpus_per_node, tasks_per_node, cpus_per_task, mem_gb and timeout_min "
+        "against what `sinfo --long --Node` shows)"
+    )
 
 
 def _local_submitit(launcher: Any) -> bool:
@@ -337,6 +359,30 @@ class _StopWatcher:
             self._proc.stdout.close()
 
 
+@contextlib.contextmanager
+def launcher_settings_checked() -> Iterator[None]:
+    """Around the launcher's construction: a setting refused as it is resolved (``slurm_ddp`` asks
+    sinfo for its defaults) leaves as one ``Error:`` line and exit 2, not as OmegaConf's
+    interpolation error in a traceback.
+
+    Yields:
+        Nothing: the launcher is built inside.
+
+    Raises:
+        TaskExit: 2, for an error whose cause is a ConfigError (printed first).
+    """
+    try:
+        yield
+    except Exception as exc:
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, ConfigError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        print(f"Error: {cause}", file=sys.stderr)
+        raise TaskExit(2) from None
+
+
 def stoppable(launcher: Any, config: DictConfig) -> Any:
     """`launcher`, stopped by signals as a sweep should be (see ``StopBetweenJobs``); the
     in-process BasicLauncher as it is (its jobs stop the sweep themselves).
@@ -369,7 +415,8 @@ class ExpkitSweeper(basic_sweeper()):  # type: ignore[misc]  # (the class this m
         self.sweep_params = dict(params or {})
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        with launcher_settings_checked():
+            super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         if type(self.launcher) is basic_launcher():  # jobs composed and run in this process
             self.hydra_context = compose_once(self.launcher, hydra_context)
         self.launcher = stoppable(self.launcher, config)

@@ -57,6 +57,7 @@ from hydra_plugins.expkit_sweeper.expkit_sweeper import (
     check_batch,
     check_seed_keys,
     compose_once,
+    launcher_settings_checked,
     stoppable,
 )
 
@@ -325,9 +326,10 @@ class OptunaSweeper(Sweeper):
         with _one_line():
             self._check_settings(config)
         self.config, self.hydra_context = config, hydra_context
-        self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
-        )
+        with launcher_settings_checked():
+            self.launcher = Plugins.instance().instantiate_launcher(
+                hydra_context=hydra_context, task_function=task_function, config=config
+            )
         self.in_process = type(self.launcher) is basic_launcher()
         if self.in_process:
             self.hydra_context = compose_once(self.launcher, hydra_context)
