@@ -201,7 +201,14 @@ def test_submitit_local_with_two_tasks_is_one_ddp_run(tmp_path):
 
 
 def test_slurm_ddp_launcher_config_starts_one_task_per_gpu():
-    proc = run_cli("hydra/launcher=slurm_ddp", "hydra.launcher.gpus_per_node=8", "--cfg", "hydra", "--resolve")
+    proc = run_cli(
+        "hydra/launcher=slurm_ddp",
+        "hydra.launcher.gpus_per_node=8",
+        "hydra.launcher.cpus_per_task=4",
+        "--cfg",
+        "hydra",
+        "--resolve",
+    )
     assert proc.returncode == 0, proc.output
     assert "gpus_per_node: 8" in proc.stdout and "tasks_per_node: 8" in proc.stdout
     assert "SlurmLauncher" in proc.stdout
@@ -249,6 +256,42 @@ def test_a_killed_rank_leaves_a_one_line_record_and_the_run_resumes(tmp_path, ki
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     if killed == 0:  # the dead owner of the work dir is named when the next start takes it over
         assert "taking it over from pid" in resumed.stdout + resumed.stderr
+    assert json.loads((work / "result.json").read_text())["status"] == "completed"
+
+
+TERM_ONE = '''
+import os, signal
+import torch.distributed as dist
+from expkit import Hook
+
+class TermRankOne(Hook):
+    """SIGTERM to rank 1 alone, once, at iteration 15 (a kill of one PID, not of the job)."""
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        marker = runner.work_dir / "termed"
+        if dist.get_rank() == 1 and runner.iter == 15 and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGTERM)
+'''
+
+
+def test_a_signal_to_one_rank_stops_every_rank_as_that_signal_and_resume_finishes(tmp_path):
+    """Rank 0, which writes result.json, never had the signal: the stop it records is still a
+    signal's (an unfinished run, which a sweep's resume runs again), not a plain stop."""
+    (tmp_path / "termhook.py").write_text(TERM_ONE)
+    work = tmp_path / "run"
+    args = (f"hydra.run.dir={work}", "trainer.max_epochs=2", "+hooks.term._target_=termhook.TermRankOne")
+    proc = _torchrun(tmp_path, *args, timeout=240)
+    assert proc.returncode != 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((work / "result.json").read_text())
+    assert (result["status"], result["stop_reason"]) == ("stopped", "signal SIGTERM (on another rank)"), result
+    assert "test/acc" not in result["final_metrics"]  # (an interruption: no test pass)
+
+    from expkit.sweeps.sweep_jobs import finished
+
+    assert not finished(result)
+    resumed = _torchrun(tmp_path, *args, "resume=true", timeout=240)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert json.loads((work / "result.json").read_text())["status"] == "completed"
 
 

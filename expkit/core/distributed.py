@@ -285,12 +285,13 @@ STOP_NONE, STOP_REQUESTED, STOP_SIGNAL = 0, 1, 2
 
 
 def agree_on_stop(code: int) -> int:
-    """The strongest stop any rank has (STOP_SIGNAL > STOP_REQUESTED > STOP_NONE), on every
-    rank: ranks stop after the same iteration (a stop taken alone would leave the others in
-    a collective: FSDP's gather, DDP's all-reduce, the checkpoint's save).
+    """The strongest stop any rank has (a signal > a requested stop > none), on every rank:
+    ranks stop after the same iteration (a stop taken alone would leave the others in a
+    collective: FSDP's gather, DDP's all-reduce, the checkpoint's save).
 
     Args:
-        code: this rank's stop code: ``STOP_NONE``, ``STOP_REQUESTED`` or ``STOP_SIGNAL``.
+        code: this rank's stop code: ``STOP_NONE``, ``STOP_REQUESTED``, or ``STOP_SIGNAL`` plus the
+            signal's number (the ranks learn which signal; of two, the higher number wins).
 
     Returns:
         The largest code over all ranks; `code` itself in one process.

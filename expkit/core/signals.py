@@ -16,6 +16,7 @@ __all__ = [
     "raise_on_sigterm",
     "requeue_signals",
     "signal_number",
+    "stop_for_signal",
     "stop_on_signals",
     "submitit_signal",
     "take_ctrl_c",
@@ -134,6 +135,23 @@ def hand_over(signum: int) -> str | None:
     return None
 
 
+def stop_for_signal(runner: Any, signum: int, where: str = "") -> None:
+    """Stop `runner` as `signum` asks: after the current iteration, ``runner.stop_signal`` set, the
+    reason ``signal SIGTERM``; a requeue signal (in ``runner.requeue_signals``) stops it resumable
+    and sets ``runner.requeue``, unless the run was already stopping for another reason.
+
+    Args:
+        runner: the runner to stop.
+        signum: the signal.
+        where: said after the reason (`` (on another rank)``: a signal only another rank had).
+    """
+    requeue = signum in getattr(runner, "requeue_signals", ()) and signum not in (signal.SIGTERM, signal.SIGINT)
+    if requeue:
+        runner.requeue = runner.requeue or runner.stop_reason is None
+    runner.stop_signal = signum
+    runner.request_stop(f"signal {signal.Signals(signum).name}{where}", resumable=requeue)
+
+
 @contextlib.contextmanager
 def stop_on_signals(runner: Any) -> Iterator[None]:
     """Inside: SIGTERM / SIGINT become ``runner.request_stop``: the current iteration finishes,
@@ -159,19 +177,12 @@ def stop_on_signals(runner: Any) -> Iterator[None]:
     def on_signal(signum: int, frame: Any) -> None:
         if runner.stop_signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        runner.stop_signal = signum
-        runner.request_stop(f"signal {signal.Signals(signum).name}")
-
-    def on_requeue_signal(signum: int, frame: Any) -> None:
-        # (a run already stopping for another reason ends as that stop says: no requeue)
-        runner.requeue = runner.requeue or runner.stop_reason is None
-        runner.stop_signal = signum
-        runner.request_stop(f"signal {signal.Signals(signum).name}", resumable=True)
+        stop_for_signal(runner, signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     for sig in getattr(runner, "requeue_signals", ()):
         if sig not in previous:  # (TERM or INT among them stays a plain stop)
-            previous[sig] = signal.signal(sig, on_requeue_signal)
+            previous[sig] = signal.signal(sig, on_signal)
     try:
         yield
     finally:

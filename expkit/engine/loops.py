@@ -10,7 +10,6 @@ import contextlib
 import functools
 import itertools
 import logging
-import signal
 import time
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from expkit.core.distributed import (
     is_distributed,
     reduce_device,
 )
+from expkit.core.signals import stop_for_signal
 from expkit.core.stages import Stage
 from expkit.engine.hook_table import NULL
 from expkit.optimizers import Optimizers
@@ -179,10 +179,14 @@ class TrainLoop:
     def done(self) -> bool:
         r = self.runner
         if self.distributed:  # every rank stops after the same iteration (one 4-byte all-reduce on the CPU)
-            mine = STOP_NONE if r.stop_reason is None else STOP_SIGNAL if r.stop_signal is not None else STOP_REQUESTED
+            mine = STOP_NONE if r.stop_reason is None else STOP_REQUESTED
+            if r.stop_signal is not None:
+                mine = STOP_SIGNAL + r.stop_signal  # (the signal travels: a rank without it stops as if it had it)
             agreed = agree_on_stop(mine)
-            if agreed == STOP_SIGNAL and r.stop_signal is None:  # a signal on another rank: skip the test too
-                r.stop_signal = signal.SIGTERM
+            if agreed >= STOP_SIGNAL and r.stop_signal is None:
+                # a signal that reached another rank only (a kill of one PID): this rank records the
+                # same kind of stop, so that rank 0's result.json says "signal", an unfinished run
+                stop_for_signal(r, agreed - STOP_SIGNAL, " (on another rank)")
             if agreed != STOP_NONE:
                 r.request_stop("a stop on another rank")  # (a no-op when this rank asked first)
                 return True
