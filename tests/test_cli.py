@@ -322,13 +322,23 @@ def test_resume_true_takes_the_runs_own_overrides_and_names_a_conflict(tmp_path)
     assert _result(tmp_path)["epoch"] == 2
 
 
-@pytest.mark.parametrize("word", ["trainer.max_epoch=2", "+trainer.max_epoch=2"], ids=["typo", "appended"])
-def test_a_misspelt_trainer_key_says_which_key_was_meant(tmp_path, word):
+@pytest.mark.parametrize(
+    ("words", "meant"),
+    [
+        (["trainer.max_epoch=2"], "trainer.max_epochs"),
+        (["+trainer.max_epoch=2"], "trainer.max_epochs"),
+        (["seed=1"], "trainer.seed"),
+        (["-m", "seed=0,1"], "trainer.seed"),
+    ],
+    ids=["typo", "appended", "bare", "bare-in-a-sweep"],
+)
+def test_a_misspelt_trainer_key_says_which_key_was_meant(tmp_path, words, meant):
     # Hydra's own advice for the first is the second, which then failed with "unexpected keyword
-    # argument 'max_epoch'" (issue 53, item 11)
-    proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", word)
+    # argument 'max_epoch'" (issue 53, item 11); a bare seed=1 got Hydra's "Key 'seed' is not in
+    # struct" alone (issue 55's sweeps: trainer.seed is the key)
+    proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}", *words)
     assert proc.returncode == 2, proc.output
-    assert "did you mean trainer.max_epochs?" in proc.stderr, proc.stderr
+    assert f"did you mean {meant}?" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.output
 
 

@@ -598,45 +598,79 @@ def command_main(run: Callable[[], Any], options: Sequence[str]) -> None:
 def misspelt_keys(argv: list[str]) -> str | None:
     """After Hydra refused the command line (``Could not override 'trainer.max_epoch'``, whose own
     advice is to add it with ``+``): the override keys the config does not have, each with the
-    closest key it does have. Composes the config once more, so only on that failure path.
+    closest key it does have; a bare key (``seed=1``) with the keys that end in it
+    (``trainer.seed``). Composes the config once more, so only on that failure path.
 
     Args:
         argv: the command line, without the program name.
 
     Returns:
         ``trainer.max_epoch is not a key of the config; did you mean trainer.max_epochs?`` (one sentence
-            per such key); None when every dotted key is in the config, or the config cannot be composed
+            per such key); None when every key is in the config, or the config cannot be composed
             here (a ``--config-dir`` of the user's, a bad group choice: Hydra's message says enough).
     """
-    import difflib
+    from importlib import resources
 
+    from omegaconf import OmegaConf
+
+    if any(a.startswith("--config-dir") or a == "-cd" for a in argv):
+        return None
+    groups = {p.name for p in resources.files("expkit.conf").iterdir() if p.is_dir()}
+    keys = [a.partition("=")[0] for a in argv if "=" in a and not a.startswith(("-", "+", "~", "hydra."))]
+    choices = [a for a in argv if a.partition("=")[0] in groups]
+    unknown = [k for k in keys if k not in groups]
+    cfg = _composed_train_config(choices) if unknown else None
+    if cfg is None:
+        return None
+    leaves = _leaf_keys(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
+    sentences = [_closest_key(key, leaves) for key in unknown if key not in leaves]
+    return " ".join(s for s in sentences if s) or None
+
+
+def _composed_train_config(choices: list[str]) -> Any:
+    """expkit.train's config with these group choices; None where it does not compose."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import DictConfig, OmegaConf
 
-    words = [a for a in argv if "=" in a and not a.startswith("-")]
-    choices = [a for a in words if "." not in a.partition("=")[0] and not a.startswith(("+", "~"))]
-    dotted = [
-        a.partition("=")[0] for a in words if "." in a.partition("=")[0] and not a.startswith(("+", "~", "hydra."))
-    ]
-    if not dotted or any(a.startswith("--config-dir") or a == "-cd" for a in argv):
-        return None
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module="expkit.conf", version_base="1.3"):
-            cfg = compose(config_name="train", overrides=choices)
+            return compose(config_name="train", overrides=choices)
     except Exception:
         return None
     finally:
         GlobalHydra.instance().clear()
-    sentences = []
-    for key in dotted:
-        parent, _, name = key.rpartition(".")
-        node = OmegaConf.select(cfg, parent, default=None)
-        if not isinstance(node, DictConfig) or name in node:  # (a key whose value is ??? is in the config too)
-            continue
-        known = [str(k) for k in node] if isinstance(node, DictConfig) else []
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f"did you mean {parent}.{close[0]}?" if close else "see --cfg job for the keys"
-        sentences.append(f"{key} is not a key of the config; {hint}")
-    return " ".join(sentences) or None
+
+
+def _leaf_keys(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Every dotted key of a config container with its value, its dicts' keys included
+    (``trainer``, ``trainer.seed``)."""
+    found: dict[str, Any] = {}
+    if isinstance(tree, dict):
+        for name, value in tree.items():
+            key = f"{prefix}{name}"
+            found[key] = value
+            found.update(_leaf_keys(value, f"{key}."))
+    return found
+
+
+def _closest_key(key: str, known: dict[str, Any]) -> str | None:
+    """The sentence for one key the config does not have: the keys one level up that look like
+    it (a typo), or for a bare key the dotted keys that end in it or look like it (values that
+    only repeat another key, ``${trainer.seed}``, left out); None for a key under a parent the
+    config does not have either (Hydra's message says enough)."""
+    import difflib
+
+    parent, _, name = key.rpartition(".")
+    if parent and parent not in known:
+        return None
+    if parent:
+        siblings = sorted(k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent)
+        close = [f"{parent}.{c}" for c in difflib.get_close_matches(name, siblings, n=1)]
+    else:
+        own = sorted(k for k, v in known.items() if not (isinstance(v, str) and v.startswith("${")))
+        by_name = {k.rpartition(".")[2]: k for k in sorted(own, key=lambda k: -k.count("."))}  # (the shallowest wins)
+        close = [k for k in own if k.endswith(f".{name}")][:3]
+        close = close or [by_name[n] for n in difflib.get_close_matches(name, sorted(by_name), n=2)]
+    hint = f"did you mean {' or '.join(close)}?" if close else "see --cfg job for the keys"
+    return f"{key} is not a key of the config; {hint}"
