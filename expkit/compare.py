@@ -32,8 +32,9 @@ from expkit.config import cli
 from expkit.core import hydra_compat, versions
 from expkit.core.atomic import write_text_atomic
 from expkit.core.errors import ConfigError, TaskExit, exit_status, task_exits
-from expkit.sweep import DEFAULT_SEED_KEYS, _cell, _read_yaml, _records, group_rows, job_row
-from expkit.sweeps.sweep_jobs import job_order, job_target, read_result
+from expkit.sweep import DEFAULT_SEED_KEYS, _cell, _read_yaml, group_rows, job_row
+from expkit.sweeps.sweep_jobs import job_order, job_target
+from expkit.workdir.records import read_records, read_result
 
 __all__ = ["Comparison", "compare", "find_runs", "main", "plot", "render", "run", "write"]
 
@@ -150,7 +151,7 @@ def _rule_of(result: dict[str, Any] | None, config: Any, metric: str) -> str:
 def _for_metric(row: dict[str, Any], metric: str, records: list[dict[str, Any]]) -> None:
     """`row` (``job_row``'s, for the run's own monitor) made to speak of `metric` instead."""
     work_dir = Path(row["work_dir"])
-    result = read_result(work_dir / "result.json")
+    result = read_result(work_dir)
     rule = _rule_of(result, _read_yaml(work_dir / ".hydra" / "config.yaml"), metric)
     curve = [[r["epoch"], r[metric]] for r in records if metric in r and "epoch" in r]
     row.update(monitor=metric, rule=rule, curve=curve)
@@ -220,8 +221,8 @@ def compare(run_dirs: Sequence[Path], metric: str | None = None, seed_keys: Sequ
             raise ConfigError(f"{path} holds no run (no .hydra/)")
         row["job"] = label
         row["settings"] = _settings(path)
-        row["result"] = read_result(path / "result.json")
-        records[label] = _records(path)
+        row["result"] = read_result(path)
+        records[label] = read_records(path)
         rows.append(row)
     monitors = {r["job"]: r["monitor"] for r in rows}
     if metric is not None:

@@ -38,7 +38,8 @@ from expkit.core.atomic import write_json_atomic, write_text_atomic
 from expkit.metrics import monitor_of
 from expkit.sweeps import search
 from expkit.sweeps.search import objective_values, objectives_of
-from expkit.sweeps.sweep_jobs import finished, job_order, job_target, key_kind, read_job, read_result
+from expkit.sweeps.sweep_jobs import finished, job_order, job_target, key_kind
+from expkit.workdir.records import BEST_FILE, RESULT, read_best, read_job, read_records, read_result
 
 __all__ = [
     "COLUMNS",
@@ -88,19 +89,6 @@ def _read_yaml(path: Path) -> Any:
         return None
 
 
-def _records(work_dir: Path) -> list[dict[str, Any]]:
-    path = work_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being written right now
-            continue
-    return records
-
-
 def job_row(work_dir: Path) -> dict[str, Any] | None:
     """One job's row, from its result.json, or from metrics.jsonl while it runs.
 
@@ -115,8 +103,8 @@ def job_row(work_dir: Path) -> dict[str, Any] | None:
     hydra_dir = work_dir / ".hydra"
     if not hydra_dir.is_dir() or "alias_of" in (read_job(work_dir) or {}):
         return None
-    result_path = work_dir / "result.json"
-    result = read_result(result_path)  # (None while it runs, and for a torn or foreign file)
+    result_path = work_dir / RESULT
+    result = read_result(work_dir)  # (None while it runs, and for a torn or foreign file)
     if result is not None and result.get("monitor") and result.get("monitor_rule") in ("greater", "less"):
         monitor, rule = result["monitor"], result["monitor_rule"]  # what the run used (no YAML to parse)
     else:
@@ -131,7 +119,7 @@ def job_row(work_dir: Path) -> dict[str, Any] | None:
         "override_values": dict(o.split("=", 1) for o in overrides if "=" in o),
         "work_dir": str(work_dir.resolve()),
     }
-    records = _records(work_dir)
+    records = read_records(work_dir)
     curve = [[r["epoch"], r[monitor]] for r in records if monitor in r and "epoch" in r]
     row["curve"] = curve
     if result is not None:
@@ -375,7 +363,7 @@ def _mtime(path: Path) -> float | None:
 
 def _cached_row(sweep_dir: Path, job: str) -> dict[str, Any] | None:
     """The cached summary row of `job` (a job dir's name, read from best.json too: confined)."""
-    path = confine.confined(sweep_dir / ROWS_DIR, f"{job}.json", sweep_dir / "best.json", "cached row")
+    path = confine.confined(sweep_dir / ROWS_DIR, f"{job}.json", sweep_dir / BEST_FILE, "cached row")
     if path is None:
         return None
     try:
@@ -437,7 +425,7 @@ def _all_rows(sweep_dir: Path, fresh: bool) -> list[dict[str, Any]]:
     rows = []
     for path in sorted((p for p in sweep_dir.iterdir() if p.is_dir() and not p.name.startswith(".")), key=job_order):
         row = None if fresh else _cached_row(sweep_dir, path.name)
-        if row is None or row.get("status") == "running" or row.get("result_mtime") != _mtime(path / "result.json"):
+        if row is None or row.get("status") == "running" or row.get("result_mtime") != _mtime(path / RESULT):
             row = job_row(path)
             if row is not None:
                 row = json.loads(json.dumps(row))  # as cached (tuples become lists)
@@ -488,7 +476,7 @@ def _write_summary(sweep_dir: Path, rows: list[dict[str, Any]], seed_keys: list[
     best = _best_json(rows[0], len(rows), statuses, [r["job"] for r in rows if r.get("resumed")])
     write_text_atomic(sweep_dir / "summary.csv", _csv_text(rows, columns))
     write_text_atomic(sweep_dir / "summary.md", "\n".join(lines) + "\n")
-    write_json_atomic(sweep_dir / "best.json", best)
+    write_json_atomic(sweep_dir / BEST_FILE, best)
     return best
 
 
@@ -527,7 +515,7 @@ def _write_front_summary(
     )
     write_text_atomic(sweep_dir / "summary.csv", _csv_text(rows, columns))
     write_text_atomic(sweep_dir / "summary.md", "\n".join(lines) + "\n")
-    write_json_atomic(sweep_dir / "best.json", best)
+    write_json_atomic(sweep_dir / BEST_FILE, best)
     return best
 
 
@@ -554,7 +542,7 @@ def _write_group_summary(
     write_text_atomic(sweep_dir / "summary.csv", _csv_text(groups, GROUP_COLUMNS))
     write_text_atomic(sweep_dir / "jobs.csv", _csv_text(rows, columns))
     write_text_atomic(sweep_dir / "summary.md", "\n".join(lines) + "\n")
-    write_json_atomic(sweep_dir / "best.json", best)
+    write_json_atomic(sweep_dir / BEST_FILE, best)
     return best
 
 
@@ -588,7 +576,7 @@ def record_job_end(sweep_dir: Path, work_dir: Path) -> None:
         if old is not None or "objectives" in row or any(k in row["override_values"] for k in seed_keys):
             _write_summary(sweep_dir, _all_rows(sweep_dir, False), seed_keys)
             return
-        csv_path, md_path, best_path = (sweep_dir / n for n in ("summary.csv", "summary.md", "best.json"))
+        csv_path, md_path, best_path = (sweep_dir / n for n in ("summary.csv", "summary.md", BEST_FILE))
         new_file = not csv_path.is_file() or csv_path.stat().st_size == 0
         if new_file:
             columns = _columns([row])
@@ -609,10 +597,7 @@ def record_job_end(sweep_dir: Path, work_dir: Path) -> None:
         with md_path.open("a", encoding="utf-8") as f:
             f.write(_md_line(row, shown) + "\n")
         (sweep_dir / ROWS_DIR / UNSORTED).touch()
-        try:
-            best = json.loads(best_path.read_text())
-        except (OSError, json.JSONDecodeError):
-            best = {"job": None, "jobs": 0, "statuses": {}, "resumed_jobs": []}
+        best = read_best(sweep_dir) or {"job": None, "jobs": 0, "statuses": {}, "resumed_jobs": []}
         statuses = dict(best.get("statuses") or {})
         statuses[str(row.get("status"))] = statuses.get(str(row.get("status")), 0) + 1
         resumed = [j for j in best.get("resumed_jobs") or [] if j != row["job"]] + (
@@ -766,10 +751,7 @@ def progress_line(sweep_dir: Path, job: str) -> str:
         value = row.get("best")
         shown = f"{value:.4f}" if isinstance(value, (int, float)) and math.isfinite(value) else "no value"
         parts.append(f"job {job} ({row.get('status')}) {row['monitor']} {shown}")
-    try:
-        best = json.loads((sweep_dir / "best.json").read_text())
-    except (OSError, ValueError):
-        best = {}
+    best = read_best(sweep_dir) or {}
     if isinstance(best.get("value"), (int, float)):
         where = f"group mean, n={best.get('n')}" if best.get("group") is not None else f"job {best.get('job')}"
         parts.append(f"best {best['value']:.4f} ({where})")
@@ -816,10 +798,10 @@ class SweepSummaryCallback(Callback):
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        current = all((sweep_dir / name).is_file() for name in ("summary.csv", "best.json", "sweep.svg"))
-        if current and not self.plot_each_job and not (sweep_dir / ROWS_DIR / UNSORTED).exists():  # all sorted
-            best = json.loads((sweep_dir / "best.json").read_text())
-        else:
+        current = all((sweep_dir / name).is_file() for name in ("summary.csv", BEST_FILE, "sweep.svg"))
+        sorted_already = current and not self.plot_each_job and not (sweep_dir / ROWS_DIR / UNSORTED).exists()
+        best = read_best(sweep_dir) if sorted_already else None
+        if best is None:  # (a best.json torn by a kill is written again too)
             best = self._summarize(sweep_dir, plot=True)
         if best and best.get("pareto_front") is not None:
             members = ", ".join(f"job {m['job']} ({m['values']})" for m in best["pareto_front"]) or "none"

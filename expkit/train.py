@@ -35,6 +35,7 @@ from expkit.core.signals import SweepInterrupted, raise_on_sigterm, stop_on_sign
 from expkit.loggers import logs
 from expkit.metrics import monitor_of, worst_value
 from expkit.sweeps import sweep_jobs
+from expkit.workdir.records import read_result
 from expkit.workdir.results import write_failure
 
 __all__ = ["main", "run", "task_overrides"]
@@ -195,7 +196,7 @@ def _submitit_requeues(work_dir: Path, hc: Any) -> int:
     """
     if "SUBMITIT_EXECUTOR" not in os.environ:
         return 0
-    result = sweep_jobs.read_result(work_dir / "result.json")
+    result = read_result(work_dir)
     if (
         result is None
         or result.get("status") != "stopped"

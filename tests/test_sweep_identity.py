@@ -79,14 +79,15 @@ def test_retry_failed_runs_again_only_the_failed_job_in_its_own_dir(tmp_path):
 def test_a_torn_or_foreign_result_json_counts_as_no_result_and_a_skipped_job_as_skipped(tmp_path):
     # (issue 53, item 16: a truncated or non-dict result.json raised; fail_fast's skipped jobs were
     # counted as interrupted)
-    from expkit.sweeps.sweep_jobs import JOB_FILE, best_value, job_result, read_result, tally_jobs
+    from expkit.sweeps.sweep_jobs import JOB_FILE, best_value, job_result, tally_jobs
+    from expkit.workdir.records import read_result
 
     for name, text in (("0", '{"status": "compl'), ("1", "[1, 2]"), ("2", '"completed"'), ("3", "\udcff")):
         job = tmp_path / name
         job.mkdir()
         (job / JOB_FILE).write_text(json.dumps({"overrides": [f"optim.lr={name}"]}))
         (job / "result.json").write_bytes(text.encode("utf-8", "surrogateescape"))
-        assert job_result(job) is None and read_result(job / "result.json") is None, name
+        assert job_result(job) is None and read_result(job) is None, name
     job = tmp_path / "4"
     job.mkdir()
     (job / JOB_FILE).write_text(json.dumps({"overrides": ["optim.lr=4"]}))

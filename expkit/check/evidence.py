@@ -16,6 +16,7 @@ from expkit.check.differences import diff, timing_differences
 from expkit.check.planning import Plan
 from expkit.check.training_runs import Run
 from expkit.core.errors import ConfigError
+from expkit.workdir.records import read_records, read_result
 
 __all__ = [
     "RESULT_RUN_KEYS",
@@ -26,7 +27,6 @@ __all__ = [
     "final_checkpoint",
     "normalized_result",
     "read_evidence",
-    "read_records",
     "records_by_step",
     "step_name",
 ]
@@ -127,31 +127,12 @@ def read_evidence(runs: dict[str, Run], plan: Plan) -> Evidence:
     return Evidence(plan, runs, traces, checkpoints, records, results, noise)
 
 
-def read_records(work_dir: Path) -> list[dict[str, Any]]:
-    """A run's metrics.jsonl; lines that cannot be parsed (cut by a kill) are skipped.
-
-    Args:
-        work_dir: the run's work dir.
-
-    Returns:
-        The records, in order; none when the file is missing.
-    """
-    path = work_dir / "metrics.jsonl"
-    records = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records
-
-
 def records_by_step(records: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
     """Records by (iteration, epoch, the prefixes of their keys): a step logged twice (before a
     kill and again after the resume) keeps its last record.
 
     Args:
-        records: metrics.jsonl's records (``read_records``).
+        records: metrics.jsonl's records (``expkit.workdir.records.read_records``).
 
     Returns:
         The records by step.
@@ -249,13 +230,9 @@ def normalized_result(work_dir: Path) -> dict[str, Any]:
         work_dir: the run's work dir.
 
     Returns:
-        The result; empty when the file is missing or cannot be parsed.
+        The result; empty when there is none (``read_result``: missing, torn or foreign).
     """
-    path = work_dir / "result.json"
-    try:
-        result = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+    result = read_result(work_dir) or {}
     text = json.dumps({k: v for k, v in result.items() if k not in RESULT_RUN_KEYS})
     return json.loads(text.replace(str(work_dir.resolve()), "<work_dir>").replace(str(work_dir), "<work_dir>"))
 

@@ -19,12 +19,12 @@ from expkit.check.evidence import (
     Evidence,
     dashboard_series,
     normalized_result,
-    read_records,
     records_by_step,
     step_name,
 )
 from expkit.check.report import Comparison, Row
 from expkit.check.same_seed import on_rank
+from expkit.workdir.records import read_records
 
 __all__ = [
     "FINAL_PARTS",

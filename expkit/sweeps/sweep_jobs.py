@@ -26,6 +26,7 @@ from expkit.core.atomic import write_json_atomic, write_text_atomic
 from expkit.core.signals import SweepInterrupted
 from expkit.loggers import logs
 from expkit.metrics import worst_value
+from expkit.workdir.records import JOB_FILE, RESULT, read_job, read_result
 from expkit.workdir.results import write_failure
 
 __all__ = [
@@ -54,8 +55,6 @@ __all__ = [
     "launch",
     "own_job_dir",
     "place_job",
-    "read_job",
-    "read_result",
     "record_job",
     "request_stop",
     "restore_hydra_record",
@@ -81,7 +80,6 @@ def job_order(path: Path) -> tuple[int, str]:
     return len(path.name), path.name
 
 
-JOB_FILE = "job.json"  # a job's identity in a sweep; Hydra never writes it
 SWEEP_LAUNCHED_ENV = "EXPKIT_SWEEP_LAUNCHED"  # when this launch of the sweep began (set by expkit's sweepers)
 
 
@@ -253,22 +251,6 @@ def job_identity(overrides: list[str]) -> list[str]:
     return sorted(o for o in overrides if key_kind(o.partition("=")[0]) != "control")
 
 
-def read_job(work_dir: Path) -> dict[str, Any] | None:
-    """A job dir's record, as ``record_job`` (or ``place_job``, for an alias) wrote it.
-
-    Args:
-        work_dir: the job dir.
-
-    Returns:
-        The content of ``<work_dir>/job.json`` (not checked to be a dict); None when the file is missing,
-            cannot be read or is not JSON.
-    """
-    try:
-        return json.loads((work_dir / JOB_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
 INDEX_DIR = ".jobs"  # <sweep>/.jobs/<digest of an identity>: the name of the dir holding that job
 INDEX_COMPLETE = "complete-2"  # every job dir is in the index (2: identities without control keys)
 
@@ -342,24 +324,7 @@ def job_result(work_dir: Path) -> dict[str, Any] | None:
         The content of ``result.json`` in ``job_target(work_dir)``; None when it is missing, cannot be read,
             is not JSON (a write cut short) or not a JSON object.
     """
-    return read_result(job_target(work_dir) / "result.json")
-
-
-def read_result(path: Path) -> dict[str, Any] | None:
-    """A result.json's content.
-
-    Args:
-        path: the result.json file.
-
-    Returns:
-        Its content; None when it is missing, unreadable, not JSON (a write cut short: JSONDecodeError,
-            or UnicodeDecodeError for torn bytes) or not a JSON object.
-    """
-    try:
-        result = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return result if isinstance(result, dict) else None
+    return read_result(job_target(work_dir))
 
 
 def tally_jobs(sweep_dir: Path) -> dict[str, int]:
@@ -551,7 +516,7 @@ def finished_job_value(cfg: DictConfig, work_dir: Path, rule: str, monitor: str)
             ``retry_failed`` is off; None when not resuming, without a result.json, or when the job is to
             run (it did not finish, or failed and ``retry_failed`` is on).
     """
-    result = read_result(work_dir / "result.json") if resuming_sweep(cfg) else None
+    result = read_result(work_dir) if resuming_sweep(cfg) else None
     if result is None:  # (unreadable: the job runs again, from its last complete checkpoint)
         return None
     rule = result.get("monitor_rule") or rule  # the direction the run itself used
@@ -599,13 +564,13 @@ def done_since_launch(work_dir: Path, monitor: str, rule: str) -> float | None:
             (``EXPKIT_SWEEP_LAUNCHED``) and says it finished; None otherwise (also outside a launch, and
             when result.json is missing or cannot be read).
     """
-    launched, result_file = os.environ.get(SWEEP_LAUNCHED_ENV), work_dir / "result.json"
+    launched, result_file = os.environ.get(SWEEP_LAUNCHED_ENV), work_dir / RESULT
     try:
         if launched is None or result_file.stat().st_mtime < float(launched):
             return None
     except (OSError, ValueError):
         return None
-    result = read_result(result_file)
+    result = read_result(work_dir)
     if result is None or not finished(result):
         return None
     log.info(
