@@ -2,7 +2,7 @@
 
 Any set of work dirs: single runs, sweep jobs, torchrun runs, last week's baseline beside
 today's three seeds; a sweep dir stands for its job dirs. Each run's row comes from its own
-files, read as a sweep's summary reads them (``expkit.sweep.job_row``): its
+files, read as a sweep's summary reads them (``expkit.sweeps.rows.job_row``): its
 ``.hydra/config.yaml`` and the choices of its config groups (``.hydra/hydra.yaml``), its
 ``result.json`` and its ``metrics.jsonl``. It writes, in ``out``:
 
@@ -32,7 +32,8 @@ from expkit.config import cli
 from expkit.core import hydra_compat, versions
 from expkit.core.atomic import write_text_atomic
 from expkit.core.errors import ConfigError, TaskExit, exit_status, task_exits
-from expkit.sweep import DEFAULT_SEED_KEYS, _cell, _read_yaml, group_rows, job_row
+from expkit.sweeps.rows import DEFAULT_SEED_KEYS, _read_yaml, group_rows, job_row
+from expkit.sweeps.summary import _cell
 from expkit.sweeps.sweep_jobs import job_order, job_target
 from expkit.workdir.records import read_records, read_result
 
@@ -171,7 +172,7 @@ def _for_metric(row: dict[str, Any], metric: str, records: list[dict[str, Any]])
 
 @dataclass
 class Comparison:
-    """What ``compare`` found: the runs' rows (``expkit.sweep.job_row``'s, one per run, in the
+    """What ``compare`` found: the runs' rows (``expkit.sweeps.rows.job_row``'s, one per run, in the
     order given), the keys that differ, the seed groups and each run's records.
 
     Args:
@@ -181,7 +182,7 @@ class Comparison:
         rule: its direction, ``greater`` or ``less``.
         differing: the config keys (and group choices) whose values are not the same in every run.
         seed_keys: the keys that only change the seed.
-        groups: ``expkit.sweep.group_rows``' groups (best mean first); None when no two runs differ
+        groups: ``expkit.sweeps.rows.group_rows``' groups (best mean first); None when no two runs differ
             only in a seed key.
         records: each run's ``metrics.jsonl`` records, by its short name.
         monitors: the runs' own monitors, when they are not all the compared metric.

@@ -470,7 +470,7 @@ def _report_interruption(signum: int, sweeping: bool, sweep_dir: Path | None = N
         [f"{total - started} not started"] if total > started else []
     )
     with contextlib.suppress(Exception):  # the summary as far as it goes (never hides the report)
-        from expkit.sweep import summarize
+        from expkit.sweeps.summary import summarize
 
         summarize(sweep_dir)
     from expkit.sweeps.search import live_workers

@@ -161,7 +161,7 @@ def test_svg_ticks_cover_the_data_and_skip_non_finite_values(tmp_path):
 
 
 def test_sweep_svg_log_axis_and_named_values(tmp_path):
-    from expkit.sweep import plot_sweep
+    from expkit.sweeps.plots import plot_sweep
 
     def row(job, lr, model, best):
         return {

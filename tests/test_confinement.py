@@ -19,7 +19,7 @@ from conftest import run_cli
 
 from expkit.checkpoint import checkpoint_io
 from expkit.core import confine
-from expkit.sweep import ROWS_DIR, _cached_row
+from expkit.sweeps.summary import ROWS_DIR, _cached_row
 from expkit.sweeps.sweep_jobs import JOB_FILE, job_target, restore_hydra_record
 
 pytestmark = pytest.mark.slow

@@ -170,7 +170,7 @@ def three_jobs(tmp_path_factory) -> Path:
 
 
 def test_a_job_end_appends_its_row_and_updates_best_json_in_constant_time(three_jobs, tmp_path):
-    from expkit.sweep import record_job_end, summarize
+    from expkit.sweeps.summary import record_job_end, summarize
 
     sweep = tmp_path / "sweep"
     import shutil
@@ -298,7 +298,7 @@ def test_the_summary_command_is_a_hydra_app_that_creates_nothing_for_a_wrong_dir
 
 
 def test_summary_md_never_cuts_the_overrides_that_tell_jobs_apart():
-    from expkit.sweep import _md_line
+    from expkit.sweeps.summary import _md_line
 
     common = " ".join(f"model.hidden{i}=[256,256]" for i in range(8))  # 160 characters alike
     rows = [{"job": n, "overrides": f"{common} optim.lr={lr}", "error": "x" * 300} for n, lr in ((0, 0.1), (1, 0.01))]
@@ -341,7 +341,7 @@ def test_a_job_recorded_again_is_listed_once_and_an_interrupted_one_is_not_done(
     # until the sweep's end sorted it, and a resumed sweep's progress counted it as done (issue 53, item 4)
     import shutil
 
-    from expkit.sweep import progress_line, record_job_end
+    from expkit.sweeps.summary import progress_line, record_job_end
 
     sweep = tmp_path / "sweep"
     shutil.copytree(three_jobs, sweep, ignore=shutil.ignore_patterns(".rows", "summary.*", "best.json", "sweep.svg"))
