@@ -35,6 +35,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from expkit.config.model_inputs import example_input, training_range
 from expkit.core import hydra_compat
 from expkit.core.errors import ConfigError, ExpkitError, TaskExit, task_exits
 
@@ -63,28 +64,6 @@ def sha256(path: Path) -> str:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
     return digest.hexdigest()
-
-
-def example_input(loaders: Any) -> Any:
-    """The inputs of one batch of the run's validation data (else test, else train).
-
-    Args:
-        loaders: the run's (train, val, test) loaders; of named ones, the first is used.
-
-    Returns:
-        The first element of the batch when it is a list or tuple, else the batch itself (a dict
-            for a Hugging Face model).
-
-    Raises:
-        ConfigError: when the run has none of the three loaders.
-    """
-    for loader in (loaders[1], loaders[2], loaders[0]):
-        if isinstance(loader, dict):  # named sets: the first
-            loader = next(iter(loader.values()), None)
-        if loader is not None:
-            batch = next(iter(loader))
-            return batch[0] if isinstance(batch, (list, tuple)) else batch
-    raise ConfigError("the run's data has no loader to take an example input from")
 
 
 def _output_name(model: Any) -> str:
@@ -223,7 +202,6 @@ def _prediction_description(data: Any, loaders: Any) -> dict[str, Any]:
     """What turns raw inputs into the model's and its outputs back, as the data module states it
     (another runtime cannot call ``predict_input``): ``preprocessing``, ``postprocessing``, the
     1st-99th percentile ``input_range`` of the training inputs, and the ``class_names``."""
-    from expkit.predict import training_range
 
     # a data module of the user's own need not subclass DataModule: what it lacks is null
     def stated(name: str) -> Any:

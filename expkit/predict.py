@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from expkit.config.model_inputs import example_input, training_range
 from expkit.core import hydra_compat
 from expkit.core.errors import ConfigError, ExpkitError, TaskExit, task_exits
 from expkit.data import DataModule, preprocess
@@ -132,36 +133,6 @@ def read_inputs(
             f"input={source}: inputs of shape {tuple(raw.shape[1:])} do not fit {type(data).__name__}'s "
             f"transform ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
         ) from None
-
-
-def training_range(loaders: Any, batches: int = 20) -> tuple[float, float] | None:
-    """The 1st and 99th percentiles of the model's inputs over the first `batches` training
-    batches (as the data's transform gives them); None when the inputs are not float tensors.
-
-    Args:
-        loaders: the run's (train, val, test) loaders; the train loader (the first of named
-            ones) is read.
-        batches: the number of training batches to read.
-
-    Returns:
-        The 1st and 99th percentiles of a sample of the inputs' values; None when there is no
-            training batch or its inputs are not float tensors.
-    """
-    train = loaders[0]
-    if isinstance(train, dict):
-        train = next(iter(train.values()), None)
-    values = []
-    for n, batch in enumerate(train or ()):
-        x = batch[0] if isinstance(batch, (list, tuple)) else batch
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            return None
-        values.append(x.detach().float().flatten()[:: max(1, x.numel() // 4096)])
-        if n + 1 >= batches:
-            break
-    if not values:
-        return None
-    low, high = torch.quantile(torch.cat(values), torch.tensor([0.01, 0.99])).tolist()
-    return low, high
 
 
 def check_range(x: torch.Tensor, trained: tuple[float, float] | None, data: Any, source: str) -> None:
@@ -383,7 +354,6 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
     from expkit.config.cli import output_file_problem
     from expkit.config.restore import restore, stored_overrides
     from expkit.core.trust import TrustPolicy
-    from expkit.export import example_input
 
     for key in ("checkpoint", "input"):
         if OmegaConf.is_missing(cfg, key):
