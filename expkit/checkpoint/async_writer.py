@@ -50,14 +50,12 @@ class BackgroundWriter:
 
     Args:
         shards: for sharded checkpoints (``trainer.strategy=fsdp``), the run's
-            ``expkit.checkpoint.sharding.AsyncShards``: it writes the shards, and ``wait`` has the ranks
+            ``expkit.checkpoint.dcp.AsyncShards``: it writes the shards, and ``wait`` has the ranks
             agree through it on whether each write completed everywhere. None: unsharded saves only.
     """
 
     def __init__(self, shards: Any = None) -> None:
-        self.shards = (
-            shards  # sharded checkpoints: expkit.checkpoint.sharding.AsyncShards (DCP's async_save; ranks agree)
-        )
+        self.shards = shards
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._writes: dict[str, _Write] = {}  # in flight, by kind

@@ -151,7 +151,7 @@ def apply(
 ) -> list[str]:
     """Wrap the model's blocks for activation checkpointing, in place: every module of a chosen
     class (not the root, and not one inside another chosen block). Nothing happens when `setting`
-    is None or the model is wrapped already (``expkit.checkpoint.sharding.shard`` wraps before
+    is None or the model is wrapped already (``expkit.engine.fsdp.shard`` wraps before
     sharding, then the Runner finds it done).
 
     Args:
@@ -178,7 +178,7 @@ def apply(
     if isinstance(model, FSDPModule):
         raise ConfigError(
             f"{KEY}: the model was sharded without it; wrap the blocks first: "
-            "expkit.checkpoint.sharding.shard(model, blocks, device, activation_checkpointing=...)"
+            "expkit.engine.fsdp.shard(model, blocks, device, activation_checkpointing=...)"
         )
     names = set(_blocks(model, setting, fsdp_blocks))
     chosen: list[str] = []
