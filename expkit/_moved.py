@@ -1,10 +1,16 @@
-"""The old import paths of the modules that moved into subpackages (0.1 to 0.2, issue 42).
+"""The old import paths of the modules that moved into subpackages (issues 42 and 59).
 
 ``import expkit.runner`` (or a stored config's ``_target_: expkit.backends.TensorBoardBackend``)
 gives the module at its new path, ``expkit.engine.runner``, the same module object, after a
 ``DeprecationWarning`` that names the new path. Done with an import finder of expkit's own on
 ``sys.meta_path`` (Python's documented hook for this), not with a file per old name: the top of
 the package keeps only what users touch (CONTRIBUTING.md, "The layout").
+
+Why it stays although no release had the old paths: a checkpoint stores its run's config, and
+checkpoints written before the moves name the old paths in their ``_target_``s (the fixture
+``tests/fixtures/iter_50-2026-11-27.pth`` is one). Resuming, evaluating, predicting with or
+exporting such a checkpoint builds those targets, and checkpoints outlive the code that wrote
+them. So no version is set for removing it; it goes when such checkpoints need no longer load.
 """
 
 from __future__ import annotations
