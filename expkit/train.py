@@ -16,7 +16,6 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from expkit.checkpoint import checkpoint_io, run_checkpoint
+from expkit.checkpoint import run_checkpoint
 from expkit.config import cli
 from expkit.core import atomic, hydra_compat, versions
 from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused, TaskExit, exit_status, task_exits
@@ -150,9 +149,10 @@ def _task(cfg: DictConfig) -> float | None:
     try:
         with contextlib.ExitStack() as owned:  # the work dir's lock, the signal handlers: released on the way out
             if multirun:
-                claimed, value = _claim_sweep_job(job, hc, owned)
-                if not claimed:
-                    return value
+                claim = sweep_jobs.claim_job(cfg, hc, task_overrides(hc), (job.monitor, job.rule), run_info, owned)
+                if claim.work_dir is None:
+                    return claim.value
+                job.work_dir = claim.work_dir
             else:
                 _lock_run_dir(job, owned)
             ran = _build_and_run(job, owned)
@@ -231,42 +231,6 @@ def _requeue() -> None:
         log.warning("Not requeued (%s); resume=true continues this run from its last checkpoint", why)
 
 
-def _claim_sweep_job(job: _Job, hc: Any, owned: contextlib.ExitStack) -> tuple[bool, float | None]:
-    """A sweep's bookkeeping before its job runs: whether this process runs it (its dir's lock
-    then in `owned`, ``job.work_dir`` the dir it resumes in), or else the value the task returns:
-    a job done already gives its value, a job skipped by fail_fast the worst, a job that another
-    launch runs or that a stopped sweep never starts None."""
-    sweep_dir, work_dir, command = job.sweep_dir, job.work_dir, job.run_info["command"]
-    assert sweep_dir is not None
-    if not _may_start(sweep_dir):
-        return False, None
-    job.run_info["sweep_dir_name"] = sweep_dir.name  # wandb groups a sweep's jobs by it
-    if os.environ.get(sweep_jobs.SWEEP_JOBS_ENV, "").isdigit():  # (job number, jobs of this launch)
-        job.run_info["sweep_job"] = [int(hc.job.num), int(os.environ[sweep_jobs.SWEEP_JOBS_ENV])]
-    # one writer per job dir: another launch of this sweep may be running this job now
-    if not sweep_jobs.own_job_dir(work_dir, work_dir, command, owned):
-        return False, None
-    job.work_dir = sweep_jobs.place_job(job.cfg, task_overrides(hc), work_dir, sweep_dir)
-    if job.work_dir != work_dir and not sweep_jobs.own_job_dir(job.work_dir, work_dir, command, owned):
-        return False, None  # (resume=true found the job in another dir, which another launch runs)
-    done = sweep_jobs.finished_job_value(job.cfg, job.work_dir, job.rule, job.monitor)
-    if done is None:
-        done = sweep_jobs.done_since_launch(job.work_dir, job.monitor, job.rule)
-    if done is not None:
-        return False, done
-    if sweep_jobs.resuming_sweep(job.cfg) and any(
-        checkpoint_io.is_checkpoint(p) for p in job.work_dir.glob("checkpoints/[!.]*") if p.suffix in (".pth", ".dcp")
-    ):
-        job.run_info["resumed_in_sweep"] = True
-    if (sweep_dir / sweep_jobs.FAIL_FAST_MARKER).exists():
-        earlier = (sweep_dir / sweep_jobs.FAIL_FAST_MARKER).read_text()
-        write_failure(
-            job.work_dir, f"an earlier job failed and fail_fast is set ({earlier})", status="skipped", keep=False
-        )
-        return False, worst_value(job.rule)
-    return True, None
-
-
 def _lock_run_dir(job: _Job, owned: contextlib.ExitStack) -> None:
     """One writer per run dir: this process's lock in `owned` (torchrun's other ranks share
     rank 0's); exits 2 when another process holds it, 1 when it cannot be written."""
@@ -320,7 +284,7 @@ def _build_and_run(job: _Job, owned: contextlib.ExitStack) -> tuple[Any, dict[st
         if cfg.show_hooks:
             print(runner.hook_order_table())
             return None
-        if multirun and not _may_start(job.sweep_dir):  # type: ignore[arg-type]  # (a stop while it was being built)
+        if multirun and not sweep_jobs.may_start(job.sweep_dir):  # type: ignore[arg-type]  # (a stop while it was being built)
             return None
         return runner, runner.run()
     except Exception as exc:
@@ -437,19 +401,6 @@ def _show_hooks_scratch(argv: list[str]) -> str | None:
     scratch = tempfile.mkdtemp(prefix="expkit-show-hooks-")
     sys.argv += [f"hydra.run.dir={scratch}", "hydra.output_subdir=null"]
     return scratch
-
-
-def _may_start(sweep_dir: Path) -> bool:
-    """Whether this sweep job may start: not once a signal stopped its launch. In a launcher's
-    worker (joblib), Ctrl-C between runs is ignored: the launcher's process tells the
-    workers through the sweep dir, and a worker's death would end the others' jobs unsaved."""
-    stopped = sweep_jobs.stop_requested(sweep_dir)
-    if stopped is not None:
-        log.info("Not started: %s stopped the sweep", signal.Signals(stopped).name)
-        return False
-    if not sweep_jobs.in_launching_process() and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the run itself stops on it: stop_on_signals)
-    return True
 
 
 def _report_interruption(signum: int, sweeping: bool, sweep_dir: Path | None = None) -> None:

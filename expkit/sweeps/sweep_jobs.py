@@ -15,12 +15,15 @@ import json
 import logging
 import math
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from omegaconf import DictConfig
 
+from expkit.checkpoint import checkpoint_io
 from expkit.core import atomic, confine
 from expkit.core.atomic import write_json_atomic, write_text_atomic
 from expkit.core.signals import SweepInterrupted
@@ -40,7 +43,9 @@ __all__ = [
     "SWEEP_JOBS_ENV",
     "SWEEP_LAUNCHED_ENV",
     "SWEEP_PID_ENV",
+    "Claim",
     "best_value",
+    "claim_job",
     "done_since_launch",
     "find_job",
     "finished",
@@ -53,6 +58,7 @@ __all__ = [
     "job_target",
     "key_kind",
     "launch",
+    "may_start",
     "own_job_dir",
     "place_job",
     "record_job",
@@ -636,3 +642,85 @@ def skip_busy_job(hydra_dir: Path, busy: Any) -> None:
         hydra_dir,
         describe(busy.owner),
     )
+
+
+def may_start(sweep_dir: Path) -> bool:
+    """Whether this sweep job may start: not once a signal stopped its launch. In a launcher's
+    worker (joblib), Ctrl-C between runs is ignored: the launcher's process tells the
+    workers through the sweep dir, and a worker's death would end the others' jobs unsaved.
+
+    Args:
+        sweep_dir: the job's sweep dir.
+
+    Returns:
+        False when a signal stopped the sweep (``stop_requested``), else True.
+    """
+    stopped = stop_requested(sweep_dir)
+    if stopped is not None:
+        log.info("Not started: %s stopped the sweep", signal.Signals(stopped).name)
+        return False
+    if not in_launching_process() and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the run itself stops on it: stop_on_signals)
+    return True
+
+
+class Claim(NamedTuple):
+    """What ``claim_job`` decided: the dir this process runs the job in, or the task's value."""
+
+    work_dir: Path | None  # None: this process does not run the job
+    value: float | None  # the value the task returns when it does not (None: no value)
+
+
+def claim_job(
+    cfg: DictConfig,
+    hc: Any,
+    overrides: list[str],
+    monitored: tuple[str, str],
+    run_info: dict[str, Any],
+    owned: contextlib.ExitStack,
+) -> Claim:
+    """A sweep's bookkeeping before its job runs: whether this process runs it (its dir's lock
+    then in `owned`), or else the value the task returns: a job done already gives its value, a
+    job skipped by fail_fast the worst, a job that another launch runs or that a stopped sweep
+    never starts None.
+
+    Args:
+        cfg: the job's config (``resume``, ``retry_failed``).
+        hc: Hydra's config of the job (``HydraConfig.get()``): its sweep dir, output dir, number.
+        overrides: the job's overrides (``expkit.train.task_overrides``): its identity in the sweep.
+        monitored: the monitored metric and its direction (``monitor_of``).
+        run_info: what the run records of its command; gets the sweep's name, the job's number,
+            and ``resumed_in_sweep``.
+        owned: gets the job dir's lock.
+
+    Returns:
+        ``Claim(work_dir, None)``: this process runs the job in ``work_dir`` (where ``resume=true``
+            found it); ``Claim(None, value)``: it does not, and the task returns ``value``.
+    """
+    sweep_dir, work_dir, command = Path(hc.sweep.dir), Path(hc.runtime.output_dir), run_info["command"]
+    monitor, rule = monitored
+    if not may_start(sweep_dir):
+        return Claim(None, None)
+    run_info["sweep_dir_name"] = sweep_dir.name  # wandb groups a sweep's jobs by it
+    if os.environ.get(SWEEP_JOBS_ENV, "").isdigit():  # (job number, jobs of this launch)
+        run_info["sweep_job"] = [int(hc.job.num), int(os.environ[SWEEP_JOBS_ENV])]
+    # one writer per job dir: another launch of this sweep may be running this job now
+    if not own_job_dir(work_dir, work_dir, command, owned):
+        return Claim(None, None)
+    job_dir = place_job(cfg, overrides, work_dir, sweep_dir)
+    if job_dir != work_dir and not own_job_dir(job_dir, work_dir, command, owned):
+        return Claim(None, None)  # (resume=true found the job in another dir, which another launch runs)
+    done = finished_job_value(cfg, job_dir, rule, monitor)
+    if done is None:
+        done = done_since_launch(job_dir, monitor, rule)
+    if done is not None:
+        return Claim(None, done)
+    if resuming_sweep(cfg) and any(
+        checkpoint_io.is_checkpoint(p) for p in job_dir.glob("checkpoints/[!.]*") if p.suffix in (".pth", ".dcp")
+    ):
+        run_info["resumed_in_sweep"] = True
+    if (sweep_dir / FAIL_FAST_MARKER).exists():
+        earlier = (sweep_dir / FAIL_FAST_MARKER).read_text()
+        write_failure(job_dir, f"an earlier job failed and fail_fast is set ({earlier})", status="skipped", keep=False)
+        return Claim(None, worst_value(rule))
+    return Claim(job_dir, None)
