@@ -67,15 +67,15 @@ def _lint_imports(cwd: Path) -> subprocess.CompletedProcess:
 def _layers() -> list[str]:
     import tomllib
 
-    (contract,) = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    return contract["layers"]
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    return contracts[0]["layers"]  # (the layers; the others keep hydra_plugins beside the sweeps layer)
 
 
 @needs_import_linter
 def test_no_module_imports_from_a_layer_above_its_own():
     proc = _lint_imports(ROOT)
     assert proc.returncode == 0, f"lint-imports (pyproject.toml's layers) failed:\n{proc.stdout[-4000:]}{proc.stderr}"
-    assert "1 kept, 0 broken" in proc.stdout, proc.stdout[-2000:]
+    assert "3 kept, 0 broken" in proc.stdout, proc.stdout[-2000:]
 
 
 @needs_import_linter
