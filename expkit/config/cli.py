@@ -410,12 +410,9 @@ def check_rerun(argv: list[str]) -> str | None:
 
 
 def _run_holds(run_dir: Path) -> str | None:
-    import json
+    from expkit.workdir.records import read_result
 
-    try:
-        status = json.loads((run_dir / "result.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        status = None
+    status = (read_result(run_dir) or {}).get("status")
     checkpoints = run_dir / "checkpoints"
     saved = checkpoints.is_dir() and any(p.suffix in (".pth", ".dcp") for p in checkpoints.iterdir())
     if status is None and not saved and not (run_dir / "metrics.jsonl").is_file():

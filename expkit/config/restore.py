@@ -5,7 +5,6 @@ and refused unless every ``_target_`` is trusted), the model with its weights. W
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from expkit.checkpoint import checkpoint_io
 from expkit.core import confine
 from expkit.core.errors import ConfigError
 from expkit.core.trust import TrustPolicy
+from expkit.workdir.records import read_result
 
 __all__ = ["load_model", "resolve_checkpoint", "restore", "stored_config", "stored_overrides", "weights"]
 
@@ -55,7 +55,7 @@ def resolve_checkpoint(source: str | Path, which: str = "best") -> Path:
     if which not in ("best", "last"):
         raise ConfigError(f"which={which}: use which=best or which=last")
     result_file = path / "result.json"
-    result = json.loads(result_file.read_text()) if result_file.is_file() else {}
+    result = read_result(path) or {}  # (a torn or foreign one: as if there were none)
     if which == "best" and result.get("best_checkpoint"):
         best = confine.confined(path / "checkpoints", result["best_checkpoint"], result_file, "checkpoint")
         if best is not None and checkpoint_io.is_checkpoint(best):  # never another run's file
