@@ -59,7 +59,7 @@ def state_checkpoint(runner: Runner, save_optimizer: bool = True, save_scheduler
     checkpoint = r.state.state_dict()  # {"meta": counters and metrics, "rng": the RNG streams}
     checkpoint["meta"].update(
         world_size=distributed.rank_and_world()[1],
-        epoch_samples=r.epoch_samples() if r.position[2] else 0,  # (a resume on another number of processes)
+        epoch_samples=r.epoch_samples() if r.position.inner_iter else 0,  # (a resume on another number of processes)
         seed=r.settings.seed,
         time=time.strftime("%Y-%m-%dT%H:%M:%S"),
         work_dir=str(r.work_dir),
@@ -429,10 +429,10 @@ def _resume_inside_epoch(r: Runner, meta: dict[str, Any]) -> None:
     batch size): the epoch goes on after the samples the saving run trained on, counted over all
     its processes; the new processes share the rest of the epoch's order."""
     saved, world = meta.get("epoch_samples"), distributed.rank_and_world()[1]
-    r.epoch_start = (0, 0)
+    # r.epoch_start is EpochStart(0, 0) here (RunState.load_state_dict): the epoch as this run counts it
     if not r.inner_iter or not isinstance(saved, int) or saved == r.epoch_samples():
         return
-    r.epoch_start = (saved, r.inner_iter)
+    r.epoch_start = r.epoch_start._replace(samples=saved, inner_iter=r.inner_iter)
     log.info(
         "Resuming inside epoch %d after %d samples of its order (saved with %s processes, now %d): the %d "
         "processes share the rest of it",

@@ -28,6 +28,7 @@ from expkit.core.distributed import (
 from expkit.core.signals import stop_for_signal
 from expkit.core.stages import Stage
 from expkit.engine.hook_table import NULL
+from expkit.engine.state import EpochStart, Position
 from expkit.optimizers import Optimizers
 
 if TYPE_CHECKING:
@@ -78,14 +79,20 @@ def _timed_batches(batches: Iterable, runner: Runner) -> Iterator:
     while True:
         with runner.phase("data") as phase:
             batch = next(iterator, _END)
-            if batch is _END and phase is not None:  # None: instrumentation ended mid-epoch
-                phase.discard = True  # the end-of-epoch fetch is not a batch
+            # the fetch that finds the epoch's end is not a batch: its time is not data time (phase
+            # is None when instrumentation was switched off mid-epoch)
+            if batch is _END and phase is not None:
+                phase.discard = True
         if batch is _END:
             return
         yield batch
 
 
 _END = object()
+
+# Position(epoch, iter, inner_iter) as the loop makes one each iteration: tuple.__new__ in C, not
+# NamedTuple's generated __new__ (a Python frame an iteration)
+_position = functools.partial(tuple.__new__, Position)
 
 
 def _windows(batches: Iterator, k: int) -> Iterator[Sequence[Any]]:
@@ -130,7 +137,8 @@ class TrainLoop:
         self.optimizers = Optimizers(runner.optimizers, runner.scaler, runner.settings.clip_grad_norm)
         # a model whose loss is a mean over tokens says how many a batch counts: accumulation weighs by them
         self.counted_tokens = getattr(runner.model, "counted_tokens", None)
-        self.only_optimizer = next(iter(runner.optimizers), "")  # the one the loop steps (not an owned update)
+        # the optimizer the loop steps: its first (a model that owns its update steps its own)
+        self.only_optimizer = next(iter(runner.optimizers), "")
         self.distributed = is_distributed()
         self._bind()
 
@@ -141,15 +149,17 @@ class TrainLoop:
         is switched (the profiler does, mid-epoch)."""
         r = self.runner
         self.bound_for = r.instrumented
-        scaled = r.scaler is not None  # fp16: backward and step through the scaler
+        # fp16: backward and step through the scaler
+        scaled = r.scaler is not None
         self.forward = self._phased("forward", self.step, autocast=r.autocasts)
         self.backward = self._phased("backward", self.optimizers.backward if scaled else torch.Tensor.backward)
         step = self._optimizer_step if scaled else functools.partial(self.optimizers.step, self.only_optimizer)
         self.optimizer_step = self._phased("optimizer", step)
         # the common iteration, called in place (each Python frame costs 1-3 us an iteration among
         # the kernels' cache misses): one optimizer, one batch a step, no clipping or scaler, not
-        # instrumented. Its after_train_iter hooks are dispatched by the loop itself while the
-        # runner's call_hook is Runner's own (not instrumented, overridden or replaced)
+        # instrumented. Its hooks go through runner.call_hook like every other iteration's (a
+        # subclass's override, a replacement or instrumentation sees them): only the forward,
+        # backward and optimizer calls are inlined
         s = r.settings
         plain = not (
             r.instrumented
@@ -177,20 +187,29 @@ class TrainLoop:
         self.runner.scaler.update()  # type: ignore[union-attr]
 
     def done(self) -> bool:
+        """Whether training ends after this iteration: a stop request (agreed by every rank) or
+        the budget."""
         r = self.runner
-        if self.distributed:  # every rank stops after the same iteration (one 4-byte all-reduce on the CPU)
+        if self.distributed:
+            # Every rank stops after the same iteration: a rank that stopped alone would leave the
+            # others waiting in their next collective (DDP's all-reduce in backward, FSDP's gather,
+            # a sharded save) until the timeout. So each rank says what it has, and all take the
+            # strongest (one 4-byte all-reduce on the CPU, after every iteration: see run_epoch).
             mine = STOP_NONE if r.stop_reason is None else STOP_REQUESTED
             if r.stop_signal is not None:
-                mine = STOP_SIGNAL + r.stop_signal  # (the signal travels: a rank without it stops as if it had it)
+                # the signal's number travels, so that a rank without it stops as if it had it
+                mine = STOP_SIGNAL + r.stop_signal
             agreed = agree_on_stop(mine)
             if agreed >= STOP_SIGNAL and r.stop_signal is None:
                 # a signal that reached another rank only (a kill of one PID): this rank records the
                 # same kind of stop, so that rank 0's result.json says "signal", an unfinished run
                 stop_for_signal(r, agreed - STOP_SIGNAL, " (on another rank)")
             if agreed != STOP_NONE:
-                r.request_stop("a stop on another rank")  # (a no-op when this rank asked first)
+                # a no-op when this rank asked first (the first request's reason is kept)
+                r.request_stop("a stop on another rank")
                 return True
-            # decided by the agreed value only: a signal that lands after the all-reduce waits for the next one
+            # Decided by the agreed value only, never by this rank's own stop_reason: a signal that
+            # lands after the all-reduce is this rank's alone until the next one, where all see it.
         elif r.stop_reason is not None:
             return True
         if self.settings.max_iters is not None:
@@ -209,8 +228,11 @@ class TrainLoop:
         s = r.state
         by_epoch = self.settings.by_epoch
         k = self.settings.accumulate_grad_batches
-        r.call_hook(Stage.BEFORE_TRAIN_EPOCH)  # DistSamplerSeedHook sets the epoch's order here
+        # before skipping a resumed epoch's batches: DistSamplerSeedHook sets the epoch's order here
+        r.call_hook(Stage.BEFORE_TRAIN_EPOCH)
         r.model.train()
+        # a window is k batches from the epoch's start: resumed after a part of one (the checkpoint
+        # saved with another k), the windows start where the batches do, not at multiples of k
         if s.inner_iter % k:
             log.warning(
                 "Resuming after %d batches of the epoch, not a multiple of accumulate_grad_batches=%d: "
@@ -218,14 +240,19 @@ class TrainLoop:
                 s.inner_iter,
                 k,
             )
-        batches = _skip_batches(self.loader, s.inner_iter, s.epoch_start[0] and r.epoch_samples() or 0)  # type: ignore[arg-type]
-        if s.epoch_start[0] and batches is self.loader and hasattr(self.loader, "__len__"):
-            s.epoch_end = s.inner_iter + len(self.loader)  # (the sampler skipped the samples: its length is the rest)
+        # resumed with another number of processes or batch size: skip by samples, not batches
+        skip_samples = (s.epoch_start.samples and r.epoch_samples()) or 0
+        batches = _skip_batches(self.loader, s.inner_iter, skip_samples)
+        if s.epoch_start.samples and batches is self.loader and hasattr(self.loader, "__len__"):
+            # the sampler skipped the samples: its length is the rest of the epoch, not all of it
+            s.epoch_batches = s.inner_iter + len(self.loader)  # type: ignore[arg-type]
         if r.instrumented:
             batches = _timed_batches(batches, r)
-        windows = zip(batches) if k == 1 else _windows(iter(batches), k)  # (1-tuples: no Python call a batch)
-        # asked after every iteration when something can end an epoch early: an iteration budget,
-        # other ranks or a stop request (inside an epoch, an epoch budget cannot)
+        # k == 1: windows of one batch as zip's 1-tuples, made in C (no Python call a batch)
+        windows = zip(batches) if k == 1 else _windows(iter(batches), k)
+        # Asked after every iteration when something can end an epoch early: an iteration budget,
+        # other ranks or a stop request (inside an epoch, an epoch budget cannot). Distributed, on
+        # every rank alike: done() is a collective, and a rank that skipped it would hang the rest.
         every_iter = self.distributed or self.settings.max_iters is not None
         for step_idx, window in enumerate(windows, start=s.inner_iter // k):
             self.run_iter(step_idx, window)
@@ -234,16 +261,19 @@ class TrainLoop:
                 r.model.train()
             if (every_iter or s.stop_reason is not None) and self.done():
                 break
-        else:  # the loader is exhausted: the epoch is complete
-            s.position = (s.epoch + 1, s.iter, 0)
+        else:
+            # the loader is exhausted: the epoch is complete, and a checkpoint saved in
+            # after_train_epoch records the next one's start
+            s.position = Position(s.epoch + 1, s.iter, 0)
             r.call_hook(Stage.AFTER_TRAIN_EPOCH)
             s.epoch += 1
             s.inner_iter = 0
-            s.epoch_start, s.epoch_end = (0, 0), None
+            s.epoch_start, s.epoch_batches = EpochStart(0, 0), None
             if by_epoch and r.validation_due(s.epoch):
                 r.validate()
             return
-        r.call_hook(Stage.AFTER_TRAIN_EPOCH)  # cut short by the budget or a stop request
+        # cut short by the budget or a stop request: the epoch is not counted (runner.epoch_complete is False)
+        r.call_hook(Stage.AFTER_TRAIN_EPOCH)
 
     def run_iter(self, batch_idx: int, window: Sequence[Any]) -> None:
         """One iteration: one optimizer step over a window of micro-batches (one unless
@@ -253,15 +283,18 @@ class TrainLoop:
         call = r.call_hook
         if r.instrumented is not self.bound_for:
             self._bind()
-        idle = r.hook_table.idle if not r.instrumented else ()  # stages no hook listens to (unmarked)
+        # the stages no hook listens to are skipped; instrumented, every stage is called (and marked)
+        idle = r.hook_table.idle if not r.instrumented else ()
         if r.moves_batches:
             window = [r.to_device(b) for b in window]
-        s.batch_ready = time.perf_counter()  # (IterTimerHook's data time ends here)
+        # IterTimerHook's data time ends here: one clock read, cheaper than a before_train_iter hook
+        s.batch_ready_s = time.perf_counter()
         data_batch = window[0]
         if BEFORE_TRAIN_ITER not in idle:
             call(BEFORE_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch)
         optimizer = self.plain_optimizer
-        if optimizer is not None:  # _forward_backward and Optimizers.step, in place (a window of one batch)
+        if optimizer is not None:
+            # _forward_backward and Optimizers.step, in place (a window of one batch)
             outputs = self.forward(data_batch)
             if AFTER_FORWARD not in idle:
                 call(AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
@@ -279,10 +312,14 @@ class TrainLoop:
                 outputs = self._accumulate(batch_idx, window, idle)
                 data_batch = window[-1]
             self.optimizer_step()
-        consumed = s.inner_iter + len(window)  # batches of this epoch trained on
-        s.position = (s.epoch, s.iter + 1, consumed)  # what a checkpoint saved from here on records
+        # The step is taken: a checkpoint saved from here on (by an after_train_iter hook) records
+        # it as done, while runner.iter keeps its value until the hooks have run (MMEngine's
+        # counters: after_train_iter sees the iteration's own index).
+        consumed = s.inner_iter + len(window)
+        s.position = _position((s.epoch, s.iter + 1, consumed))
         if AFTER_OPTIMIZER_STEP not in idle:
             call(AFTER_OPTIMIZER_STEP, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        # not checked against idle: the default hooks (the timer, the logger) always listen here
         call(AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         s.iter += 1
         s.inner_iter = consumed
@@ -312,7 +349,8 @@ class TrainLoop:
         call(AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         call(AFTER_BACKWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         if r.scaler is not None:
-            r.scaler.update()  # once per iteration, after every step the model took
+            # once per iteration, after every step the model took: the scale moves once a step
+            r.scaler.update()
         self.optimizers.zero_grad()
         return outputs
 
@@ -325,7 +363,11 @@ class TrainLoop:
         backward of the last micro-batch, and each process's window counts alike. Returns the
         last micro-batch's outputs with ``loss`` the window's loss."""
         counted = self.counted_tokens
-        # a token count stays a tensor on the device: dividing by the window's sum waits for nothing
+        # Each micro-batch's loss is a mean over its own samples (tokens). Backward adds the
+        # gradients up, so weighting each mean by its share of the window's samples makes the sum
+        # the gradient of the mean over all of them, as one batch of the window would give; an
+        # equal 1/k weight would not, once micro-batches differ in size (an epoch's last, padding).
+        # A token count stays a tensor on the device: dividing by the window's sum waits for nothing.
         tokens = [counted(b) for b in window] if counted is not None else [None]
         sizes = tokens if tokens[0] is not None else [_samples(b) for b in window]
         total = sum(sizes)
@@ -334,10 +376,15 @@ class TrainLoop:
         window_loss = None
         for i, (micro, size) in enumerate(zip(window, sizes)):
             last = i == len(window) - 1
-            if fsdp is not None:  # FSDP2: gradients reduce-scattered once, in the last backward
+            # Gradients are averaged over the processes once a step, in the last micro-batch's
+            # backward (one all-reduce, or FSDP2's reduce-scatter, instead of k): before it, each
+            # process only adds to its own gradients. The average is linear, so averaging the sum
+            # once gives what averaging each micro-batch's would; it weighs every process alike.
+            if fsdp is not None:
                 fsdp.set_requires_gradient_sync(last)
             with contextlib.nullcontext() if ddp is None or last else ddp.no_sync():
                 outputs, share = self._forward_backward(batch_idx, micro, size / total, idle)
+            # the window's loss is reported, not back-propagated: detached, it holds no graph
             share = share.detach()
             window_loss = share if window_loss is None else window_loss + share
         return {**outputs, "loss": window_loss}
@@ -378,7 +425,8 @@ class EvalLoop:
         self.loader = loader
         self.mode = mode
         self.stages = EVAL_STAGES[mode]
-        self.eval_step = self.step = runner.eval_step  # (looked up again for each set, after the begin hooks)
+        # looked up again for each set, after the begin hooks (which may swap the model)
+        self.eval_step = self.step = runner.eval_step
         self.idle: Container[str] = ()
 
     def _step_in_autocast(self, batch: Any) -> dict[str, Any]:
@@ -412,19 +460,23 @@ class EvalLoop:
         # nothing, as a Python float (cheaper than the three tensor operations per batch)
         self.loss_sum: torch.Tensor | float = 0.0 if r.device.type == "cpu" else torch.zeros((), device=r.device)
         self.count = 0
-        self.idle = r.hook_table.idle if not r.instrumented else ()  # stages no hook listens to (unmarked)
-        self.eval_step = r.eval_step_function()  # (a before_val hook may have swapped the model)
+        # the stages no hook listens to are skipped; instrumented, every stage is called (and marked)
+        self.idle = r.hook_table.idle if not r.instrumented else ()
+        # a before_val hook may have swapped the model (EMA weights): its step is looked up now
+        self.eval_step = r.eval_step_function()
         self.step = self._step_in_autocast if r.autocasts else self.eval_step
         with torch.no_grad():
             missing = self._missing_forwards(loader) if r.sharded and is_distributed() else 0
             data_batch = None
             for batch_idx, data_batch in enumerate(loader):
                 self.run_iter(batch_idx, data_batch)
-            if missing:  # outputs unused
+            # FSDP2: as many forwards as the rank with the most batches; their outputs are not used
+            if missing:
                 batch = r.to_device(data_batch)
                 for _ in range(missing):
                     self.step(batch)
-        if is_distributed():  # every rank evaluated its own share: add them up
+        # every rank evaluated its own share: add them up
+        if is_distributed():
             totals = torch.tensor(
                 [float(self.loss_sum), float(self.count)], dtype=torch.float64, device=reduce_device()
             )
@@ -433,7 +485,8 @@ class EvalLoop:
             for metric in r.metrics.values():
                 metric.sync()
         metrics = {f"{prefix}/loss": float(self.loss_sum / max(self.count, 1))}
-        for name, metric in r.metrics.items():  # Python floats; a dict result becomes <name>/<key>
+        # Python floats; a metric whose result is a dict gives <name>/<key>
+        for name, metric in r.metrics.items():
             metrics.update({f"{prefix}/{name}{suffix}": value for suffix, value in metric.compute().items()})
         return metrics
 
@@ -475,7 +528,8 @@ class EvalLoop:
             else:
                 self.loss_sum += loss.detach().float() * n
         self.count += n
+        # each metric reads the outputs it is configured for (default: preds or logits, and targets)
         for metric in r.metrics.values():
-            metric.update(outputs)  # each reads the outputs it is configured for (default: preds/logits, targets)
+            metric.update(outputs)
         if stages["after_iter"] not in idle:
             r.call_hook(stages["after_iter"], batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)

@@ -23,7 +23,7 @@ from torch import nn
 
 from expkit.checkpoint import run_checkpoint
 from expkit.core import activation_checkpointing, atomic, distributed
-from expkit.core.rng import algorithm_settings, rng_states, seed_everything, set_rng_states  # noqa: F401 (re-exported)
+from expkit.core.rng import algorithm_settings
 from expkit.core.settings import TrainerSettings
 from expkit.core.signals import requeue_signals, stop_on_signals
 from expkit.core.stages import Stage
@@ -242,8 +242,8 @@ class Runner:
     inner_iter = _state_field("inner_iter")
     position = _state_field("position")
     epoch_start = _state_field("epoch_start")
-    epoch_end = _state_field("epoch_end")
-    batch_ready = _state_field("batch_ready")
+    epoch_batches = _state_field("epoch_batches")
+    batch_ready_s = _state_field("batch_ready_s")
     val_metrics = _state_field("val_metrics")
     test_metrics = _state_field("test_metrics")
     best_metrics = _state_field("best_metrics")
@@ -354,7 +354,8 @@ class Runner:
         """before_run, [load], train, test, after_run; writes and returns result.json's content."""
         started = time.time()
         status, error, tb = "completed", None, None
-        run_checkpoint.check_start(self)  # a refused resume raises here, the run dir as it was
+        # a refused resume raises here, before anything is written: the run dir stays as it was
+        run_checkpoint.check_start(self)
         logs.show_progress()
         if log.isEnabledFor(logging.INFO):  # (the table per stage: show_hooks=true, or hook_order_table())
             log.info("Hooks: %s", ", ".join(self.hook_names()))
@@ -365,9 +366,11 @@ class Runner:
         with algorithm_settings(self.settings.deterministic, benchmark), stop_on_signals(self):
             try:
                 try:
-                    if self.is_main:  # git's process runs while before_run, the probe and a resume do
+                    # git's process runs while before_run, the probe and a resume do (read after them)
+                    if self.is_main:
                         recorded = provenance.start(self.work_dir)
-                    self.call_hook(Stage.BEFORE_RUN)  # hooks check their metrics here and declare explicit rules
+                    # hooks check their metrics here and declare explicit rules, before monitor is checked
+                    self.call_hook(Stage.BEFORE_RUN)
                     if self.monitor is not None:
                         self.metric_rule(self.monitor, "monitor")
                     if self.val_loader is not None and self.optimizer is not None:
@@ -378,13 +381,14 @@ class Runner:
                         self.train()
                     elif self.val_loader is not None:  # nothing to train: evaluate
                         self.validate()
+                    # no test after a signal or an interruption (the resumed run tests) or a pruning
                     if (
                         self.test_loader is not None
                         and self.stop_signal is None
                         and not self.stop_resumable
                         and self.stop_status != "pruned"
                     ):
-                        run_checkpoint.load_test_weights(self)  # (preempted: test after resuming)
+                        run_checkpoint.load_test_weights(self)
                         self.test()
                     if self.stop_reason is not None:
                         status = self.stop_status
@@ -401,7 +405,8 @@ class Runner:
                     tb = traceback.format_exc()
                     try:
                         self.call_hook(Stage.ON_EXCEPTION, exception=exc)
-                    except Exception as hook_exc:  # the run's own error stays the one raised
+                    except Exception as hook_exc:
+                        # logged: the run's own error stays the one raised
                         log.error("Also, after the run had failed: %s", results.failure_message(hook_exc))
                     raise
                 finally:
@@ -414,7 +419,9 @@ class Runner:
                             self.status, self.error = status, error
                             raise
                         log.error("Also, after the run had failed: %s", results.failure_message(exc))
-            finally:  # written before the signal handlers go: torchrun's SIGTERM to survivors must not cut it
+            finally:
+                # result.json is written before the signal handlers go: torchrun's SIGTERM to the
+                # surviving ranks must not cut the write short
                 self.provenance = recorded()
                 wall_time = time.time() - started
                 result = results.run_result(self, status, error, tb, wall_time)
@@ -547,10 +554,12 @@ class Runner:
         batch_size = getattr(self.train_loader, "batch_size", None)
         if not isinstance(batch_size, int):
             return None
-        samples, inner = self.epoch_start
-        return samples + (self.position[2] - inner) * batch_size * distributed.rank_and_world()[1]
+        # the samples skipped when this process took the epoch up, then every process's batches since
+        start, world = self.epoch_start, distributed.rank_and_world()[1]
+        batches_since = self.position.inner_iter - start.inner_iter
+        return start.samples + batches_since * batch_size * world
 
     @property
     def epoch_complete(self) -> bool:
         """True inside after_train_epoch when the epoch ran to its end (not cut short by a stop)."""
-        return self.position[0] > self.epoch
+        return self.position.epoch > self.epoch

@@ -12,12 +12,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from expkit.core import confine
 from expkit.core.rng import rng_states, set_rng_states
 
-__all__ = ["RunState"]
+__all__ = ["EpochStart", "Position", "RunState"]
+
+
+class Position(NamedTuple):
+    """Where a run stands, in units completed: what a checkpoint saved now records."""
+
+    epoch: int = 0
+    """Epochs completed."""
+    iter: int = 0
+    """Training iterations (optimizer steps) completed."""
+    inner_iter: int = 0
+    """Batches of the current epoch trained on."""
+
+
+class EpochStart(NamedTuple):
+    """Where this process took up an epoch that a mid-epoch resume continues with another number
+    of processes or batch size: the samples skipped are counted in the epoch's order, not in batches."""
+
+    samples: int = 0
+    """Samples of the epoch's order trained on before, by all the saving run's processes together."""
+    inner_iter: int = 0
+    """``inner_iter`` at that point (the batches the saving run had trained on)."""
 
 
 @dataclass(slots=True)
@@ -30,15 +51,18 @@ class RunState:
     """Training iterations (optimizer steps) completed."""
     inner_iter: int = 0
     """Batches of the current epoch trained on (a mid-epoch resume skips them)."""
-    position: tuple[int, int, int] = (0, 0, 0)
-    """(epochs, iterations, batches of the epoch) completed: what a checkpoint saved now records."""
-    epoch_start: tuple[int, int] = (0, 0)
-    """(samples of the epoch's order trained on, ``inner_iter`` then), set by a mid-epoch resume with
-    another number of processes or batch size; (0, 0) otherwise."""
-    epoch_end: int | None = None
-    """The resumed epoch's length in iterations when its sampler skipped the samples; None otherwise."""
-    batch_ready: float = 0.0
-    """``time.perf_counter()`` when the current iteration's batch was ready (data time ends there)."""
+    position: Position = field(default_factory=Position)
+    """Epochs, iterations and batches of the epoch completed: what a checkpoint saved now records.
+    Ahead of the counters above inside ``after_optimizer_step``, ``after_train_iter`` and
+    ``after_train_epoch``, which run before the loop counts the iteration (or epoch) done."""
+    epoch_start: EpochStart = field(default_factory=EpochStart)
+    """Set by a mid-epoch resume with another number of processes or batch size; (0, 0) otherwise."""
+    epoch_batches: int | None = None
+    """The resumed epoch's length in batches (those skipped included, as ``inner_iter`` counts
+    them) when its sampler skipped the samples; None otherwise (the loader's length is)."""
+    batch_ready_s: float = 0.0
+    """``time.perf_counter()``, in seconds, when the current iteration's batch was ready (the
+    iteration's data time ends there)."""
     val_metrics: dict[str, float] = field(default_factory=dict)
     """The last validation's metrics (``val/acc``, ...)."""
     test_metrics: dict[str, float] = field(default_factory=dict)
@@ -112,8 +136,8 @@ class RunState:
         """
         meta = checkpoint["meta"]
         self.epoch, self.iter, self.inner_iter = meta["epoch"], meta["iter"], meta.get("inner_iter", 0)
-        self.position = (self.epoch, self.iter, self.inner_iter)
-        self.epoch_start, self.epoch_end = (0, 0), None
+        self.position = Position(self.epoch, self.iter, self.inner_iter)
+        self.epoch_start, self.epoch_batches = EpochStart(0, 0), None
         self.best_metrics = dict(meta.get("best_metrics", {}))
         self.val_metrics = dict(meta.get("val_metrics", {}))
         recorded = meta.get("best_checkpoints", {})

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from expkit.checkpoint.async_writer import BackgroundWriter
     from expkit.checkpoint.remote import RemoteDir
     from expkit.engine.runner import Runner
+    from expkit.engine.state import Position
 
 __all__ = ["CHECKPOINT_KEYS", "CheckpointHook"]
 
@@ -264,7 +265,7 @@ class CheckpointHook(Hook):
         self.dir = Path("checkpoints")  # the run's checkpoint dir, set in before_run
         self.kept: deque[str] = deque()  # regular checkpoints max_keep_ckpts counts, oldest first
         self._dropping: list[str] = []  # retired by the save in progress; deleted once it is complete
-        self._last_saved_position: tuple[int, int, int] | None = None
+        self._last_saved_position: Position | None = None
         self._deferred: int | None = None  # a regular save waiting for the validation that follows
         self._source: Path | None = None  # the checkpoint a resume loads, known before this hook's state
         self._foreign = False  # resumed from a checkpoint outside this run's checkpoint dir
@@ -495,8 +496,8 @@ class CheckpointHook(Hook):
             return runner.validation_due(count)
         if self.by_epoch:  # (iteration-based training validates inside the epoch, before its end)
             return False
-        size = runner.epoch_end or (len(runner.train_loader) if hasattr(runner.train_loader, "__len__") else None)  # type: ignore[arg-type]
-        return size is not None and runner.position[2] >= size and runner.validation_due(runner.epoch + 1)
+        size = runner.epoch_batches or (len(runner.train_loader) if hasattr(runner.train_loader, "__len__") else None)  # type: ignore[arg-type]
+        return size is not None and runner.position.inner_iter >= size and runner.validation_due(runner.epoch + 1)
 
     def after_train_epoch(self, runner: Runner) -> None:
         if self.by_epoch and runner.epoch_complete and self._due(runner.epoch + 1):

@@ -55,9 +55,9 @@ class IterTimerHook(Hook):
 
     def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
         """Data time: from the end of the last iteration until the batch was ready (the loop
-        stamps ``runner.batch_ready``: a clock read there costs less than a hook call)."""
+        stamps ``runner.batch_ready_s``: a clock read there costs less than a hook call)."""
         now = time.perf_counter()
-        data_time, iter_time = runner.batch_ready - self._t, now - self._t
+        data_time, iter_time = runner.batch_ready_s - self._t, now - self._t
         self._t = now
         a, d = self._avg_time, self._avg_data
         self._avg_time = iter_time if a is None else a + self.smoothing * (iter_time - a)
