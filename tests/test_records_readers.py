@@ -80,3 +80,13 @@ def test_lines_that_are_not_json_objects_are_skipped(tmp_path: Path):
     lines = ['{"iter": 0}', "[1, 2]", "", "3", "not json", '{"iter": 1}']
     (tmp_path / METRICS_FILE).write_text("\n".join(lines) + "\n")
     assert read_records(tmp_path) == [{"iter": 0}, {"iter": 1}]
+
+
+def test_curves_are_drawn_from_a_metrics_file_with_a_torn_last_line(tmp_path):
+    from expkit.hooks.logger import plot_curves
+
+    metrics = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": s, "train/loss": 1.0 / s}) for s in (1, 2, 3)] + ['{"step": 4, "train/lo']
+    metrics.write_text("\n".join(lines))
+    plot_curves(metrics, tmp_path / "curves.svg")  # (it raised JSONDecodeError on the torn line)
+    assert (tmp_path / "curves.svg").read_text().startswith("<svg")

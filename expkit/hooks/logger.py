@@ -384,9 +384,10 @@ def plot_curves(metrics_file: Any, path: Any) -> None:
             ``val/*`` or ``test/*`` key.
     """
     from expkit.loggers.svgplot import Panel, Series, charts
+    from expkit.workdir.records import read_records
 
-    with open(metrics_file, encoding="utf-8") as f:
-        records = [json.loads(line) for line in f if line.strip()]
+    metrics_file = Path(metrics_file)
+    records = read_records(metrics_file.parent, metrics_file.name)  # (a torn line: skipped, not a failed plot)
     keys = sorted({k for r in records for k in r if k.startswith(("train/loss", "val/", "test/"))})
     if not keys:
         return

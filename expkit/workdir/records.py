@@ -50,11 +50,12 @@ def read_result(work_dir: Path) -> dict[str, Any] | None:
     return _read_object(Path(work_dir) / RESULT)
 
 
-def read_records(work_dir: Path) -> list[dict[str, Any]]:
+def read_records(work_dir: Path, filename: str = METRICS_FILE) -> list[dict[str, Any]]:
     """A run's ``metrics.jsonl``, in order.
 
     Args:
         work_dir: the run's work dir.
+        filename: the file's name in it (the LoggerHook's ``filename``; ``metrics.jsonl``).
 
     Returns:
         Its records; a line that is not a JSON object (the torn last line of a killed run, a line
@@ -62,7 +63,7 @@ def read_records(work_dir: Path) -> list[dict[str, Any]]:
             unreadable.
     """
     try:
-        lines = (Path(work_dir) / METRICS_FILE).read_bytes().splitlines()
+        lines = (Path(work_dir) / filename).read_bytes().splitlines()
     except OSError:
         return []
     records = []
