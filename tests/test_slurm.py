@@ -28,6 +28,18 @@ def _accounted_state(cluster, job_id: str, timeout: float = 30) -> str:
         time.sleep(0.5)
 
 
+def _launcher(cluster, *settings: str, launcher: str = "submitit_slurm") -> list[str]:
+    """A launcher's settings as a user of this cluster writes them: its partition, one CPU and a
+    little memory per task (two tasks side by side on its 2 CPUs)."""
+    return [
+        f"hydra/launcher={launcher}",
+        f"hydra.launcher.partition={cluster.partition}",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.mem_gb=2",
+        *settings,
+    ]
+
+
 def test_sbatch_wait_runs_a_python_job_and_sacct_records_it_completed(slurm_cluster, tmp_path):  # noqa: F811
     script = tmp_path / "job.sh"
     code = 'import os; print("job", os.environ["SLURM_JOB_ID"], 6 * 7)'
@@ -47,16 +59,9 @@ def test_submitit_slurm_sweep_runs_each_job_on_the_cluster(slurm_cluster, tmp_pa
     # mem_gb=null: DefMemPerCPU, half the memory per job on 2 CPUs; timeout_min=60). Set here as a
     # user would: the partition, one CPU and a little memory each, so that both jobs run side by
     # side on 2 CPUs, and a limit above 2 min (submitit's USR2 comes signal_delay_s=120 s before it).
-    launcher = [
-        "hydra/launcher=submitit_slurm",
-        f"hydra.launcher.partition={slurm_cluster.partition}",
-        "hydra.launcher.cpus_per_task=1",
-        "hydra.launcher.mem_gb=2",
-        "hydra.launcher.timeout_min=10",
-    ]
     proc = run_cli(
         "-m",
-        *launcher,
+        *_launcher(slurm_cluster, "hydra.launcher.timeout_min=10"),
         "optim.lr=0.1,0.05",
         "trainer.max_epochs=1",
         f"hydra.sweep.dir={tmp_path}",
@@ -74,18 +79,6 @@ def test_submitit_slurm_sweep_runs_each_job_on_the_cluster(slurm_cluster, tmp_pa
     assert len(job_ids) == 2, job_ids
     for job_id in job_ids:
         assert _accounted_state(slurm_cluster, job_id) == "COMPLETED", slurm_cluster.log("slurmdbd")
-
-
-def _launcher(cluster, *settings: str, launcher: str = "submitit_slurm") -> list[str]:
-    """A launcher's settings as a user of this cluster writes them: its partition, one CPU and a
-    little memory per task (two tasks side by side on its 2 CPUs)."""
-    return [
-        f"hydra/launcher={launcher}",
-        f"hydra.launcher.partition={cluster.partition}",
-        "hydra.launcher.cpus_per_task=1",
-        "hydra.launcher.mem_gb=2",
-        *settings,
-    ]
 
 
 def test_slurm_ddp_asks_the_cluster_for_its_gpus_and_runs_a_job_as_ddp_over_two_tasks(slurm_cluster, tmp_path):  # noqa: F811
