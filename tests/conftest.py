@@ -36,6 +36,19 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 Plugins.instance()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long tests first, longest first (``@pytest.mark.long(seconds=N)``, N as measured),
+    the rest in their order: pytest-xdist's workers start them at once and share out the short
+    ones beside them, instead of one worker meeting a 6-minute test at the end of its queue
+    while the other has finished (the longest-first rule of scheduling)."""
+
+    def seconds(item: pytest.Item) -> float:
+        marker = item.get_closest_marker("long")
+        return marker.kwargs.get("seconds", 60) if marker is not None else 0
+
+    items.sort(key=lambda item: -seconds(item))  # (a stable sort: the others keep their order)
+
+
 class Twin(nn.Module):
     """The toy network as ``online``, and a ``target`` of the same shape (momentum encoders)."""
 

@@ -23,6 +23,7 @@ SMALL = ["data.max_chars=60000", "trainer.max_epochs=2"]
 
 
 @pytest.mark.slow
+@pytest.mark.long(seconds=62)
 def test_hf_causal_lm_trains_saves_for_transformers_and_evaluates(tmp_path):
     work = tmp_path / "runs" / "lm"
     home = tmp_path / "home"

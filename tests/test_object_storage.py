@@ -162,6 +162,7 @@ def test_a_sharded_checkpoint_is_uploaded_whole_and_resumes_on_another_machine(t
     assert s3.fs().cat(f"{BUCKET}/runs/run/last_checkpoint") == b"epoch_3.dcp"
 
 
+@pytest.mark.long(seconds=54)
 def test_resume_from_the_local_cache_downloads_nothing_and_eval_reads_a_url(tmp_path, s3):
     work = tmp_path / "run"
     assert run_cli(f"hydra.run.dir={work}", *COMMON, env=s3.env).returncode == 0

@@ -105,6 +105,7 @@ def test_a_resumed_search_with_more_trials_explores_new_parameters(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long(seconds=72)
 def test_pruning_stops_hopeless_trials_and_saves_epochs(tmp_path):
     common = ["hparams_search=optuna", "trainer.max_epochs=6", "hydra.sweeper.n_trials=8", LR_WIDE]
     storage = f"sqlite:///{tmp_path}/study.db"

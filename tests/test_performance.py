@@ -335,6 +335,7 @@ def _gpu_check(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess,
 
 
 @pytest.mark.slow
+@pytest.mark.long(seconds=97)
 def test_the_gpu_check_runs_every_part_dry(tmp_path):
     import dataclasses
 

@@ -272,6 +272,7 @@ def test_bad_input_exits_2_with_one_message_naming_it(tmp_path, args, named):
 
 
 @pytest.mark.slow
+@pytest.mark.long(seconds=53)
 def test_the_fault_campaign_script_runs_and_finds_every_trial_consistent():
     proc = subprocess.run(
         [sys.executable, "benchmarks/fault_campaign.py", "--quick", "--seed", "1"],

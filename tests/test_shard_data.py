@@ -255,6 +255,7 @@ def test_a_gigabyte_of_shards_is_read_in_bounded_memory(tmp_path):
     assert measured["grew_mb"] < 300, measured  # a few batches in flight, never the gigabyte
 
 
+@pytest.mark.long(seconds=64)
 def test_the_check_passes_on_shards_under_torchrun(digit_shards, tmp_path):
     _, overrides = digit_shards
     proc = torchrun(

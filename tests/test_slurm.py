@@ -150,6 +150,7 @@ def test_an_optuna_search_with_seed_groups_keeps_two_trials_in_flight_on_the_clu
     assert len(groups) == 2 and {g["n"] for g in groups} == {"2"}
 
 
+@pytest.mark.long(seconds=365)
 def test_a_requeue_a_time_limit_and_a_scancel_lose_nothing_of_a_sweep_on_the_cluster(slurm_cluster, tmp_path):  # noqa: F811
     """Job 0 is requeued by an admin mid-epoch (``scontrol requeue``: SIGTERM, then Slurm starts it
     again), then meets its time limit (submitit's USR2, signal_delay_s before timeout_min): it comes

@@ -76,6 +76,7 @@ def _check_resumed_exactly(tmp_path: Path, reference: subprocess.Popen) -> dict:
     return json.loads((tmp_path / "run" / "result.json").read_text())
 
 
+@pytest.mark.long(seconds=100)
 def test_the_requeue_signal_saves_requeues_the_job_and_its_next_start_resumes_exactly(slurm_cluster, tmp_path):  # noqa: F811
     reference = _reference(tmp_path)
     job_id = _submit(slurm_cluster, tmp_path, "--time=5")
@@ -96,6 +97,7 @@ def test_the_requeue_signal_saves_requeues_the_job_and_its_next_start_resumes_ex
     assert "Restarts=1" in restarts or not restarts, restarts
 
 
+@pytest.mark.long(seconds=90)
 def test_save_before_limit_stops_ahead_of_the_time_limit_and_requeues(slurm_cluster, tmp_path):  # noqa: F811
     """A 2-minute job with an 80 s margin: the run stops itself about 40 s in, far from Slurm's
     kill, saves, requeues its job, and the next start finishes (the whole run needs about 50 s)."""

@@ -126,6 +126,7 @@ def test_the_requeue_signal_saves_and_stops_a_run_resumable_and_resume_ends_exac
 
 # -- submitit's time limit: USR2, checkpoint, requeue, resume ------------------------------------------
 @pytest.mark.slow
+@pytest.mark.long(seconds=55)
 def test_submitit_time_limit_saves_requeues_and_the_next_attempt_resumes_exactly(tmp_path):
     """hydra/launcher=submitit_local with timeout_min=1: submitit sends USR2 30 s into each attempt
     (its local signal_delay_s), calls the launcher's checkpoint(), requeues and exits, as it does on
@@ -171,6 +172,7 @@ def test_submitit_time_limit_saves_requeues_and_the_next_attempt_resumes_exactly
 
 
 @pytest.mark.slow
+@pytest.mark.long(seconds=57)
 def test_at_hydras_default_max_num_timeout_the_job_is_saved_stopped_and_resume_finishes_it(tmp_path):
     """Hydra's launcher defaults to max_num_timeout=0: submitit gives up at the first timeout. The
     job is still saved at USR2 and recorded stopped, not failed; resume=true finishes it."""
