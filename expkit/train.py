@@ -347,13 +347,12 @@ def _slurm_restarts_it(runner: Any) -> bool:
     """Whether the SIGTERM that stopped a submitit job on Slurm is Slurm ending this attempt to
     start the job again (``scontrol requeue``, a preemption), not ``scancel``: both send SIGTERM,
     only Slurm's restart count tells them apart (asked once, here)."""
-    from expkit.core import slurm
+    from expkit.core import distributed, slurm
 
     return (
         runner.stop_signal == signal.SIGTERM
         and "SUBMITIT_EXECUTOR" in os.environ
-        and slurm.job_id() is not None
-        and slurm.being_requeued()
+        and slurm.being_requeued(distributed.requeue_count())  # (outside Slurm: False, nothing asked)
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -212,6 +213,20 @@ def test_slurm_ddp_launcher_config_starts_one_task_per_gpu():
     assert proc.returncode == 0, proc.output
     assert "gpus_per_node: 8" in proc.stdout and "tasks_per_node: 8" in proc.stdout
     assert "SlurmLauncher" in proc.stdout
+
+
+def test_slurm_ddp_takes_its_defaults_from_one_sinfo_call(tmp_path):
+    """A stand-in sinfo on PATH (a node of 2 GPUs named in gres' long form, 8 CPUs): one task per
+    GPU, the CPUs shared by them, and sinfo asked once for the three defaults."""
+    sinfo = tmp_path / "sinfo"
+    sinfo.write_text(f'#!/bin/sh\necho called >> {tmp_path}/calls\necho "debug*|gpu:a100:2(S:0-1)|8"\n')
+    sinfo.chmod(0o755)
+    env = {"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    proc = run_cli("hydra/launcher=slurm_ddp", "--cfg", "hydra", "--resolve", env=env)
+    assert proc.returncode == 0, proc.output
+    for line in ("gpus_per_node: 2", "tasks_per_node: 2", "cpus_per_task: 4"):
+        assert line in proc.stdout, proc.stdout
+    assert (tmp_path / "calls").read_text().count("called") == 1
 
 
 KILL_HOOK = '''

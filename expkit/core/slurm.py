@@ -8,6 +8,7 @@ job the user submitted with ``sbatch``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -97,16 +98,19 @@ def _end_time(scontrol_line: str) -> float | None:
         return None
 
 
-def being_requeued() -> bool:
+def being_requeued(attempt: int) -> bool:
     """Whether Slurm is ending this attempt of the job to start it again (``scontrol requeue``, a
     preemption with ``PreemptMode=REQUEUE``): its restart count is already past this attempt's.
     Asked once, when SIGTERM has stopped a run: ``scancel`` sends the same signal.
+
+    Args:
+        attempt: this attempt's restart count (``SLURM_RESTART_COUNT``: ``distributed.requeue_count()``).
 
     Returns:
         True when the job comes back; False for a cancel, outside Slurm, or when Slurm does not answer.
     """
     job = this_job()
-    return job is not None and job.restarts > int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    return job is not None and job.restarts > attempt
 
 
 def requeue(job: SlurmJob | None = None) -> str | None:
@@ -148,10 +152,12 @@ class SlurmNodes(NamedTuple):
     cpus: int
 
 
+@functools.cache
 def partition_nodes(partition: str | None) -> SlurmNodes:
     """The nodes of `partition`, as ``sinfo`` reports them (``gpu:4``, ``gpu:a100:4(S:0-1)``: 4
     GPUs), asked where the jobs are submitted when the launcher is built: ``hydra/launcher=slurm_ddp``
-    fills its defaults with them.
+    fills its defaults with them. Asked once per process and partition (its three defaults, each
+    resolved again through the others, would otherwise run sinfo three times or more).
 
     Args:
         partition: the partition the jobs go to; None: the cluster's default one (``sinfo``'s ``*``).
