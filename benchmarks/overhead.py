@@ -181,7 +181,9 @@ def hand_written(work_dir: Path, w: Workload, ema: bool, checkpoints: bool = Tru
     return elapsed
 
 
-def with_runner(work_dir: Path, w: Workload, ema: bool, checkpoints: bool = True) -> tuple[float, float]:
+def with_runner(
+    work_dir: Path, w: Workload, ema: bool, checkpoints: bool = True, more_hooks: dict[str, Any] | None = None
+) -> tuple[float, float]:
     model, optimizer, train, val = make(w)
     settings = TrainerSettings(
         max_epochs=w.epochs, device=w.device, seed=0, precision=w.precision, channels_last=w.channels_last
@@ -193,7 +195,7 @@ def with_runner(work_dir: Path, w: Workload, ema: bool, checkpoints: bool = True
         val_loader=val,
         settings=settings,
         work_dir=work_dir,
-        hooks={"ema": EMAHook(momentum=0.01)} if ema else {},
+        hooks={**({"ema": EMAHook(momentum=0.01)} if ema else {}), **(more_hooks or {})},
         default_hooks=default_hooks(
             checkpoint=CheckpointHook(interval=1, save_best="val/acc") if checkpoints else None
         ),
