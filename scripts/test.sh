@@ -3,7 +3,7 @@
 # two pytest workers (pytest-xdist; -n 0 runs it in one process). Extra arguments go to pytest. Run as root, it installs
 # Debian's postgresql package and Slurm's (slurm-wlm, slurmdbd, munge, mariadb-server; apt-get) when their programs are
 # missing; as another user, the PostgreSQL and Slurm tests skip instead. The Slurm tests start their own one-node
-# cluster on this machine (tests/slurm_fixture.py) and stop it at the end.
+# cluster on this machine (tests/cluster/slurm_fixture.py) and stop it at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

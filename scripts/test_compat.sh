@@ -62,31 +62,31 @@ fi
 # --config-dir project, trust, the backends, torchmetrics, DDP and FSDP2 under torchrun; the compat
 # checks and Hydra's own sweeper suites in full
 tests=(
-    tests/test_hydra_compat.py tests/test_hydra_suites.py tests/test_config.py
-    tests/test_cli.py::test_resume_true_continues_the_run_in_its_work_dir
-    tests/test_eval.py::test_evaluating_the_best_checkpoint_gives_back_the_logged_test_metrics
-    tests/test_eval.py::test_load_model_equals_the_final_model_of_training
-    tests/test_predict.py::test_predict_digits_from_npy_and_pt_gives_the_models_classes_and_top_k
-    tests/test_export.py::test_safetensors_hold_the_checkpoint_weights_and_the_ema_ones
-    tests/test_export.py::test_onnx_runs_in_onnxruntime_with_any_batch_and_matches_torch
-    tests/test_export.py::test_torch_export_program_loads_and_runs_with_any_batch
-    tests/test_sweep.py::test_grid_with_joblib_and_two_workers tests/test_sweep.py::test_submitit_local
-    tests/test_optuna.py::test_two_joblib_workers_share_one_sqlite_study
-    "tests/test_search_slots.py::test_a_short_trial_starts_as_soon_as_a_slot_frees_not_after_the_slowest[joblib]"
-    "tests/test_search_slots.py::test_the_same_search_started_twice_shares_one_study_and_one_sweep_dir[journal]"
-    tests/test_sweep_resume.py::test_reordered_and_added_values_mix_nothing_up
-    tests/test_kill.py::test_sigkill_mid_epoch_then_resume_is_bit_identical
-    tests/test_examples.py::test_user_project_experiment_with_its_own_hook_model_and_data
-    tests/test_trust.py::test_load_model_refuses_every_untrusted_target_before_it_runs
-    tests/test_backends.py::test_tensorboard_scalars_match_metrics_jsonl
-    tests/test_backends.py::test_wandb_offline_run_holds_config_history_name_and_summary
-    tests/test_mlflow.py::test_a_run_logs_params_metrics_status_and_artifacts_equal_to_its_own_records
-    tests/test_metrics.py::test_a_torchmetrics_metric_is_logged_as_a_float_everywhere
-    tests/test_ddp.py::test_two_processes_one_run
-    tests/test_fsdp.py::test_fsdp_trains_as_ddp_does_and_its_sharded_checkpoint_resumes_in_one_process_evaluates_and_exports
+    tests/config/test_hydra_compat.py tests/sweeps/test_hydra_suites.py tests/config/test_config.py
+    tests/commands/test_cli.py::test_resume_true_continues_the_run_in_its_work_dir
+    tests/commands/test_eval.py::test_evaluating_the_best_checkpoint_gives_back_the_logged_test_metrics
+    tests/commands/test_eval.py::test_load_model_equals_the_final_model_of_training
+    tests/commands/test_predict.py::test_predict_digits_from_npy_and_pt_gives_the_models_classes_and_top_k
+    tests/commands/test_export.py::test_safetensors_hold_the_checkpoint_weights_and_the_ema_ones
+    tests/commands/test_export.py::test_onnx_runs_in_onnxruntime_with_any_batch_and_matches_torch
+    tests/commands/test_export.py::test_torch_export_program_loads_and_runs_with_any_batch
+    tests/sweeps/test_sweep.py::test_grid_with_joblib_and_two_workers tests/sweeps/test_sweep.py::test_submitit_local
+    tests/sweeps/test_optuna.py::test_two_joblib_workers_share_one_sqlite_study
+    "tests/sweeps/test_search_slots.py::test_a_short_trial_starts_as_soon_as_a_slot_frees_not_after_the_slowest[joblib]"
+    "tests/sweeps/test_search_slots.py::test_the_same_search_started_twice_shares_one_study_and_one_sweep_dir[journal]"
+    tests/sweeps/test_sweep_resume.py::test_reordered_and_added_values_mix_nothing_up
+    tests/checkpoint/test_kill.py::test_sigkill_mid_epoch_then_resume_is_bit_identical
+    tests/house/test_examples.py::test_user_project_experiment_with_its_own_hook_model_and_data
+    tests/core/test_trust.py::test_load_model_refuses_every_untrusted_target_before_it_runs
+    tests/loggers/test_backends.py::test_tensorboard_scalars_match_metrics_jsonl
+    tests/loggers/test_backends.py::test_wandb_offline_run_holds_config_history_name_and_summary
+    tests/loggers/test_mlflow.py::test_a_run_logs_params_metrics_status_and_artifacts_equal_to_its_own_records
+    tests/engine/test_metrics.py::test_a_torchmetrics_metric_is_logged_as_a_float_everywhere
+    tests/distributed/test_ddp.py::test_two_processes_one_run
+    tests/distributed/test_fsdp.py::test_fsdp_trains_as_ddp_does_and_its_sharded_checkpoint_resumes_in_one_process_evaluates_and_exports
 )
 if [ "$line" = newest ]; then  # a study in PostgreSQL (a server of the test's own), through psycopg
-    tests+=(tests/test_search_slots.py::test_bad_storages_and_a_second_search_on_one_study_stop_before_training)
+    tests+=(tests/sweeps/test_search_slots.py::test_bad_storages_and_a_second_search_on_one_study_stop_before_training)
 fi
 # uv installs no compiled modules: the first process to import one writes it, the others read it
 # (with PYTHONDONTWRITEBYTECODE set, every process would compile torch again: 6 s of CPU, not 2.5 s)

@@ -6,8 +6,11 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -153,6 +156,53 @@ def torchrun(
     return proc
 
 
+DIE_ONCE = '''
+import os, signal
+import torch.distributed as dist
+from expkit import Hook
+
+class DieOnce(Hook):
+    """Rank 1 is SIGKILLed once, at iteration 25 (the last checkpoint: iteration 20)."""
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        marker = runner.work_dir / "died"
+        if dist.get_rank() == 1 and runner.iter == 25 and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+'''
+"""A hook module (``diehook.py``, ``+hooks.die._target_=diehook.DieOnce``) for the elastic
+restarts of the DDP, FSDP and multi-node tests: rank 1 SIGKILLed once, at iteration 25."""
+
+SEEN_PROBE = '''
+import hashlib, json, os
+from expkit import Hook
+
+class Seen(Hook):
+    """Each trained sample's digest (its input's bytes), by epoch, appended per rank."""
+
+    priority = "LOWEST"
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        inputs = data_batch[0]
+        rows = [hashlib.sha1(row.numpy().tobytes()).hexdigest()[:16] for row in inputs]
+        with open(runner.work_dir / f"seen{os.environ.get('RANK', '0')}.jsonl", "a") as f:
+            f.write(json.dumps([runner.epoch, rows]) + "\\n")
+'''
+"""A hook module (``seenprobe.py``, ``+hooks.seen._target_=seenprobe.Seen``) that records every
+trained sample per rank, read back by ``seen_samples`` (the world-size and shard tests)."""
+
+
+def seen_samples(work: Path) -> Counter:
+    """How often each sample of the first epoch was trained on, over every rank (``SEEN_PROBE``'s records)."""
+    seen: Counter = Counter()
+    for path in work.glob("seen*.jsonl"):
+        for line in path.read_text().splitlines():
+            epoch, rows = json.loads(line)
+            if epoch == 0:
+                seen.update(rows)
+    return seen
+
+
 @pytest.fixture
 def recorder_log() -> list[str]:
     return []
@@ -174,6 +224,77 @@ def small_disk(path: Path, size: str):
         yield path
     finally:
         subprocess.run(["umount", str(path)], capture_output=True)
+
+
+class S3:
+    """A moto S3 server on 127.0.0.1 with IAM authentication on; one user whose keys may do
+    anything, and one bucket, ``S3.BUCKET`` (the object-storage and shard tests). Needs moto's
+    server and s3fs (the s3test extra).
+
+    Args:
+        tmp: a dir for the (absent) AWS config files the server's clients are pointed at.
+    """
+
+    BUCKET = "ckpts"
+
+    def __init__(self, tmp: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        # the first 3 requests (the user, its key, its policy) go unauthenticated, every later one is checked
+        env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                break
+            assert time.monotonic() < deadline and self.proc.poll() is None, "moto's server did not start"
+            time.sleep(0.1)
+        import boto3  # (moto's own dependency: the test's IAM setup only)
+
+        iam = boto3.client(
+            "iam",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="setup",
+            aws_secret_access_key="setup",
+        )
+        iam.create_user(UserName="trainer")
+        key = iam.create_access_key(UserName="trainer")["AccessKey"]
+        iam.put_user_policy(
+            UserName="trainer",
+            PolicyName="all",
+            PolicyDocument=json.dumps(
+                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+            ),
+        )
+        self.key, self.secret = key["AccessKeyId"], key["SecretAccessKey"]
+        self.env = {  # what a user exports for a bucket (AWS_ENDPOINT_URL: an S3-compatible store such as MinIO)
+            "AWS_ACCESS_KEY_ID": self.key,
+            "AWS_SECRET_ACCESS_KEY": self.secret,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": str(tmp / "none"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "none"),
+        }
+        self.fs().mkdir(self.BUCKET)
+
+    def fs(self):
+        import s3fs
+
+        return s3fs.S3FileSystem(key=self.key, secret=self.secret, endpoint_url=self.endpoint, skip_instance_cache=True)
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signal.SIGCONT)
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
 
 
 def _pg_bin(name: str) -> str | None:

@@ -5,7 +5,7 @@ expkit uses their public API; what is here is either public API that one line de
 lacks, or private API Hydra offers no public form of: its basic launcher and sweeper (which
 expkit's sweeper builds on), and on Hydra 1.3 the steps of ``hydra.main``'s run, taken so
 that a run composes its config once (``main``). Each has a branch per line, and
-``tests/test_hydra_compat.py`` runs on each line CI installs. Nothing here replaces or wraps
+``tests/config/test_hydra_compat.py`` runs on each line CI installs. Nothing here replaces or wraps
 an attribute of Hydra, OmegaConf or torch: expkit never patches another library.
 """
 
@@ -119,7 +119,7 @@ def locate(path: str) -> Any:
 
 
 # Hydra's in-process launcher and its grid sweeper: private modules on both lines, the same
-# classes and constructor arguments on both (tests/test_hydra_compat.py checks). Looked up at each
+# classes and constructor arguments on both (tests/config/test_hydra_compat.py checks). Looked up at each
 # call, never kept: Hydra 1.3's plugin scan executes its plugin modules again, in place, so a
 # class kept from an earlier import is no longer the one Hydra's own code names (BasicSweeper's
 # __init__ calls super(BasicSweeper, self) with the module's current class).

@@ -180,7 +180,7 @@ def stop_requested(sweep_dir: Path) -> int | None:
 # control how a run goes: resuming, failing, printing, logging, where files go, how many are
 # kept, how jobs are launched. They are never part of a job's identity, so that
 # `resume=true retry_failed=true` or `logger=[tensorboard]` finds the same jobs. Every key of
-# train.yaml, and every config group, is in one of the two lists (tests/test_sweep_identity.py);
+# train.yaml, and every config group, is in one of the two lists (tests/sweeps/test_sweep_identity.py);
 # the longest prefix decides; a key in neither (a user's own) counts as computing.
 CONTROL_KEYS = (
     "hydra",

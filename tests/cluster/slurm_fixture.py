@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "setup_slurm.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "setup_slurm.sh"
 NOT_HERE = 3  # setup_slurm.sh start's status where Slurm is not installed or this user may not start it
 
 

@@ -1,5 +1,5 @@
 """Experiments broken on purpose, one way each, for ``python -m expkit.check`` to catch
-(tests/test_check.py). Each is the kind of code a researcher writes; none is exotic."""
+(tests/commands/test_check.py). Each is the kind of code a researcher writes; none is exotic."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Time limits, requeues and scancel without a Slurm cluster: submitit's local executor sends its
 timeout signal (USR2) and requeues as on Slurm; a run takes the requeue signal (USR1); SIGTERM
 to one job of a sweep (Slurm's scancel); the time-limit guard on a toy run. The same paths on a
-real slurmctld are in tests/test_slurm.py."""
+real slurmctld are in tests/cluster/test_slurm.py."""
 
 from __future__ import annotations
 

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import REPO, run_cli
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from expkit.core.hydra_compat import INIT_KWARGS
 from expkit.sweeps.sweep_jobs import COMPUTE_KEYS, CONTROL_KEYS, job_identity, key_kind
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "expkit" / "conf"
+CONF_DIR = REPO / "expkit" / "conf"
 
 
 def _leaves(node: object, prefix: str = "") -> list[str]:

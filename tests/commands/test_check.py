@@ -1,5 +1,5 @@
 """python -m expkit.check: every shipped experiment passes; an experiment broken on purpose in
-each of the usual ways (tests/check_fixtures/checkfix.py) fails with exit 1 and a finding that
+each of the usual ways (tests/commands/check_fixtures/checkfix.py) fails with exit 1 and a finding that
 names the piece at fault; bad input exits 2. Real expkit.train processes, a real SIGKILL."""
 
 from __future__ import annotations

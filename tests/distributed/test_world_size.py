@@ -11,25 +11,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, torchrun
+from conftest import SEEN_PROBE, run_cli, seen_samples, torchrun
 
 pytestmark = pytest.mark.slow
-
-PROBE = '''
-import hashlib, json, os
-from expkit import Hook
-
-class Seen(Hook):
-    """Each trained sample's digest (its input's bytes), by epoch, appended per rank."""
-
-    priority = "LOWEST"
-
-    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
-        inputs = data_batch[0]
-        rows = [hashlib.sha1(row.numpy().tobytes()).hexdigest()[:16] for row in inputs]
-        with open(runner.work_dir / f"seen{os.environ.get('RANK', '0')}.jsonl", "a") as f:
-            f.write(json.dumps([runner.epoch, rows]) + "\\n")
-'''
 
 ARGS = ["+hooks.seen._target_=seenprobe.Seen", "trainer.max_epochs=1", "default_hooks.logger.plot=false"]
 
@@ -41,23 +25,13 @@ def _launch(tmp_path: Path, processes: int, *args: str) -> subprocess.CompletedP
     return run_cli(*ARGS, *args, cwd=tmp_path, env=env, timeout=400)
 
 
-def _seen(work: Path) -> Counter:
-    seen: Counter = Counter()
-    for path in work.glob("seen*.jsonl"):
-        for line in path.read_text().splitlines():
-            epoch, rows = json.loads(line)
-            if epoch == 0:
-                seen.update(rows)
-    return seen
-
-
 @pytest.fixture(scope="module")
 def whole_epoch(tmp_path_factory) -> Counter:
     tmp = tmp_path_factory.mktemp("reference")
-    (tmp / "seenprobe.py").write_text(PROBE)
+    (tmp / "seenprobe.py").write_text(SEEN_PROBE)
     proc = _launch(tmp, 1, f"hydra.run.dir={tmp / 'run'}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return _seen(tmp / "run")
+    return seen_samples(tmp / "run")
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -65,7 +39,7 @@ def whole_epoch(tmp_path_factory) -> Counter:
 def test_a_checkpoint_inside_an_epoch_resumes_on_another_number_of_processes(
     tmp_path, whole_epoch, strategy, saved, resumed
 ):
-    (tmp_path / "seenprobe.py").write_text(PROBE)
+    (tmp_path / "seenprobe.py").write_text(SEEN_PROBE)
     work = tmp_path / "run"
     common = [f"hydra.run.dir={work}", f"trainer.strategy={strategy}"]
     stopped = _launch(
@@ -74,7 +48,7 @@ def test_a_checkpoint_inside_an_epoch_resumes_on_another_number_of_processes(
     assert stopped.returncode == 0, stopped.stderr[-3000:]
     last = "iter_7.dcp" if strategy == "fsdp" else "iter_7.pth"
     assert (work / "checkpoints" / last).exists(), sorted(p.name for p in (work / "checkpoints").iterdir())
-    done = _seen(work)
+    done = seen_samples(work)
     assert sum(done.values()) == 7 * 32 * saved
 
     proc = _launch(tmp_path, resumed, *common, "resume=true", "~hooks.stop")  # (the run's own overrides hold it)
@@ -84,7 +58,7 @@ def test_a_checkpoint_inside_an_epoch_resumes_on_another_number_of_processes(
     if saved != resumed:
         assert f"after {7 * 32 * saved} samples of its order (saved with {saved} processes, now {resumed})" in log
     assert json.loads((work / "result.json").read_text())["status"] == "completed"
-    seen = _seen(work)
+    seen = seen_samples(work)
     # every sample of the epoch once; beyond the whole epoch only the padding that equal shares need
     assert set(seen) == set(whole_epoch)
     assert not whole_epoch - seen
@@ -98,7 +72,7 @@ def test_the_iteration_that_ends_a_resumed_epoch_saves_after_its_validation(tmp_
     validate that epoch again)."""
     import torch
 
-    (tmp_path / "seenprobe.py").write_text(PROBE)
+    (tmp_path / "seenprobe.py").write_text(SEEN_PROBE)
     work = tmp_path / "run"
     saves = [
         "default_hooks.checkpoint.by_epoch=false",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli, torchrun
+from conftest import DIE_ONCE, run_cli, torchrun
 
 from expkit.core.hydra_compat import INIT_KWARGS
 
@@ -308,22 +308,6 @@ def test_a_signal_to_one_rank_stops_every_rank_as_that_signal_and_resume_finishe
     resumed = _torchrun(tmp_path, *args, "resume=true", timeout=240)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert json.loads((work / "result.json").read_text())["status"] == "completed"
-
-
-DIE_ONCE = '''
-import os, signal
-import torch.distributed as dist
-from expkit import Hook
-
-class DieOnce(Hook):
-    """Rank 1 is SIGKILLed once, at iteration 25 (the last checkpoint: iteration 20)."""
-
-    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
-        marker = runner.work_dir / "died"
-        if dist.get_rank() == 1 and runner.iter == 25 and not marker.exists():
-            marker.touch()
-            os.kill(os.getpid(), signal.SIGKILL)
-'''
 
 
 def _torchrun_elastic(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import torchrun
-from test_ddp import DIE_ONCE  # rank 1 (the second node's worker) SIGKILLed once, at iteration 25
+from conftest import DIE_ONCE, torchrun  # (DIE_ONCE: rank 1, the second node's worker, SIGKILLed once at iteration 25)
 
 pytestmark = pytest.mark.slow
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
 from conftest import REPO
 
 from expkit._moved import MOVED, new_name
 
-FIXTURE = Path(__file__).parent / "fixtures" / "iter_50-2026-11-27.pth"  # (written before the move)
+FIXTURE = REPO / "tests" / "fixtures" / "iter_50-2026-11-27.pth"  # (written before the move)
 COMMANDS = {"train", "eval", "predict", "export", "sweep", "compare", "lr_find", "shards"}  # (and check/, a package)
 NAMED_BY_CONFIGS = {"models", "data", "shard_data", "metrics", "optimizers", "schedulers", "samplers"}
 PACKAGES = {"check", "config", "sweeps", "engine", "checkpoint", "loggers", "workdir", "core", "hooks", "tasks", "conf"}

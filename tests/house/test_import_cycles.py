@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # (the repository: this file is tests/house/test_import_cycles.py)
 
 needs_grimp = pytest.mark.skipif(sys.version_info < (3, 11), reason="import-linter (grimp) needs Python 3.11")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import Score, toy_runner
+from conftest import REPO, Score, toy_runner
 
 from expkit import ConfigError, Hook, HookError, default_hooks
 from expkit.checkpoint.checkpoint_io import load_checkpoint
@@ -366,7 +366,7 @@ def test_without_its_pointer_a_run_dir_still_gives_its_newest_checkpoint(tmp_pat
     assert find_last_checkpoint(tmp_path) is None
 
 
-FIXTURE = Path(__file__).parent / "fixtures" / "iter_50-2026-11-27.pth"  # (tests/fixtures/README.md)
+FIXTURE = REPO / "tests" / "fixtures" / "iter_50-2026-11-27.pth"  # (tests/fixtures/README.md)
 
 
 @pytest.mark.slow

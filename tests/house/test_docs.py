@@ -233,7 +233,9 @@ def _checks(path: Path, trained: SimpleNamespace, scratch: Path) -> list[Check]:
                     continue
                 module, args = command
                 placeholder = next((a for a in args if re.search(r"<[^>]+>", a)), None)
-                assert placeholder is None, f"{where}: unknown placeholder in {placeholder!r}; see tests/test_docs.py"
+                assert placeholder is None, (
+                    f"{where}: unknown placeholder in {placeholder!r}; see tests/house/test_docs.py"
+                )
                 base = (sys.executable, "-m", f"expkit.{module}")
                 if module == "sweep" or any(a in ("--help", "-h") or a.startswith("--cfg") for a in args):
                     checks.append(Check(where, (*base, *args), cwd, pythonpath))  # runs nothing, or only reads

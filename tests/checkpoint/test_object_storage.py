@@ -17,76 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import S3, run_cli
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
 pytestmark = pytest.mark.slow
-BUCKET = "ckpts"
-
-
-class S3:
-    """A moto S3 server with IAM authentication on; one user whose keys may do anything."""
-
-    def __init__(self, tmp: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        # the first 3 requests (the user, its key, its policy) go unauthenticated, every later one is checked
-        env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                break
-            assert time.monotonic() < deadline and self.proc.poll() is None, "moto's server did not start"
-            time.sleep(0.1)
-        import boto3  # (moto's own dependency: the test's IAM setup only)
-
-        iam = boto3.client(
-            "iam",
-            endpoint_url=self.endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="setup",
-            aws_secret_access_key="setup",
-        )
-        iam.create_user(UserName="trainer")
-        key = iam.create_access_key(UserName="trainer")["AccessKey"]
-        iam.put_user_policy(
-            UserName="trainer",
-            PolicyName="all",
-            PolicyDocument=json.dumps(
-                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
-            ),
-        )
-        self.key, self.secret = key["AccessKeyId"], key["SecretAccessKey"]
-        self.env = {  # what a user exports for a bucket (AWS_ENDPOINT_URL: an S3-compatible store such as MinIO)
-            "AWS_ACCESS_KEY_ID": self.key,
-            "AWS_SECRET_ACCESS_KEY": self.secret,
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_CONFIG_FILE": str(tmp / "none"),
-            "AWS_SHARED_CREDENTIALS_FILE": str(tmp / "none"),
-        }
-        self.fs().mkdir(BUCKET)
-
-    def fs(self):
-        import s3fs
-
-        return s3fs.S3FileSystem(key=self.key, secret=self.secret, endpoint_url=self.endpoint, skip_instance_cache=True)
-
-    def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.send_signal(signal.SIGCONT)
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+BUCKET = S3.BUCKET
 
 
 @pytest.fixture

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, run_cli, torchrun
-from test_world_size import PROBE, _seen  # (the per-sample probe of the world-size tests)
+from conftest import REPO, S3, SEEN_PROBE, run_cli, seen_samples, torchrun
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("webdataset")
@@ -105,7 +104,7 @@ def test_a_run_killed_mid_epoch_with_two_workers_resumes_exactly(digit_shards, t
 
 def test_killed_on_two_processes_and_resumed_on_one_every_sample_once(digit_shards, tmp_path):
     _, overrides = digit_shards
-    (tmp_path / "seenprobe.py").write_text(PROBE)
+    (tmp_path / "seenprobe.py").write_text(SEEN_PROBE)
     env = {"PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
     common = [
         *overrides,
@@ -129,17 +128,16 @@ def test_killed_on_two_processes_and_resumed_on_one_every_sample_once(digit_shar
         timeout=400,
     )
     assert stopped.returncode == 0, stopped.stderr[-3000:]
-    assert sum(_seen(work).values()) == 7 * 32 * 2
+    assert sum(seen_samples(work).values()) == 7 * 32 * 2
     resumed = run_cli(*common, f"hydra.run.dir={work}", "resume=true", "~hooks.stop", cwd=tmp_path, env=env)
     assert resumed.returncode == 0, resumed.output[-3000:]
     assert "(saved with 2 processes, now 1)" in (work / "train.log").read_text()
-    seen, reference = _seen(work), _seen(tmp_path / "whole")
+    seen, reference = seen_samples(work), seen_samples(tmp_path / "whole")
     assert seen == reference  # every sample of the epoch once, none twice (1 process: no padding)
 
 
 def test_shards_in_s3_train_and_a_missing_bucket_or_dead_endpoint_exits_2(digit_shards, tmp_path):
     pytest.importorskip("s3fs")
-    from test_object_storage import S3
 
     out, _ = digit_shards
     server = S3(tmp_path)

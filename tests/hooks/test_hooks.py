@@ -270,7 +270,7 @@ def test_every_shipped_hook_builds_runs_and_round_trips_its_state(tmp_path, key,
     hook = build_hook(node, key)
     model = Twin() if key == "hooks.momentum_encoder" else None  # it needs an online and a target network
     runner = toy_runner(tmp_path, default_hooks={}, hooks={key.split(".")[1]: hook}, max_epochs=2, model=model)
-    if key.startswith("hooks.hf_"):  # a Hugging Face model's (tests/test_hf.py runs them): another is refused at once
+    if key.startswith("hooks.hf_"):  # a Hugging Face model's (tasks/test_hf.py runs them): another is refused at once
         with pytest.raises(ConfigError, match="needs a Hugging Face model"):
             runner.run()
         assert not (tmp_path / "checkpoints").exists()

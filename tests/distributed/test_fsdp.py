@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli, torchrun
-from test_ddp import DIE_ONCE  # rank 1 SIGKILLed once, at iteration 25
+from conftest import DIE_ONCE, run_cli, torchrun  # (DIE_ONCE: rank 1 SIGKILLed once, at iteration 25)
 
 from expkit.checkpoint import checkpoint_io
 from expkit.core import atomic

@@ -1,6 +1,6 @@
 """The README is a landing page: the two commands a newcomer runs, links that resolve, small.
 
-Its command lines are checked with the documentation's (tests/test_docs.py composes every
+Its command lines are checked with the documentation's (tests/house/test_docs.py composes every
 `python -m expkit...` line of its bash blocks); any ```python block it shows runs here.
 """
 

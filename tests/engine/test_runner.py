@@ -54,7 +54,7 @@ def test_golden_firing_order_with_two_equal_priority_hooks(tmp_path):
         GOLDEN.write_text(transcript)
     assert GOLDEN.is_file(), (
         f"{GOLDEN} is missing: regenerate it with EXPKIT_REGENERATE_GOLDEN=1 .venv/bin/python "
-        "-m pytest tests/test_runner.py -k golden, review it and commit it"
+        "-m pytest tests/engine/test_runner.py -k golden, review it and commit it"
     )
     assert transcript == GOLDEN.read_text(), (
         "the firing order changed; if intended: EXPKIT_REGENERATE_GOLDEN=1 (see above)"
