@@ -158,7 +158,9 @@ def save_checkpoint(
         _write(r, checkpoint, path, is_best, durable, save_optimizer)
         saved()
     else:  # the loop goes on once the tensors are copied; the file is written in the background
-        staged = writer.stage(checkpoint, kind) if r.is_main else {}
+        # unsharded: the writer's thread waits for the copies from GPU memory, the loop does not; DCP's
+        # own thread (sharded) reads what it is given at once, so there they complete here
+        staged = writer.stage(checkpoint, kind, complete=r.sharded) if r.is_main else {}
         del checkpoint
         files = None
         if r.sharded:  # every rank's shards staged by DCP's async_save, written in its thread

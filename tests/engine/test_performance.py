@@ -248,6 +248,34 @@ def test_gpu_fp16_uses_a_grad_scaler_and_learns(tmp_path):
     assert runner.val_metrics["val/acc"] > 0.5
 
 
+@cuda
+def test_gpu_async_save_stages_on_its_own_stream_and_saves_the_weights_as_they_were(tmp_path):
+    """stage(complete=False) returns with the copies from GPU memory still queued: the training's
+    stream must wait for them on the GPU (a weight changed at once is saved as it was at the save),
+    and the writer's thread must wait for them before it reads the buffers (the file is complete)."""
+    from expkit.checkpoint.async_writer import BackgroundWriter
+
+    torch.manual_seed(0)
+    state = {f"w{i}": torch.randn(1024, 1024, device="cuda") for i in range(64)}  # 256 MB: the copies take ms
+    expected = {k: v.cpu() for k, v in state.items()}
+    busy = torch.randn(8192, 8192, device="cuda")
+    for _ in range(4):  # GPU work queued ahead of the copies, as the step that made the weights is
+        busy = torch.tanh(busy @ busy)
+    writer = BackgroundWriter()
+    staged = writer.stage(state, "regular", complete=False)
+    for tensor in state.values():  # the next step, queued at once
+        tensor.add_(1.0)
+    path = tmp_path / "state.pth"
+    writer.submit(lambda: torch.save(staged, path), kind="regular")
+    writer.wait("regular")
+    saved = torch.load(path, weights_only=True)
+    assert sorted(saved) == sorted(expected)
+    assert all(torch.equal(saved[k], expected[k]) for k in expected)
+    assert all(t.is_pinned() for t in staged.values())
+    torch.cuda.synchronize()
+    assert all(torch.equal(state[k].cpu(), expected[k] + 1.0) for k in expected)
+
+
 # -- the benchmark scripts, quick mode ------------------------------------------------------
 def _bench(*args: str) -> str:
     out = subprocess.run(
