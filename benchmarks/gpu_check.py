@@ -5,7 +5,7 @@ device tool sets it; else the working dir). The parts, each in a process of its 
 raises, crashes or overruns its time is marked failed and the others still run; the exit status
 is then 1):
 
-  a  the suite's CUDA tests (the ``@cuda`` tests of tests/test_performance.py, through pytest):
+  a  the suite's CUDA tests (the ``@cuda`` tests of tests/engine/test_performance.py, through pytest):
      on a GPU every one must pass; on the CPU each must skip with its reason
   b  ResNet-50, bf16, channels-last, synthetic 224x224 images (benchmarks/overhead.py's
      ``--workload resnet50``: its hand-written loop and its Runner side), interleaved rounds;

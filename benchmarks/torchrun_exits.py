@@ -2,7 +2,7 @@
 
 A rank whose process group outlives ``destroy_process_group`` into the interpreter's teardown
 can abort there ("terminate called without an active exception", SIGABRT), after its run
-completed; torchrun then reports the run failed (or restarts it). ``tests/test_process_exit.py``
+completed; torchrun then reports the run failed (or restarts it). ``tests/distributed/test_process_exit.py``
 checks the cause directly (no group left at exit); this loop shows the effect over many runs.
 Runs alternate ``trainer.strategy=ddp`` and ``fsdp`` (with ``async_save``: DCP's own groups),
 one epoch each, through ``tests/conftest.py``'s ``torchrun`` helper.
