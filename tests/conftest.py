@@ -106,15 +106,67 @@ class Slow(Hook):
 """
 
 
-def slow_train(tmp_path: Path, *args: str, sleep_s: float = 0.05) -> list[str]:
-    """``python -m expkit.train hooks=[slow] ARGS``: every training iteration sleeps `sleep_s` (0.05:
-    2 s an epoch of digits' 40 iterations), so that a signal or a time limit meets the run mid-epoch.
-    The hook's module is written to `tmp_path`: run the command with ``slow_env(tmp_path)``."""
+def slow_hook(tmp_path: Path, sleep_s: float = 0.05) -> Path:
+    """Writes the ``slow`` hook (``hooks=[slow]``: every training iteration sleeps `sleep_s`) as a
+    config group under `tmp_path`/conf, its module as `tmp_path`/slowhook.py; returns the config
+    dir, for ``--config-dir``. A command that uses it needs `tmp_path` on PYTHONPATH."""
     conf = tmp_path / "conf" / "hooks"
     conf.mkdir(parents=True, exist_ok=True)
     (conf / "slow.yaml").write_text(f"slow:\n  _target_: slowhook.Slow\n  seconds: {sleep_s}\n")
     (tmp_path / "slowhook.py").write_text(SLOW_HOOK)
-    return [sys.executable, "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), "hooks=[slow]", *args]
+    return tmp_path / "conf"
+
+
+def slow_train(tmp_path: Path, *args: str, sleep_s: float = 0.05) -> list[str]:
+    """``python -m expkit.train hooks=[slow] ARGS``: every training iteration sleeps `sleep_s` (0.05:
+    2 s an epoch of digits' 40 iterations), so that a signal or a time limit meets the run mid-epoch.
+    The hook's module is written to `tmp_path`: run the command with ``slow_env(tmp_path)`` (or an
+    environment of the test's own with `tmp_path` on PYTHONPATH). ``slow_train(tmp_path, "-m", ...)``
+    is a sweep of slow jobs."""
+    conf = slow_hook(tmp_path, sleep_s)
+    return [sys.executable, "-m", "expkit.train", "--config-dir", str(conf), "hooks=[slow]", *args]
+
+
+def sweep_train(*args: str) -> list[str]:
+    """``python -m expkit.train -m ARGS``: a sweep's command line (give it ``hydra.sweep.dir=``),
+    for a test that starts it itself (``subprocess.Popen``, its own environment); ``run_cli("-m",
+    ...)`` runs one to its end."""
+    return [sys.executable, "-m", "expkit.train", "-m", *args]
+
+
+def search_worker(tmp_path: Path, name: str, *args: str) -> tuple[subprocess.Popen, Path]:
+    """One worker of a search (``python -m expkit.train hparams_search=optuna ... ARGS``; ARGS may
+    name ``hooks=[slow]``: 0.01 s an iteration), started in its own process group, its output in
+    `tmp_path`/NAME.txt. Start several with the same ARGS for workers of one search; end them
+    with ``finish_workers`` (and ``kill_workers`` in a ``finally:``). Returns (process, output file)."""
+    conf = slow_hook(tmp_path, 0.01)
+    out = tmp_path / f"{name}.txt"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "HYDRA_FULL_ERROR": "0"}
+    command = [sys.executable, "-m", "expkit.train", "--config-dir", str(conf), *args]
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return proc, out
+
+
+def finish_workers(workers: list[tuple[subprocess.Popen, Path]], timeout: float = 400) -> None:
+    """Waits for each of ``search_worker``'s `workers`: each must exit 0 (else its output's end is
+    the failure). Any left running when this ends (a failure, a timeout) is killed."""
+    try:
+        for proc, out in workers:
+            rc = proc.wait(timeout=timeout)
+            assert rc == 0, f"{out.name} exited {rc}:\n{out.read_text()[-3000:]}"
+    finally:
+        kill_workers(workers)
+
+
+def kill_workers(workers: list[tuple[subprocess.Popen, Path]]) -> None:
+    """SIGKILLs the process group of each of ``search_worker``'s `workers` still running, and reaps it."""
+    for proc, _ in workers:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def slow_env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -136,6 +188,21 @@ def train_losses(work: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
 
 
+def torchrun_command(
+    *args: str,
+    nproc: int = 2,
+    module: str | None = "expkit.train",
+    launcher: tuple[str, ...] = (),
+    standalone: bool = True,
+) -> list[str]:
+    """``torchrun --standalone --nproc_per_node=NPROC [LAUNCHER] -m MODULE ARGS`` as an argv
+    (``module=None``: ARGS start with a script; ``standalone=False``: LAUNCHER gives the rendezvous,
+    as for several nodes), for a test that starts the agents itself; ``torchrun`` runs one."""
+    command = [sys.executable, "-m", "torch.distributed.run", *(["--standalone"] if standalone else [])]
+    command += [f"--nproc_per_node={nproc}", *launcher]
+    return command + (["-m", module, *args] if module else list(args))
+
+
 def torchrun(
     *args: str,
     cwd: Path,
@@ -146,10 +213,9 @@ def torchrun(
     timeout: int = 300,
 ):
     """``torchrun --standalone --nproc_per_node=NPROC [LAUNCHER] -m MODULE ARGS`` in a subprocess
-    (``module=None``: ARGS start with a script); one thread per process. Returns CompletedProcess
-    (+ .output: both streams)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *launcher]
-    command += ["-m", module, *args] if module else list(args)
+    (``module=None``: ARGS start with a script; ``torchrun_command``); one thread per process.
+    Returns CompletedProcess (+ .output: both streams)."""
+    command = torchrun_command(*args, nproc=nproc, module=module, launcher=launcher)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0", **(env or {})}
     proc = subprocess.run(command, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
     proc.output = proc.stdout + proc.stderr  # type: ignore[attr-defined]

@@ -8,12 +8,11 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import DIE_ONCE, torchrun  # (DIE_ONCE: rank 1, the second node's worker, SIGKILLed once at iteration 25)
+from conftest import DIE_ONCE, torchrun, torchrun_command  # (DIE_ONCE: rank 1, the second node's worker)
 
 pytestmark = pytest.mark.slow
 
@@ -33,20 +32,8 @@ def _env(tmp_path: Path) -> dict[str, str]:
 def _two_nodes(tmp_path: Path, *args: str, restarts: int = 0) -> list[subprocess.CompletedProcess]:
     """Two torchrun agents, one per "node", joined by a c10d rendezvous on 127.0.0.1."""
     port = _free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes=2",
-        "--nproc-per-node=1",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
-        f"--rdzv-id=test{port}",
-        f"--max-restarts={restarts}",
-        "-m",
-        "expkit.train",
-        *args,
-    ]
+    rendezvous = ("--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=test{port}")
+    command = torchrun_command(*args, nproc=1, launcher=(*rendezvous, f"--max-restarts={restarts}"), standalone=False)
     nodes = [
         subprocess.Popen(
             command, cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, toy_runner
+from conftest import REPO, sweep_train, toy_runner
 from hydra import compose, initialize_config_dir
 
 from expkit.config.build import build_metrics, build_runner
@@ -184,11 +183,7 @@ def test_a_direction_set_once_is_used_by_every_consumer(tmp_path):
     returns = tmp_path / "returns.jsonl"
     values = "[0.5,0.3,0.4,0.6,0.7,0.8]"  # best (least) at the 2nd validation; then 2 without improvement
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "expkit.train",
-            "-m",
+        sweep_train(
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
             f"+metrics.acc_gap={{_target_:scripted.Scripted,values:{values},higher_is_better:false}}",
             "+metrics.acc_gap.offset=0.0,0.1",
@@ -200,7 +195,7 @@ def test_a_direction_set_once_is_used_by_every_consumer(tmp_path):
             "sched=plateau",
             "default_hooks.param_scheduler.monitor=val/acc_gap",
             "+hydra.callbacks.returns._target_=scripted.ReturnValues",
-        ],
+        ),
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(tmp_path), "RETURNS": str(returns)},
         capture_output=True,
@@ -228,17 +223,7 @@ def test_a_direction_set_once_is_used_by_every_consumer(tmp_path):
 @pytest.mark.slow
 def test_a_sweep_summary_shows_a_torchmetrics_metric_as_a_float(tmp_path):
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "expkit.train",
-            "-m",
-            f"hydra.sweep.dir={tmp_path}",
-            F1,
-            "monitor=val/f1",
-            "trainer.max_epochs=1",
-            "optim.lr=0.1,0.01",
-        ],
+        sweep_train(f"hydra.sweep.dir={tmp_path}", F1, "monitor=val/f1", "trainer.max_epochs=1", "optim.lr=0.1,0.01"),
         cwd=REPO,
         capture_output=True,
         text=True,

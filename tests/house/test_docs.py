@@ -36,7 +36,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, sweep_train
 
 DOCS = REPO / "docs"
 PAGES = sorted(DOCS.glob("*.md"))  # docs/api/ holds no code, only ::: directives
@@ -62,7 +62,7 @@ def trained(tmp_path_factory) -> SimpleNamespace:
     """A real one-job sweep of one epoch: its job dir is the run that placeholders name."""
     sweep = tmp_path_factory.mktemp("docs_run") / "sweep"
     proc = subprocess.run(
-        [sys.executable, "-m", "expkit.train", "-m", "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}"],
+        sweep_train("trainer.max_epochs=1", f"hydra.sweep.dir={sweep}"),
         cwd=REPO,
         env=CHILD_ENV,
         capture_output=True,

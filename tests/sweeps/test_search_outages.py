@@ -13,9 +13,8 @@ from pathlib import Path
 
 import optuna
 import pytest
-from conftest import REPO
+from conftest import REPO, finish_workers, kill_workers, search_worker
 from optuna.trial import TrialState
-from test_search_slots import _finish, _finish_quietly, _worker
 
 from expkit.sweeps.search import open_storage
 
@@ -48,15 +47,15 @@ def _when_training(sweep: Path, workers: list) -> None:
 def test_a_database_restart_during_a_two_worker_search_loses_nothing(tmp_path, postgres_server):
     sweep = tmp_path / "sweep"
     args = _search(postgres_server.url, sweep, "hydra.sweeper.n_trials=4")
-    workers = [_worker(tmp_path, f"w{i}", *args) for i in range(2)]
+    workers = [search_worker(tmp_path, f"w{i}", *args) for i in range(2)]
     try:
         _when_training(sweep, workers)
         postgres_server.stop()  # every connection dropped, as in a crash
         time.sleep(4)
         postgres_server.start()
-        _finish(workers)  # both exit 0
+        finish_workers(workers)  # both exit 0
     finally:
-        _finish_quietly(workers)
+        kill_workers(workers)
     output = "".join(out.read_text() for _, out in workers)
     assert "Optuna storage unreachable while" in output and "trying again" in output  # (the outage was seen)
     assert "Traceback" not in output
@@ -69,14 +68,14 @@ def test_a_database_restart_during_a_two_worker_search_loses_nothing(tmp_path, p
 def test_a_storage_that_stays_down_stops_the_worker_and_resume_finishes_its_trial(tmp_path, postgres_server):
     sweep = tmp_path / "sweep"
     args = _search(postgres_server.url, sweep, "hydra.sweeper.n_trials=2", "hydra.sweeper.storage_wait_s=3")
-    workers = [_worker(tmp_path, "w0", *args)]
+    workers = [search_worker(tmp_path, "w0", *args)]
     try:
         _when_training(sweep, workers)
         postgres_server.stop()
         proc, out = workers[0]
         assert proc.wait(timeout=120) == 1, out.read_text()[-3000:]
     finally:
-        _finish_quietly(workers)
+        kill_workers(workers)
     output = out.read_text()
     assert "Traceback" not in output, output[-3000:]
     errors = [line for line in output.splitlines() if line.startswith("Error: ") or "] Error: " in line]

@@ -9,14 +9,12 @@ import csv
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import optuna
 import pytest
-from conftest import REPO, run_cli
+from conftest import finish_workers, kill_workers, run_cli, search_worker
 from optuna.trial import TrialState
 
 from expkit.sweeps.search import open_storage
@@ -102,42 +100,6 @@ def test_a_short_trial_starts_as_soon_as_a_slot_frees_not_after_the_slowest(tmp_
 
 # -- many workers, one study ---------------------------------------------------------------------
 FAST = ["hparams_search=optuna", "trainer.max_epochs=1", "data.batch_size=64"]
-SLOW_HOOK = """
-import time
-from expkit import Hook
-
-class Slow(Hook):
-    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
-        time.sleep(0.01)
-"""
-
-
-def _worker(tmp_path: Path, name: str, *args: str) -> tuple[subprocess.Popen, Path]:
-    """One worker: the same search command, in its own process group, its output in a file."""
-    conf = tmp_path / "conf" / "hooks"
-    conf.mkdir(parents=True, exist_ok=True)
-    (conf / "slow.yaml").write_text("slow:\n  _target_: slowhook.Slow\n")
-    (tmp_path / "slowhook.py").write_text(SLOW_HOOK)
-    out = tmp_path / f"{name}.txt"
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "HYDRA_FULL_ERROR": "0"}
-    command = [sys.executable, "-m", "expkit.train", "--config-dir", str(tmp_path / "conf"), *args]
-    with out.open("w") as sink:
-        proc = subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    return proc, out
-
-
-def _finish(workers: list[tuple[subprocess.Popen, Path]], timeout: float = 400) -> None:
-    try:
-        for proc, out in workers:
-            rc = proc.wait(timeout=timeout)
-            assert rc == 0, f"{out.name} exited {rc}:\n{out.read_text()[-3000:]}"
-    finally:
-        for proc, _ in workers:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
 def _one_study(sweep: Path, study: optuna.Study, n: int) -> dict:
@@ -161,8 +123,8 @@ def test_the_same_search_started_twice_shares_one_study_and_one_sweep_dir(tmp_pa
     args = [*FAST, "hydra.sweeper.n_trials=6", "hydra.sweeper.study_name=w", f"hydra.sweep.dir={sweep}"]
     if storage == "sqlite":
         args.append(f"hydra.sweeper.storage={url}")  # (the journal: the sweep dir's own, by default)
-    workers = [_worker(tmp_path, f"w{i}", *args) for i in range(2)]
-    _finish(workers)
+    workers = [search_worker(tmp_path, f"w{i}", *args) for i in range(2)]
+    finish_workers(workers)
     study = optuna.load_study(study_name="w", storage=open_storage(url))
     ledger = _one_study(sweep, study, 6)  # n_trials: the sweep dir's total, not each worker's
     assert len({e["worker"] for e in ledger.values()}) == 2  # both workers ran trials
@@ -186,7 +148,7 @@ def test_a_workers_trial_is_finished_by_another_when_it_is_killed_or_stopped(tmp
         "hydra.sweeper.study_name=k",
         f"hydra.sweep.dir={sweep}",
     ]
-    workers = [_worker(tmp_path, f"w{i}", *args) for i in range(2)]
+    workers = [search_worker(tmp_path, f"w{i}", *args) for i in range(2)]
     try:
         deadline = time.time() + 300
         while not list(sweep.glob("[0-9]*/checkpoints/epoch_1.pth")):
@@ -201,9 +163,9 @@ def test_a_workers_trial_is_finished_by_another_when_it_is_killed_or_stopped(tmp
         if sig == signal.SIGINT:  # that worker only; it says so
             text = out.read_text()
             assert "Traceback" not in text and "1 other worker of the search goes on" in text, text[-3000:]
-        _finish([w for w in workers if w[0].pid != victim])
+        finish_workers([w for w in workers if w[0].pid != victim])
     finally:
-        _finish_quietly(workers)
+        kill_workers(workers)
     study = optuna.load_study(study_name="k", storage=open_storage(str(sweep / "optuna.journal")))
     ledger = _one_study(sweep, study, 3)
     result = json.loads((job / "result.json").read_text())
@@ -212,21 +174,14 @@ def test_a_workers_trial_is_finished_by_another_when_it_is_killed_or_stopped(tmp
     assert int(ledger[str(result["optuna_trial"])]["worker"].split("-")[-2]) == survivor  # taken over
 
 
-def _finish_quietly(workers: list[tuple[subprocess.Popen, Path]]) -> None:
-    for proc, _ in workers:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 @pytest.mark.slow
 def test_workers_on_two_sweep_dirs_share_a_postgresql_study(tmp_path, postgres):
     """Two workers of one sweep dir and a third in a sweep dir of its own (another host without
     the shared disk), all on one study in a real PostgreSQL server: every trial runs once."""
     args = [*FAST, "hydra.sweeper.n_trials=3", "hydra.sweeper.study_name=pg", f"hydra.sweeper.storage={postgres}"]
-    workers = [_worker(tmp_path, f"w{i}", *args, f"hydra.sweep.dir={tmp_path / 'shared'}") for i in range(2)]
-    workers.append(_worker(tmp_path, "w2", *args, f"hydra.sweep.dir={tmp_path / 'own'}"))
-    _finish(workers)
+    workers = [search_worker(tmp_path, f"w{i}", *args, f"hydra.sweep.dir={tmp_path / 'shared'}") for i in range(2)]
+    workers.append(search_worker(tmp_path, "w2", *args, f"hydra.sweep.dir={tmp_path / 'own'}"))
+    finish_workers(workers)
     study = optuna.load_study(study_name="pg", storage=open_storage(postgres))
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 6  # 3 for each sweep dir
     shared = json.loads((tmp_path / "shared" / "optuna_trials.json").read_text())["trials"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, sweep_train
 
 pytestmark = pytest.mark.slow
 GRID = ["optim.lr=0.1,0.01", "model=mlp,cnn", "trainer.max_epochs=2"]
@@ -149,7 +149,7 @@ def test_rebuild_command_while_running_and_after(tmp_path):
 
 
 def test_two_sweeps_started_together_get_their_own_dirs(tmp_path):
-    command = [sys.executable, "-m", "expkit.train", "-m", "trainer.max_epochs=1", "optim.lr=0.1", "show_hooks=true"]
+    command = sweep_train("trainer.max_epochs=1", "optim.lr=0.1", "show_hooks=true")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = [
         subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
@@ -313,15 +313,7 @@ def test_the_first_job_warns_once_when_the_sweeps_checkpoints_would_not_fit(tmp_
     from conftest import small_disk
 
     with small_disk(tmp_path / "disk", "3m") as disk:
-        command = [
-            sys.executable,
-            "-m",
-            "expkit.train",
-            "-m",
-            f"hydra.sweep.dir={disk / 'sweep'}",
-            "trainer.max_epochs=1",
-            "optim.lr=0.1,0.05",
-        ]
+        command = sweep_train(f"hydra.sweep.dir={disk / 'sweep'}", "trainer.max_epochs=1", "optim.lr=0.1,0.05")
         proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
         output = proc.stdout + proc.stderr
         assert output.count("The sweep's 2 jobs would keep about") == 1, output[-3000:]

@@ -6,43 +6,20 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, slow_train
 
 pytestmark = pytest.mark.slow
 VALUES = ["optim.lr=0.1,0.05,0.02,0.01", "trainer.max_epochs=3"]
-SLOW = """
-import time
-from expkit import Hook
-
-class Slow(Hook):
-    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
-        time.sleep(0.01)
-"""
 
 
 def _sweep(tmp_path: Path, *extra: str) -> list[str]:
-    conf = tmp_path / "conf" / "hooks"
-    conf.mkdir(parents=True, exist_ok=True)
-    (conf / "slow.yaml").write_text("slow:\n  _target_: slowhook.Slow\n")
-    (tmp_path / "slowhook.py").write_text(SLOW)
-    return [
-        sys.executable,
-        "-m",
-        "expkit.train",
-        "-m",
-        "--config-dir",
-        str(tmp_path / "conf"),
-        "hooks=[slow]",
-        *VALUES,
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        *extra,
-    ]
+    """The sweep of slow jobs (0.01 s an iteration), as one command line."""
+    return slow_train(tmp_path, "-m", *VALUES, f"hydra.sweep.dir={tmp_path / 'sweep'}", *extra, sleep_s=0.01)
 
 
 def test_kill_during_the_third_job_then_resume(tmp_path):

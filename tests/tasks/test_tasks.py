@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, sweep_train
 from hydra import compose, initialize_config_dir
 
 from expkit.config.build import build_runner
@@ -90,16 +89,9 @@ def test_a_model_config_reads_what_the_data_describes(tmp_path):
 @pytest.mark.slow
 def test_a_regression_sweep_picks_the_lowest_mse(tmp_path):
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "expkit.train",
-            "-m",
-            "experiment=regression",
-            "optim.lr=0.1,0.01,0.001",
-            "monitor=val/mse",
-            f"hydra.sweep.dir={tmp_path}",
-        ],
+        sweep_train(
+            "experiment=regression", "optim.lr=0.1,0.01,0.001", "monitor=val/mse", f"hydra.sweep.dir={tmp_path}"
+        ),
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, sweep_train
 
 from expkit.workdir.ownership import LOCK_FILE, WorkDirBusy, WorkDirLock, live_owner, why_stale
 
@@ -161,18 +161,14 @@ def test_a_second_writer_exits_2_naming_the_owner_and_a_killed_owner_is_taken_ov
 def test_two_launches_of_one_sweep_run_each_job_once(tmp_path):
     (tmp_path / "slowhook.py").write_text(SLOW_HOOK)
     sweep = tmp_path / "sweep"
-    command = [
-        sys.executable,
-        "-m",
-        "expkit.train",
-        "-m",
+    command = sweep_train(
         "optim.lr=0.1,0.05,0.02,0.01",
         "trainer.max_epochs=2",
         "+hooks.slow._target_=slowhook.Slow",
         f"hydra.sweep.dir={sweep}",
         "sweep_output=full",
         "resume=true",
-    ]  # (two launches of one sweep: each may find the other's jobs)
+    )  # (two launches of one sweep: each may find the other's jobs)
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     launches = [
         subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
