@@ -169,6 +169,20 @@ def kill_workers(workers: list[tuple[subprocess.Popen, Path]]) -> None:
             proc.wait()
 
 
+def digit_shards_command(out: Path) -> subprocess.CompletedProcess:
+    """``python -m expkit.shards out=OUT samples_per_shard=300``: the digits written as tar shards
+    (5 for training); it must exit 0. Its last line is the train command it suggests."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "expkit.shards", f"out={out}", "samples_per_shard=300"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
 def slow_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """The environment ``slow_train``'s command needs (its hook's module on PYTHONPATH), one thread."""
     return {**os.environ, "PYTHONPATH": str(tmp_path), "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1", **extra}

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, torchrun
+from conftest import REPO, digit_shards_command, torchrun
 
 from expkit.testing import assert_resumes_exactly
 
@@ -108,14 +108,7 @@ SMALLER = {"hf_causal_lm": ["data.max_chars=60000"], "hf_text_classification": [
 def _shards(where: Path) -> list[str]:
     """experiment=digits_shards reads outputs/shards/digits: written here by its documented command
     (outside the scratch dir, which must end empty), and the experiment pointed at it."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "expkit.shards", f"out={where}", "samples_per_shard=300"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    digit_shards_command(where)
     return [
         f"data.train='{where}/train-{{000000..000004}}.tar'",
         f"data.val={where}/val-000000.tar",

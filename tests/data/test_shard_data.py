@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, S3, SEEN_PROBE, run_cli, seen_samples, torchrun
+from conftest import REPO, S3, SEEN_PROBE, digit_shards_command, run_cli, seen_samples, torchrun
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("webdataset")
@@ -25,14 +25,7 @@ pytest.importorskip("webdataset")
 def digit_shards(tmp_path_factory) -> tuple[Path, list[str]]:
     """The digits as shards (``expkit.shards``, 300 samples each) and the overrides it printed."""
     out = tmp_path_factory.mktemp("digits") / "shards"
-    proc = subprocess.run(
-        [sys.executable, "-m", "expkit.shards", f"out={out}", "samples_per_shard=300"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = digit_shards_command(out)
     printed = proc.stdout.strip().splitlines()[-1].split("python -m expkit.train ", 1)[1]
     overrides = [w.strip('"') for w in re.findall(r'"[^"]*"|\S+', printed)]
     return out, overrides
