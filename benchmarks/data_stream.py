@@ -80,7 +80,7 @@ EXPKIT = (
 import logging
 logging.basicConfig(level=logging.WARNING)
 from expkit import Runner, TrainerSettings
-from expkit.shard_data import WebDatasetData
+from expkit.data.shards import WebDatasetData
 data = WebDatasetData(train=URLS, num_classes=10, batch_size=64, num_workers=int(sys.argv[4]), index_dir=sys.argv[5])
 train, _, _ = data.loaders()
 model = make_net()

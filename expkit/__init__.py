@@ -3,9 +3,6 @@
 from expkit import Runner, Hook, Priority, Stage, TrainerSettings
 """
 
-import sys as _sys
-
-from expkit import _moved
 from expkit.core import data_info as data_info  # registers ${data_info:KEY} before any config is composed
 from expkit.core.errors import ConfigError, ExpkitError, HookError
 from expkit.core.rng import seed_everything
@@ -15,11 +12,6 @@ from expkit.engine.runner import Runner
 from expkit.hooks import Hook, default_hooks
 
 __version__ = "0.1.0"
-
-# expkit.runner, expkit.checkpoint_io, ...: the modules that moved into subpackages stay importable
-# under their old names (a user's code, a `_target_` in a stored checkpoint's config), with a
-# DeprecationWarning naming the new one.
-_moved.install(_sys.meta_path)
 
 __all__ = [
     "ConfigError",

@@ -3,16 +3,13 @@ sweep.svg) from its job dirs on disk and print it.
 
 The summary itself is ``expkit.sweeps.summary`` (rows: ``expkit.sweeps.rows``, sweep.svg:
 ``expkit.sweeps.plots``); ``SweepSummaryCallback`` (``expkit.sweeps.callback``) is importable
-from here because configs name it so (``_target_: expkit.sweep.SweepSummaryCallback``). The other
-names that lived here forward to their new homes with a DeprecationWarning (``expkit._moved``).
+from here because configs name it so (``_target_: expkit.sweep.SweepSummaryCallback``).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,30 +18,6 @@ from expkit.sweeps.callback import SweepSummaryCallback
 from expkit.sweeps.summary import summarize
 
 __all__ = ["SweepSummaryCallback", "main", "rebuild"]
-
-# the names that lived here until issue 59 -> where they are now; read here, each one warns with
-# its new path (expkit._moved does the same for whole modules)
-MOVED_NAMES = {
-    **{
-        name: f"expkit.sweeps.rows.{name}"
-        for name in ("COLUMNS", "DEFAULT_SEED_KEYS", "GROUP_COLUMNS", "group_rows", "job_row", "seed_keys_of")
-    },
-    **{
-        name: f"expkit.sweeps.summary.{name}"
-        for name in ("LOCK_FILE", "ROWS_DIR", "UNSORTED", "progress_line", "record_job_end")
-    },
-    "plot_sweep": "expkit.sweeps.plots.plot_sweep",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """A name that moved to ``expkit.sweeps`` (``MOVED_NAMES``), with a DeprecationWarning."""
-    new = MOVED_NAMES.get(name)
-    if new is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    home, _, attribute = new.rpartition(".")
-    warnings.warn(f"{__name__}.{name} moved to {new}; import it from there", DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(home), attribute)
 
 
 def rebuild(sweep_dir: Path, plot: bool = True, quiet: bool = False, seed_keys: list[str] | None = None) -> int:

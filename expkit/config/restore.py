@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from expkit._moved import new_name
+from expkit.config.old_targets import new_name
 from expkit.checkpoint import checkpoint_io
 from expkit.core import confine
 from expkit.core.errors import ConfigError

@@ -67,7 +67,7 @@ def _attacks(marker: Path, pickle_file: Path) -> dict[str, tuple[str, object]]:
             "model",
             {"_target_": "torch.nn.functional.torch.load", "f": str(pickle_file), "weights_only": False},
         ),
-        "imported_name": ("data", {"_target_": "expkit.data.Path.touch", "self": str(marker)}),
+        "imported_name": ("data", {"_target_": "expkit.data.datasets.Path.touch", "self": str(marker)}),
         "dunder": ("data", {"_target_": "torch.nn.Module.__init__.__globals__"}),
         "interpolation": ("data", "${oc.decode:'{_target_: subprocess.Popen, args: [touch, " + str(marker) + "]}'}"),
     }
@@ -110,7 +110,7 @@ def test_eval_refuses_them_with_exit_2_naming_the_target(attacks, tmp_path):
         "partial": "subprocess.Popen",
         "args_list": "subprocess.Popen",
         "module_alias": "torch.nn.functional.torch.load",
-        "imported_name": "expkit.data.Path.touch",
+        "imported_name": "expkit.data.datasets.Path.touch",
         "dunder": "__globals__",
         "interpolation": "subprocess.Popen",
     }

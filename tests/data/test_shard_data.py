@@ -203,7 +203,7 @@ MEMORY = """
 import json, resource, sys
 import torch
 from torch.utils.data import DataLoader
-from expkit.shard_data import WebDatasetData
+from expkit.data.shards import WebDatasetData
 
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 data = WebDatasetData(train=sys.argv[1], num_classes=2, num_workers=0, batch_size=8, index_dir=sys.argv[2])

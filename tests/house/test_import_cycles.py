@@ -1,7 +1,7 @@
 """No two of expkit's modules import each other, not even inside a function (issue 59): a cycle
 means neither module can be read, moved or tested without the other. Found with grimp, the
 import graph lint-imports checks the layers on (imports under `if TYPE_CHECKING:` are
-annotations, not dependencies). Also: the old path of a module that was split keeps its names."""
+annotations, not dependencies)."""
 
 from __future__ import annotations
 
@@ -99,33 +99,3 @@ def test_an_import_back_inside_a_function_is_found_as_a_cycle(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "expkit.core.errors <-> expkit.core.settings (" in proc.stdout, proc.stdout
     assert "expkit.core.errors:" in proc.stdout and "imports expkit.core.settings" in proc.stdout, proc.stdout
-
-
-def test_the_old_path_of_the_split_sharding_module_gives_each_name_from_its_new_home():
-    """``expkit.checkpoint.sharding`` went to ``expkit.engine.fsdp`` (FSDP2) and
-    ``expkit.checkpoint.dcp`` (the file format): a config, a script or a test that names the old
-    path still imports, with a warning naming the new one."""
-    from expkit._moved import new_name
-    from expkit.checkpoint import checkpoint_io, dcp
-    from expkit.core.hydra_compat import locate
-    from expkit.engine import fsdp
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        from expkit.checkpoint.sharding import AsyncShards, read_state, shard
-
-        sharding = importlib.import_module("expkit.checkpoint.sharding")  # (as Hydra's locate does)
-
-        assert (shard, AsyncShards, read_state) == (fsdp.shard, dcp.AsyncShards, checkpoint_io.read_sharded_state)
-        assert sharding.block_names is fsdp.block_names and sharding._replace_dir is dcp._replace_dir
-        assert locate("expkit.checkpoint.sharding.save") is dcp.save
-        assert not hasattr(sharding, "no_such_name")
-    said = [str(w.message) for w in caught if w.category is DeprecationWarning]
-    assert (
-        said[0]
-        == "expkit.checkpoint.sharding.AsyncShards moved to expkit.checkpoint.dcp.AsyncShards; import it from there"
-    )
-    assert "expkit.checkpoint.sharding.shard moved to expkit.engine.fsdp.shard; import it from there" in said
-    assert new_name("expkit.sharding.shard") == "expkit.engine.fsdp.shard"
-    assert new_name("expkit.checkpoint.sharding.read_state") == "expkit.checkpoint.checkpoint_io.read_sharded_state"
-    assert new_name("expkit.checkpoint.sharding.AsyncShards.save") == "expkit.checkpoint.dcp.AsyncShards.save"

@@ -39,7 +39,7 @@ import torch
 from torch.utils.data import Dataset
 
 from expkit.core.errors import ConfigError
-from expkit.data import DataModule
+from expkit.data.datasets import DataModule
 from expkit.samplers import SeededRandomSampler
 
 __all__ = [
