@@ -14,8 +14,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from expkit.config.old_targets import new_name
 from expkit.checkpoint import checkpoint_io
+from expkit.config.old_targets import new_name
 from expkit.core import confine
 from expkit.core.errors import ConfigError
 from expkit.core.trust import TrustPolicy

@@ -73,20 +73,63 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     }
 
 
+# the keys that make one run's training differ from another's, read from the resolved config: runs
+# made apart compare on them in TensorBoard's HParams tab even when their command lines say nothing
+# (a group's node gives its class name: model -> "MLP", optim -> "SGD")
+MAIN_HPARAMS = (
+    "model",
+    "optim",
+    "optim.lr",
+    "optim.weight_decay",
+    "optim.momentum",
+    "sched",
+    "data",
+    "data.batch_size",
+    "trainer.max_epochs",
+    "trainer.max_iters",
+    "trainer.seed",
+    "trainer.precision",
+    "trainer.accumulate_grad_batches",
+)
+# overrides that say where a run's numbers go or how it runs, not what it trains
+NOT_HPARAMS = ("logger", "hydra", "resume", "load_from", "show_hooks")
+
+
+def _hparam_value(node: Any) -> Any:
+    """A config value as TensorBoard's HParams take it (a bool, number or string), None for none."""
+    if isinstance(node, dict):
+        target = node.get("_target_")
+        return target.rpartition(".")[2] if isinstance(target, str) else None
+    if node is None or isinstance(node, (bool, int, float, str)):
+        return node
+    return str(node)
+
+
 def hparams_of(runner: Runner) -> dict[str, Any]:
-    """The run's overrides as hyperparameters (what distinguishes the jobs of a sweep).
+    """The run's hyperparameters: the main keys' resolved values (``MAIN_HPARAMS``), then the
+    overrides (what distinguishes the jobs of a sweep) over them.
 
     Args:
-        runner: the runner; its ``run_info["overrides"]`` are read.
+        runner: the runner; its ``config`` (the resolved config, when the run has one) and
+            ``run_info["overrides"]`` are read.
 
     Returns:
-        The value of each override by key (a leading ``+`` or ``~`` dropped), as an int or float when
-        it parses as one, else as the string; ``hydra.*`` overrides and those without a value are left out.
+        Each value by key: a group's class name, a number or a string; the overrides' values (a leading
+        ``+`` or ``~`` dropped) as an int or float when they parse as one. Keys without a value, and
+        overrides of ``logger``, ``hydra.*`` and the like (``NOT_HPARAMS``), are left out.
     """
     params: dict[str, Any] = {}
+    config = runner.config if isinstance(runner.config, dict) else {}
+    for key in MAIN_HPARAMS:
+        node: Any = config
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        value = _hparam_value(node)
+        if value is not None:
+            params[key] = value
     for override in runner.run_info.get("overrides", []):
         key, _, value = override.lstrip("+~").partition("=")
-        if key.startswith("hydra.") or not value:
+        if key.split(".")[0] in NOT_HPARAMS or not value:
             continue
         try:
             params[key] = float(value) if any(c in value for c in ".e") else int(value)
@@ -125,8 +168,8 @@ class Backend:
 
 class TensorBoardBackend(Backend):
     """``<work dir>/<log_dir>/``: scalars under the metrics.jsonl names and steps, the resolved
-    config as text, and the hyperparameters (the run's overrides) with the best and final
-    metrics in the HPARAMS tab. ``tensorboard --logdir outputs/`` shows every run and job.
+    config as text, and the hyperparameters (the main keys' resolved values and the run's
+    overrides: ``hparams_of``) with the best and final metrics in the HPARAMS tab. ``tensorboard --logdir outputs/`` shows every run and job.
 
     Args:
         log_dir: the event files' directory, relative to the work dir.

@@ -5,12 +5,10 @@ annotations, not dependencies)."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest

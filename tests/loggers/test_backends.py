@@ -48,6 +48,44 @@ def test_tensorboard_scalars_match_metrics_jsonl(tmp_path):
     assert events.Scalars("best/val/acc")[0].value == pytest.approx(runner.best_metrics["val/acc"]["value"])
 
 
+def _tensorboard_hparams(log_dir: Path) -> dict:
+    """The hyperparameters of the run's HParams session, read back from its event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    events = EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
+    events.Reload()
+    content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    start = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info
+    return {k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind")) for k, v in start.hparams.items()}
+
+
+def test_tensorboard_hparams_hold_the_main_resolved_values_not_only_the_overrides(tmp_path):
+    """Runs made apart compare in the HParams tab: a run with no overrides still records its
+    optimizer, learning rate, batch size, model, epochs and seed; ``logger`` is no hyperparameter."""
+    runner = toy_runner(tmp_path, max_epochs=1)
+    runner.loggers = {"tensorboard": TensorBoardBackend()}
+    runner.config = {
+        "model": {"_target_": "expkit.models.MLP", "hidden": 64},
+        "optim": {"_target_": "torch.optim.SGD", "lr": 0.05, "momentum": 0.9, "_partial_": True},
+        "sched": None,
+        "data": {"_target_": "expkit.data.DigitsData", "batch_size": 32},
+        "trainer": {"max_epochs": 1, "max_iters": None, "seed": 7},
+    }
+    runner.run_info["overrides"] = ["logger=[tensorboard]", "trainer.seed=7", "hydra.run.dir=x"]
+    runner.run()
+    assert _tensorboard_hparams(tmp_path / "tb") == {
+        "model": "MLP",
+        "optim": "SGD",
+        "optim.lr": 0.05,
+        "optim.momentum": 0.9,
+        "data": "DigitsData",
+        "data.batch_size": 32,
+        "trainer.max_epochs": 1,
+        "trainer.seed": 7,
+    }
+
+
 def test_wandb_offline_run_holds_config_history_name_and_summary(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
