@@ -15,7 +15,20 @@ from expkit.config.old_targets import MOVED, new_name
 FIXTURE = REPO / "tests" / "fixtures" / "iter_50-2026-11-27.pth"  # (written before the move)
 COMMANDS = {"train", "eval", "predict", "export", "sweep", "compare", "lr_find", "shards"}  # (and check/, a package)
 NAMED_BY_CONFIGS = {"models", "metrics", "optimizers", "schedulers", "samplers"}
-PACKAGES = {"check", "data", "config", "sweeps", "engine", "checkpoint", "loggers", "workdir", "core", "hooks", "tasks", "conf"}
+PACKAGES = {
+    "check",
+    "data",
+    "config",
+    "sweeps",
+    "engine",
+    "checkpoint",
+    "loggers",
+    "workdir",
+    "core",
+    "hooks",
+    "tasks",
+    "conf",
+}
 
 
 def test_the_top_of_the_package_holds_the_commands_and_what_configs_name():
