@@ -25,6 +25,7 @@ __all__ = [
     "broadcast_object",
     "dead_ranks",
     "gather_peers",
+    "hold_mesh",
     "init",
     "is_distributed",
     "is_main",
@@ -237,19 +238,38 @@ def recall(key: str) -> str | None:
     return _ELASTIC_STORE.get(f"expkit/{key}").decode("utf-8")
 
 
+_MESHES: list[Any] = []  # the DeviceMeshes expkit made (FSDP2's), held until shutdown releases them
+
+
+def hold_mesh(mesh: Any) -> Any:
+    """Keep `mesh` (a DeviceMesh expkit made) until ``shutdown``, which lets it go before the
+    process groups are destroyed.
+
+    Args:
+        mesh: the mesh.
+
+    Returns:
+        `mesh`.
+    """
+    _MESHES.append(mesh)
+    return mesh
+
+
 def shutdown() -> None:
     """Leave the process group before the interpreter exits, and let every process group object
     go while the interpreter still runs. A group object destroyed in the interpreter's
     teardown aborts the process: its gloo threads, unwound there as Python ends them, call
     std::terminate ("terminate called without an active exception", SIGABRT after a completed
-    run, which torchrun reports as failed or restarts). Two kinds of objects kept groups alive
-    past ``destroy_process_group``: DDP's reducer and FSDP's state, in reference cycles with the
-    runner, frozen out of the collector's sight by ``train._freeze_heap`` (collected here
-    first); and the DeviceMesh FSDP2 shards over, which holds its groups and which torch's DTensor
-    caches keep for the life of the process (``_release_meshes``). With the mesh held past the
-    group's destruction, 20 of 25 two-rank gloo runs aborted here; with it released, none."""
+    run, which torchrun reports as failed or restarts). DDP's reducer and FSDP's state kept
+    groups alive past ``destroy_process_group``, in reference cycles with the runner, frozen out
+    of the collector's sight by ``train._freeze_heap``: they are collected here first, with the
+    meshes expkit made (``hold_mesh``) let go. Nothing else is reached for: the meshes torch's
+    DTensor caches still hold share the default group, which ``destroy_process_group`` shuts
+    down (issue 64: 6 of 6 two-rank FSDP2 runs ended cleanly so, without the heap scan for
+    meshes and the clearing of their private group registry that this replaced)."""
     global _CONTROL
     _CONTROL = None
+    _MESHES.clear()
     if dist.is_available() and dist.is_initialized():
         import contextlib
         import gc
@@ -258,26 +278,6 @@ def shutdown() -> None:
         gc.collect()
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
-        _release_meshes()
-
-
-def _release_meshes() -> None:
-    """Drop the process groups every live DeviceMesh still holds (its ``_pg_registry``: a name ->
-    group cache, unused once the groups are destroyed), so that they are freed now. The meshes
-    themselves stay in torch's DTensor caches (sharding propagation, redistribution costs:
-    several caches, private and changing between versions) until the process ends, harmless
-    without their groups. A torch without the registry holds no group in its meshes."""
-    import gc
-    import sys
-
-    if "torch.distributed.device_mesh" not in sys.modules:  # (no mesh was ever made: nothing to scan)
-        return
-    from torch.distributed.device_mesh import DeviceMesh
-
-    for mesh in [o for o in gc.get_objects() if isinstance(o, DeviceMesh)]:
-        registry = getattr(mesh, "_pg_registry", None)
-        if isinstance(registry, dict):
-            registry.clear()
 
 
 _CONTROL: Any = None  # the CPU process group for control messages (None: the default group is gloo)

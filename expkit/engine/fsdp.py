@@ -153,7 +153,7 @@ def shard(
         reduce_dtype=DTYPES[reduce_dtype] if reduce_dtype else None,
     )
     options = {"mp_policy": policy, "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
-    mesh = init_device_mesh(device.type, (distributed.rank_and_world()[1],))
+    mesh = distributed.hold_mesh(init_device_mesh(device.type, (distributed.rank_and_world()[1],)))
     chosen = [
         (path, m)
         for path, m in model.named_modules()

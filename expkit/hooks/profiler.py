@@ -14,6 +14,7 @@ every stage, hook call and loop phase (data, forward, backward, optimizer) is ma
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -112,6 +113,12 @@ class ProfilerHook(Hook):
 
     def _start(self, runner: Runner, part: str, with_schedule: bool) -> profile:
         from torch.profiler import profile, schedule, tensorboard_trace_handler
+
+        if runner.device.type != "cuda" and "cuda" not in self.activity_names:
+            # kineto, on a CUDA build of torch with no GPU, prints "ERROR: ... gpuGetDeviceCount failed
+            # with code 35" and its USDT start/stop lines to stderr: noise on a CPU run, whose trace is
+            # complete. It reads this setting when it first starts (6: nothing; a user's own stays).
+            os.environ["KINETO_LOG_LEVEL"] = os.environ.get("KINETO_LOG_LEVEL") or "6"
 
         out = runner.work_dir / "traces" / part
         trace_handler = tensorboard_trace_handler(str(out))

@@ -44,6 +44,8 @@ def test_fsdp_trains_as_ddp_does_and_its_sharded_checkpoint_resumes_in_one_proce
     for work, strategy in ((ddp, "ddp"), (fsdp, "fsdp")):
         proc = _torchrun(tmp_path, f"hydra.run.dir={work}", f"trainer.strategy={strategy}", "trainer.max_epochs=2")
         assert proc.returncode == 0, proc.stderr[-3000:]
+        # expkit's teardown scanned the heap for meshes: 4 FutureWarnings of torch's deprecated objects
+        assert "FutureWarning" not in proc.output, proc.output[-3000:]
 
     # on disk: one directory per checkpoint, one shard per rank, the index, the rest of the state
     ckpt = fsdp / "checkpoints" / "epoch_2.dcp"

@@ -9,7 +9,7 @@ import re
 
 import pytest
 import torch
-from conftest import torchrun, toy_runner
+from conftest import run_cli, torchrun, toy_runner
 from torch import nn
 
 from expkit import ConfigError, Hook, HookError, default_hooks
@@ -70,6 +70,19 @@ def test_profiler_stops_cleanly_when_the_run_ends_early(tmp_path):
     (trace,) = (tmp_path / "traces" / "train").glob("*.pt.trace.json")
     assert "phase/forward" in _trace_names(trace)
     assert not runner.instrumented
+
+
+def test_profiler_on_a_cpu_run_prints_nothing_of_kinetos_own(tmp_path):
+    """On a CUDA build of torch with no GPU, kineto printed "ERROR: ... gpuGetDeviceCount failed
+    with code 35" and its USDT lines to stderr (issue 64, item 9): noise on a complete CPU trace."""
+    if torch.cuda.is_available():
+        pytest.skip("kineto's GPU messages are the run's business on a GPU")
+    proc = run_cli(
+        "hooks=[profiler]", "trainer.max_epochs=1", f"hydra.run.dir={tmp_path}", env={"KINETO_LOG_LEVEL": ""}
+    )
+    assert proc.returncode == 0, proc.output[-3000:]
+    assert list((tmp_path / "traces" / "train").glob("*.pt.trace.json"))
+    assert "gpuGetDeviceCount" not in proc.output and "USDT:" not in proc.output, proc.stderr[-2000:]
 
 
 # -- early stopping -----------------------------------------------------------------------------------
