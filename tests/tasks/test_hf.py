@@ -359,7 +359,7 @@ def _text_files(where: Path) -> str:
 def test_streamed_text_gives_the_same_blocks_from_token_files(tmp_path):
     # data.streaming=true: the text files through datasets' streaming into memory-mapped token files
     # (issue 54, item 5): the same split and blocks as in memory
-    from expkit.tasks.hf import TextBlocks, _TokenBlocks
+    from expkit.tasks.hf.text_blocks import TextBlocks, _TokenBlocks
 
     text = _text_files(tmp_path / "corpus")
     kept = {"text": text, "cache_dir": str(tmp_path / "cache"), "test_fraction": 0.1, "max_chars": 150_000}
