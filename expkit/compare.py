@@ -10,7 +10,8 @@ files, read as a sweep's summary reads them (``expkit.sweeps.rows.job_row``): it
                 best metrics, and the runs that differ only in a seed key as groups (mean ± std, n)
   compare.svg   one panel per metric: each run's curve, or each group's mean curve with its spread
 
-A failed run is shown as failed, not dropped. A dir that holds no run is refused (exit 2).
+A failed run is shown as failed, not dropped. A dir named on its own that holds no run is refused
+(exit 2); one that a glob matches, or that lies in a sweep or parent dir, is skipped and named.
 """
 
 from __future__ import annotations
@@ -51,42 +52,67 @@ def _is_run(path: Path) -> bool:
     return (path / ".hydra").is_dir() and any((path / name).is_file() for name in ("result.json", "metrics.jsonl"))
 
 
-def find_runs(patterns: Sequence[str]) -> list[Path]:
+def _left_no_run(path: Path) -> bool:
+    """A dir a command left when it failed before its run started (``load_from=`` or ``resume=`` of a
+    missing file): Hydra's record, no result.json or metrics.jsonl."""
+    return (path / ".hydra").is_dir() and not _is_run(path)
+
+
+def find_runs(patterns: Sequence[str], skipped: list[Path] | None = None) -> list[Path]:
     """The run dirs that `patterns` name: each one a dir or a glob; a dir that is no run stands for
-    the runs directly inside it (a sweep dir: its job dirs, in Hydra's order).
+    the runs directly inside it (a sweep dir: its job dirs, in Hydra's order). A dir that a glob
+    matches, or that lies inside a given dir, and that holds no run is passed over (and added to
+    `skipped`): a glob over ``outputs/runs`` meets the dirs of commands that failed at start-up.
 
     Args:
         patterns: run dirs, sweep dirs or glob patterns (``outputs/runs/2026-11-*``), in order.
+        skipped: a list the dirs passed over are appended to; None: not told.
 
     Returns:
         The run dirs, each once (a sweep job that stands for another job dir, its alias, as that dir), in
             the order given.
 
     Raises:
-        ConfigError: when no pattern is given, a pattern matches nothing, or a dir it matches holds no run.
+        ConfigError: when no pattern is given, a pattern matches nothing, a dir named without a glob
+            holds no run, or a pattern's dirs hold no run at all.
     """
     if not patterns:
         raise ConfigError(
             "which runs? give run dirs, sweep dirs or globs: python -m expkit.compare outputs/runs/A outputs/sweeps/B"
         )
+    passed_over = skipped if skipped is not None else []
     found: list[Path] = []
     for pattern in patterns:
-        matches = sorted(glob.glob(pattern)) if any(c in pattern for c in GLOB_CHARACTERS) else [pattern]
+        is_glob = any(c in pattern for c in GLOB_CHARACTERS)
+        matches = sorted(glob.glob(pattern)) if is_glob else [pattern]
         dirs = [Path(m) for m in matches if Path(m).is_dir()]
         if not dirs:
             what = "matches no dir" if matches != [pattern] else "is not a directory"
             raise ConfigError(f"{pattern} {what}; give run dirs, sweep dirs or globs of them")
+        runs_of_pattern = 0
         for directory in dirs:
             if _is_run(directory):
                 found.append(directory)
+                runs_of_pattern += 1
                 continue
-            jobs = sorted((p for p in directory.iterdir() if p.is_dir() and _is_run(p)), key=job_order)
+            inside = [p for p in directory.iterdir() if p.is_dir()]
+            jobs = sorted((p for p in inside if _is_run(p)), key=job_order)
+            passed_over += sorted(p for p in inside if _left_no_run(p))
+            if not jobs and is_glob:
+                passed_over.append(directory)
+                continue
             if not jobs:
                 raise ConfigError(
                     f"{directory} holds no run: neither it nor a dir directly inside it has .hydra/ with a "
                     "result.json or metrics.jsonl; give a run's work dir or a sweep dir"
                 )
             found += jobs
+            runs_of_pattern += len(jobs)
+        if not runs_of_pattern:
+            raise ConfigError(
+                f"{pattern}: none of the {len(dirs)} dirs it matches holds a run (a result.json or "
+                "metrics.jsonl beside .hydra/); give run dirs, sweep dirs or globs of them"
+            )
     unique: dict[Path, Path] = {}
     for path in found:
         target = job_target(path)  # (a resumed sweep's alias: the dir it stands for; confined to the sweep)
@@ -455,8 +481,19 @@ def run(cfg: DictConfig) -> None:
     try:
         with task_exits():
             keys = cfg.get("seed_keys")
+            skipped: list[Path] = []
+            runs = find_runs([str(p) for p in cfg.runs or []], skipped)
+            if skipped:
+                shown = ", ".join(str(p) for p in skipped[:5]) + (
+                    f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+                )
+                print(
+                    f"Skipped {len(skipped)} dir(s) that hold no run (a command that failed before its run started, "
+                    f"or no run dir at all): {shown}",
+                    file=sys.stderr,
+                )
             comparison = compare(
-                find_runs([str(p) for p in cfg.runs or []]),
+                runs,
                 metric=cfg.get("metric"),
                 seed_keys=None if keys is None else [str(k) for k in keys],
             )

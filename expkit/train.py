@@ -68,8 +68,11 @@ def task_overrides(hc: Any) -> list[str]:
 
 def _fail(exc: BaseException, work_dir: Path) -> None:
     """Report a user error in a single run: one message, result.json says failed; no traceback
-    wall. A refused resume writes nothing: the run it names stays as it was."""
-    if not isinstance(exc, ResumeRefused):
+    wall. A refused resume writes nothing in a run it names, which stays as it was; in a dir that
+    holds no run yet (``load_from=`` or ``resume=`` of a missing file, into a fresh dir) the
+    failure is recorded, so that every dir a command made says what became of it."""
+    holds_a_run = any((work_dir / name).exists() for name in ("result.json", "metrics.jsonl", "checkpoints"))
+    if not isinstance(exc, ResumeRefused) or not holds_a_run:
         write_failure(work_dir, str(exc))
     print(f"\nError: {exc}\n(work dir: {work_dir})", file=sys.stderr)
     sys.exit(2 if isinstance(exc, ConfigError) else 1)  # 2: fix the input; 1: the run failed

@@ -4,7 +4,9 @@ holds no run is refused with one line."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -109,12 +111,25 @@ def test_runs_made_apart_are_compared_and_two_seeds_grouped(runs, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_glob_finds_the_runs_and_the_sweeps_jobs(runs, tmp_path):
+def test_a_glob_finds_the_runs_and_the_sweeps_jobs_and_skips_start_up_failures(runs, tmp_path):
+    """The glob of compare's own --help meets the dirs that commands failing at start-up left: they
+    are skipped and named (issue 64, item 6), and each such command leaves a failed result.json."""
+    left = tmp_path / "left"
+    proc = run_cli("resume=/no/such.pth", f"hydra.run.dir={left / 'resumed'}")
+    assert proc.returncode == 2, proc.output
+    result = json.loads((left / "resumed" / "result.json").read_text())
+    assert result["status"] == "failed" and "resume=/no/such.pth: no such checkpoint file" in result["error"]
+    (left / "resumed").rename(runs / "resumed_missing")
+    (runs / "older" / ".hydra").mkdir(parents=True)  # what such a command left before: .hydra/, an empty log
+    (runs / "older" / "train.log").write_text("")
     proc = compare(f"{runs}/*", cwd=tmp_path)  # (quoted: the command expands it) and its default out
     assert proc.returncode == 0, proc.output
+    skipped = [line for line in proc.stderr.splitlines() if line.startswith("Skipped 2 dir(s)")]
+    assert len(skipped) == 1 and str(runs / "older") in skipped[0] and str(runs / "resumed_missing") in skipped[0]
     made = list((tmp_path / "outputs" / "compare").iterdir())
     assert len(made) == 1
     _check_comparison(made[0], runs)
+    shutil.rmtree(runs / "older"), shutil.rmtree(runs / "resumed_missing")
 
 
 def test_a_dir_that_holds_no_run_exits_2_naming_it(tmp_path):
