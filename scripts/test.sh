@@ -6,7 +6,7 @@
 # cluster on this machine (tests/cluster/slurm_fixture.py) and stop it at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh all   # (every extra: the tests use them all)
 bash scripts/setup_postgres.sh   # (the server programs for the PostgreSQL tests; apt-get as root)
 bash scripts/setup_slurm.sh install   # (Slurm 22.05 and slurmdbd for the Slurm tests; apt-get as root)
 # Every test starts Python processes (expkit.train, torchrun, sweeps): they read compiled modules from

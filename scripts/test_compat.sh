@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 line="${1:?usage: scripts/test_compat.sh lowest|newest [--install-only | pytest arguments]}"
 shift
 if [ ! -x .venv/bin/uv ]; then
-    bash scripts/setup.sh   # .venv brings uv (the dev extra)
+    bash scripts/setup.sh all   # .venv brings uv (the dev extra)
 fi
 case "$line" in
     lowest) python_version=3.10; resolve=(--resolution lowest-direct); extra=(); extras=vision,sweep,logging,metrics,export,dev ;;

@@ -81,7 +81,7 @@ def trained(tmp_path_factory) -> SimpleNamespace:
 def test_site_builds_strict(tmp_path):
     mkdocs = Path(sys.executable).with_name("mkdocs")
     if not mkdocs.exists():
-        pytest.fail("mkdocs is not installed: run `bash scripts/setup.sh` (the docs extra installs it)")
+        pytest.fail("mkdocs is not installed: run `bash scripts/setup.sh all` (the docs extra installs it)")
     site = tmp_path / "site"
     proc = subprocess.run(
         [str(mkdocs), "build", "--strict", "-d", str(site)],

@@ -20,7 +20,7 @@ def _tool(name: str, extra: str) -> str:
     beside = Path(sys.executable).with_name(name)
     found = str(beside) if beside.exists() else shutil.which(name)
     if found is None:
-        pytest.fail(f"{name} is not installed: run `bash scripts/setup.sh` (the {extra} extra installs it)")
+        pytest.fail(f"{name} is not installed: run `bash scripts/setup.sh all` (the {extra} extra installs it)")
     return found
 
 
