@@ -88,6 +88,25 @@ def _shell(word: str) -> str:
     return shlex.quote(word)
 
 
+def _out_dir(cfg: DictConfig) -> Path:
+    """``out``: required, a dir (made when missing) that holds no shards yet; else one line, exit 2."""
+    from omegaconf import OmegaConf
+
+    problem = None
+    if OmegaConf.is_missing(cfg, "out") or not str(cfg.out).strip():
+        problem = "out is required: the dir the shards go into, e.g. out=outputs/shards/digits"
+    elif (out := Path(str(cfg.out))).exists() and not out.is_dir():
+        problem = f"out={out} is a file, not a dir: give the dir the shards go into"
+    elif out.exists() and any(out.glob("*-[0-9][0-9][0-9][0-9][0-9][0-9].tar")):
+        problem = f"out={out} already holds shards; give another dir, or remove them"
+    elif any(parent.exists() and not parent.is_dir() for parent in out.parents):
+        problem = f"out={out}: a parent of it is a file, not a dir"
+    if problem:
+        print(f"Error: {problem}", file=sys.stderr)
+        raise TaskExit(2)
+    return out
+
+
 @hydra_compat.main(config_path="conf", config_name="shards")
 def run(cfg: DictConfig) -> None:
     """The Hydra app: build the data group's module, write its splits, print the overrides.
@@ -106,10 +125,7 @@ def run(cfg: DictConfig) -> None:
         if cfg.input_key not in ("npy", "png"):
             print(f"Error: input_key={cfg.input_key}: give npy or png", file=sys.stderr)
             raise TaskExit(2)
-        out = Path(str(cfg.out))
-        if out.exists() and any(out.glob("*-[0-9][0-9][0-9][0-9][0-9][0-9].tar")):
-            print(f"Error: out={out} already holds shards; give another dir, or remove them", file=sys.stderr)
-            raise TaskExit(2)
+        out = _out_dir(cfg)
         import importlib.util
 
         if importlib.util.find_spec("webdataset") is None:

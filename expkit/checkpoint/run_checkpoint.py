@@ -66,6 +66,9 @@ def state_checkpoint(runner: Runner, save_optimizer: bool = True, save_scheduler
     )
     checkpoint["config"] = r.config
     checkpoint["hooks"] = r.hook_table.state_dict()
+    data_state = getattr(getattr(r.train_loader, "dataset", None), "data_state", None)
+    if callable(data_state):  # (data=webdataset: each shard's fingerprint, for _check_same_data)
+        checkpoint["data"] = data_state()
     named = r.named_optimizers
     if not r.sharded:  # (sharded: weights and optimizer state go to the shards, see save_checkpoint)
         # (detached already; a CPU tensor as it is: .cpu() would be a no-op dispatched per tensor, 1-3 us each)
@@ -273,11 +276,25 @@ def check_start(runner: Runner) -> None:
             found = path, checkpoint_io.load_checkpoint(path, key, consolidate=False)
         if found is not None:
             _check_fits(r, found[1], found[0], resume=bool(r.resume_from))
+            if r.resume_from:
+                _check_same_data(r, found[1], found[0])
     except ResumeRefused:
         raise
     except ConfigError as exc:  # missing, unreadable or refused as untrusted: refused all the same
         raise ResumeRefused(str(exc)) from None
     r.start_checkpoint = found or ()
+
+
+def _check_same_data(runner: Runner, checkpoint: dict[str, Any], source: Path) -> None:
+    """A resume reads the data the checkpoint's run trained on: a train dataset that records its
+    data in checkpoints (``data_state``: data=webdataset's shard fingerprints) refuses other data
+    (``check_data_state``), so that one run never mixes two datasets."""
+    check = getattr(getattr(runner.train_loader, "dataset", None), "check_data_state", None)
+    if callable(check) and isinstance(checkpoint.get("data"), dict):
+        try:
+            check(checkpoint["data"])
+        except ConfigError as exc:
+            raise ResumeRefused(f"resume ({source}): {exc}. Nothing in {runner.work_dir} was changed.") from None
 
 
 def _store(runner: Runner) -> RemoteDir | None:

@@ -3,7 +3,8 @@ local disk or in object storage (``s3://``, ``gs://``: fsspec), read by index.
 
 Every shard is indexed once (where each sample's members lie in the tar: offsets and sizes,
 read from the tar headers by the standard library's ``tarfile``), and the index is cached
-beside the runs (``data.index_dir``), keyed by the shard's URL, size and modification time.
+beside the runs (``data.index_dir``), keyed by the shard's URL, size, modification time and a
+content fingerprint (``expkit.data.shard_index``).
 With the index the shards are a map-style dataset: a sample is one ranged read of its
 members, nothing is loaded whole, and the epoch's length is known.
 
@@ -25,12 +26,9 @@ docs/data-at-scale.md for the figures).
 
 from __future__ import annotations
 
-import hashlib
 import io
-import json
 import logging
 import os
-import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,7 @@ from torch.utils.data import Dataset
 
 from expkit.core.errors import ConfigError
 from expkit.data.datasets import DataModule
+from expkit.data.shard_index import expand_urls, is_url, load_index, open_shard
 from expkit.samplers import SeededRandomSampler
 
 __all__ = [
@@ -48,14 +47,11 @@ __all__ = [
     "ShardOrderSampler",
     "ShardReadError",
     "WebDatasetData",
-    "expand_urls",
-    "index_shard",
 ]
 
 log = logging.getLogger("expkit")
 
 INPUT_KEYS = ("png", "jpg", "jpeg", "npy")  # data.input_key null: the first of these a sample has
-INDEX_VERSION = 1
 
 
 class ShardReadError(RuntimeError):
@@ -74,180 +70,70 @@ class ShardReadError(RuntimeError):
         super().__init__(message)
 
 
-def _is_url(spec: str) -> bool:
-    return "://" in spec and not spec.startswith("file://")
-
-
-def expand_urls(spec: str, key: str) -> list[str]:
-    """The shards a ``data.train``-style setting names: one path or URL, a brace pattern
-    (``dir/train-{000000..000127}.tar``), or several separated by ``::``.
-
-    Args:
-        spec: the setting's value.
-        key: the setting's name, for messages (``data.train``).
-
-    Returns:
-        The shard paths or URLs, in order.
-
-    Raises:
-        ConfigError: when `spec` is empty or its braces do not expand.
-    """
-    try:
-        import braceexpand
-    except ImportError:  # (webdataset's own dependency: the shards extra)
-        raise ConfigError("data=webdataset needs the shards extra: pip install 'expkit[shards]'") from None
-
-    if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(f"{key} is empty: give a shard path, a brace pattern or an s3:// URL")
-    urls: list[str] = []
-    for part in spec.split("::"):
-        try:
-            urls += list(braceexpand.braceexpand(part.strip()))
-        except Exception as exc:  # (an unbalanced brace)
-            raise ConfigError(f"{key}={spec}: the pattern does not expand ({exc})") from None
-    return [u.removeprefix("file://") for u in urls]
-
-
-def _filesystem(url: str) -> tuple[Any, str]:
-    """fsspec's filesystem for `url` (s3:// reads AWS_ENDPOINT_URL and the credentials from the
-    environment, as boto does) and the path in it."""
-    import fsspec
-
-    return fsspec.core.url_to_fs(url)
-
-
-def _stat(url: str) -> tuple[int, str]:
-    """(size, version) of a shard: the version is the mtime of a local file, the ETag or the
-    modification time of an object; raises OSError (FileNotFoundError) when it is missing."""
-    if not _is_url(url):
-        st = os.stat(url)
-        return st.st_size, str(st.st_mtime_ns)
-    fs, path = _filesystem(url)
-    info = fs.info(path)
-    version = info.get("ETag") or info.get("etag") or info.get("LastModified") or info.get("mtime") or ""
-    return int(info["size"]), str(version)
-
-
-def index_shard(url: str) -> list[dict[str, Any]]:
-    """The samples of one tar shard, in order: each ``{"key": ..., "members": {ext: [offset, size]}}``
-    (the offset of the member's data in the file). WebDataset's rule: a member ``dir/name.ext.gz``
-    belongs to sample ``dir/name``, extension ``ext.gz``; consecutive members of one key form one
-    sample.
-
-    Args:
-        url: the shard's path or URL.
-
-    Returns:
-        The samples.
-
-    Raises:
-        tarfile.TarError: a truncated or corrupt tar.
-        OSError: the shard cannot be read.
-    """
-    if _is_url(url):
-        fs, path = _filesystem(url)
-        opened = fs.open(path, "rb", block_size=1 << 22, cache_type="readahead")
-    else:
-        opened = open(url, "rb")  # noqa: SIM115 (closed below with the tar)
-    samples: list[dict[str, Any]] = []
-    with opened, tarfile.open(fileobj=opened, mode="r:") as tar:
-        for member in tar:
-            if not member.isfile():
-                continue
-            directory, _, name = member.name.rpartition("/")
-            stem, dot, ext = name.partition(".")
-            if not dot or name.startswith("."):  # (no extension: not part of a sample)
-                continue
-            key = f"{directory}/{stem}" if directory else stem
-            if not samples or samples[-1]["key"] != key:
-                samples.append({"key": key, "members": {}})
-            samples[-1]["members"][ext.lower()] = [member.offset_data, member.size]
-    return samples
-
-
 class _Index:
-    """Where each sample of a list of shards lies: the shard, and its input's and target's
-    (offset, size), as compact tensors (about 40 bytes a sample)."""
+    """Where each readable sample of a list of shards lies: the shard, and its input's and target's
+    (offset, size), as compact tensors (about 40 bytes a sample).
 
-    def __init__(self, urls: list[str], shard_samples: list[list[dict[str, Any]]], input_key: str, target_key: str):
+    Args:
+        urls: the shards.
+        entries: their indexes (``shard_index.load_index``).
+        input_key: the input member's extension.
+        target_key: the target member's extension.
+        skip: leave out (and count) the samples that cannot be read (a member missing, or past the
+            end of a cut tar); False: refuse the shard, naming it.
+        key: the setting that names the shards, for messages (``data.train``).
+
+    Raises:
+        ConfigError: without `skip`, a cut tar or a sample without its input or target member.
+    """
+
+    def __init__(
+        self, urls: list[str], entries: list[dict[str, Any]], input_key: str, target_key: str, skip: bool, key: str
+    ):
         self.urls = urls
-        self.sizes = [len(samples) for samples in shard_samples]
+        self.fingerprints = [entry["fingerprint"] for entry in entries]
+        self.sizes: list[int] = []
+        self.left_out = 0  # the samples of the index that cannot be read (skip)
         rows = []
-        for shard, samples in enumerate(shard_samples):
-            for sample in samples:
-                members = sample["members"]
-                if input_key not in members or target_key not in members:
-                    missing = input_key if input_key not in members else target_key
-                    raise ConfigError(
-                        f"{urls[shard]}: sample {sample['key']!r} has no .{missing} member (it has "
-                        f"{', '.join(sorted(members))}); set data.input_key / data.target_key to the extensions "
-                        "the shards hold"
-                    )
-                rows.append([shard, *members[input_key], *members[target_key]])
+        for shard, entry in enumerate(entries):
+            if entry.get("cut") and not skip:
+                raise ConfigError(
+                    f"{key}: {urls[shard]} is not a readable tar ({entry['cut']}); it may be truncated: write it again, "
+                    "or skip what cannot be read with data.on_error=skip"
+                )
+            problems = []
+            for sample in entry["samples"]:
+                problem = _unreadable(sample["members"], input_key, target_key, entry["size"])
+                if problem is None:
+                    rows.append([shard, *sample["members"][input_key], *sample["members"][target_key]])
+                elif not skip:
+                    raise ConfigError(f"{key}: {urls[shard]}: sample {sample['key']!r} {problem}")
+                else:
+                    problems.append(f"sample {sample['key']!r} {problem.partition(';')[0]}")
+            if problems:
+                log.warning("Skipped: %s: %d samples cannot be read (%s)", urls[shard], len(problems), problems[0])
+            self.sizes.append(len(entry["samples"]) - len(problems))
+            self.left_out += len(problems)
         self.rows = torch.tensor(rows, dtype=torch.int64).reshape(-1, 5)
 
     def __len__(self) -> int:
         return len(self.rows)
 
 
-def _read_cached(path: Path) -> list[dict[str, Any]] | None:
-    """A cached shard index; None when it is missing or not what ``index_shard`` writes (a cut
-    write, a file from elsewhere: the shard is indexed again)."""
-    try:
-        samples = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    ok = isinstance(samples, list) and all(
-        isinstance(s, dict) and isinstance(s.get("members"), dict) and "key" in s for s in samples
-    )
-    return samples if ok else None
-
-
-def _load_index(urls: list[str], key: str, index_dir: Path) -> list[list[dict[str, Any]]]:
-    """Every shard's samples, from the cache when the shard is unchanged, else read (and cached).
-    A missing shard, an unreachable store or a truncated tar raise a ConfigError naming it."""
-    out = []
-    built = 0
-    for url in urls:
-        try:
-            size, version = _stat(url)
-        except FileNotFoundError:
-            raise ConfigError(
-                f"{key}: {url} does not exist ({len(urls)} shard{'s' if len(urls) > 1 else ''} named); "
-                "check the path or pattern (quote a brace pattern on the command line: "
-                f"{key}='dir/train-{{000000..000009}}.tar'), or write shards first: python -m expkit.shards "
-                "data=<data group> out=<dir>"
-            ) from None
-        except Exception as exc:  # an unreachable endpoint, a missing bucket, no credentials
-            cause = (str(exc).splitlines() or [type(exc).__name__])[0]
-            raise ConfigError(
-                f"{key}: cannot reach {url} ({type(exc).__name__}: {cause}); check the bucket, the credentials "
-                "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) and the endpoint (AWS_ENDPOINT_URL)"
-            ) from None
-        digest = hashlib.sha256(json.dumps([INDEX_VERSION, url, size, version]).encode()).hexdigest()[:32]
-        cached = index_dir / f"{digest}.json"
-        samples = _read_cached(cached)
-        if samples is None:
-            try:
-                samples = index_shard(url)
-            except (tarfile.TarError, EOFError) as exc:
-                raise ConfigError(
-                    f"{key}: {url} is not a readable tar ({exc}); it may be truncated: write it again"
-                ) from None
-            if not samples:
-                raise ConfigError(f"{key}: {url} holds no sample (an empty tar)")
-            built += 1
-            try:
-                from expkit.core.atomic import write_json_atomic
-
-                index_dir.mkdir(parents=True, exist_ok=True)
-                write_json_atomic(cached, samples)
-            except OSError as exc:  # (a read-only dir: indexed again next time)
-                log.warning("Could not cache the index of %s in %s: %s", url, index_dir, exc)
-        out.append(samples)
-    if built:
-        log.info("Indexed %d of %d shards of %s (cached in %s)", built, len(urls), key, index_dir)
-    return out
+def _unreadable(members: dict[str, list[int]], input_key: str, target_key: str, size: int) -> str | None:
+    """Why a sample of the index cannot be read (a member missing or cut short), or None."""
+    for ext in (input_key, target_key):
+        if ext not in members:
+            return (
+                f"has no .{ext} member (it has {', '.join(sorted(members))}); set data.input_key / "
+                "data.target_key to the extensions the shards hold"
+            )
+        if sum(members[ext]) > size:
+            return (
+                f"is cut short: its .{ext} member ends at byte {sum(members[ext])} of {size}; the tar is truncated: "
+                "write it again, or skip what cannot be read with data.on_error=skip"
+            )
+    return None
 
 
 class _Reader:
@@ -265,13 +151,8 @@ class _Reader:
             if len(self.open) >= 16:  # (a window of the order spans a few shards at a time)
                 _, old = self.open.popitem()
                 old.close()
-            if _is_url(url):
-                fs, path = _filesystem(url)
-                handle = fs.open(path, "rb", block_size=1 << 22, cache_type="readahead")
-            else:
-                handle = open(url, "rb")  # noqa: SIM115 (kept open; closed when evicted)
-            self.open[url] = handle
-        if hasattr(handle, "fileno") and not _is_url(url):
+            handle = self.open[url] = open_shard(url)  # (kept open; closed when evicted)
+        if not is_url(url):
             data = os.pread(handle.fileno(), size, offset)
         else:
             handle.seek(offset)
@@ -282,13 +163,17 @@ class _Reader:
 
 
 def _decode(data: bytes, ext: str) -> torch.Tensor:
-    """A member's bytes as a tensor: an image as (C, H, W) floats in [0, 1], an array as it is
-    (floats as float32)."""
+    """A member's bytes as a tensor: an image as (C, H, W) floats in [0, 1]; an array of floats as
+    float32, of 8-bit values (uint8: how images are stored) as floats in [0, 1], as torchvision's
+    ``ToTensor`` and ``ToDtype(torch.float32, scale=True)`` scale them and as ``expkit.predict``
+    scales raw uint8 inputs; any other array as it is (``WebDatasetData.datasets`` refuses those)."""
     import numpy as np
 
     if ext == "npy":
         array = np.load(io.BytesIO(data), allow_pickle=False)
         tensor = torch.from_numpy(np.ascontiguousarray(array))
+        if tensor.dtype == torch.uint8:
+            return tensor.float().div_(255)
         return tensor.float() if tensor.is_floating_point() else tensor
     from PIL import Image
 
@@ -303,18 +188,43 @@ def _decode_target(data: bytes) -> int:
     return int(data.decode().strip())
 
 
+class _Skipped:
+    """The samples ``data.on_error=skip`` left out, by split (result.json's ``skipped_samples``): those
+    the index showed cannot be read, counted at the start, and those that failed in the run, each
+    marked in a shared-memory flag (a DataLoader worker's marks reach the main process; a sample
+    that fails every epoch counts once)."""
+
+    def __init__(self) -> None:
+        self.at_start: dict[str, int] = {}
+        self.failed: dict[str, torch.Tensor] = {}
+
+    def add(self, split: str, index: _Index) -> None:
+        self.at_start[split] = index.left_out
+        self.failed[split] = torch.zeros(len(index), dtype=torch.bool).share_memory_()
+
+    def counts(self) -> dict[str, int]:
+        return {split: self.at_start[split] + int(flags.sum()) for split, flags in self.failed.items()}
+
+
 class ShardDataset(Dataset):
     """The samples of a list of tar shards, by index: ``(input, target)`` pairs.
 
     Args:
         index: where each sample lies.
         input_key: the input member's extension (``png``, ``jpg``, ``jpeg``, ``npy``).
-        on_error: ``raise``: a sample that cannot be read stops the run naming its shard; ``skip``:
-            it is left out of its batch (counted and logged).
+        num_classes: the targets are 0 to num_classes - 1; one outside stops the run naming its shard.
+        skipped: where ``data.on_error=skip`` counts what it leaves out, and `split` the split this is;
+            None: a sample that cannot be read stops the run naming its shard.
+        split: the name of this split in `skipped`.
     """
 
-    def __init__(self, index: _Index, input_key: str, on_error: str = "raise") -> None:
-        self.index, self.input_key, self.on_error = index, input_key, on_error
+    def __init__(
+        self, index: _Index, input_key: str, num_classes: int, skipped: _Skipped | None = None, split: str = "train"
+    ) -> None:
+        self.index, self.input_key, self.num_classes = index, input_key, num_classes
+        self.skipped, self.split = skipped, split
+        if skipped is not None:
+            skipped.add(split, index)
         self.reader = _Reader()
 
     def __len__(self) -> int:
@@ -323,22 +233,74 @@ class ShardDataset(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int] | None:
         shard, in_off, in_size, tg_off, tg_size = self.index.rows[i].tolist()
         url = self.index.urls[shard]
+        where = f"{url}: sample {i - sum(self.index.sizes[:shard])} of the shard"
         try:
             x = _decode(self.reader.read(url, in_off, in_size), self.input_key)
             y = _decode_target(self.reader.read(url, tg_off, tg_size))
         except Exception as exc:
-            message = f"{url}: sample {i - sum(self.index.sizes[:shard])} of the shard cannot be read ({exc})"
-            if self.on_error == "skip":
-                log.warning("Skipped: %s", message)
+            if self.skipped is not None:
+                log.warning("Skipped: %s cannot be read (%s)", where, exc)
+                self.skipped.failed[self.split][i] = True
                 return None
             raise ShardReadError(
-                f"{message}. Replace the shard and resume (resume=true), or skip such samples with data.on_error=skip"
+                f"{where} cannot be read ({exc}). Replace the shard and resume (resume=true), or skip such "
+                "samples with data.on_error=skip"
             ) from None
+        if not 0 <= y < self.num_classes:  # (the index's labels are checked at the start: a label it could not read)
+            raise ShardReadError(
+                f"{where} has the label {y}, out of data.num_classes={self.num_classes} (0 to "
+                f"{self.num_classes - 1}): set data.num_classes to the number of classes"
+            )
         return x, y
 
     def shard_sizes(self) -> list[int]:
         """The number of samples of each shard, in order."""
         return self.index.sizes
+
+    def skipped_samples(self) -> dict[str, int] | None:
+        """The samples ``data.on_error=skip`` left out so far, by split (in this process: under
+        torchrun, rank 0's share of what failed in the run); None without ``on_error=skip``.
+
+        Returns:
+            The counts by split (``train``, ``val``, ``test``).
+        """
+        return self.skipped.counts() if self.skipped is not None else None
+
+    def data_state(self) -> dict[str, Any]:
+        """What a checkpoint records of the data (``expkit.checkpoint.run_checkpoint``): the
+        number of shards and each one's content fingerprint, in order.
+
+        Returns:
+            ``shards`` and ``fingerprints`` (16 hex digits a shard, joined).
+        """
+        return {"shards": len(self.index.urls), "fingerprints": "".join(self.index.fingerprints)}
+
+    def check_data_state(self, saved: dict[str, Any]) -> None:
+        """Refuse to resume on other data than the checkpoint's (``data_state``): a shard replaced by
+        one with other content (``cp -p`` and ``rsync -a`` keep its size and time) would mix two
+        datasets in one run.
+
+        Args:
+            saved: the checkpoint's ``data_state``.
+
+        Raises:
+            ConfigError: naming the first shard that changed, or the numbers of shards.
+        """
+        then, now = saved.get("fingerprints"), self.data_state()["fingerprints"]
+        if not isinstance(then, str) or then == now:
+            return
+        if len(then) != len(now):
+            raise ConfigError(
+                f"the data changed: data.{self.split} names {len(self.index.urls)} shards, the checkpoint's run "
+                f"trained on {saved.get('shards')}; resume with the shards it was trained on, or start a new run "
+                "from its weights with load_from=<checkpoint> in another hydra.run.dir"
+            )
+        changed = next(i for i in range(0, len(now), 16) if then[i : i + 16] != now[i : i + 16]) // 16
+        raise ConfigError(
+            f"the data changed: {self.index.urls[changed]} is not the shard the checkpoint's run trained on "
+            "(its content differs); put the original back to resume, or start a new run from the weights with "
+            "load_from=<checkpoint> in another hydra.run.dir"
+        )
 
 
 class ShardOrderSampler(SeededRandomSampler):
@@ -393,7 +355,13 @@ def _skip_unreadable(batch: list[Any]) -> Any:
     """collate_fn for ``data.on_error=skip``: the samples that could be read, collated."""
     from torch.utils.data import default_collate
 
-    return default_collate([sample for sample in batch if sample is not None])
+    readable = [sample for sample in batch if sample is not None]
+    if not readable:  # (a batch has no size 0: the loss of nothing is not a number)
+        raise ShardReadError(
+            f"none of the {len(batch)} samples of a batch can be read (the Skipped: lines name them): the shards "
+            "are damaged beyond skipping; replace them and resume (resume=true)"
+        )
+    return default_collate(readable)
 
 
 class WebDatasetData(DataModule):
@@ -405,7 +373,8 @@ class WebDatasetData(DataModule):
             by ``::``.
         val: the validation shards, as `train`; None: no validation.
         test: the test shards, as `train`; None: no test set.
-        num_classes: the number of classes (the ``cls`` targets are 0 to num_classes - 1).
+        num_classes: the number of classes (the ``cls`` targets are 0 to num_classes - 1: the
+            largest label the index read is checked before training).
         input_key: the input member's extension; None: the first of png, jpg, jpeg, npy that the
             first sample has.
         target_key: the target member's extension (an integer class as text).
@@ -413,7 +382,7 @@ class WebDatasetData(DataModule):
             shuffle.
         index_dir: where the shards' indexes are cached (relative paths: to the working dir).
         on_error: ``raise`` (a sample that cannot be read stops the run, naming its shard) or
-            ``skip`` (left out of its batch, logged).
+            ``skip`` (left out of the index or of its batch, logged, counted in result.json).
         **kwargs (Any): the ``DataModule`` arguments (``batch_size``, ``num_workers``, ``seed``, ...).
 
     Raises:
@@ -453,13 +422,58 @@ class WebDatasetData(DataModule):
         self.num_classes, self.input_key, self.target_key = num_classes, input_key, target_key
         self.shuffle_buffer, self.index_dir, self.on_error = shuffle_buffer, Path(index_dir), on_error
         self._sizes: list[int] = []
+        self._skipped = _Skipped() if on_error == "skip" else None
         if on_error == "skip":
             self.collate = _skip_unreadable
 
-    def _dataset(self, split: str, shards: list[list[dict[str, Any]]]) -> ShardDataset:
-        return ShardDataset(
-            _Index(self.urls[split], shards, self.input_key, self.target_key), self.input_key, self.on_error
-        )  # type: ignore[arg-type]
+    def _dataset(self, split: str, entries: list[dict[str, Any]]) -> ShardDataset:
+        skip = self._skipped is not None
+        index = _Index(self.urls[split], entries, self.input_key, self.target_key, skip, f"data.{split}")  # type: ignore[arg-type]
+        if not len(index):
+            raise ConfigError(f"data.{split}: no sample of its {len(entries)} shards can be read (see Skipped: above)")
+        return ShardDataset(index, self.input_key, self.num_classes, self._skipped, split)  # type: ignore[arg-type]
+
+    def _check_labels(self, indexed: dict[str, list[dict[str, Any]]]) -> None:
+        """The labels the index read are classes 0 to num_classes - 1 (else a cross-entropy fails at
+        the first step, on a target out of bounds): the largest and the smallest, with their shards."""
+        seen = [
+            (entry["labels"], f"data.{split}: {url}")
+            for split, entries in indexed.items()
+            for url, entry in zip(self.urls[split], entries)
+            if entry.get("labels")
+        ]
+        if not seen:
+            return
+        (_, high, key), where = max(seen, key=lambda s: s[0][1])
+        (low, _, _), low_where = min(seen, key=lambda s: s[0][0])
+        rule = f"the .{self.target_key} labels must be 0 to data.num_classes - 1"
+        if high >= self.num_classes:
+            raise ConfigError(
+                f"data.num_classes={self.num_classes}, but the largest label is {high} ({where}, sample {key!r}): "
+                f"set data.num_classes={high + 1} ({rule})"
+            )
+        if low < 0:
+            raise ConfigError(f"data.{self.target_key}: the label {low} in {low_where} is negative ({rule})")
+
+    def _first_input(self, train: ShardDataset) -> torch.Tensor:
+        """The first readable sample's input (with on_error=skip, the first of those that can be read)."""
+        for i in range(len(train)):
+            try:
+                sample = train[i]
+            except ShardReadError as exc:
+                raise ConfigError(str(exc).partition(". Replace")[0]) from None
+            if sample is not None:
+                x = sample[0]
+                break
+        else:
+            raise ConfigError(f"data.train: no sample of its {len(self.urls['train'])} shards can be read")
+        if not x.is_floating_point():  # (uint8 arrays are floats in [0, 1] by now)
+            raise ConfigError(
+                f"data.train: the .{self.input_key} inputs are {str(x.dtype).removeprefix('torch.')} arrays, which "
+                "the models cannot take: store float32, or uint8 (read as floats in [0, 1], as torchvision's "
+                "ToTensor scales images)"
+            )
+        return x
 
     def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
         """The train, validation and test shards as datasets, indexed (or the cached indexes read).
@@ -471,8 +485,11 @@ class WebDatasetData(DataModule):
             ConfigError: a shard that does not exist or cannot be reached, a truncated tar, a sample
                 without the input or target member, a first sample that cannot be decoded.
         """
-        indexed = {split: _load_index(urls, f"data.{split}", self.index_dir) for split, urls in self.urls.items()}
-        first = indexed["train"][0][0]
+        indexed = {
+            split: load_index(urls, f"data.{split}", self.index_dir, self.target_key)
+            for split, urls in self.urls.items()
+        }
+        first = indexed["train"][0]["samples"][0]
         if self.input_key is None:
             present = [k for k in INPUT_KEYS if k in first["members"]]
             if not present:
@@ -481,12 +498,10 @@ class WebDatasetData(DataModule):
                     f"({', '.join(INPUT_KEYS)}; it has {', '.join(sorted(first['members']))}); set data.input_key"
                 )
             self.input_key = present[0]
-        sets = {split: self._dataset(split, shards) for split, shards in indexed.items()}
+        self._check_labels(indexed)
+        sets = {split: self._dataset(split, entries) for split, entries in indexed.items()}
         train = sets["train"]
-        try:
-            x, _ = train[0]  # type: ignore[misc]
-        except ShardReadError as exc:
-            raise ConfigError(str(exc).partition(". Replace")[0]) from None
+        x = self._first_input(train)
         self.input_shape = tuple(x.shape)
         self.in_channels = int(x.shape[0]) if x.ndim == 3 else 1
         self.image_size = int(x.shape[-1])

@@ -60,6 +60,10 @@ def run_result(runner: Runner, status: str, error: str | None, tb: str | None, w
         "provenance": "provenance.json",  # commit, versions, packages, host, command, times
         "wall_time_s": round(wall_time, 3),
     }
+    # data=webdataset with data.on_error=skip: the samples left out, by split
+    skipped = getattr(getattr(r.train_loader, "dataset", None), "skipped_samples", None)
+    if callable(skipped) and (counts := skipped()) is not None:
+        result["skipped_samples"] = counts
     # what the command and hooks add (overrides, command, perf_stats, ...): never over the run's own keys
     result.update((k, v) for k, v in r.run_info.items() if k not in result and k != "traceback")
     result["traceback"] = tb

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import REPO, S3, SEEN_PROBE, digit_shards_command, run_cli, seen_samples, torchrun
 
 pytestmark = pytest.mark.slow
@@ -262,3 +263,122 @@ def test_the_check_passes_on_shards_under_torchrun(digit_shards, tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads((tmp_path / "check.json").read_text())
     assert report["ok"] and all(r["result"] in ("ok", "info") for r in report["rows"]), report
+
+
+def write_shards(pattern: Path, inputs: list[np.ndarray], labels: list[int], per_shard: int = 100) -> list[Path]:
+    """`inputs` (as .npy) and `labels` (as .cls) written with ``webdataset.ShardWriter``, as users write theirs."""
+    import webdataset
+
+    written: list[str] = []
+    with webdataset.ShardWriter(str(pattern), maxcount=per_shard, verbose=0, post=written.append) as sink:
+        for i, (x, y) in enumerate(zip(inputs, labels)):
+            sink.write({"__key__": f"s{i:05d}", "npy": x, "cls": str(y).encode()})
+    return [Path(p) for p in written]
+
+
+def test_uint8_arrays_train_as_floats_in_0_1_and_other_integer_arrays_exit_2(tmp_path):
+    """Issue 64, 1: uint8 arrays (how images are stored) trained as Byte and failed at the first step."""
+    from expkit.data.shards import WebDatasetData
+
+    g = np.random.default_rng(0)
+    images = [g.integers(0, 256, (3, 8, 8)).astype(np.uint8) for _ in range(60)]
+    (shard,) = write_shards(tmp_path / "u8-%06d.tar", images, [i % 3 for i in range(60)])
+    data = WebDatasetData(train=str(shard), num_classes=3, index_dir=str(tmp_path / "index"))
+    x, y = data.datasets()[0][5]
+    assert x.dtype == torch.float32 and torch.equal(x, torch.from_numpy(images[5]).float() / 255) and y == 2
+    args = [
+        "data=webdataset",
+        f"data.train={shard}",
+        "data.num_classes=3",
+        "data.num_workers=0",
+        "trainer.max_epochs=1",
+    ]
+    proc = run_cli(f"hydra.run.dir={tmp_path / 'run'}", *args, f"data.index_dir={tmp_path / 'index'}")
+    assert proc.returncode == 0, proc.output[-2000:]
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["status"] == "completed"
+
+    (wide,) = write_shards(tmp_path / "i16-%06d.tar", [x.astype(np.int16) for x in images], [0, 1, 2] * 20)
+    refused = run_cli(f"hydra.run.dir={tmp_path / 'i16'}", *args, f"data.train={wide}")
+    assert refused.returncode == 2 and "Traceback" not in refused.output, refused.output[-2000:]
+    assert "the .npy inputs are int16 arrays" in refused.stderr and not (tmp_path / "i16" / "checkpoints").exists()
+
+
+def test_skip_leaves_out_what_a_cut_tar_cannot_give_and_counts_it_in_result_json(tmp_path):
+    """Issue 64, 2: a truncated tar stopped a run with data.on_error=skip; what it cannot give is skipped, counted."""
+    g = np.random.default_rng(0)
+    arrays = [g.random((1, 8, 8)).astype(np.float32) for _ in range(100)]
+    (whole,) = write_shards(tmp_path / "whole-%06d.tar", arrays, [i % 2 for i in range(100)])
+    import tarfile
+
+    with tarfile.open(whole) as tar:
+        npy = {m.name: m.offset_data for m in tar if m.name.endswith(".npy")}
+    data = whole.read_bytes()
+    (tmp_path / "last.tar").write_bytes(data[: npy["s00099.npy"] + 100])  # into the last member's data
+    (tmp_path / "tail.tar").write_bytes(data[: npy["s00050.npy"] - 200])  # half the shard, cut in a header
+    args = ["data=webdataset", "data.num_workers=2", "trainer.max_epochs=1", "data.batch_size=8"]
+    for name in ("last", "tail"):
+        shard = tmp_path / f"{name}.tar"
+        refused = run_cli(f"hydra.run.dir={tmp_path / ('r' + name)}", *args, f"data.train={shard}")
+        assert refused.returncode == 2 and f"{shard} is not a readable tar" in refused.stderr, refused.output[-2000:]
+        assert "data.on_error=skip" in refused.stderr and "Traceback" not in refused.output
+        skip = [f"data.train={whole}::{shard}", f"data.val={shard}", "data.on_error=skip"]
+        proc = run_cli(f"hydra.run.dir={tmp_path / name}", *args, *skip)
+        assert proc.returncode == 0, proc.output[-3000:]
+        result = json.loads((tmp_path / name / "result.json").read_text())
+        assert result["status"] == "completed" and result["skipped_samples"] == {"train": 1, "val": 1}, result
+        assert f"Skipped: {shard}: 1 samples cannot be read" in proc.output
+
+
+def test_labels_past_num_classes_exit_2_naming_the_key_and_the_largest_label(tmp_path, digit_shards):
+    """Issue 64, 3: a label >= data.num_classes failed at the first step (IndexError: Target 10 is out of bounds)."""
+    _, overrides = digit_shards
+    proc = run_cli(f"hydra.run.dir={tmp_path / 'five'}", *overrides, "data.num_classes=5", "data.num_workers=0")
+    assert proc.returncode == 2 and "Traceback" not in proc.output, proc.output[-2000:]
+    assert "data.num_classes=5, but the largest label is 9" in proc.stderr and "set data.num_classes=10" in proc.stderr
+    assert not (tmp_path / "five" / "checkpoints").exists()
+    (shard,) = write_shards(tmp_path / "neg-%06d.tar", [np.zeros((1, 4, 4), np.float32)] * 4, [0, 1, -1, 1])
+    negative = run_cli(f"hydra.run.dir={tmp_path / 'neg'}", "data=webdataset", f"data.train={shard}")
+    assert negative.returncode == 2 and "the label -1 in data.train: " in negative.stderr, negative.output[-2000:]
+
+
+def test_a_directory_for_a_shard_and_a_missing_or_file_out_exit_2_in_one_line(tmp_path, digit_shards):
+    """Issue 64, 4: IsADirectoryError (exit 1), and Hydra's traceback for python -m expkit.shards without a dir."""
+    out, _ = digit_shards
+    proc = run_cli(f"hydra.run.dir={tmp_path / 'dir'}", "data=webdataset", f"data.train={out}")
+    assert proc.returncode == 2 and f"data.train: {out} is a directory, not a tar shard" in proc.stderr, proc.output
+    assert "Traceback" not in proc.output
+    (tmp_path / "a_file").write_text("")
+    for args, expected in (
+        ([], "Error: out is required"),
+        ([f"out={tmp_path / 'a_file'}"], "is a file, not a dir"),
+        ([f"out={tmp_path / 'a_file' / 'x'}"], "a parent of it is a file"),
+    ):
+        shards = subprocess.run(
+            [sys.executable, "-m", "expkit.shards", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+        assert shards.returncode == 2 and expected in shards.stderr, shards.stdout + shards.stderr
+        assert len(shards.stderr.strip().splitlines()) == 1 and "Traceback" not in shards.stderr
+
+
+def test_a_shard_replaced_with_the_same_size_and_time_is_indexed_again_and_refuses_a_resume(digit_shards, tmp_path):
+    """Issue 64, 5: ``cp -p`` of other content over a shard kept the stale index, and a resume mixed two datasets."""
+    import os
+
+    out, overrides = digit_shards
+    shards = tmp_path / "shards"
+    shutil.copytree(out, shards)
+    overrides = [o.replace(str(out), str(shards)) for o in overrides]
+    common = [*overrides, "data.num_workers=0", f"data.index_dir={tmp_path / 'index'}", "trainer.max_epochs=1"]
+    work = tmp_path / "run"
+    stop = ["+hooks.stop._target_=expkit.hooks.StopAfterHook", "+hooks.stop.iters=5"]
+    stopped = run_cli(*common, f"hydra.run.dir={work}", *stop)
+    assert stopped.returncode == 0, stopped.output[-3000:]
+    replaced, other = shards / "train-000001.tar", shards / "train-000002.tar"
+    assert replaced.stat().st_size == other.stat().st_size and replaced.read_bytes() != other.read_bytes()
+    st = replaced.stat()
+    replaced.write_bytes(other.read_bytes())  # another shard's samples, the size and the time kept (cp -p)
+    os.utime(replaced, ns=(st.st_atime_ns, st.st_mtime_ns))
+    resumed = run_cli(*common, f"hydra.run.dir={work}", "resume=true", "~hooks.stop")
+    assert resumed.returncode == 2 and "Traceback" not in resumed.output, resumed.output[-3000:]
+    assert f"the data changed: {replaced} is not the shard the checkpoint's run trained on" in resumed.stderr
+    assert "Indexed 1 of 5 shards of data.train" in resumed.output  # (not read through the stale index)
