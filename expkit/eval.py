@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from expkit.config.cli import command_main, config_dirs_of
+from expkit.config.cli import command_main, command_words, config_dirs_of
 from expkit.config.restore import load_model, resolve_checkpoint, restore, stored_config, stored_overrides
 from expkit.core import hydra_compat
 from expkit.core.errors import ConfigError, ExpkitError, TaskExit, task_exits
@@ -79,7 +80,7 @@ def evaluate(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] 
     monitor = str(stored.get("monitor") or "val/acc")  # ranks a sweep of evaluations, on the split evaluated
     if split == "test":
         monitor = "test/" + monitor.partition("/")[2]
-    command = " ".join(["python -m expkit.eval", *sys.argv[1:]])
+    command = shlex.join([*command_words("expkit.eval"), *sys.argv[1:]])
     runner = Runner(
         model=model,
         optimizer=None,

@@ -373,21 +373,14 @@ def main() -> None:
         print(f"Error: {message}", file=sys.stderr)
         sys.exit(2)
     sys.argv[1:] = argv
-    hydra_ran = False
     try:
         _share_run_dir()
-        hydra_ran = True
         run()
     except KeyboardInterrupt:
         print("\nInterrupted: the range test stopped; nothing was written", file=sys.stderr)
         sys.exit(130)
     except SystemExit as exc:
-        status = exit_status(exc)
-        if hydra_ran and status == 2 and not isinstance(exc, TaskExit):  # Hydra refused it: a misspelt key?
-            hint = cli.misspelt_keys([a for a in argv if not a.startswith("lr_find.")])
-            if hint:
-                print(f"Error: {hint}", file=sys.stderr)
-        sys.exit(status)
+        sys.exit(exit_status(exc))  # (Hydra's refusal was said in one line: hydra_compat.main)
     finally:
         distributed.shutdown()
 

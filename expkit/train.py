@@ -14,6 +14,7 @@ import contextlib
 import logging
 import math
 import os
+import shlex
 import signal
 import sys
 import time
@@ -29,7 +30,7 @@ from omegaconf import DictConfig
 from expkit.checkpoint import run_checkpoint
 from expkit.config import cli
 from expkit.core import atomic, hydra_compat, versions
-from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused, TaskExit, exit_status, task_exits
+from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused, exit_status, task_exits
 from expkit.core.signals import SweepInterrupted, raise_on_sigterm, stop_on_signals, take_ctrl_c
 from expkit.loggers import logs
 from expkit.metrics import monitor_of, worst_value
@@ -178,7 +179,7 @@ def _run_info(cfg: DictConfig, hc: Any, work_dir: Path) -> dict[str, Any]:
     run_info: dict[str, Any] = {
         "overrides": task_overrides(hc),
         "hooks": [k for k, v in cfg.hooks.items() if v is not None and "_target_" in v],  # (not in runtime.choices)
-        "command": " ".join(["python -m expkit.train", *sys.argv[1:]]),
+        "command": shlex.join([*cli.command_words("expkit.train"), *sys.argv[1:]]),
     }
     if multirun and "SUBMITIT_EXECUTOR" in os.environ:  # (a requeued attempt knows its job by it)
         run_info["submitit_job"] = str(hc.job.id)
@@ -523,14 +524,13 @@ def main() -> None:
     versions.require()
     take_ctrl_c()  # (a sweep started with `&` in a script inherits SIGINT ignored)
     _freeze_heap()  # torch and Hydra are imported (by expkit's import)
-    sys.argv[1:] = cli.with_run_overrides(cli.search_is_multirun(cli.flags_first(sys.argv[1:])))
+    sys.argv[1:] = cli.with_run_overrides(cli.search_is_multirun(sys.argv[1:]))  # (flags first, as Hydra parses)
     argv = sys.argv[1:]
     message = cli.check_keys(argv) or cli.check_group_choices(argv) or cli.check_output_dirs(argv)
     if message:
         print(f"Error: {message}", file=sys.stderr)
         sys.exit(2)
     exiting: list[Any] = []  # the code of a SystemExit, kept without the exception: its traceback holds the run
-    hydra_ran = False
     sweeping = cli.sweeping(argv)
     try:
         _share_run_dir_across_ranks()  # (joins torchrun's process group)
@@ -544,7 +544,6 @@ def main() -> None:
         scratch = _show_hooks_scratch(sys.argv[1:])
         try:
             with raise_on_sigterm() if sweeping else contextlib.nullcontext():
-                hydra_ran = True  # (a SystemExit from here on may be Hydra's refusal of the command line)
                 run()
         finally:
             hydra_compat.RECORD_DEFERRED.reset(deferred)
@@ -561,11 +560,7 @@ def main() -> None:
     except SystemExit as exc:
         # Hydra's own errors (an unknown key, an unparsable override) are the user's to fix, like
         # expkit's: one exit code for "fix your input"
-        exiting.append(exit_status(exc))
-        if hydra_ran and exiting[-1] == 2 and not isinstance(exc, TaskExit):  # Hydra refused it: a misspelt key?
-            hint = cli.misspelt_keys(argv)
-            if hint:
-                print(f"Error: {hint}", file=sys.stderr)
+        exiting.append(exit_status(exc))  # (Hydra's refusal was said in one line: hydra_compat.main)
     finally:
         import gc
 

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from expkit.core.errors import suggest
+
 __all__ = [
     "CONF_DIR",
     "INFO_TOPICS",
@@ -28,16 +30,17 @@ __all__ = [
     "check_parsable",
     "check_rerun",
     "command_main",
+    "command_words",
     "config_dirs_of",
     "continue_command",
     "continue_sweep_command",
     "flags_first",
     "hydra_argv",
     "hydra_quoted",
-    "misspelt_keys",
     "output_file_problem",
     "search_is_multirun",
     "searching",
+    "shown_program",
     "sweeping",
     "tokens",
     "with_run_overrides",
@@ -120,15 +123,48 @@ def check_group_choices(argv: list[str]) -> str | None:
         for name in _names(override.value()):
             if name != "null" and name not in known:
                 label = "hook" if group == "hooks" else f"{group} option"
-                example = (
-                    f"{group}=[{known[0]}]" if group == "hooks" and known else f"{group}={known[0] if known else ''}"
-                )
+                nearest = next(iter(suggest(name, known)), "")  # (resnet: resnet18, not the first option)
+                example = f"{group}=[{nearest}]" if group == "hooks" and known else f"{group}={nearest}"
                 return (
-                    f"Unknown {label} {name!r} in '{override.input_line}'. "
-                    f"Available {group}: {', '.join(known) or '(none)'}. For example: {example}. "
+                    f"Unknown {label} {name!r} in '{override.input_line}'; did you mean {example}? "
+                    f"Available {group}: {', '.join(known) or '(none)'}. "
                     f"Add your own as {group}/<name>.yaml in a config dir passed with --config-dir."
                 )
     return None
+
+
+def shown_program(path: str | os.PathLike[str]) -> str:
+    """A program's path as it pastes into a shell here: relative to the current directory when it
+    lies under it (``.venv/bin/python``; ``./python`` in it, never a bare name a shell would look
+    up in PATH), else absolute.
+
+    Args:
+        path: the program, e.g. ``sys.executable``; not resolved (a venv's python is a link to the
+            base interpreter, which would run without the venv's packages).
+
+    Returns:
+        The path to print.
+    """
+    program = Path(os.path.abspath(path))
+    try:
+        shown = program.relative_to(Path.cwd())
+    except (OSError, ValueError):  # (outside the current directory, or that directory is gone)
+        return str(program)
+    return str(shown) if shown.parent != Path(".") else f"./{shown}"
+
+
+def command_words(module: str) -> list[str]:
+    """The start of a command that runs `module` with the interpreter running now, for every
+    command expkit prints for the user to paste (``continue with:``, ``Resume it with:``): the
+    ``python`` on PATH is not the venv's unless one is activated.
+
+    Args:
+        module: the module to run, e.g. ``expkit.train``.
+
+    Returns:
+        ``[<interpreter>, "-m", module]``, the interpreter shown by ``shown_program``.
+    """
+    return [shown_program(sys.executable or "python"), "-m", module]
 
 
 def continue_command(argv: list[str], work_dir: Path) -> str:
@@ -141,16 +177,19 @@ def continue_command(argv: list[str], work_dir: Path) -> str:
         work_dir: the run's work dir, given as ``hydra.run.dir``.
 
     Returns:
-        ``python -m expkit.train`` (under torchrun with more than one process, ``torchrun
-            --nproc_per_node=N -m expkit.train``, with ``--nnodes`` for several nodes), the kept words,
+        ``command_words("expkit.train")`` (under torchrun with more than one process, the ``torchrun``
+            beside the interpreter, else ``<interpreter> -m torch.distributed.run``, with
+            ``--nproc_per_node=N``, ``--nnodes`` for several nodes, and ``-m expkit.train``), the kept words,
             ``hydra.run.dir=<work_dir>`` and ``resume=true``.
     """
     kept = [a for a in argv if not a.startswith(("hydra.run.dir=", "resume=", "hydra.output_subdir="))]
-    start = ["python", "-m", "expkit.train"]
+    start = command_words("expkit.train")
     if "TORCHELASTIC_RUN_ID" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         local, world = int(os.environ.get("LOCAL_WORLD_SIZE", "1")), int(os.environ["WORLD_SIZE"])
         nodes = [f"--nnodes={world // local}"] if world > local else []
-        start = ["torchrun", *nodes, f"--nproc_per_node={local}", "-m", "expkit.train"]
+        torchrun = Path(sys.executable).with_name("torchrun")
+        launcher = [shown_program(torchrun)] if torchrun.is_file() else [*start[:2], "torch.distributed.run"]
+        start = [*launcher, *nodes, f"--nproc_per_node={local}", "-m", "expkit.train"]
     return shlex.join([*start, *kept, f"hydra.run.dir={work_dir}", "resume=true"])
 
 
@@ -163,11 +202,11 @@ def continue_sweep_command(argv: list[str], sweep_dir: Path) -> str:
         sweep_dir: the sweep dir, given as ``hydra.sweep.dir``.
 
     Returns:
-        ``python -m expkit.train``, the kept words, ``hydra.sweep.dir=<sweep_dir>`` and ``resume=true``,
-            quoted for a POSIX shell.
+        ``command_words("expkit.train")``, the kept words, ``hydra.sweep.dir=<sweep_dir>`` and
+            ``resume=true``, quoted for a POSIX shell.
     """
     kept = [a for a in argv if not a.startswith(("hydra.sweep.dir=", "resume="))]
-    return shlex.join(["python", "-m", "expkit.train", *kept, f"hydra.sweep.dir={sweep_dir}", "resume=true"])
+    return shlex.join([*command_words("expkit.train"), *kept, f"hydra.sweep.dir={sweep_dir}", "resume=true"])
 
 
 VALUED_FLAGS = (
@@ -332,30 +371,36 @@ def with_run_overrides(argv: list[str]) -> list[str]:
     ``model=cnn`` resumes as a cnn without retyping it; a new value of a key the checkpoint
     cannot take (another model) is refused when the checkpoint is checked, naming the key.
 
+    The command line is read in ``tokens``' units, as every command reads it, and given back as
+    Hydra's parser takes it (``flags_first``): Hydra's flags (``--config-dir conf``, ``-cn exp``)
+    with their values, then the run's overrides, then the command line's own.
+
     Args:
         argv: the command line, without the program name.
 
     Returns:
-        `argv` with the run's overrides before it (leaving out ``resume`` and every key `argv` sets);
-            `argv` itself for a sweep, without ``resume=true`` or ``hydra.run.dir``, or when the run's
-            overrides.yaml is missing or is not a list of strings (read as data from a stranger).
+        ``flags_first`` of `argv` with the run's overrides before its own (leaving out ``resume`` and
+            every key `argv` sets); ``flags_first(argv)`` for a sweep, without ``resume=true`` or
+            ``hydra.run.dir``, or when the run's overrides.yaml is missing or is not a list of strings
+            (read as data from a stranger).
     """
     import yaml
 
-    run_dir = next((a.partition("=")[2] for a in argv if a.startswith("hydra.run.dir=")), None)
-    if run_dir is None or sweeping(argv) or not any(a.lower() == "resume=true" for a in argv):
-        return argv
+    words = [t[0] for t in tokens(argv) if len(t) == 1 and not t[0].startswith("-")]  # (not a flag's value)
+    run_dir = next((a.partition("=")[2] for a in reversed(words) if a.startswith("hydra.run.dir=")), None)
+    if run_dir is None or sweeping(argv) or not any(a.lower() == "resume=true" for a in words):
+        return flags_first(argv)
     try:
         stored = yaml.safe_load((Path(run_dir) / ".hydra" / "overrides.yaml").read_text())
     except (OSError, ValueError, yaml.YAMLError):
-        return argv
+        return flags_first(argv)
     if not isinstance(stored, list) or not all(isinstance(o, str) for o in stored):
-        return argv
+        return flags_first(argv)
 
     def key(word: str) -> str:
         return word.partition("=")[0].lstrip("+~")
 
-    given = {key(a) for a in argv if "=" in a and not a.startswith("-")}
+    given = {key(a) for a in words if "=" in a}
     kept = [o for o in stored if key(o) not in given and key(o) != "resume" and not key(o).startswith("hydra.")]
     if kept:  # said, so that an error about one of them (a hook from a --config-dir not given) is understood
         print(
@@ -363,7 +408,7 @@ def with_run_overrides(argv: list[str]) -> list[str]:
             f"{' '.join(kept)}; drop one with ~KEY, or give a new value",
             file=sys.stderr,
         )
-    return [*kept, *argv]
+    return flags_first([*kept, *argv])
 
 
 NO_RUN_FLAGS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc")
@@ -590,84 +635,3 @@ def command_main(run: Callable[[], Any], options: Sequence[str]) -> None:
         run()
     except SystemExit as exc:
         sys.exit(errors.exit_status(exc))
-
-
-def misspelt_keys(argv: list[str]) -> str | None:
-    """After Hydra refused the command line (``Could not override 'trainer.max_epoch'``, whose own
-    advice is to add it with ``+``): the override keys the config does not have, each with the
-    closest key it does have; a bare key (``seed=1``) with the keys that end in it
-    (``trainer.seed``). Composes the config once more, so only on that failure path.
-
-    Args:
-        argv: the command line, without the program name.
-
-    Returns:
-        ``trainer.max_epoch is not a key of the config; did you mean trainer.max_epochs?`` (one sentence
-            per such key); None when every key is in the config, or the config cannot be composed
-            here (a ``--config-dir`` of the user's, a bad group choice: Hydra's message says enough).
-    """
-    from importlib import resources
-
-    from omegaconf import OmegaConf
-
-    if any(a.startswith("--config-dir") or a == "-cd" for a in argv):
-        return None
-    groups = {p.name for p in resources.files("expkit.conf").iterdir() if p.is_dir()}
-    keys = [a.partition("=")[0] for a in argv if "=" in a and not a.startswith(("-", "+", "~", "hydra."))]
-    choices = [a for a in argv if a.partition("=")[0] in groups]
-    unknown = [k for k in keys if k not in groups]
-    cfg = _composed_train_config(choices) if unknown else None
-    if cfg is None:
-        return None
-    leaves = _leaf_keys(OmegaConf.to_container(cfg, resolve=False))  # type: ignore[arg-type]
-    sentences = [_closest_key(key, leaves) for key in unknown if key not in leaves]
-    return " ".join(s for s in sentences if s) or None
-
-
-def _composed_train_config(choices: list[str]) -> Any:
-    """expkit.train's config with these group choices; None where it does not compose."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_module(config_module="expkit.conf", version_base="1.3"):
-            return compose(config_name="train", overrides=choices)
-    except Exception:
-        return None
-    finally:
-        GlobalHydra.instance().clear()
-
-
-def _leaf_keys(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """Every dotted key of a config container with its value, its dicts' keys included
-    (``trainer``, ``trainer.seed``)."""
-    found: dict[str, Any] = {}
-    if isinstance(tree, dict):
-        for name, value in tree.items():
-            key = f"{prefix}{name}"
-            found[key] = value
-            found.update(_leaf_keys(value, f"{key}."))
-    return found
-
-
-def _closest_key(key: str, known: dict[str, Any]) -> str | None:
-    """The sentence for one key the config does not have: the keys one level up that look like
-    it (a typo), or for a bare key the dotted keys that end in it or look like it (values that
-    only repeat another key, ``${trainer.seed}``, left out); None for a key under a parent the
-    config does not have either (Hydra's message says enough)."""
-    import difflib
-
-    parent, _, name = key.rpartition(".")
-    if parent and parent not in known:
-        return None
-    if parent:
-        siblings = sorted(k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent)
-        close = [f"{parent}.{c}" for c in difflib.get_close_matches(name, siblings, n=1)]
-    else:
-        own = sorted(k for k, v in known.items() if not (isinstance(v, str) and v.startswith("${")))
-        by_name = {k.rpartition(".")[2]: k for k in sorted(own, key=lambda k: -k.count("."))}  # (the shallowest wins)
-        close = [k for k in own if k.endswith(f".{name}")][:3]
-        close = close or [by_name[n] for n in difflib.get_close_matches(name, sorted(by_name), n=2)]
-    hint = f"did you mean {' or '.join(close)}?" if close else "see --cfg job for the keys"
-    return f"{key} is not a key of the config; {hint}"

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import difflib
+from collections.abc import Iterable, Iterator
 
 __all__ = [
     "CheckpointWriteError",
@@ -13,6 +14,7 @@ __all__ = [
     "ResumeRefused",
     "TaskExit",
     "exit_status",
+    "suggest",
     "task_exits",
 ]
 
@@ -87,3 +89,20 @@ def exit_status(exc: SystemExit) -> str | int | None:
     if isinstance(exc, TaskExit):
         return exc.code
     return 2 if exc.code == 1 else exc.code
+
+
+def suggest(name: str, choices: Iterable[str], n: int = 1, cutoff: float = 0.0) -> list[str]:
+    """The choices nearest to a mistyped `name`, for "did you mean" (``resnet``: ``resnet18``,
+    not the alphabetically first option).
+
+    Args:
+        name: what the user typed.
+        choices: the valid names.
+        n: at most this many.
+        cutoff: the least similarity (difflib's ratio, 0 to 1) a choice needs; 0 always gives one
+            when there is a choice.
+
+    Returns:
+        Up to `n` choices, the nearest first.
+    """
+    return difflib.get_close_matches(name, sorted(set(choices)), n=n, cutoff=cutoff)

@@ -11,8 +11,12 @@ an attribute of Hydra, OmegaConf or torch: expkit never patches another library.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
@@ -21,6 +25,7 @@ import omegaconf
 from omegaconf import OmegaConf
 
 from expkit.core import versions
+from expkit.core.errors import suggest
 
 __all__ = [
     "HYDRA_VERSION",
@@ -32,6 +37,7 @@ __all__ = [
     "instantiate",
     "locate",
     "main",
+    "refusal_line",
     "register_resolver",
 ]
 
@@ -167,19 +173,140 @@ def main(config_path: str, config_name: str) -> Callable[[Callable[[Any], Any]],
     """
 
     def decorator(task_function: Callable[[Any], Any]) -> Callable[..., Any]:
-        hydra_app = hydra.main(**MAIN_KWARGS, config_path=config_path, config_name=config_name)(task_function)
-        if HYDRA_VERSION >= (1, 4):
-            return hydra_app
+        @functools.wraps(task_function)  # (Hydra finds the command's module through __wrapped__)
+        def task(cfg: Any) -> Any:
+            _task_begins()
+            return task_function(cfg)
+
+        hydra_app = hydra.main(**MAIN_KWARGS, config_path=config_path, config_name=config_name)(task)
 
         @functools.wraps(task_function)
         def app(cfg_passthrough: Any = None) -> Any:
-            if cfg_passthrough is None and _run_composing_once(task_function, config_path, config_name):
-                return None
-            return hydra_app(cfg_passthrough)
+            with _refusals_in_one_line():
+                if (
+                    HYDRA_VERSION < (1, 4)
+                    and cfg_passthrough is None
+                    and _run_composing_once(task, config_path, config_name)
+                ):
+                    return None
+                return hydra_app(cfg_passthrough)
 
         return app
 
     return decorator
+
+
+# -- Hydra's refusal of a command line, in one line -----------------------------------------------
+# Hydra prints its own refusal (a key the config lacks, a missing --config-dir: 2 to 6 lines and
+# "Set the environment variable HYDRA_FULL_ERROR=1") and exits 1; expkit's line would come after
+# it. With HYDRA_FULL_ERROR=1, Hydra's documented switch, it raises the error instead: set from the
+# app's call until its first task begins (then put back, so that a task's own errors, and the
+# processes a task starts, are as before), the refusal reaches ``_refusals_in_one_line``, which
+# prints one line for it. A user who set HYDRA_FULL_ERROR=1 gets Hydra's full trace, untouched.
+_HELD: list[str | None] = []  # HYDRA_FULL_ERROR's own value while the app holds it at 1, until a task begins
+
+
+def _task_begins() -> None:
+    """A task of the app begins: HYDRA_FULL_ERROR back to what it was."""
+    while _HELD:
+        before = _HELD.pop()
+        if before is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = before
+
+
+@contextlib.contextmanager
+def _refusals_in_one_line() -> Iterator[None]:
+    """Around the app's call: Hydra's refusal before any task began as one line and exit 2 (the
+    input is the user's to fix); any other error raised on, with its traceback."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        yield
+        return
+    _HELD.append(os.environ.get("HYDRA_FULL_ERROR"))
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        yield
+    except Exception as exc:
+        if not _HELD:  # (a task began: its errors are the command's own)
+            raise
+        _task_begins()
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
+        if not isinstance(exc, (HydraException, OmegaConfBaseException)):
+            raise  # (not a refusal: its traceback, as Hydra prints an error outside a job)
+        print(f"Error: {refusal_line(exc)}", file=sys.stderr)
+        sys.exit(2)
+    finally:
+        _task_begins()
+
+
+def refusal_line(exc: BaseException) -> str:
+    """Hydra's refusal of a command line as one line that names the key and what to type instead:
+    a key the config lacks with the nearest keys it has (``trainer.max_epch is not a key of the
+    config; did you mean trainer.max_epochs?``), an unknown option of a config group with the
+    nearest option, otherwise Hydra's own words joined into one line.
+
+    Args:
+        exc: what Hydra raised while it composed the config (its ``ConfigCompositionException``,
+            ``MissingConfigException``, ``SearchPathException``...).
+
+    Returns:
+        The line, without ``Error:``.
+    """
+    from hydra.errors import MissingConfigException, SearchPathException
+    from omegaconf import DictConfig
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    cause = exc.__cause__
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and isinstance(cause.parent_node, DictConfig):
+        typed = re.match(r"Could not override '([^']+)'", str(exc))
+        return _unknown_key(typed.group(1) if typed else str(cause.full_key), str(cause.full_key), cause.parent_node)
+    if isinstance(exc, MissingConfigException) and exc.options and exc.missing_cfg_file:
+        group, _, name = str(exc.missing_cfg_file).rpartition("/")
+        close = suggest(name, exc.options)
+        hint = f"did you mean {group}={close[0]}? " if close else ""
+        return f"Unknown {group} option {name!r}; {hint}Available {group}: {', '.join(exc.options)}"
+    if isinstance(exc, SearchPathException):
+        return f"{exc}; give --config-dir a directory that exists (a relative path is from the current directory)"
+    lines = [*str(exc).splitlines(), *(str(cause).splitlines()[:1] if cause is not None else [])]
+    kept = [
+        line.strip() for line in lines if line.strip() and not line.strip().startswith(("full_key:", "object_type"))
+    ]
+    return "; ".join(kept) or type(exc).__name__
+
+
+def _unknown_key(typed: str, missing: str, parent: Any) -> str:
+    """The sentence for an override of a key the config lacks: `missing` (the first part of `typed`
+    that is not there) under its `parent` node, with the keys that look like it."""
+    from omegaconf import OmegaConf
+
+    above, _, name = missing.rpartition(".")
+    tree = OmegaConf.to_container(parent, resolve=False)
+    if above:  # a typo among the keys of one node
+        close = [f"{above}.{k}" for k in suggest(name, [str(k) for k in tree], cutoff=0.6)]  # type: ignore[union-attr]
+    else:  # a bare key: the dotted keys that end in it (seed: trainer.seed), else the nearest
+        known = {k: v for k, v in _dotted_keys(tree).items() if not k.startswith("hydra")}
+        own = sorted(k for k, v in known.items() if not (isinstance(v, str) and v.startswith("${")))
+        close = [k for k in own if k.endswith(f".{name}")][:3]
+        by_name = {k.rpartition(".")[2]: k for k in sorted(own, key=lambda k: -k.count("."))}  # (the shallowest)
+        close = close or [by_name[n] for n in suggest(name, sorted(by_name), n=2, cutoff=0.6)]
+    hint = f"did you mean {' or '.join(close)}?" if close else "see --cfg job for the keys"
+    where = f"{typed}: {missing}" if typed != missing else typed
+    return f"{where} is not a key of the config; {hint}"
+
+
+def _dotted_keys(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Every dotted key of a config container with its value, its dicts' keys included
+    (``trainer``, ``trainer.seed``)."""
+    found: dict[str, Any] = {}
+    if isinstance(tree, dict):
+        for name, value in tree.items():
+            key = f"{prefix}{name}"
+            found[key] = value
+            found.update(_dotted_keys(value, f"{key}."))
+    return found
 
 
 def _run_composing_once(task_function: Callable[[Any], Any], config_path: str, config_name: str) -> bool:

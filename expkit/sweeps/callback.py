@@ -75,6 +75,9 @@ class SweepSummaryCallback(Callback):
             )
         elif best and best["job"] is not None:
             log.info("Sweep best: job %s, %s = %.4f, %s", best["job"], best["metric"], best["value"], best["work_dir"])
+        summary = sweep_dir / "summary.md"
+        if summary.is_file():  # (printed: the terminal is quiet in a sweep; summary.csv, best.json beside it)
+            print(f"Sweep summary: {_shown(summary)}", flush=True)
         interrupted = (best or {}).get("statuses", {}).get("interrupted", 0)
         if interrupted:  # (scancel of a cluster job: the sweep itself ended normally)
             log.warning(
@@ -91,3 +94,11 @@ class SweepSummaryCallback(Callback):
         except Exception as exc:  # a summary must never fail the sweep
             log.warning("Could not summarize the sweep in %s: %s", sweep_dir, exc)
             return None
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the current directory when it lies under it, else absolute."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except (OSError, ValueError):
+        return str(path.resolve())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import run_cli, slow_env, slow_hook
 
 pytestmark = pytest.mark.slow
 
@@ -357,3 +359,114 @@ def test_a_run_stopped_on_its_time_budget_resumes_with_a_new_one(tmp_path):
     )
     assert "resumed, it gets another 0.02" in resumed.output
     assert _result(tmp_path)["iter"] > stopped_at + 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--config-dir", "CONF", "hydra.run.dir=RUN", "resume=true"],
+        ["hydra.run.dir=RUN", "resume=true", "--config-dir", "CONF"],
+        ["-cd", "CONF", "hydra.run.dir=RUN", "--config-name", "train", "resume=true"],
+        ["hydra.run.dir=RUN", "--config-dir=CONF", "resume=true", "-cn", "train"],
+    ],
+    ids=["config-dir-first", "config-dir-last", "cd-and-config-name", "flags-between"],
+)
+def test_resume_argv_puts_the_runs_overrides_among_the_overrides_not_before_the_flags(tmp_path, argv):
+    # the stored overrides went in front of --config-dir, and Hydra's parser then refused the
+    # rest: "error: unrecognized arguments: hydra.run.dir=... resume=true" (issue 64, item 0)
+    from hydra._internal.utils import get_args_parser
+
+    from expkit.config.cli import with_run_overrides
+
+    (tmp_path / "run" / ".hydra").mkdir(parents=True)
+    (tmp_path / "run" / ".hydra" / "overrides.yaml").write_text("- hooks=[slow]\n- trainer.max_epochs=1\n")
+    words = [w.replace("CONF", str(tmp_path / "conf")).replace("RUN", str(tmp_path / "run")) for w in argv]
+    out = with_run_overrides(words)
+    args = get_args_parser().parse_args(out)  # what Hydra's main does with sys.argv
+    assert args.overrides == [
+        "hooks=[slow]",
+        "trainer.max_epochs=1",
+        *[w for w in words if "=" in w and not w.startswith("-")],
+    ]
+    assert args.config_dir == str(tmp_path / "conf")
+
+
+def test_a_run_started_with_a_config_dir_and_overrides_resumes(tmp_path):
+    # the issue's own two commands, the options given after the overrides on resume
+    conf = slow_hook(tmp_path, sleep_s=0)
+    run = tmp_path / "run"
+    first = run_cli(
+        "--config-dir",
+        str(conf),
+        "hooks=[slow]",
+        "trainer.max_epochs=1",
+        f"hydra.run.dir={run}",
+        env=slow_env(tmp_path),
+    )
+    assert first.returncode == 0, first.output
+    resumed = run_cli(
+        f"hydra.run.dir={run}", "resume=true", "trainer.max_epochs=2", "--config-dir", str(conf), env=slow_env(tmp_path)
+    )
+    assert resumed.returncode == 0, resumed.output
+    assert "unrecognized arguments" not in resumed.output
+    result = _result(run)
+    assert (result["status"], result["epoch"]) == ("completed", 2) and "hooks=[slow]" in result["overrides"]
+
+
+def test_commands_printed_to_paste_name_the_interpreter_that_ran(tmp_path, monkeypatch):
+    # `python -m expkit.train ... resume=true` failed when pasted without an activated venv
+    # (issue 64, item 7): the interpreter that ran is named, relative to the current directory
+    from expkit.config import cli
+
+    venv_python = tmp_path / ".venv" / "bin" / "python"
+    monkeypatch.setattr(sys, "executable", str(venv_python))
+    monkeypatch.chdir(tmp_path)
+    assert shlex.split(cli.continue_command(["model=cnn"], Path("run")))[:4] == [
+        ".venv/bin/python",
+        "-m",
+        "expkit.train",
+        "model=cnn",
+    ]
+    assert shlex.split(cli.continue_sweep_command([], Path("sw")))[0] == ".venv/bin/python"
+    monkeypatch.chdir(tmp_path.parent)  # above it: still a path, never a bare name looked up in PATH
+    assert cli.command_words("expkit.eval")[0] == f"{tmp_path.name}/.venv/bin/python"
+    assert cli.shown_program(tmp_path.parent / "python") == "./python"
+    assert cli.shown_program("/elsewhere/bin/python") == "/elsewhere/bin/python"
+
+
+@pytest.mark.parametrize(
+    ("command", "words", "expected"),
+    [
+        ("expkit.train", ["trainer.max_epchs=3"], "did you mean trainer.max_epochs?"),
+        ("expkit.train", ["-m", "seed=0,1"], "did you mean trainer.seed?"),
+        ("expkit.train", ["--config-dir", "/nonexistent"], "'/nonexistent' not found"),
+        ("expkit.train", ["model=resnet"], "did you mean model=resnet18?"),
+        ("expkit.check", ["trainer.max_epchs=3"], "did you mean trainer.max_epochs?"),
+        ("expkit.check", ["check.iter=5"], "did you mean check.iters?"),
+        ("expkit.lr_find", ["trainer.max_epchs=3"], "did you mean trainer.max_epochs?"),
+        ("expkit.compare", ["--config-dir", "/nonexistent", "."], "'/nonexistent' not found"),
+    ],
+    ids=["train", "train-sweep", "config-dir", "group", "check", "check-key", "lr_find", "compare"],
+)
+def test_a_mistyped_key_is_one_line_in_every_command(tmp_path, command, words, expected):
+    # Hydra's 2-6 lines ("Key 'iter' is not in struct", "Set the environment variable
+    # HYDRA_FULL_ERROR=1") came first, or alone in check (issue 64, items 8 and 13)
+    proc = subprocess.run(
+        [sys.executable, "-m", command, *words],
+        cwd=tmp_path,
+        env={**os.environ, "HYDRA_FULL_ERROR": "0"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and expected in lines[0], proc.stderr
+
+
+def test_a_sweep_ends_by_naming_its_summary(tmp_path):
+    # the sweep's summary was written and never named (issue 64, item 11)
+    proc = run_cli("-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "trainer.max_epochs=1", "optim.lr=0.1,0.2")
+    assert proc.returncode == 0, proc.output
+    named = [line for line in proc.stdout.splitlines() if line.startswith("Sweep summary: ")]
+    assert named and Path(named[-1].removeprefix("Sweep summary: ")) == tmp_path / "sweep" / "summary.md"

@@ -84,9 +84,9 @@ def test_ctrl_c_stops_the_sweep_and_the_printed_command_finishes_it(tmp_path):
     assert "| interrupted |" in (sweep / "summary.md").read_text()
 
     resume = shlex.split(re.search(r"Resume it with: (.*)", output).group(1))
-    assert resume[:3] == ["python", "-m", "expkit.train"] and resume[-1] == "resume=true"
-    done = subprocess.run(
-        [sys.executable, *resume[1:]], cwd=REPO, env=slow_env(tmp_path), capture_output=True, text=True
+    assert resume[1:3] == ["-m", "expkit.train"] and resume[-1] == "resume=true"
+    done = subprocess.run(  # pasted as printed: the interpreter that ran, not the `python` on PATH
+        resume, cwd=REPO, env=slow_env(tmp_path), capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert [_status(sweep / j) for j in "012"] == ["completed"] * 3
