@@ -2,26 +2,63 @@
 over one a gone worker left running), launches its jobs (one per seed) and tells the study
 how they ended; several workers share one sweep dir through its ledger."""
 
+import contextlib
 import logging
+import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from expkit.sweeps.search import job_env, with_storage
+from expkit.sweeps.search import TRIAL_ENV, job_env, with_storage
 from hydra_plugins.expkit_sweeper._optuna_ledger import LEDGER, Ledger, trial_alive, worker_alive
 from hydra_plugins.expkit_sweeper._optuna_settings import SearchConfigError
 
-__all__ = ["WAIT", "WAIT_S", "TrialSlots"]
+__all__ = ["WAIT", "WAIT_S", "TrialSlots", "launch_lines_without_the_trial"]
 
 
 log = logging.getLogger("expkit")
 
 WAIT = "wait"  # (take(): other workers' trials still run)
 WAIT_S = 2.0
+
+# the override that tells a job its trial (search.job_env): the job's own, not the user's
+_TRIAL_OVERRIDE = re.compile(rf" ?\+hydra\.job\.env_set\.{TRIAL_ENV}='[^']*'")
+
+
+@contextlib.contextmanager
+def launch_lines_without_the_trial(launcher_module: str) -> Iterator[None]:
+    """Inside, the lines a launcher logs for its jobs (``#3 : optim.lr=0.01 ...``) leave out the
+    trial override: the job still gets it; the line shows what the user searches.
+
+    A launcher logs them from its own package's modules (Hydra's basic launcher, joblib's
+    ``_core``, imported at its first launch, submitit's launcher): the records of that package's
+    loggers are mended as they are made (logging's record factory, put back after).
+
+    Args:
+        launcher_module: the module of the launcher's class (not of a wrapper of it).
+
+    Yields:
+        Nothing: the search runs inside.
+    """
+    package = launcher_module.rpartition(".")[0] or launcher_module
+    made = logging.getLogRecordFactory()
+
+    def mended(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = made(*args, **kwargs)
+        if (record.name == package or record.name.startswith(package + ".")) and TRIAL_ENV in str(record.msg):
+            record.msg, record.args = _TRIAL_OVERRIDE.sub("", record.getMessage()), ()
+        return record
+
+    logging.setLogRecordFactory(mended)
+    try:
+        yield
+    finally:
+        if logging.getLogRecordFactory() is mended:
+            logging.setLogRecordFactory(made)
 
 
 class TrialSlots:

@@ -44,7 +44,7 @@ from hydra_plugins.expkit_sweeper._optuna_ledger import BINDING, LEDGER, Ledger,
 from hydra_plugins.expkit_sweeper._optuna_results import TrialResults
 from hydra_plugins.expkit_sweeper._optuna_settings import SearchConfigError, SearchSettings, one_line, storage_error
 from hydra_plugins.expkit_sweeper._optuna_space import SEARCH_ATTR, SearchSpace, distribution, override_value
-from hydra_plugins.expkit_sweeper._optuna_trials import WAIT, WAIT_S, TrialSlots
+from hydra_plugins.expkit_sweeper._optuna_trials import WAIT, WAIT_S, TrialSlots, launch_lines_without_the_trial
 from hydra_plugins.expkit_sweeper.expkit_sweeper import (
     check_batch,
     check_seed_keys,
@@ -193,6 +193,7 @@ class OptunaSweeper(SearchSettings, SearchSpace, TrialSlots, TrialResults, Sweep
         self.params, self.custom_search_space = dict(params or {}), custom_search_space
         self.config: DictConfig | None = None
         self.launcher: Any = None
+        self.launcher_module = ""  # the module of the launcher Hydra built (where it logs its jobs' lines)
         self.hydra_context: HydraContext | None = None
         self.in_process = False
         self.checked: set[tuple[str, str]] | None = None  # the choices composed jobs have held (None: no job yet)
@@ -211,6 +212,7 @@ class OptunaSweeper(SearchSettings, SearchSpace, TrialSlots, TrialResults, Sweep
                 hydra_context=hydra_context, task_function=task_function, config=config
             )
         self.in_process = type(self.launcher) is basic_launcher()
+        self.launcher_module = type(self.launcher).__module__
         if self.in_process:
             self.hydra_context = compose_once(self.launcher, hydra_context)
         self.launcher = stoppable(self.launcher, config)
@@ -229,7 +231,11 @@ class OptunaSweeper(SearchSettings, SearchSpace, TrialSlots, TrialResults, Sweep
         self.peers = live_workers(sweep_dir)  # (before this one: its ordinal among the live workers)
         owned = WorkDirLock(sweep_dir / WORKERS / self.worker, "python -m expkit.train (Optuna worker)").acquire()
         try:
-            with launch(self.n_trials * self.seeds_per_trial, sweep_dir), one_line():
+            with (
+                launch(self.n_trials * self.seeds_per_trial, sweep_dir),
+                one_line(),
+                launch_lines_without_the_trial(self.launcher_module),
+            ):
                 self._open_and_search(arguments, sweep_dir)
         except StorageUnreachable as exc:
             # nothing is lost: the job in hand saved and stopped resumable, and its trial is left

@@ -372,10 +372,12 @@ def test_seeds_per_trial_runs_each_trial_with_n_seeds_and_tells_their_mean(tmp_p
     groups = _rows(sweep)
     assert len(groups) == 2 and {g["n"] for g in groups} == {"2"}
 
-    # every launch line names its trial in one short word (the study and storage were ~400
-    # characters of env_set on each: issue 53, item 4)
+    # every launch line shows the trial's own overrides alone: the override that tells the job its
+    # trial goes to the job, not to the line (the study and storage were ~400 characters of
+    # env_set on each: issue 53, item 4; the trial's: issue 64, item 11)
     launches = [line for line in proc.output.splitlines() if " : " in line and "#" in line]
-    assert launches and all("EXPKIT_OPTUNA_STORAGE" not in line and len(line) < 300 for line in launches), launches
+    assert launches and all("EXPKIT_OPTUNA" not in line and "env_set" not in line for line in launches), launches
+    assert all("trainer.seed=" in line for line in launches), launches
 
     # bad settings: one Error: line each, exit 2, nothing started (issue 53, item 14)
     for bad, named in (
