@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from expkit.config import cli
 from expkit.core import distributed, hydra_compat, versions
 from expkit.core.atomic import write_text_atomic
-from expkit.core.errors import ConfigError, TaskExit, exit_status, task_exits
+from expkit.core.errors import ConfigError, config_errors_exit_2, exit_status
 from expkit.core.stages import Priority
 from expkit.hooks.base import Hook
 
@@ -326,12 +326,8 @@ def run(cfg: DictConfig) -> None:
     Raises:
         SystemExit: with status 2 for bad input (a setting, a part that cannot be built).
     """
-    try:
-        with task_exits():
-            _lr_find(cfg)
-    except ConfigError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        raise TaskExit(2) from None
+    with config_errors_exit_2():
+        _lr_find(cfg)
 
 
 def _share_run_dir() -> None:

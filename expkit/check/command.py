@@ -21,7 +21,7 @@ from expkit.check.report import Comparison, json_report, render, summary
 from expkit.check.training_runs import Run, RunFailed, failed_runs, last_error, split_argv, train_all
 from expkit.config import cli
 from expkit.core import hydra_compat, versions
-from expkit.core.errors import ConfigError, TaskExit, exit_status, task_exits
+from expkit.core.errors import TaskExit, config_errors_exit_2, exit_status
 
 __all__ = ["main", "run"]
 
@@ -43,11 +43,8 @@ def run(cfg: DictConfig) -> None:
             when everything matches.
     """
     try:
-        with task_exits():
+        with config_errors_exit_2():
             _check(cfg)
-    except ConfigError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        raise TaskExit(2) from None
     except RunFailed as exc:
         print(f"Error: {exc}", file=sys.stderr)
         raise TaskExit(1) from None

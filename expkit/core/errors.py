@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import sys
 from collections.abc import Iterable, Iterator
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "HookError",
     "ResumeRefused",
     "TaskExit",
+    "config_errors_exit_2",
     "exit_status",
     "suggest",
     "task_exits",
@@ -73,6 +75,25 @@ def task_exits() -> Iterator[None]:
         raise
     except SystemExit as exc:
         raise TaskExit(exc.code) from None
+
+
+@contextlib.contextmanager
+def config_errors_exit_2() -> Iterator[None]:
+    """Around a command's task body (``task_exits`` included): a ConfigError leaves as its one
+    ``Error:`` line on stderr and exit 2, a SystemExit as a ``TaskExit`` with its status.
+
+    Yields:
+        Nothing: the body runs inside.
+
+    Raises:
+        TaskExit: with status 2 for a ConfigError the body raised; with its own code for a SystemExit.
+    """
+    try:
+        with task_exits():
+            yield
+    except ConfigError as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        raise TaskExit(2) from None
 
 
 def exit_status(exc: SystemExit) -> str | int | None:
