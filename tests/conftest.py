@@ -80,9 +80,15 @@ class Score(Metric):
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: int = 300):
     """python -m expkit.train ARGS in a subprocess; returns CompletedProcess (+ .output: both streams)."""
+    return run_module("expkit.train", *args, cwd=cwd, env=env, timeout=timeout)
+
+
+def run_module(module: str, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: int = 300):
+    """python -m MODULE ARGS (an expkit command) in a subprocess, from the repo unless `cwd`;
+    returns CompletedProcess (+ .output: both streams)."""
     full_env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})}
     proc = subprocess.run(
-        [sys.executable, "-m", "expkit.train", *args],
+        [sys.executable, "-m", module, *args],
         cwd=cwd or REPO,
         env=full_env,
         capture_output=True,

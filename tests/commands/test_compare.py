@@ -5,30 +5,19 @@ holds no run is refused with one line."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, run_module
 
 SVG = "{http://www.w3.org/2000/svg}"
 
 
 def compare(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, "-m", "expkit.compare", *args],
-        cwd=cwd,
-        env={**os.environ, "HYDRA_FULL_ERROR": "0"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    proc.output = proc.stdout + proc.stderr  # type: ignore[attr-defined]
-    return proc
+    return run_module("expkit.compare", *args, cwd=cwd, timeout=120)
 
 
 def table(md: str, heading: str) -> list[dict[str, str]]:

@@ -7,13 +7,11 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-from conftest import REPO, torchrun
+from conftest import run_module, torchrun
 
 from expkit.lr_find import suggest
 
@@ -21,16 +19,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 
 
 def lr_find(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, "-m", "expkit.lr_find", *args],
-        cwd=REPO,
-        env={**os.environ, "HYDRA_FULL_ERROR": "0"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    proc.output = proc.stdout + proc.stderr  # type: ignore[attr-defined]
-    return proc
+    return run_module("expkit.lr_find", *args)
 
 
 def _steepest(lrs: list[float], smoothed: list[float], skip: int) -> float:
