@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_INPUTS",
     "GREATER_KEYS",
     "LESS_KEYS",
+    "PROBE_SAMPLES",
     "RULES",
     "Accuracy",
     "Directions",
@@ -37,6 +38,7 @@ __all__ = [
     "better",
     "infer_rule",
     "monitor_of",
+    "probe_batch",
     "probe_metrics",
     "rule_of_flag",
     "worst_value",
@@ -608,11 +610,11 @@ def _check_classes(outputs: Any, classes: int) -> None:
 
 
 def probe_metrics(runner: Any) -> None:
-    """Every metric of `runner` updated and computed once, on copies, with the first
-    validation batch: a metric that does not fit the data (top_k=20 on 10 classes, a wrong
-    num_classes) fails at start-up, naming it, instead of after the first epoch; so does a
-    model whose logits have another number of classes than the data describes. Leaves the
-    run's random state and the metrics as they were.
+    """Every metric of `runner` updated and computed once, on copies, with the first two
+    validation samples (``probe_batch``): a metric that does not fit the data (top_k=20 on 10
+    classes, a wrong num_classes) fails at start-up, naming it, instead of after the first
+    epoch; so does a model whose logits have another number of classes than the data
+    describes. Leaves the run's random state, cuDNN's settings and the metrics as they were.
 
     Args:
         runner: the Runner about to train (its model, metrics, validation loader and the data's
@@ -631,12 +633,16 @@ def probe_metrics(runner: Any) -> None:
     if not r.metrics and not isinstance(classes, int):
         return
     loader = next(iter(r.val_loader.values())) if isinstance(r.val_loader, Mapping) else r.val_loader
-    batch = next(iter(loader), None)
-    if batch is None:
-        return
     states, was_training = rng_states(), r.model.training
+    benchmark = torch.backends.cudnn.benchmark
     try:
+        batch = probe_batch(loader)
+        if batch is None:
+            return
         r.model.eval()
+        # (a batch of two is a shape training never has: cuDNN's benchmark would time every
+        # convolution's kernels for it, a second or more of a ResNet's start-up on a GPU)
+        torch.backends.cudnn.benchmark = False
         with torch.no_grad(), r.autocast():
             outputs = r.eval_step(r.to_device(batch))
         if isinstance(classes, int):
@@ -657,8 +663,40 @@ def probe_metrics(runner: Any) -> None:
                     f"(e.g. top_k, num_classes) and metrics.{name}.inputs"
                 ) from None
     finally:
+        torch.backends.cudnn.benchmark = benchmark
         r.model.train(was_training)
         set_rng_states(states)
+
+
+PROBE_SAMPLES = 2  # two, not one: a model that squeezes its batch dimension works on any real batch but one
+
+
+def probe_batch(loader: Any) -> Any:
+    """The first samples of `loader` as one batch, read and collated in this process: what the
+    metric probe needs, without starting the loader's workers (with persistent workers, the next
+    pass would first wait for every batch they had read ahead, a whole validation's worth) and
+    without reading a whole batch.
+
+    Args:
+        loader: a DataLoader, or any iterable of batches.
+
+    Returns:
+        A batch of the first ``PROBE_SAMPLES`` samples in the loader's order (an iterable dataset:
+            the first it yields), collated by the loader's ``collate_fn``; the loader's first batch
+            when it is no DataLoader that batches samples; None when it holds no sample.
+    """
+    from itertools import islice
+
+    from torch.utils.data import DataLoader, IterableDataset
+
+    if not isinstance(loader, DataLoader) or loader.batch_size is None:
+        return next(iter(loader), None)
+    if isinstance(loader.dataset, IterableDataset):
+        samples = list(islice(iter(loader.dataset), PROBE_SAMPLES))
+    else:
+        indices = next(iter(loader.batch_sampler), [])  # type: ignore[arg-type]  # (the loader's order, this rank's share)
+        samples = [loader.dataset[i] for i in list(indices)[:PROBE_SAMPLES]]
+    return loader.collate_fn(samples) if samples else None
 
 
 def monitor_of(config: dict[str, Any] | None) -> tuple[str, str]:

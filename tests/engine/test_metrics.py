@@ -245,3 +245,38 @@ def test_a_sweep_reads_the_monitored_metrics_direction_from_its_setting_whatever
     assert monitor_of({"monitor": "val/f1/cat", "metrics": metrics}) == ("val/f1/cat", "greater")  # a dict metric's key
     assert monitor_of({"monitor": "val/noisy/loss", "metrics": metrics}) == ("val/noisy/loss", "less")  # by name
     assert monitor_of(None) == ("val/acc", "greater")
+
+
+class _ReadLog(torch.utils.data.Dataset):
+    """Eight labelled samples; each read appends "<pid> <index>" to a file (workers included)."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int):
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()} {index}\n")
+        return torch.full((4,), float(index)), index % 2
+
+
+def test_the_metric_probe_reads_two_samples_here_and_starts_no_loader_worker(tmp_path):
+    """The probe read the first validation batch through the loader: with persistent workers
+    they started at start-up, read ahead a whole validation's batches, and the first real pass
+    waited for all of them (issue 66). It reads the first two samples in this process now, and
+    still refuses a metric that does not fit the data."""
+    from torch.utils.data import DataLoader
+
+    from expkit.metrics import probe_metrics
+
+    log = tmp_path / "reads.txt"
+    val = DataLoader(_ReadLog(log), batch_size=4, num_workers=1, persistent_workers=True)
+    runner = toy_runner(tmp_path / "run", model=torch.nn.Linear(4, 2))
+    runner.val_loader = val
+    probe_metrics(runner)
+    assert log.read_text().splitlines() == [f"{os.getpid()} 0", f"{os.getpid()} 1"]
+    runner.metrics = {"acc": MetricSlot(Accuracy(top_k=5))}
+    with pytest.raises(ConfigError, match="fails on the first validation batch"):
+        probe_metrics(runner)
