@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import REPO, toy_runner
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader, TensorDataset
 
 from expkit import Hook, Runner, TrainerSettings, default_hooks
@@ -25,26 +26,32 @@ from expkit.hooks import EMAHook, LoggerHook
 from expkit.models import CNN
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-SYNCING = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")
+# the Python-level reads of a value back to the host: on a GPU each one waits for the device
+SYNCING = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__")
+
+
+class _Reads(TorchFunctionMode):
+    """torch's public mode for seeing every tensor function and method called: the host reads."""
+
+    def __init__(self, calls: list[str]) -> None:
+        super().__init__()
+        self.calls = calls
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in SYNCING or (name == "to" and any(str(a) == "cpu" for a in (*args[1:], *(kwargs or {}).values()))):
+            self.calls.append(name)
+        return func(*args, **(kwargs or {}))
 
 
 class SyncCounter:
-    """Counts Python-level device->host reads (Tensor.item, float(t), bool(t), ...) made
+    """Counts Python-level device->host reads (Tensor.item, .cpu(), float(t), bool(t), ...) made
     inside each training iteration, from before_train_iter (first hook) to after_train_iter
     (last hook): by the loop and every hook, the data loader left out."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self) -> None:
         self.per_iter: list[list[str]] = []
-        self.counting = False
-        for name in SYNCING:
-            original = getattr(torch.Tensor, name)
-
-            def counted(tensor, *args, _name=name, _original=original, **kwargs):
-                if self.counting:
-                    self.per_iter[-1].append(_name)
-                return _original(tensor, *args, **kwargs)
-
-            monkeypatch.setattr(torch.Tensor, name, counted)
+        self.mode: _Reads | None = None
         counter = self
 
         class Start(Hook):
@@ -52,13 +59,15 @@ class SyncCounter:
 
             def before_train_iter(self, runner: Runner, *, batch_idx, data_batch) -> None:
                 counter.per_iter.append([])
-                counter.counting = True
+                counter.mode = _Reads(counter.per_iter[-1])
+                counter.mode.__enter__()
 
         class Stop(Hook):
             priority = Priority.LOWEST
 
             def after_train_iter(self, runner: Runner, *, batch_idx, data_batch, outputs) -> None:
-                counter.counting = False
+                counter.mode.__exit__(None, None, None)
+                counter.mode = None
 
         self.hooks = {"count_start": Start(), "count_stop": Stop()}
 
@@ -88,11 +97,11 @@ def _image_runner(work_dir: Path, hooks=(), **settings) -> Runner:
     )
 
 
-def test_training_reads_nothing_back_from_the_device_between_log_lines(tmp_path, monkeypatch):
+def test_training_reads_nothing_back_from_the_device_between_log_lines(tmp_path):
     """The loss stays a tensor until a log line is due: with 64 iterations an epoch and a
     log line every 16, the step, the default hooks and EMA read a value back in 4 iterations
     an epoch (once each), and in none of the other 60."""
-    counter = SyncCounter(monkeypatch)
+    counter = SyncCounter()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     g = torch.Generator().manual_seed(1)
@@ -178,20 +187,35 @@ def test_compile_trains_the_same_model_and_keeps_the_checkpoint_keys(tmp_path):
 
 # -- GPU: run on a machine with CUDA; CI skips these ----------------------------------------
 class NoSyncInTheStep(Hook):
-    """CUDA's sync debug mode set to "error" from the start of each iteration until the
-    logger's turn: forward, backward, the optimizer step and EMA must not synchronise."""
+    """CUDA's sync debug mode set to "error" over whole iterations between log lines, from the
+    first hook of before_train_iter to the last of after_train_iter: the step, EMA and every
+    default hook must not synchronise (the logger's iterations, which read the mean loss, are
+    left out)."""
 
     priority = Priority.HIGHEST
 
-    def __init__(self) -> None:
+    def __init__(self, log_interval: int) -> None:
+        self.log_interval = log_interval
         self.checked = 0
 
     def before_train_iter(self, runner: Runner, *, batch_idx, data_batch) -> None:
-        torch.cuda.set_sync_debug_mode("error")
+        logs = (batch_idx + 1) % self.log_interval == 0 or batch_idx + 1 == len(runner.train_loader)
+        if not logs:
+            torch.cuda.set_sync_debug_mode("error")
 
-    def after_optimizer_step(self, runner: Runner, *, batch_idx, data_batch, outputs) -> None:
-        torch.cuda.set_sync_debug_mode("default")
-        self.checked += 1
+    def end(self) -> Hook:
+        """The hook that ends each checked iteration (the lowest priority: after every other)."""
+        check = self
+
+        class End(Hook):
+            priority = Priority.LOWEST
+
+            def after_train_iter(self, runner: Runner, *, batch_idx, data_batch, outputs) -> None:
+                if torch.cuda.get_sync_debug_mode():
+                    check.checked += 1
+                torch.cuda.set_sync_debug_mode("default")
+
+        return End()
 
 
 @cuda
@@ -202,7 +226,7 @@ def test_gpu_step_has_no_host_sync_and_uses_pinned_memory_and_cudnn_benchmark(tm
     assert next(iter(train))[0].is_pinned()
     torch.manual_seed(0)
     model = CNN(1, 8, 10)
-    check, benchmark = NoSyncInTheStep(), []
+    check, benchmark = NoSyncInTheStep(log_interval=10), []
 
     class Benchmark(Hook):
         def before_train(self, runner: Runner) -> None:
@@ -217,13 +241,15 @@ def test_gpu_step_has_no_host_sync_and_uses_pinned_memory_and_cudnn_benchmark(tm
         settings=TrainerSettings(device="cuda", max_epochs=1, precision="bf16", channels_last=True),
         # momentum 0.05: validation runs on the average, and the default (0.0002) leaves it at the
         # initial weights after one epoch's 40 steps (val/acc 0.10, found on an H200)
-        hooks={"ema": EMAHook(momentum=0.05), "check": check, "benchmark": Benchmark()},
+        hooks={"ema": EMAHook(momentum=0.05), "check": check, "check_end": check.end(), "benchmark": Benchmark()},
+        default_hooks=default_hooks(logger=LoggerHook(interval=10, plot=False)),
     )
     try:
         runner.run()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert check.checked == len(train)
+    logging_iterations = sum(1 for i in range(len(train)) if (i + 1) % 10 == 0 or i + 1 == len(train))
+    assert check.checked == len(train) - logging_iterations
     assert benchmark == [True]
     assert runner.status == "completed" and runner.val_metrics["val/acc"] > 0.5
 
