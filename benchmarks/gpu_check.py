@@ -41,6 +41,7 @@ import dataclasses
 import datetime
 import functools
 import gc
+import importlib.util
 import json
 import os
 import platform
@@ -74,7 +75,7 @@ PARTS: dict[str, str] = {
 ORDER = "abdefgc"  # the compile part last: its compilation time is the hardest to foresee
 # seconds a part may take at most on the GPU (the whole script keeps to --budget-s as well)
 # (b: 137 s of timed runs on an H200, 2026-11-28, and building a ResNet-50 eight times besides)
-CAPS = {"a": 90, "b": 220, "c": 240, "d": 120, "e": 120, "f": 150, "g": 90}
+CAPS = {"a": 90, "b": 300, "c": 240, "d": 120, "e": 120, "f": 150, "g": 90}
 DRY_CAP = 300
 FAILED, OK, MISSED, NOT_AVAILABLE, NOT_RUN = "failed", "ok", "missed", "not available", "not run"
 
@@ -300,22 +301,27 @@ def _overhead(cfg: Config, compiled: bool) -> dict[str, Any]:
     iters, samples = w.epochs * len(train), w.epochs * len(train.dataset)
     warm_w = dataclasses.replace(w, epochs=1)
     extra = {"compile": True} if compiled else {}
+    # the hand-written loop's Lightning twin beside them, where Lightning is importable (carried:
+    # benchmarks/gpu_carry.sh); not compiled (its own compile path would be another comparison)
+    lightning = not compiled and importlib.util.find_spec("lightning") is not None
     with _dry_compile(cfg.dry), _runner_settings(**extra):
 
         def wall(fn):
             return lambda d: fn(d)[0]
 
-        times, warmed = side_by_side(
-            {
-                "hand-written": wall(lambda d: overhead.hand_written(d, w, ema=True)),
-                "expkit": wall(lambda d: overhead.with_runner(d, w, ema=True)),
-            },
-            _rounds(cfg, 2 if compiled else 3),
-            warm={
-                "hand-written": lambda d: overhead.hand_written(d, warm_w, ema=True),
-                "expkit": lambda d: overhead.with_runner(d, warm_w, ema=True),
-            },
-        )
+        sides = {
+            "hand-written": wall(lambda d: overhead.hand_written(d, w, ema=True)),
+            "expkit": wall(lambda d: overhead.with_runner(d, w, ema=True)),
+        }
+        warm = {
+            "hand-written": lambda d: overhead.hand_written(d, warm_w, ema=True),
+            "expkit": lambda d: overhead.with_runner(d, warm_w, ema=True),
+        }
+        if lightning:
+            sides["Lightning"] = wall(lambda d: overhead.with_lightning(d, w, ema=True))
+            warm["Lightning"] = lambda d: overhead.with_lightning(d, warm_w, ema=True)
+        # five rounds eager: the 87 s outlier of 2026-11-28 must show whether it comes back
+        times, warmed = side_by_side(sides, _rounds(cfg, 2 if compiled else 5), warm=warm)
     graphs = counters["stats"]["unique_graphs"]
     if compiled and graphs < 1:
         raise RuntimeError("torch.compile captured no graph: nothing was compiled")
@@ -337,6 +343,11 @@ def _overhead(cfg: Config, compiled: bool) -> dict[str, Any]:
             "samples_per_s": {k: round(samples / min(v), 1) for k, v in times.items()},
             "ratio_min_min": round(low, 4),
             "ratio_median_paired": round(mid, 4),
+            **(
+                {"lightning_ratio_min_median": [round(r, 4) for r in _ratios(times["Lightning"], hand)]}
+                if lightning
+                else {}
+            ),
             "warm_up_s": {k: round(v, 2) for k, v in warmed.items()},
             **({"graphs_compiled": graphs} if compiled else {}),
             **({"expkit_host_seconds": host} if host else {}),
@@ -344,6 +355,11 @@ def _overhead(cfg: Config, compiled: bool) -> dict[str, Any]:
         "detail": (
             f"hand-written {min(hand):.3f} s / {_median(hand):.3f} s, expkit {min(ours):.3f} s / {_median(ours):.3f} s "
             f"(min / median, {len(hand)} rounds, {iters} iterations)"
+            + (
+                f"; Lightning {min(times['Lightning']):.3f} s / {_median(times['Lightning']):.3f} s"
+                if lightning
+                else ""
+            )
             + (f"; compiling warm-ups {warmed['hand-written']:.0f} s + {warmed['expkit']:.0f} s" if compiled else "")
         ),
     }

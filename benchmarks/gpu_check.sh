@@ -5,10 +5,11 @@
 # expkit from the working tree (PYTHONPATH) and finds those three pure-Python packages in the
 # folders the device tool carried from this checkout's .venv:
 #
-#   run(command="bash benchmarks/gpu_check.sh", timeout_s=540, carry=[
-#       ".venv/lib/python3.11/site-packages/hydra",
-#       ".venv/lib/python3.11/site-packages/omegaconf",
-#       ".venv/lib/python3.11/site-packages/antlr4"])
+#   bash benchmarks/gpu_carry.sh   # here, first: Hydra, OmegaConf, antlr4 and Lightning in outputs/gpu_carry
+#   run(command="bash benchmarks/gpu_check.sh --parts a,b,d", timeout_s=540, carry=["outputs/gpu_carry"])
+#
+# (or, without Lightning's side of part b, the three folders from .venv as before:
+#   carry=[".venv/lib/python3.11/site-packages/hydra", ".../omegaconf", ".../antlr4"])
 #
 # Where .venv/bin/python works (this machine), it uses that. Arguments go to gpu_check.py
 # (--dry, --parts b,e, ...). Writes gpu_check.json, gpu_check.log (this output) and
@@ -31,7 +32,7 @@ if [ -x .venv/bin/python ] && .venv/bin/python -c "import torch, hydra" 2>/dev/n
 else
     python=${PYTHON:-python3}
     carried=""
-    for dir in "$repo"/.venv/lib/python3*/site-packages; do
+    for dir in "$repo"/outputs/gpu_carry "$repo"/.venv/lib/python3*/site-packages; do
         [ -d "$dir" ] && carried="$carried:$dir"
     done
     export PYTHONPATH="$repo$carried${PYTHONPATH:+:$PYTHONPATH}"
@@ -40,7 +41,7 @@ if ! "$python" -c "import torch, torchvision, hydra, omegaconf, pytest" 2>"$out/
     {
         echo "gpu_check.sh: $python cannot import what the check needs (PYTHONPATH=${PYTHONPATH:-}):"
         cat "$out/gpu_check.log"
-        echo "Carry Hydra, OmegaConf and antlr4 from .venv (see the top of benchmarks/gpu_check.sh)."
+        echo "Carry outputs/gpu_carry (bash benchmarks/gpu_carry.sh) or Hydra, OmegaConf and antlr4 from .venv (see the top of benchmarks/gpu_check.sh)."
     } >&2
     exit 2
 fi

@@ -15,7 +15,8 @@ The hand-written loop does what the default hooks and EMAHook do: logs the mean 
 validates with the EMA weights every epoch (loss + accuracy), then saves a checkpoint
 (model, optimizer, EMA) and the best one by val accuracy.
 
-    python benchmarks/overhead.py [--workload mlp|resnet18|resnet50] [--rounds N] [--no-ema] [--quick]
+    python benchmarks/overhead.py [--workload mlp|resnet18|resnet50cpu|resnet50] [--rounds N] [--no-ema] [--quick]
+                                  [--lightning]
 
 ``--quick`` (what CI runs, so the script cannot rot) shrinks the workload to seconds; its
 figures mean nothing. Prints each side's times and throughput, and the ratios: the median
@@ -218,6 +219,99 @@ def with_runner(
     return time.perf_counter() - start, time.process_time() - cpu
 
 
+def with_lightning(work_dir: Path, w: Workload, ema: bool) -> tuple[float, float]:
+    """The hand-written loop's Lightning twin: the same model, optimizer, loaders and work (the
+    mean loss logged every 10 iterations, EMA after every step and validation on it, a checkpoint
+    every epoch and the best by val/acc), with Lightning's defaults otherwise (its sanity check of
+    two validation batches included: what a Lightning user pays), the progress bar and model
+    summary off, a CSV logger. Needs ``lightning`` (the ``bench`` extra, or carried: gpu_check.sh)."""
+    import warnings
+
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+
+    warnings.filterwarnings("ignore", module="lightning")
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    model, optimizer, train, val = make(w)
+    if w.channels_last:
+        model.to(memory_format=torch.channels_last)
+    criterion = nn.CrossEntropyLoss()
+
+    class Twin(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = model
+            self.ema: list[torch.Tensor] | None = None
+            self.correct = self.seen = 0
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = criterion(self.net(x), y)
+            self.log("train/loss", loss, on_step=True, on_epoch=False)
+            return loss
+
+        def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+            if ema:
+                params = [p.detach() for p in self.net.parameters()]
+                if self.ema is None:
+                    self.ema = [p.clone() for p in params]
+                torch._foreach_lerp_(self.ema, params, 0.01)
+
+        def _swap(self) -> None:
+            if self.ema is not None:
+                for p, e in zip(self.net.parameters(), self.ema):
+                    p.data, e.data = e.data, p.data
+
+        def on_validation_epoch_start(self) -> None:
+            self._swap()
+            self.correct = self.seen = 0
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            x, y = batch
+            logits = self.net(x)
+            self.log("val/loss", criterion(logits, y), on_epoch=True)
+            self.correct = self.correct + (logits.argmax(-1) == y).sum()
+            self.seen += len(y)
+
+        def on_validation_epoch_end(self) -> None:
+            self.log("val/acc", float(self.correct) / max(self.seen, 1))
+            self._swap()
+
+        def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            if self.ema is not None:
+                names = [n for n, _ in self.net.named_parameters()]
+                checkpoint["ema_state_dict"] = dict(zip(names, self.ema))
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return optimizer
+
+    ckpt = work_dir / "checkpoints"
+    trainer = L.Trainer(
+        max_epochs=w.epochs,
+        accelerator="gpu" if w.device == "cuda" else "cpu",
+        devices=1,
+        precision={"32": "32-true", "bf16": "bf16-mixed"}[w.precision],
+        benchmark=w.device == "cuda",
+        default_root_dir=work_dir,
+        logger=CSVLogger(work_dir),
+        log_every_n_steps=10,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[
+            ModelCheckpoint(dirpath=ckpt, filename="epoch_{epoch}", every_n_epochs=1, save_top_k=-1),
+            ModelCheckpoint(dirpath=ckpt, filename="best", monitor="val/acc", mode="max", save_weights_only=True),
+        ],
+    )
+    twin = Twin()
+    _sync(torch.device(w.device))
+    start, cpu = time.perf_counter(), time.process_time()
+    trainer.fit(twin, train, val)
+    _sync(torch.device(w.device))
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=("mlp", "resnet18", "resnet50cpu", "resnet50"), default="mlp")
@@ -227,6 +321,7 @@ def main() -> None:
     )
     parser.add_argument("--no-ckpt-variant", action="store_true", help="also time both sides without checkpoints")
     parser.add_argument("--quick", action="store_true", help="seconds, for CI: checks the script runs")
+    parser.add_argument("--lightning", action="store_true", help="also the hand-written loop's Lightning twin")
     args = parser.parse_args()
     w = _workloads(args.quick)[args.workload]
     if w.device == "cuda" and not torch.cuda.is_available():
@@ -245,6 +340,8 @@ def main() -> None:
         "hand-written": lambda d: hand_written(d, w, args.ema),
         "expkit": lambda d: with_runner(d, w, args.ema),
     }
+    if args.lightning:
+        sides["Lightning"] = lambda d: with_lightning(d, w, args.ema)
     if args.no_ckpt_variant:
         sides["hand, no ckpt"] = lambda d: hand_written(d, w, args.ema, checkpoints=False)
         sides["expkit, no ckpt"] = lambda d: with_runner(d, w, args.ema, checkpoints=False)
@@ -253,6 +350,8 @@ def main() -> None:
         warm = dataclasses.replace(w, epochs=1)
         hand_written(Path(tmp) / "warmup_a", warm, args.ema)  # imports, allocator, caches, cuDNN autotuning
         with_runner(Path(tmp) / "warmup_b", warm, args.ema)
+        if args.lightning:
+            with_lightning(Path(tmp) / "warmup_c", warm, args.ema)
         for r in range(rounds):  # alternate the order each round: no order bias
             order = list(sides.items())
             for i, (name, fn) in enumerate(order if r % 2 == 0 else order[::-1]):
@@ -271,6 +370,8 @@ def main() -> None:
             f"{samples / min(wall):.1f} samples/s   cpu median {statistics.median(cpu):.3f} s (min {min(cpu):.3f})"
         )
     pairs = [("expkit", "hand-written", "all default hooks")]
+    if args.lightning:
+        pairs.append(("Lightning", "hand-written", "Lightning's twin"))
     if args.no_ckpt_variant:
         pairs.append(("expkit, no ckpt", "hand, no ckpt", "without checkpoints"))
     for ours, hand, label in pairs:

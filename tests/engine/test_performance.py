@@ -316,7 +316,7 @@ def _ratios(text: str, label: str) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workload", ["mlp", "resnet18", "resnet50"])
+@pytest.mark.parametrize("workload", ["mlp", "resnet18", "resnet50cpu", "resnet50"])
 def test_overhead_benchmark_runs(workload):
     out = _bench("benchmarks/overhead.py", "--workload", workload)
     if workload == "resnet50" and not torch.cuda.is_available():
