@@ -162,6 +162,19 @@ class _Reader:
         return data
 
 
+def _unreachable(where: str, url: str, exc: BaseException) -> str:
+    """What to say when a shard's bytes did not come: the store was down or the disk failed, which
+    says nothing against the shard itself (so ``data.on_error=skip`` does not skip it: an outage
+    would drop samples without a word)."""
+    cause = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    if is_url(url):
+        return (
+            f"{where}: the store did not answer or refused the read ({cause}); the shard is not known to be "
+            "damaged. Check that the store is up and reachable from here, then resume (resume=true)"
+        )
+    return f"{where}: the disk did not give it ({cause}). Check the file system, then resume (resume=true)"
+
+
 def _decode(data: bytes, ext: str) -> torch.Tensor:
     """A member's bytes as a tensor: an image as (C, H, W) floats in [0, 1]; an array of floats as
     float32, of 8-bit values (uint8: how images are stored) as floats in [0, 1], as torchvision's
@@ -235,8 +248,15 @@ class ShardDataset(Dataset):
         url = self.index.urls[shard]
         where = f"{url}: sample {i - sum(self.index.sizes[:shard])} of the shard"
         try:
-            x = _decode(self.reader.read(url, in_off, in_size), self.input_key)
-            y = _decode_target(self.reader.read(url, tg_off, tg_size))
+            members = self.reader.read(url, in_off, in_size), self.reader.read(url, tg_off, tg_size)
+        except ShardReadError as exc:  # (the shard holds less than its index says: its content)
+            members, problem = None, exc
+        except Exception as exc:  # the store or the disk did not give the bytes: the shard may be fine
+            raise ShardReadError(_unreachable(where, url, exc)) from None
+        try:
+            if members is None:
+                raise problem
+            x, y = _decode(members[0], self.input_key), _decode_target(members[1])
         except Exception as exc:
             if self.skipped is not None:
                 log.warning("Skipped: %s cannot be read (%s)", where, exc)

@@ -130,8 +130,9 @@ def test_killed_on_two_processes_and_resumed_on_one_every_sample_once(digit_shar
     assert seen == reference  # every sample of the epoch once, none twice (1 process: no padding)
 
 
-def test_shards_in_s3_train_and_a_missing_bucket_or_dead_endpoint_exits_2(digit_shards, tmp_path):
+def test_shards_in_s3_train_and_a_missing_bucket_or_dead_endpoint_exits_2(digit_shards, tmp_path, monkeypatch):
     pytest.importorskip("s3fs")
+    from expkit.data.shards import ShardReadError, WebDatasetData
 
     out, _ = digit_shards
     server = S3(tmp_path)
@@ -155,8 +156,20 @@ def test_shards_in_s3_train_and_a_missing_bucket_or_dead_endpoint_exits_2(digit_
             f"hydra.run.dir={tmp_path / 'm'}", *args[:1], "data.train=s3://nobucket/train-000000.tar", env=server.env
         )
         assert missing.returncode == 2 and "s3://nobucket/train-000000.tar" in missing.stderr, missing.output[-2000:]
+        # the store goes down in the middle of a run (issue 64, item 13): the error says so, and names no
+        # damaged shard; on_error=skip does not skip it (an outage would drop samples without a word)
+        for key, value in server.env.items():
+            monkeypatch.setenv(key, value)
+        train = WebDatasetData(
+            train="s3://shards/train-{000000..000004}.tar", index_dir=str(tmp_path / "index"), on_error="skip"
+        ).datasets()[0]
+        assert len(train[0]) == 2  # read while the store is up
     finally:
         server.stop()
+    with pytest.raises(ShardReadError) as outage:
+        train[len(train) - 1]  # (a shard not opened yet)
+    assert "the store did not answer or refused the read" in str(outage.value)
+    assert "s3://shards/train-000004.tar" in str(outage.value) and "Replace the shard" not in str(outage.value)
     dead = run_cli(f"hydra.run.dir={tmp_path / 'd'}", *args, env=server.env)  # (the endpoint is gone now)
     assert dead.returncode == 2 and "s3://shards/train-000000.tar" in dead.stderr, dead.output[-2000:]
     assert "Traceback" not in missing.output + dead.output
