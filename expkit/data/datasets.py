@@ -27,6 +27,7 @@ __all__ = [
     "ImageFolderData",
     "RandomImages",
     "check_fractions",
+    "digits_csv",
     "load_digits",
     "preprocess",
     "stratified_split",
@@ -117,6 +118,14 @@ class DataModule:
                 mapping of names to datasets.
         """
         raise NotImplementedError
+
+    def input_files(self) -> list[str]:
+        """The files the data is read from, for the run's provenance (``expkit.data.inputs``).
+
+        Returns:
+            Their paths; none here (a subclass names its own).
+        """
+        return []
 
     def describe(self) -> dict[str, Any]:
         """What models need to know of the data, by argument name; called after ``loaders()``,
@@ -328,6 +337,15 @@ class DigitsData(DataModule):
         self.split_seed = split_seed
         self.noisy_val = noisy_val
 
+    def input_files(self) -> list[str]:
+        """The CSV the digits are read from (inside scikit-learn).
+
+        Returns:
+            Its path; none when this scikit-learn keeps the digits elsewhere.
+        """
+        csv = digits_csv()
+        return [str(csv)] if csv.is_file() else []
+
     def predict_input(self, raw: torch.Tensor) -> torch.Tensor:
         """Digits as scikit-learn holds them: 64 pixel counts 0-16 per image (N x 64 or N x 8 x 8).
 
@@ -383,6 +401,24 @@ class DigitsData(DataModule):
         return TensorDataset(x[train_idx], y[train_idx]), val, test
 
 
+def digits_csv() -> Path:
+    """The digits' CSV inside scikit-learn, found without importing it.
+
+    Returns:
+        The path of ``sklearn/datasets/data/digits.csv.gz`` (which a scikit-learn that stores the
+            digits elsewhere lacks).
+
+    Raises:
+        ConfigError: when scikit-learn is not installed.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None:
+        raise ConfigError("data=digits needs scikit-learn, which ships the digits: pip install scikit-learn")
+    return Path(next(iter(spec.submodule_search_locations or [""]))) / "datasets" / "data" / "digits.csv.gz"
+
+
 def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
     """The digits as (N, 1, 8, 8) floats in [0, 1] and (N,) labels.
 
@@ -395,14 +431,9 @@ def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
     Raises:
         ConfigError: when scikit-learn is not installed.
     """
-    import importlib.util
-
     import numpy as np
 
-    spec = importlib.util.find_spec("sklearn")
-    if spec is None:
-        raise ConfigError("data=digits needs scikit-learn, which ships the digits: pip install scikit-learn")
-    csv = Path(next(iter(spec.submodule_search_locations or [""]))) / "datasets" / "data" / "digits.csv.gz"
+    csv = digits_csv()
     if csv.is_file():
         table = np.loadtxt(csv, delimiter=",", dtype=np.float32)
         images, target = table[:, :-1], table[:, -1]
@@ -545,6 +576,16 @@ class ImageFolderData(DataModule):
             The names of the folders in ``root/train``, sorted (the class-index order).
         """
         return list(self.classes)
+
+    def input_files(self) -> list[str]:
+        """The files of the ``train``, ``val`` and ``test`` folders.
+
+        Returns:
+            Their paths, sorted.
+        """
+        return sorted(
+            str(p) for split in ("train", "val", "test") for p in (self.root / split).rglob("*") if p.is_file()
+        )
 
     def datasets(self) -> tuple[Dataset, Dataset | None, Dataset | None]:
         """The ``train``, ``val`` and ``test`` folders as torchvision ``ImageFolder`` datasets.

@@ -90,6 +90,8 @@ class Runner:
         config: the composed config, saved in checkpoints and result.json.
         run_info: what the command knows of the run (its command line, the sweep job).
         data_info: what the data module says of itself (classes, shapes), saved for predict.
+        inputs: the fingerprint of the files the data is read from (``expkit.data.inputs``), for
+            provenance.json; None: not recorded.
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class Runner:
         config: Mapping[str, Any] | None = None,
         run_info: Mapping[str, Any] | None = None,
         data_info: Mapping[str, Any] | None = None,
+        inputs: Mapping[str, Any] | None = None,
     ) -> None:
         self.settings = settings or TrainerSettings()
         self.is_main = distributed.is_main()  # rank 0 writes checkpoints, metrics, backends, result.json
@@ -164,6 +167,7 @@ class Runner:
         self.loggers: dict[str, Backend] = dict(loggers or {})  # TensorBoard, wandb: written by LoggerHook
         self.run_info = dict(run_info or {})
         self.data_info = dict(data_info or {})  # what the data module describes (num_classes: the start-up probe)
+        self.inputs = dict(inputs) if inputs is not None else None  # what the data is read from (provenance)
 
         self.state = RunState()  # the run's counters, metrics and ending: read through the fields below
         self.provenance: dict[str, Any] = {}  # provenance.json's record, once written (rank 0)
@@ -368,7 +372,7 @@ class Runner:
                 try:
                     # git's process runs while before_run, the probe and a resume do (read after them)
                     if self.is_main:
-                        recorded = provenance.start(self.work_dir)
+                        recorded = provenance.start(self.work_dir, inputs=self.inputs)
                     # hooks check their metrics here and declare explicit rules, before monitor is checked
                     self.call_hook(Stage.BEFORE_RUN)
                     if self.monitor is not None:

@@ -161,7 +161,8 @@ def collect(cwd: Path | None = None) -> dict[str, Any]:
         cwd: the directory the command runs in; None: the current directory.
 
     Returns:
-        The command, cwd, start time, an empty ``git``, the Python, torch, CUDA and cuDNN versions,
+        The command, cwd, start time, an empty ``git``, the Python, torch, CUDA and cuDNN versions, torch's
+        CPU threads,
         the GPU names, the host, the platform and the installed packages.
     """
     cwd = cwd or Path.cwd()
@@ -177,20 +178,50 @@ def collect(cwd: Path | None = None) -> dict[str, Any]:
         "cudnn": torch.backends.cudnn.version() if cuda else None,
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
         "host": socket.gethostname(),
+        "threads": torch.get_num_threads(),
         "platform": _platform(),
         "packages": installed_packages(),
     }
 
 
+UNTRACKED_BYTES = 1 << 20  # an untracked file larger than this is named in the record, not copied into the diff
+UNTRACKED_FILES = 200  # at most this many untracked files go into the diff
+
+
+def _untracked_diff(tree: Path, work_dir: Path, git: dict[str, Any]) -> str:
+    """The untracked files (not ignored) as a diff that creates them: ``git diff HEAD`` leaves them
+    out, and a new module the run imported is part of its code. Files in `work_dir`, larger than
+    ``UNTRACKED_BYTES`` or past ``UNTRACKED_FILES`` are listed in ``git["untracked_left_out"]``."""
+    listed = _git(["ls-files", "--others", "--exclude-standard", "-z"], tree) or ""
+    parts, left_out = [], []
+    for name in filter(None, listed.split("\0")):
+        path = tree / name
+        if _holds(path, work_dir):
+            continue
+        if len(parts) >= UNTRACKED_FILES or not path.is_file() or path.stat().st_size > UNTRACKED_BYTES:
+            left_out.append(name)
+            continue
+        proc = _git_start(["diff", "--no-index", "--binary", "--", "/dev/null", name], tree)
+        if proc is not None:
+            out, _ = proc.communicate(timeout=10)
+            parts.append(out if proc.returncode == 1 else "")  # (1: the files differ, as they do)
+    if left_out:
+        git["untracked_left_out"] = left_out
+    return "".join(parts)
+
+
 def _write(work_dir: Path, info: dict[str, Any]) -> None:
     if info["git"].get("dirty"):
-        diff = _git(["diff", "HEAD"], Path(info["cwd"])) or ""
+        diff = _git(["diff", "--binary", "HEAD"], Path(info["cwd"])) or ""
+        diff += _untracked_diff(Path(info["git"]["repository"]), work_dir, info["git"])
         write_text_atomic(work_dir / "provenance.diff", diff)
         info["git"]["diff"] = "provenance.diff"
     write_json_atomic(work_dir / "provenance.json", info)
 
 
-def start(work_dir: Path, cwd: Path | None = None) -> Callable[[], dict[str, Any]]:
+def start(
+    work_dir: Path, cwd: Path | None = None, inputs: dict[str, Any] | None = None
+) -> Callable[[], dict[str, Any]]:
     """provenance.json (and provenance.diff for a dirty tree) in `work_dir`, in two steps:
     git's process starts now and runs on another core while the caller goes on (the Runner:
     its before_run hooks and metric probe); the returned function reads its answer and
@@ -201,12 +232,16 @@ def start(work_dir: Path, cwd: Path | None = None) -> Callable[[], dict[str, Any
         work_dir: the run directory, where the files are written; entries inside it are not counted
             as changes to the code.
         cwd: the directory the command runs in, where git is asked; None: the current directory.
+        inputs: the fingerprint of the files the run reads (``expkit.data.inputs``), kept as
+            ``inputs``; None: not recorded.
 
     Returns:
         The function that completes the record with git's part, writes the files the first time it
         is called, and returns the record.
     """
     info = collect(cwd)
+    if inputs is not None:
+        info["inputs"] = inputs
     query = _GitQuery(Path(info["cwd"]))
     done = False
 

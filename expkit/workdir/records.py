@@ -3,7 +3,8 @@
 - ``read_result``: ``result.json``, a run's last word (``expkit.workdir.results`` writes it);
 - ``read_records``: ``metrics.jsonl``, one record per line (the LoggerHook appends it);
 - ``read_job``: ``job.json``, a sweep job's identity (``expkit.sweeps.sweep_jobs`` writes it);
-- ``read_best``: ``best.json``, a sweep dir's best job (``expkit.sweeps.summary`` writes it).
+- ``read_best``: ``best.json``, a sweep dir's best job (``expkit.sweeps.summary`` writes it);
+- ``read_provenance``: ``provenance.json``, what produced a run (``expkit.workdir.provenance`` writes it).
 
 Every record is data from a stranger that a kill may have cut short. So a file that is missing,
 unreadable, torn (not JSON, or bytes cut inside a character) or foreign (JSON but not an object,
@@ -20,11 +21,23 @@ from typing import Any
 
 from expkit.workdir.results import RESULT
 
-__all__ = ["BEST_FILE", "JOB_FILE", "METRICS_FILE", "RESULT", "read_best", "read_job", "read_records", "read_result"]
+__all__ = [
+    "BEST_FILE",
+    "JOB_FILE",
+    "METRICS_FILE",
+    "PROVENANCE_FILE",
+    "RESULT",
+    "read_best",
+    "read_job",
+    "read_provenance",
+    "read_records",
+    "read_result",
+]
 
 METRICS_FILE = "metrics.jsonl"  # the LoggerHook's default filename; the summaries and expkit.check read this one
 JOB_FILE = "job.json"  # a job's identity in a sweep; Hydra never writes it
 BEST_FILE = "best.json"  # in a sweep dir: its best job (or group, or Pareto front)
+PROVENANCE_FILE = "provenance.json"  # a run's commit, environment and command (expkit.reproduce reads it)
 
 
 def _read_object(path: Path) -> dict[str, Any] | None:
@@ -101,3 +114,15 @@ def read_best(sweep_dir: Path) -> dict[str, Any] | None:
             summary then is to be written again).
     """
     return _read_object(Path(sweep_dir) / BEST_FILE)
+
+
+def read_provenance(work_dir: Path) -> dict[str, Any] | None:
+    """A run's ``provenance.json``.
+
+    Args:
+        work_dir: the run's work dir.
+
+    Returns:
+        Its content; None when the file is missing, unreadable, torn or not a JSON object.
+    """
+    return _read_object(Path(work_dir) / PROVENANCE_FILE)

@@ -364,6 +364,8 @@ COMMAND_PAGES = {
     "shards.yaml": "data-at-scale.md",
     "compare.yaml": "compare.md",
     "lr_find.yaml": "lr-find.md",
+    "report.yaml": "sweeps.md",
+    "reproduce.yaml": "checkpoints.md",
 }
 SKIPPED_PATHS = ("hydra.job_logging", "hydra.help", "hydra.sweeper.params.")  # Hydra's own; the search space
 

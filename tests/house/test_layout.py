@@ -13,7 +13,18 @@ from conftest import REPO
 from expkit.config.old_targets import MOVED, new_name
 
 FIXTURE = REPO / "tests" / "fixtures" / "iter_50-2026-11-27.pth"  # (written before the move)
-COMMANDS = {"train", "eval", "predict", "export", "sweep", "compare", "lr_find", "shards"}  # (and check/, a package)
+COMMANDS = {
+    "train",
+    "eval",
+    "predict",
+    "export",
+    "sweep",
+    "compare",
+    "lr_find",
+    "report",
+    "reproduce",
+    "shards",
+}  # (and check/, a package)
 NAMED_BY_CONFIGS = {"models", "metrics", "optimizers", "schedulers", "samplers"}
 PACKAGES = {
     "check",

@@ -1,0 +1,145 @@
+"""python -m expkit.reproduce: a real run of this repository (its tree dirty with uncommitted edits,
+which provenance.diff records) re-run from its record in a temporary worktree and compared; records
+altered after the fact differ (exit 1, naming key and step); inputs it cannot use exit 2 in one
+line. The original run dir and the user's tree are left exactly as they were."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_cli, run_module
+
+
+def reproduce(*args: str) -> subprocess.CompletedProcess:
+    return run_module("expkit.reproduce", *args, timeout=300)
+
+
+def hashes(directory: Path) -> dict[str, str]:
+    """Every file under `directory` by its relative path, with its content's hash."""
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
+
+
+def repository_state() -> list[str]:
+    """The user's index, HEAD, branches and worktrees (the working tree's files are others' to edit
+    meanwhile here: engineers share this checkout)."""
+    return [git("ls-files", "--stage"), git("rev-parse", "HEAD"), git("for-each-ref"), git("worktree", "list")]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A two-epoch run of the default experiment, trained from the repository as it is now."""
+    work = tmp_path_factory.mktemp("reproduce") / "runs" / "a"
+    proc = run_cli("trainer.max_epochs=2", f"hydra.run.dir={work}")
+    assert proc.returncode == 0, proc.output
+    return work
+
+
+@pytest.mark.slow
+def test_a_run_reproduces_from_its_record_and_nothing_it_read_is_written(trained, tmp_path):
+    before, repository = hashes(trained), repository_state()
+    out = tmp_path / "again"
+    proc = reproduce(str(trained), f"out={out}")
+    assert proc.returncode == 0, proc.output
+    report = json.loads((out / "reproduce.json").read_text())
+    assert report["verdict"] == "reproduced" and report["first_difference"] is None
+    assert report["checks"]["weights"].startswith("6 tensors equal bit for bit"), report["checks"]
+    assert report["command"][:2] == ["-m", "expkit.train"] and "trainer.max_epochs=2" in report["command"]
+    recorded = json.loads((trained / "provenance.json").read_text())
+    again = json.loads((out / "provenance.json").read_text())
+    assert again["git"]["commit"] == recorded["git"]["commit"]
+    # the recorded code ran: expkit imported from the worktree, with the uncommitted edits applied
+    assert again["command"][0].endswith("expkit/train.py") and not again["command"][0].startswith(str(REPO))
+    assert again["git"]["dirty"] == recorded["git"]["dirty"]
+    assert "Verdict: reproduced" in proc.stdout
+    assert hashes(trained) == before
+    assert repository_state() == repository
+
+
+@pytest.mark.slow
+def test_a_record_altered_after_the_fact_differs_naming_its_key_and_step(trained, tmp_path):
+    copy = tmp_path / "altered"
+    shutil.copytree(trained, copy)
+    lines = (copy / "metrics.jsonl").read_text().splitlines()
+    record = json.loads(lines[2])
+    record["train/loss"] += 1e-3
+    lines[2] = json.dumps(record)
+    (copy / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    proc = reproduce(str(copy), f"out={tmp_path / 'again'}")
+    assert proc.returncode == 1, proc.output
+    step = record["step"]
+    assert f"First difference: metrics.jsonl train/loss at step {step}" in proc.stdout, proc.output
+    report = json.loads((tmp_path / "again" / "reproduce.json").read_text())
+    assert report["verdict"] == "differs"
+    first = report["first_difference"]
+    assert (first["key"], first["step"], first["original"]) == ("train/loss", step, record["train/loss"])
+    assert first["reproduced"] == pytest.approx(record["train/loss"] - 1e-3)
+
+
+def test_a_dir_without_a_run_exits_2_in_one_line(tmp_path):
+    proc = reproduce(str(tmp_path))
+    assert proc.returncode == 2, proc.output
+    assert proc.stderr.strip().count("\n") == 0 and "holds no run" in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def recorded_run(directory: Path, provenance: dict | None) -> Path:
+    """A run's records without its training: .hydra/, result.json and `provenance` (None: no file)."""
+    (directory / ".hydra").mkdir(parents=True)
+    (directory / ".hydra" / "overrides.yaml").write_text("- trainer.max_epochs=1\n")
+    (directory / "result.json").write_text(json.dumps({"status": "completed"}))
+    if provenance is not None:
+        (directory / "provenance.json").write_text(json.dumps(provenance))
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("provenance", "said"),
+    [
+        ({"git": {"repository": None}}, "made outside a git repository"),
+        ({"git": {"repository": str(REPO), "commit": "0" * 40}}, f"commit {'0' * 40} is not in {REPO}"),
+        (None, "has no readable provenance.json"),
+    ],
+    ids=["outside-git", "unknown-commit", "no-provenance"],
+)
+def test_a_record_it_cannot_rebuild_exits_2_in_one_line_writing_nothing(tmp_path, provenance, said):
+    run = recorded_run(tmp_path / "run", provenance)
+    before, repository = hashes(tmp_path), repository_state()
+    proc = reproduce(str(run))
+    assert proc.returncode == 2, proc.output
+    assert proc.stderr.strip().count("\n") == 0 and said in proc.stderr, proc.stderr
+    assert hashes(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert repository_state() == repository
+
+
+def test_help_names_the_command():
+    proc = reproduce("--help")
+    assert proc.returncode == 0 and "python -m expkit.reproduce <work dir>" in proc.stdout, proc.output
+
+
+def test_the_digits_are_fingerprinted_and_a_changed_file_is_named_as_the_data(tmp_path):
+    from expkit.data import DigitsData
+    from expkit.data.inputs import fingerprint_inputs
+    from expkit.reproduce import data_difference
+
+    data = DigitsData()
+    recorded = fingerprint_inputs(data, data.loaders())
+    assert recorded["files"] == 1 and recorded["entries"][0]["path"].endswith("digits.csv.gz")
+    assert recorded["entries"][0]["hash"] and recorded["bytes"] == recorded["entries"][0]["size"] > 0
+    changed = {**recorded, "digest": "0" * 32, "entries": [{**recorded["entries"][0], "hash": "0" * 32}]}
+    assert data_difference({"inputs": recorded}, {"inputs": recorded}) is None
+    finding = data_difference({"inputs": recorded}, {"inputs": changed})
+    assert finding["what"] == "data" and finding["key"] == recorded["entries"][0]["path"]
+    assert finding["original"]["hash"] == recorded["entries"][0]["hash"] and finding["reproduced"]["hash"] == "0" * 32
