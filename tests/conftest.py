@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import math
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
@@ -471,3 +474,74 @@ def postgres_server():
 def postgres(postgres_server):
     """The URL of a real PostgreSQL server on 127.0.0.1 (``postgres_server``)."""
     return postgres_server.url
+
+
+SVG_NS = "{http://www.w3.org/2000/svg}"
+SVG_CHAR_EM = 0.6  # a character's estimated width in em (expkit.loggers.svgplot.CHAR_EM, read apart from it)
+
+
+def _svg_text_box(text: ET.Element) -> tuple[float, float, float, float]:
+    """(left, top, right, bottom) of a <text>: its length x SVG_CHAR_EM em wide, placed by its
+    text-anchor; from 0.8 em above its baseline to 0.2 em below; turned by a ``rotate(a cx cy)``."""
+    x, y, size = float(text.get("x", 0)), float(text.get("y", 0)), float(text.get("font-size", 16))
+    width = len(text.text or "") * SVG_CHAR_EM * size
+    left = x - {"start": 0.0, "middle": width / 2, "end": width}[text.get("text-anchor", "start")]
+    corners = [
+        (left, y - 0.8 * size),
+        (left + width, y - 0.8 * size),
+        (left, y + 0.2 * size),
+        (left + width, y + 0.2 * size),
+    ]
+    transform = (text.get("transform") or "").strip()
+    if transform:
+        angle, cx, cy = (float(v) for v in transform.removeprefix("rotate(").removesuffix(")").split())
+        cos, sin = math.cos(math.radians(angle)), math.sin(math.radians(angle))
+        corners = [
+            (cx + (px - cx) * cos - (py - cy) * sin, cy + (px - cx) * sin + (py - cy) * cos) for px, py in corners
+        ]
+    xs, ys = [c[0] for c in corners], [c[1] for c in corners]
+    return min(xs), min(ys), max(xs), max(ys)
+
+
+def assert_svg_reads_right(path: Path) -> dict[str, str]:
+    """An SVG chart of expkit's reads right: no two texts' boxes (``_svg_text_box``) overlap, none
+    reaches past the svg's width or height, and every series (its elements share a ``data-key``, or
+    else a tooltip) has one color, the color of its legend entry where it has one.
+
+    Returns:
+        The color of each series, by its key.
+    """
+    root = ET.parse(path).getroot()
+    width, height = float(root.get("width")), float(root.get("height"))
+    boxes = [(t.text, _svg_text_box(t)) for t in root.iter(f"{SVG_NS}text") if (t.text or "").strip()]
+    for text, (left, top, right, bottom) in boxes:
+        assert left >= -0.5 and top >= -0.5 and right <= width + 0.5 and bottom <= height + 0.5, (
+            f"{path.name}: {text!r} at ({left:.0f}, {top:.0f})-({right:.0f}, {bottom:.0f}) is cut by the "
+            f"{width:.0f}x{height:.0f} svg"
+        )
+    for (a, box_a), (b, box_b) in itertools.combinations(boxes, 2):
+        across = min(box_a[2], box_b[2]) - max(box_a[0], box_b[0])
+        down = min(box_a[3], box_b[3]) - max(box_a[1], box_b[1])
+        assert across <= 0.5 or down <= 0.5, f"{path.name}: {a!r} and {b!r} overlap ({across:.0f} x {down:.0f} px)"
+    children = list(root)
+    legend: dict[str, str] = {}
+    for i, rect in enumerate(children):
+        if rect.tag == f"{SVG_NS}rect" and rect.get("class") == "legend":
+            label = children[i + 1]  # the entry's text follows its swatch
+            tip = label.find(f"{SVG_NS}title")
+            legend[rect.get("data-key") or (tip.text if tip is not None else label.text)] = rect.get("fill")
+    colors: dict[str, set[str]] = {}
+    for element in children:
+        tip = element.find(f"{SVG_NS}title")
+        if element.get("class") in ("series", "marker", "point", "errorbar") and (
+            element.get("data-key") or tip is not None
+        ):
+            key = element.get("data-key") or tip.text
+            color = element.get("fill") if element.tag == f"{SVG_NS}circle" else element.get("stroke")
+            colors.setdefault(key, set()).add(color)
+    for key, found in colors.items():
+        assert len(found) == 1, f"{path.name}: {key!r} is drawn in several colors: {sorted(found)}"
+        assert key not in legend or found == {legend[key]}, (
+            f"{path.name}: {key!r} is drawn in {found.pop()}, its legend entry in {legend[key]}"
+        )
+    return {key: found.pop() for key, found in colors.items()} | legend

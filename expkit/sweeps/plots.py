@@ -37,7 +37,10 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, seed_keys: list[str] | No
     swept = sorted(k for k in keys if len({r["override_values"].get(k) for r in rows}) > 1)  # values that vary
     monitor = rows[0]["monitor"] if rows else "value"
     jobs = sorted(rows, key=lambda r: (len(r["job"]), r["job"]))
-    curves = [Series(r["curve"], label=f"{r['job']}: {r['overrides']}") for r in jobs if r["curve"]]
+    # a job is one key, so one color, in every panel: its line, its points and its legend entry
+    curves = [
+        Series(r["curve"], label=f"{r['job']}: {r['overrides']}", key=f"job {r['job']}") for r in jobs if r["curve"]
+    ]
     panels = [Panel(f"{monitor} per job", curves, xlabel="epoch", ylabel=monitor, legend=True)]
     for key in swept or [""]:
         if groups is not None:
@@ -48,7 +51,8 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, seed_keys: list[str] | No
         panel = Panel(f"best {monitor}", [], xlabel=key or "(nothing swept)", ylabel=f"best {monitor}")
         xs = _axis(panel, [x for x, _, _ in points])
         panel.series = [
-            Series([(x, y)], label=f"job {job}: {key}={raw}", line=False) for x, (raw, y, job) in zip(xs, points)
+            Series([(x, y)], label=f"job {job}: {key}={raw}", line=False, key=f"job {job}")
+            for x, (raw, y, job) in zip(xs, points)
         ]
         panels.append(panel)
     objectives = search.objectives_of(path.parent)
@@ -66,6 +70,7 @@ def plot_sweep(rows: list[dict[str, Any]], path: Path, seed_keys: list[str] | No
                         [(float(r["trial"]), value)],
                         label=f"trial {r['trial']} (job {r['job']}): {r.get('status')}",
                         line=False,
+                        key=f"job {r['job']}",
                     )
                 )
                 if r.get("status") != "pruned":
@@ -90,8 +95,9 @@ def _front_panel(rows: list[dict[str, Any]], objectives: tuple[list[str], list[s
     points = [(r, x, y) for r, x, y in points if x is not None and y is not None]
     front = sorted((x, y) for r, x, y in points if r.get("pareto"))
     series = [Series(front, label="Pareto front")] if front else []
-    series += [Series([(x, y)], label=f"job {r['job']}", line=False) for r, x, y in points]
-    return Panel(f"{x_name} ({x_dir}) against {y_name} ({y_dir})", series, xlabel=x_name, ylabel=y_name)
+    series += [Series([(x, y)], label=f"job {r['job']}", line=False, key=f"job {r['job']}") for r, x, y in points]
+    short = {"maximize": "max", "minimize": "min"}
+    return Panel(f"{x_name} ({short[x_dir]}) vs {y_name} ({short[y_dir]})", series, xlabel=x_name, ylabel=y_name)
 
 
 def _group_panel(groups: list[dict[str, Any]], key: str, monitor: str) -> Any:
@@ -108,6 +114,7 @@ def _group_panel(groups: list[dict[str, Any]], key: str, monitor: str) -> Any:
             label=f"group {g['group']} (n={g['n']}): {key}={raw}",
             line=False,
             errors=[g["std"] or 0.0],
+            key=f"group {g['group']}",
         )
         for x, (raw, g) in zip(xs, points)
     ]

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, run_module
+from conftest import assert_svg_reads_right, run_cli, run_module
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -75,6 +75,7 @@ def _check_comparison(out: Path, runs: Path) -> None:
     assert pair["keys"] == "optim.lr=0.1" and groups["bad"]["statuses"] == "1 failed" and groups["bad"]["n"] == "0"
     metrics = {r["run"]: r for r in table(md, "Final and best metrics")}
     assert float(metrics["a"]["final test/acc"]) > 0.5 and metrics["bad"]["final test/acc"] == ""
+    assert_svg_reads_right(out / "compare.svg")  # no legend entry runs into the next panel's
     root = ET.parse(out / "compare.svg").getroot()
     titles = [t.text for t in root.findall(f"{SVG}text")]
     panels = [t for t in titles if t and t.endswith("(mean ± std per group)")]

@@ -11,7 +11,7 @@ import subprocess
 import xml.etree.ElementTree as ET
 
 import pytest
-from conftest import run_module, torchrun
+from conftest import assert_svg_reads_right, run_module, torchrun
 
 from expkit.lr_find import suggest
 
@@ -66,6 +66,7 @@ def test_the_range_test_records_plots_and_suggests_without_a_checkpoint(tmp_path
     assert [g["lr_ratio"] for g in groups] == [1.0, 10.0]
     assert [g["last_lr"] for g in groups] == pytest.approx([lrs[-1], 10 * lrs[-1]])
     # the plot: the smoothed loss on a log lr axis with the suggestion marked, and each iteration's loss
+    assert_svg_reads_right(run_dir / "lr_find.svg")
     root = ET.parse(run_dir / "lr_find.svg").getroot()
     titles = [t.text for t in root.findall(f"{SVG}text")]
     assert "LR range test: smoothed loss" in titles and "loss of each iteration" in titles

@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli, toy_runner
+from conftest import REPO, assert_svg_reads_right, run_cli, toy_runner
 
 from expkit import default_hooks
 from expkit.hooks import LoggerHook
@@ -158,6 +158,7 @@ def test_curves_svg_draws_every_metric_against_the_step(tmp_path):
     """One panel per metric (loss first), named on its y axis, with train/val lines and the test
     point in it and a legend naming each; every line placed by value on the run's step axis."""
     toy_runner(tmp_path, default_hooks=default_hooks(logger=LoggerHook(plot=True)), max_epochs=3).run()
+    assert_svg_reads_right(tmp_path / "curves.svg")
     root = ET.parse(tmp_path / "curves.svg").getroot()  # well-formed XML, or this raises
     ns = {"s": "http://www.w3.org/2000/svg"}
     titles = [t.text for t in root.findall("s:text", ns) if t.get("font-size") == "13"]

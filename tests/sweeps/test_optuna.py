@@ -12,11 +12,12 @@ import subprocess
 import sys
 import time
 import urllib.request
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import optuna
 import pytest
-from conftest import run_cli
+from conftest import assert_svg_reads_right, run_cli
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
@@ -428,6 +429,9 @@ def test_a_search_of_two_objectives_marks_exactly_the_studys_pareto_front(tmp_pa
     rows = _rows(sweep)
     assert {r["job"] for r in rows if r["pareto"] == "True"} == {m["job"] for m in best["pareto_front"]}
     assert "Pareto front" in (sweep / "sweep.svg").read_text()
+    colors = assert_svg_reads_right(sweep / "sweep.svg")  # the front's title fits, each job has its legend's color
+    front = [c for c in ET.parse(sweep / "sweep.svg").getroot() if c.get("class") == "point" and c.get("data-key")]
+    assert front and all(c.get("fill") == colors[c.get("data-key")] for c in front)
 
 
 @pytest.mark.slow

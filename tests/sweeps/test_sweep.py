@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, run_cli, sweep_train
+from conftest import REPO, assert_svg_reads_right, run_cli, sweep_train
 
 pytestmark = pytest.mark.slow
 GRID = ["optim.lr=0.1,0.01", "model=mlp,cnn", "trainer.max_epochs=2"]
@@ -51,6 +51,7 @@ def _check_plot(sweep: Path, rows: list[dict]) -> None:
     """sweep.svg: one line per job (its tooltip names the job), and in every panel of a swept
     hyperparameter one point per job, placed by its best value (higher value, smaller y)."""
     ns = "{http://www.w3.org/2000/svg}"
+    colors = assert_svg_reads_right(sweep / "sweep.svg")  # every job one color, as in the legend
     root = ET.parse(sweep / "sweep.svg").getroot()
 
     def title(element) -> str:
@@ -70,6 +71,7 @@ def _check_plot(sweep: Path, rows: list[dict]) -> None:
         assert sorted(jobs) == sorted(best)
         by_height = [best[j] for j, _ in sorted(zip(jobs, mine), key=lambda jc: float(jc[1].get("cy")))]
         assert by_height == sorted(by_height, reverse=True)
+        assert all(c.get("fill") == colors[f"job {j}"] for j, c in zip(jobs, mine))
 
 
 def test_grid_with_the_basic_launcher(tmp_path):
