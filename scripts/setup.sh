@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
-run_extras="vision,sweep,logging,metrics,export,shards"
+run_extras="vision,sweep,logging,metrics,export,shards,report"
 case "${1:-run}" in
     run) set_name=run; extras="$run_extras" ;;
     all) set_name=all; extras="$run_extras,postgres,s3,s3test,timm,hf,dev,lint,docs" ;;
