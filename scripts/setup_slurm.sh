@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# A one-node Slurm 22.05 cluster on this machine, for the tests that submit real jobs (Debian 12's
-# slurm-wlm, munge, slurmdbd and mariadb-server; sacct, which submitit polls, needs slurmdbd).
+# A Slurm 22.05 cluster of several nodes on this machine, for the tests that submit real jobs (Debian
+# 12's slurm-wlm, munge, slurmdbd and mariadb-server; sacct, which submitit polls, needs slurmdbd).
 #
 #   bash scripts/setup_slurm.sh install        # the packages only (apt-get, as root); CI runs this
-#   bash scripts/setup_slurm.sh start [DIR]    # munged, mariadbd, slurmdbd, slurmctld, slurmd -N localhost
+#   bash scripts/setup_slurm.sh start [DIR]    # munged, mariadbd, slurmdbd, slurmctld, slurmd -N n1 ... -N nN
 #   bash scripts/setup_slurm.sh stop [DIR]     # cancels the cluster's jobs, stops what start started
 #   bash scripts/setup_slurm.sh status [DIR]   # each daemon, and sinfo; exit 0 when all run, 3 when not
 #
@@ -16,8 +16,15 @@
 # unix socket in DIR; slurmctld and slurmdbd listen on every address, as 22.05 has no setting for
 # theirs (NoInAddrAny leaves slurmctld out, and slurmdbd.conf has none), and answer only messages
 # signed with the cluster's own munge key (made at the first start, readable by munge only).
-# Ports: $EXPKIT_SLURM_PORT (6817) for slurmctld, +1 for slurmd, +2 for slurmdbd; another cluster
-# (another DIR and EXPKIT_SLURM_PORT) can run beside this one.
+# Ports: $EXPKIT_SLURM_PORT (6817) for slurmctld, +2 for slurmdbd, and +10183 + i for node n<i>'s slurmd
+# (17001, 17002...); another cluster (another DIR and EXPKIT_SLURM_PORT) can run beside this one.
+#
+# Nodes: $EXPKIT_SLURM_NODES (2) nodes n1, n2... each a slurmd of its own on this host (NodeHostname), at
+# 127.0.0.1 on its own port, each with all of this machine's CPUs and memory (so one node alone still runs
+# what a one-node cluster ran). Their names resolve as on a real cluster: `start` adds them to /etc/hosts
+# (127.0.0.1) when they do not resolve. Partitions over every node: `debug` (the default, PriorityTier=1)
+# and `urgent` (PriorityTier=2), whose jobs preempt debug's (PreemptType=preempt/partition_prio,
+# PreemptMode=REQUEUE: SIGTERM, GraceTime=30 s, then requeued).
 #
 # Idempotent: `install` does nothing when the programs are there; `start` starts only the daemons
 # that are not running (a second `start` does nothing); `stop` stops only what runs from DIR.
@@ -27,14 +34,24 @@
 #
 # Measured on a 2-core Debian 12 VM: `install` 28 s (apt-get update, then 33 packages downloaded
 # and set up, no recommends; 12 s with the packages already in apt's cache); the first `start` of a
-# new DIR 3.5-6 s (mariadb-install-db, then each daemon until the node is idle), `start` of a
-# stopped cluster about 2 s, `start` of a running one 0.05 s; `stop` about 7 s (each daemon takes
-# about 2 s to go). DIR holds about 110 MB (mostly MariaDB's files).
+# new DIR with two nodes 8 s (mariadb-install-db, then each daemon until its node is idle), `start`
+# of a running one 0.06 s; `stop` about 7 s (each daemon takes about 2 s to go). DIR holds about
+# 110 MB (mostly MariaDB's files).
 set -uo pipefail
 me="scripts/setup_slurm.sh"
 command="${1:-}"
 dir="${2:-${EXPKIT_SLURM_DIR:-/tmp/expkit-slurm}}"
 port="${EXPKIT_SLURM_PORT:-6817}"
+node_count="${EXPKIT_SLURM_NODES:-2}"
+if ! [[ "$node_count" =~ ^[1-9][0-9]?$ ]]; then
+    echo "$me: EXPKIT_SLURM_NODES must be a number of nodes from 1 to 99, not '$node_count'" >&2
+    exit 2
+fi
+nodes=()
+for ((i = 1; i <= node_count; i++)); do nodes+=("n$i"); done
+node_port() {  # node_port NODE: the port of node n<i>'s slurmd
+    echo $((port + 10183 + ${1#n}))
+}
 programs=(munged mungekey mariadbd mariadb-install-db slurmdbd slurmctld slurmd sbatch sacct scontrol sinfo)
 packages=(slurm-wlm slurmdbd munge mariadb-server)
 
@@ -68,7 +85,7 @@ export PATH="/usr/sbin:/usr/bin:/sbin:/bin"
 conf="$dir/etc/slurm.conf"
 export SLURM_CONF="$conf"
 
-pid_file() {  # pid_file NAME: where DIR's daemon NAME writes its pid (munged and mariadbd run as their users)
+pid_file() {  # pid_file NAME: where DIR's daemon NAME (slurmd-n1: node n1's) writes its pid (munged, mariadbd: as their users)
     case $1 in
         munged) echo "$dir/munge/munged.pid" ;;
         mariadbd) echo "$dir/db/mariadbd.pid" ;;
@@ -80,7 +97,12 @@ pid_of() {  # pid_of NAME: the pid of DIR's daemon NAME when it runs
     local pid
     pid=$(cat "$(pid_file "$1")" 2>/dev/null) || return 1
     # (the process must be that daemon: a stale pid file's number may belong to another process by now)
-    [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$1" ] && echo "$pid"
+    [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "${1%%-*}" ] && echo "$pid"
+}
+
+daemons() {  # every daemon of the cluster, by the name pid_of knows it
+    echo munged mariadbd slurmdbd slurmctld
+    printf 'slurmd-%s\n' "${nodes[@]}"
 }
 
 wait_for() {  # wait_for SECONDS WHAT COMMAND...: until COMMAND succeeds; says which log to read if not
@@ -103,11 +125,10 @@ configure() {  # the configs, from this machine's CPUs and memory
     mkdir -p "$dir/etc" "$dir/run" "$dir/log" "$dir/state" "$dir/spool" "$dir/munge" "$dir/db"
     chmod 755 "$dir" "$dir/etc" "$dir/run" "$dir/log"
     cat > "$conf" <<EOF
-# Written by $me (rewritten at each start): a one-node cluster on 127.0.0.1.
+# Written by $me (rewritten at each start): ${#nodes[@]} nodes on this host, at 127.0.0.1.
 ClusterName=expkit
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort=$port
-SlurmdPort=$((port + 1))
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -117,9 +138,9 @@ CommunicationParameters=NoInAddrAny
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool/%n
 SlurmctldPidFile=$dir/run/slurmctld.pid
-SlurmdPidFile=$dir/run/slurmd.pid
+SlurmdPidFile=$dir/run/slurmd-%n.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
-SlurmdLogFile=$dir/log/slurmd.log
+SlurmdLogFile=$dir/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 PlugStackConfig=$dir/etc/plugstack.conf
@@ -140,8 +161,18 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU_Memory
 DefMemPerCPU=$((memory / cpus))
-NodeName=localhost NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$memory State=UNKNOWN
-PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+EOF
+    local node all
+    for node in "${nodes[@]}"; do
+        echo "NodeName=$node NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=$(node_port "$node")" \
+            "CPUs=$cpus RealMemory=$memory State=UNKNOWN" >> "$conf"
+    done
+    all=$(IFS=,; echo "${nodes[*]}")
+    cat >> "$conf" <<EOF
+PartitionName=debug Nodes=$all Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=30
+PartitionName=urgent Nodes=$all MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 EOF
     : > "$dir/etc/plugstack.conf"
     cat > "$dir/etc/slurmdbd.conf" <<EOF
@@ -210,7 +241,7 @@ start_slurm_daemon() {  # start_slurm_daemon NAME PORT READY-COMMAND...
     case $name in
         slurmdbd) "${daemon_env[@]}" slurmdbd ;;
         slurmctld) "${daemon_env[@]}" slurmctld -f "$conf" ;;
-        slurmd) "${daemon_env[@]}" slurmd -f "$conf" -N localhost ;;
+        slurmd-*) "${daemon_env[@]}" slurmd -f "$conf" -N "${name#slurmd-}" ;;
     esac </dev/null >>"$dir/log/$name.log" 2>&1 ||
         { echo "$me: $name did not start; see $dir/log/$name.log" >&2; tail -n 20 "$dir/log/$name.log" >&2; return 1; }
     wait_for 30 "$name" pid_of "$name" && wait_for 30 "$name" "$@" && pid_of "$name" >/dev/null
@@ -218,16 +249,34 @@ start_slurm_daemon() {  # start_slurm_daemon NAME PORT READY-COMMAND...
 
 all_running() {
     local name
-    for name in munged mariadbd slurmdbd slurmctld slurmd; do
+    for name in $(daemons); do
         pid_of "$name" >/dev/null || return 1
     done
 }
 
-node_up() {  # the node takes jobs (idle, or busy with jobs left from before a restart)
-    case "$(sinfo -h -n localhost -o %T 2>/dev/null)" in
+node_up() {  # node_up NODE: the node takes jobs (idle, or busy with jobs left from before a restart)
+    case "$(sinfo -h -n "$1" -o %T 2>/dev/null)" in
         idle | mixed | allocated) return 0 ;;
         *) return 1 ;;
     esac
+}
+
+name_nodes() {  # the nodes' names resolve, as on a real cluster (torch's rendezvous looks up the first)
+    local node unnamed=()
+    for node in "${nodes[@]}"; do
+        getent hosts "$node" >/dev/null || unnamed+=("$node")
+    done
+    [ ${#unnamed[@]} -eq 0 ] && return 0
+    # (appended in place, not replaced by a new file: in a container /etc/hosts is often a mount)
+    echo "127.0.0.1 ${unnamed[*]}  # nodes of expkit's test cluster ($me)" >> /etc/hosts ||
+        { echo "$me: could not add ${unnamed[*]} to /etc/hosts" >&2; return 1; }
+}
+
+start_nodes() {
+    local node
+    for node in "${nodes[@]}"; do
+        start_slurm_daemon "slurmd-$node" "$(node_port "$node")" node_up "$node" || return 1
+    done
 }
 
 start() {
@@ -244,11 +293,12 @@ start() {
         return 0
     fi
     configure
-    start_munged &&
+    name_nodes &&
+        start_munged &&
         start_mariadb &&
         start_slurm_daemon slurmdbd $((port + 2)) port_open $((port + 2)) &&
         start_slurm_daemon slurmctld "$port" scontrol ping &&
-        start_slurm_daemon slurmd $((port + 1)) node_up ||
+        start_nodes ||
         return 1
     echo "export SLURM_CONF=$conf"
 }
@@ -270,7 +320,7 @@ stop_pid() {  # stop_pid NAME: SIGTERM, then SIGKILL after 30 s
 
 stop() {
     [ -d "$dir" ] || return 0
-    if pid_of slurmctld >/dev/null && pid_of slurmd >/dev/null; then  # the jobs' processes go with them
+    if pid_of slurmctld >/dev/null && pid_of "slurmd-${nodes[0]}" >/dev/null; then  # the jobs' processes go with them
         local i jobs
         jobs=$(squeue -h -o %i 2>/dev/null)
         [ -n "$jobs" ] && scancel $jobs 2>/dev/null
@@ -280,14 +330,19 @@ stop() {
         done
     fi
     # Each takes up to 2 s to go: slurmctld hands its last records to slurmdbd before slurmdbd goes.
-    stop_pid slurmd & stop_pid slurmctld & wait
+    local name
+    for name in $(daemons); do
+        case $name in slurmd-*) stop_pid "$name" & ;; esac
+    done
+    stop_pid slurmctld &
+    wait
     stop_pid slurmdbd
     stop_pid mariadbd & stop_pid munged & wait
 }
 
 status() {
     local name pid ok=0
-    for name in munged mariadbd slurmdbd slurmctld slurmd; do
+    for name in $(daemons); do
         if pid=$(pid_of "$name"); then
             echo "$name: running ($pid)"
         else

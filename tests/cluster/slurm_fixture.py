@@ -1,6 +1,7 @@
-"""``slurm_cluster``: a real one-node Slurm 22.05 cluster on this machine (``scripts/setup_slurm.sh``:
-munged, MariaDB, slurmdbd, slurmctld, ``slurmd -N localhost`` at 127.0.0.1), started once per
-session and stopped at its end.
+"""``slurm_cluster``: a real Slurm 22.05 cluster of two nodes on this machine (``scripts/setup_slurm.sh``:
+munged, MariaDB, slurmdbd, slurmctld, ``slurmd -N n1`` and ``slurmd -N n2`` at 127.0.0.1, each node with
+all of this machine's CPUs), started once per session and stopped at its end. A job of one node runs as
+on a one-node cluster; ``--nodes=2`` spans both.
 
 A test module that needs it registers the fixture with ``from slurm_fixture import slurm_cluster  # noqa: F401``
 and passes ``slurm_cluster.environ()`` (SLURM_CONF) to the commands it runs: ``sbatch``, ``sacct``,
@@ -34,13 +35,14 @@ NOT_HERE = 3  # setup_slurm.sh start's status where Slurm is not installed or th
 
 @dataclass(frozen=True)
 class SlurmCluster:
-    """A running one-node cluster.
+    """A running cluster.
 
     Args:
         dir: the cluster's own dir (configs, spool, logs, the database), ``setup_slurm.sh``'s DIR.
         conf: its slurm.conf; every client finds the cluster through SLURM_CONF.
-        partition: the one partition (the default: ``sbatch`` without ``-p`` uses it).
-        cpus: the node's CPUs (this machine's).
+        partition: the default partition (``sbatch`` without ``-p`` uses it), over every node.
+        cpus: a node's CPUs (this machine's).
+        nodes: the nodes' names (n1, n2), which resolve to 127.0.0.1.
         env: what a client's environment needs (SLURM_CONF).
     """
 
@@ -48,6 +50,7 @@ class SlurmCluster:
     conf: Path
     partition: str
     cpus: int
+    nodes: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
 
     def environ(self, **extra: str) -> dict[str, str]:
@@ -61,7 +64,7 @@ class SlurmCluster:
         )
 
     def log(self, daemon: str = "slurmctld", lines: int = 40) -> str:
-        """The last lines of a daemon's log (slurmctld, slurmd, slurmdbd), for a failing test's message."""
+        """The last lines of a daemon's log (slurmctld, slurmdbd, slurmd-n1, slurmd-n2), for a failing test's message."""
         try:
             return "\n".join((self.dir / "log" / f"{daemon}.log").read_text().splitlines()[-lines:])
         except OSError as e:
@@ -132,9 +135,10 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             pytest.fail(f"scripts/setup_slurm.sh start {cluster_dir} failed:\n{started.stdout}{started.stderr}")
         me.touch()
     conf = cluster_dir / "etc" / "slurm.conf"
-    node = next(line for line in conf.read_text().splitlines() if line.startswith("NodeName="))
-    cpus = int(next(word for word in node.split() if word.startswith("CPUs=")).removeprefix("CPUs="))
-    yield SlurmCluster(dir=cluster_dir, conf=conf, partition="debug", cpus=cpus, env={"SLURM_CONF": str(conf)})
+    lines = [line.split() for line in conf.read_text().splitlines() if line.startswith("NodeName=")]
+    nodes = tuple(words[0].removeprefix("NodeName=") for words in lines)
+    cpus = int(next(word for word in lines[0] if word.startswith("CPUs=")).removeprefix("CPUs="))
+    yield SlurmCluster(cluster_dir, conf, "debug", cpus, nodes, env={"SLURM_CONF": str(conf)})
     with _locked(lock):
         me.unlink(missing_ok=True)
         if not _live_users(users) and owned.exists():
