@@ -28,12 +28,13 @@ import io
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _table import ratio_table
 
 COMMON = """
 import json, sys, time, resource
@@ -153,15 +154,7 @@ def speed(tmp: Path, rounds: int, epochs: int, samples: int) -> None:
         f"speed: {samples} samples of 3x32x32 float32 (.npy) in {-(-samples // 512)} shards, MLP 3072-256-10, batch 64, "
         f"{epochs} epochs, 2 workers, 1 thread, CPU; {rounds} interleaved rounds, each its own process"
     )
-    base_min, base_median = min(times["hand-written"]), statistics.median(times["hand-written"])
-    print("| variant | min s | median s | x hand (min) | x hand (median) | every round (s) |")
-    print("|---|---:|---:|---:|---:|---|")
-    for name, values in times.items():
-        low, median = min(values), statistics.median(values)
-        print(
-            f"| {name} | {low:.3f} | {median:.3f} | {low / base_min:.3f} | {median / base_median:.3f} "
-            f"| {' '.join(f'{v:.3f}' for v in values)} |"
-        )
+    print(ratio_table(times, "hand-written"))
 
 
 def memory(tmp: Path, gigabytes: float) -> None:

@@ -29,7 +29,6 @@ import argparse
 import importlib.util
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ import time
 from pathlib import Path
 
 from _handwritten import MLP, READ_DIGITS
+from _table import ratio_table
 
 COMMON = (
     READ_DIGITS
@@ -249,18 +249,7 @@ def main() -> None:
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
         f"{platform.python_version()}; {time.strftime('%Y-%m-%d')}"
     )
-    raw_min, raw_median = min(times["raw loop"]), statistics.median(times["raw loop"])
-    print(
-        f"| {'variant':<10} | {'min s':>6} | {'median s':>8} | {'x raw (min/min)':>15} | {'x raw (median)':>14} "
-        f"| val/acc | every round (s) |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---|")
-    for name, values in times.items():
-        low, median = min(values), statistics.median(values)
-        print(
-            f"| {name:<10} | {low:6.3f} | {median:8.3f} | {low / raw_min:15.3f} | {median / raw_median:14.3f} "
-            f"| {accuracy[name]:.3f} | {' '.join(f'{v:.3f}' for v in values)} |"
-        )
+    print(ratio_table(times, "raw loop", {"val/acc": {name: f"{accuracy[name]:.3f}" for name in times}}))
 
 
 if __name__ == "__main__":
