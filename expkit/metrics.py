@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from expkit.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported by the functions that use it, none of them per batch: "better" and the monitored key
+# (sweep summaries, compare, a command's --help) need no torch
 
 __all__ = [
     "DEFAULT_INPUTS",
@@ -163,6 +167,8 @@ class Metric:
         Returns:
             The sum over all ranks of each value, in order, as floats.
         """
+        import torch
+
         from expkit.core.distributed import all_reduce_sum, is_distributed, reduce_device
 
         if not is_distributed():
@@ -221,6 +227,8 @@ _FALLBACK = {"preds": "logits"}  # a step that returns no "preds" is read throug
 
 
 def _scalar(name: str, value: Any) -> float:
+    import torch
+
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ConfigError(
@@ -381,6 +389,8 @@ class MetricSlot:
         Returns:
             This slot.
         """
+        import torch
+
         if isinstance(self.metric, torch.nn.Module):
             self.metric.to(device)
         return self
@@ -599,6 +609,8 @@ def as_slots(metrics: Mapping[str, Any]) -> dict[str, MetricSlot]:
 def _check_classes(outputs: Any, classes: int) -> None:
     """A classifier whose logits have another number of classes than the data (a 1000-class
     head on 10 classes trains, and its metrics look plausible): refused, naming both."""
+    import torch
+
     logits = outputs.get("logits") if isinstance(outputs, Mapping) else None
     if not isinstance(logits, torch.Tensor) or logits.ndim not in (2, 4) or logits.shape[1] == classes:
         return  # ([batch, classes], or [batch, classes, height, width] for segmentation)
@@ -625,6 +637,8 @@ def probe_metrics(runner: Any) -> None:
             have another number of classes than the data.
     """
     import copy
+
+    import torch
 
     from expkit.core.rng import rng_states, set_rng_states
 

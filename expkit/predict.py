@@ -13,7 +13,7 @@ The model is built from the config stored in the checkpoint, through the same tr
 The run's data module turns them into what the model was trained on (``predict_image``,
 ``predict_input``: the digits' 0-16 pixel counts are scaled, the diabetes features standardised
 with the training statistics). ``checkpoint=<model.onnx>``, a model ``expkit.export`` wrote, runs
-in onnxruntime with the preprocessing its sidecar ``<model.onnx>.json`` records (``ExportedData``).
+in onnxruntime with the preprocessing its sidecar ``<model.onnx>.json`` records (``expkit.data.exported.ExportedData``).
 Output, CSV or JSON lines (by the file's suffix), one row per
 input: its path or index, then for a classifier the predicted class (its name when the data
 has names) and the ``top_k`` classes with their probabilities; for a regressor, the value in
@@ -30,20 +30,24 @@ import math
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from expkit.config.model_inputs import example_input, training_range
 from expkit.core import hydra_compat
 from expkit.core.errors import ConfigError, ExpkitError, TaskExit, task_exits
-from expkit.data import DataModule, preprocess
+
+if TYPE_CHECKING:
+    import torch
+
+    from expkit.data.exported import ExportedData
+
+# torch and the data modules are imported by the functions that predict: --help needs neither (1.5 s)
 
 __all__ = [
     "IMAGE_SUFFIXES",
     "OPTIONS",
-    "ExportedData",
     "check_range",
     "main",
     "predict",
@@ -81,6 +85,8 @@ def read_inputs(
         ConfigError: when `source` does not exist, is of another kind, cannot be read, holds no
             inputs, or its inputs do not fit the data's transform.
     """
+    import torch
+
     if source.is_dir():
         files = sorted(p for p in source.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
@@ -173,6 +179,8 @@ def check_range(x: torch.Tensor, trained: tuple[float, float] | None, data: Any,
 def _preprocessing_named(data: Any) -> str:
     """The preprocessing ``predict_input`` applies, for messages: what an export's sidecar
     records, or the data module's class and the first line of its ``predict_input`` doc."""
+    from expkit.data.exported import ExportedData
+
     if isinstance(data, ExportedData):
         return data.named()
     doc = (getattr(type(data), "predict_input", None).__doc__ or "").strip()  # type: ignore[union-attr]
@@ -180,85 +188,13 @@ def _preprocessing_named(data: Any) -> str:
     return f"{type(data).__name__}'s preprocessing ({transform})"
 
 
-class ExportedData(DataModule):
-    """An exported model's data, as the sidecar JSON ``expkit.export`` wrote beside it records it
-    (another runtime has no data module to call): ``predict_input`` applies the recorded
-    ``preprocessing`` and reshapes to the recorded ``input_shape``, ``predict_image`` the image
-    transform of the recorded ``in_channels`` and ``image_size``, ``predict_output`` the recorded
-    ``postprocessing``; ``class_names`` are the recorded ones.
-
-    Args:
-        info: the sidecar JSON's contents.
-        sidecar: its path, named in messages.
-    """
-
-    def __init__(self, info: dict[str, Any], sidecar: Path) -> None:
-        super().__init__()
-        self.info, self.sidecar = info, sidecar
-        self.shape = tuple(info["input_shape"][1:])
-        description = info.get("data_description") or {}
-        # predict_image (DataModule's) makes images grey or RGB and resizes them by these two
-        for key in ("in_channels", "image_size"):
-            if key in description:
-                setattr(self, key, description[key])
-
-    def predict_input(self, raw: torch.Tensor) -> torch.Tensor:
-        """The preprocessing the export's sidecar JSON records, then its input shape.
-
-        Args:
-            raw: the inputs, first dimension the batch, as read from the file.
-
-        Returns:
-            The inputs as the exported model takes them.
-
-        Raises:
-            ConfigError: when the sidecar records no preprocessing.
-        """
-        steps = self.info.get("preprocessing")
-        if steps is None:
-            raise ConfigError(
-                f"checkpoint={self.sidecar.with_suffix('')}: {self.sidecar.name} records no preprocessing (exported "
-                "before expkit recorded it, or its data module transforms inputs its own way): export it again, "
-                "give inputs as the model takes them with preprocessed=true, or predict from the run's checkpoint"
-            )
-        return preprocess(raw, steps, self.shape)
-
-    def named(self) -> str:
-        """The recorded preprocessing in words, for the log and messages.
-
-        Returns:
-            E.g. ``model.onnx.json's preprocessing (mean 0, std 16: (raw - mean) / std)``.
-        """
-        steps = self.info.get("preprocessing") or {}
-
-        def number(value: Any) -> str:
-            return f"{value:g}" if isinstance(value, (int, float)) else f"one per feature ({len(value)})"
-
-        said = f"mean {number(steps.get('mean', 0))}, std {number(steps.get('std', 1))}"
-        if steps.get("only_dtype"):
-            said += f", {steps['only_dtype']} inputs only"
-        return f"{self.sidecar.name}'s preprocessing ({said}: {steps.get('formula', '(raw - mean) / std')})"
-
-    def class_names(self) -> list[str] | None:
-        """The class names the sidecar records.
-
-        Returns:
-            The names, in class-index order; None when it records none.
-        """
-        return self.info.get("class_names")
-
-    def postprocessing(self) -> dict[str, Any] | None:
-        """The output scaling the sidecar records (``predict_output`` applies it).
-
-        Returns:
-            ``mean``, ``std`` and ``formula``; None when it records none (outputs as they are).
-        """
-        return self.info.get("postprocessing")
-
-
 def _exported(source: Path, device: str) -> tuple[Any, ExportedData]:
     """An exported ONNX model as a callable on batches (in onnxruntime), and its data as its
     sidecar JSON records it."""
+    import torch
+
+    from expkit.data.exported import ExportedData
+
     sidecar = source.with_name(source.name + ".json")
     if not source.is_file():
         raise ConfigError(f"checkpoint={source}: no such file; give a model.onnx that python -m expkit.export wrote")
@@ -308,6 +244,8 @@ def _exported(source: Path, device: str) -> tuple[Any, ExportedData]:
 
 
 def _read_csv(path: Path) -> torch.Tensor:
+    import torch
+
     lines = [(n, row) for n, row in enumerate(csv.reader(io.StringIO(path.read_text(encoding="utf-8"))), 1) if row]
     if lines and not _numeric(lines[0][1]):
         lines = lines[1:]  # a header
@@ -351,6 +289,8 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
         ConfigError: bad input (an unreadable or empty input, an output of another kind,
             inputs outside what the model was trained on); the command exits 2 with its message.
     """
+    import torch
+
     from expkit.config.cli import output_file_problem
     from expkit.config.restore import restore, stored_overrides
     from expkit.core.trust import TrustPolicy
@@ -423,17 +363,29 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
     classifier = y.dim() == 2 and y.shape[1] > 1 and (bool(classes) or num_classes == y.shape[1])
     rows = _rows(names, y, data, classes if classifier else None, int(cfg.top_k), classifier)
     _write(output, rows)
-    how = "as given (preprocessed=true)" if preprocessed else f"through {type(data).__name__}.predict_input"
-    if isinstance(data, ExportedData) and not preprocessed:
-        # the export's numbers, not a data module's code: say which ones ran
-        how = f"through {data.named()}"
+    how = _how_preprocessed(data, preprocessed)
     log.info("Predicted %d inputs of %s (%s) with %s: %s", len(rows), cfg.input, how, path, output)
     return {"checkpoint": str(path), "output": str(output), "rows": len(rows)}
+
+
+def _how_preprocessed(data: Any, preprocessed: bool) -> str:
+    """How the inputs reached the model, for the log: as given, through the data module's
+    ``predict_input``, or through the preprocessing an export's sidecar records (its numbers, not
+    a data module's code: which ones ran is said)."""
+    from expkit.data.exported import ExportedData
+
+    if preprocessed:
+        return "as given (preprocessed=true)"
+    if isinstance(data, ExportedData):
+        return f"through {data.named()}"
+    return f"through {type(data).__name__}.predict_input"
 
 
 def _text_rows(model: Any, data: Any, source: Path, cfg: DictConfig, device: torch.device) -> list[dict[str, Any]]:
     """For each line of `source`: a language model's continuation (``max_new_tokens`` tokens,
     greedy at ``temperature=0``, else sampled from ``seed``), or a text classifier's classes."""
+    import torch
+
     from expkit.tasks.hf import HFModel, fast_tokenizer
 
     tokenizer = fast_tokenizer(model) if isinstance(model, HFModel) else None

@@ -11,6 +11,7 @@ limit (``trainer.save_before_limit``) exits 3; under Slurm both have their job r
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import math
 import os
@@ -27,7 +28,6 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from expkit.checkpoint import run_checkpoint
 from expkit.config import cli
 from expkit.core import atomic, hydra_compat, versions
 from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused, exit_status, task_exits
@@ -257,6 +257,7 @@ def _build_and_run(job: _Job, owned: contextlib.ExitStack) -> tuple[Any, dict[st
     """Build the Runner from the config and run it: (runner, result), or the value the task
     returns without a result (``show_hooks=true``, a sweep stopped meanwhile, a failed job of a
     sweep). A failure outside a sweep exits: 2 for bad input, 1 for a failed run."""
+    from expkit.checkpoint import run_checkpoint
     from expkit.config.build import build_runner
     from expkit.core import distributed
     from expkit.sweeps import search
@@ -377,8 +378,12 @@ def _done_metrics(result: dict[str, Any]) -> str:
 def _defer_hydra_record(argv: list[str]) -> bool:
     """A resume (resume=true or a path) must not rewrite the run's .hydra/ before its checkpoint
     is known to fit: Hydra is told not to write it (hydra.output_subdir=null), and the task
-    writes the same three files once the checkpoint is checked (``_write_hydra_record``).
-    Returns whether it was deferred."""
+    writes the same three files once the checkpoint is checked (``_write_hydra_record``), on rank 0
+    (the one that writes .hydra/). Returns whether it was deferred."""
+    from expkit.core import distributed
+
+    if distributed.rank() != 0:
+        return False
     resume = next((a.split("=", 1)[1] for a in argv if a.startswith("resume=")), "false")
     if (
         resume.strip().lower() in ("false", "null", "none", "0", "")
@@ -523,7 +528,11 @@ def main() -> None:
     """
     versions.require()
     take_ctrl_c()  # (a sweep started with `&` in a script inherits SIGINT ignored)
-    _freeze_heap()  # torch and Hydra are imported (by expkit's import)
+    # --help, --cfg, --info: Hydra prints and exits, and nothing imports torch (1.5 s of a 1.9 s --help)
+    prints_only = cli.prints_only(sys.argv[1:])
+    if not prints_only:
+        importlib.import_module("torch")  # (a run's: imported before the heap is frozen, as it lives as long)
+    _freeze_heap()  # torch and Hydra are imported
     sys.argv[1:] = cli.with_run_overrides(cli.search_is_multirun(sys.argv[1:]))  # (flags first, as Hydra parses)
     argv = sys.argv[1:]
     message = cli.check_keys(argv) or cli.check_group_choices(argv) or cli.check_output_dirs(argv)
@@ -533,14 +542,13 @@ def main() -> None:
     exiting: list[Any] = []  # the code of a SystemExit, kept without the exception: its traceback holds the run
     sweeping = cli.sweeping(argv)
     try:
-        _share_run_dir_across_ranks()  # (joins torchrun's process group)
+        if not prints_only:
+            _share_run_dir_across_ranks()  # (joins torchrun's process group)
         message = cli.check_owner(sys.argv[1:]) or cli.check_rerun(sys.argv[1:])  # (in use, else already run)
         if message:
             print(f"Error: {message}", file=sys.stderr)
             sys.exit(2)
-        from expkit.core import distributed
-
-        deferred = hydra_compat.RECORD_DEFERRED.set(distributed.rank() == 0 and _defer_hydra_record(sys.argv[1:]))
+        deferred = hydra_compat.RECORD_DEFERRED.set(not prints_only and _defer_hydra_record(sys.argv[1:]))
         scratch = _show_hooks_scratch(sys.argv[1:])
         try:
             with raise_on_sigterm() if sweeping else contextlib.nullcontext():
@@ -564,9 +572,10 @@ def main() -> None:
     finally:
         import gc
 
-        from expkit.core import distributed
+        if not prints_only:  # (Hydra only printed: no group was joined)
+            from expkit.core import distributed
 
-        distributed.shutdown()  # (the run's objects are garbage by now, on a SystemExit too: collected there)
+            distributed.shutdown()  # (the run's objects are garbage by now, on a SystemExit too: collected there)
         gc.unfreeze()  # a process that calls main() again (a test, a driver script) collects this run's objects
     if exiting:
         sys.exit(exiting[0])

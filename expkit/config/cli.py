@@ -38,6 +38,7 @@ __all__ = [
     "hydra_argv",
     "hydra_quoted",
     "output_file_problem",
+    "prints_only",
     "search_is_multirun",
     "searching",
     "shown_program",
@@ -414,6 +415,18 @@ def with_run_overrides(argv: list[str]) -> list[str]:
 NO_RUN_FLAGS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc")
 
 
+def prints_only(argv: Sequence[str]) -> bool:
+    """Whether Hydra only prints (its help, the config, its info) and exits, running no task.
+
+    Args:
+        argv: the command line, without the program name.
+
+    Returns:
+        True when a flag of ``NO_RUN_FLAGS`` (or ``--cfg=``, ``--info=``) is given.
+    """
+    return any(a in NO_RUN_FLAGS or a.startswith(("--cfg=", "--info=")) for a in argv)
+
+
 def check_rerun(argv: list[str]) -> str | None:
     """A command aimed at a dir that already holds a run (hydra.run.dir) or sweep jobs
     (hydra.sweep.dir with -m or an Optuna search), without resume: refused before anything
@@ -428,7 +441,7 @@ def check_rerun(argv: list[str]) -> str | None:
             or Slurm restart, the dir is not given, holds ``${`` or does not exist, or it holds no run or
             sweep jobs (or, for a search, a live worker of it runs there).
     """
-    if any(a in NO_RUN_FLAGS or a.startswith(("--cfg=", "--info=")) for a in argv) or "show_hooks=true" in argv:
+    if prints_only(argv) or "show_hooks=true" in argv:
         return None  # (nothing is written)
     resume = next((a.partition("=")[2] for a in reversed(argv) if a.lstrip("+").startswith("resume=")), "false")
     if resume.strip().strip("'\"").lower() not in ("false", "null", "none", "0", ""):

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from expkit.core.errors import ConfigError
 
 __all__ = ["example_input", "training_range"]
@@ -52,6 +50,8 @@ def training_range(loaders: Any, batches: int = 20) -> tuple[float, float] | Non
         The 1st and 99th percentiles of a sample of the inputs' values; None when there is no
             training batch or its inputs are not float tensors.
     """
+    import torch  # (here: export's and predict's --help need no torch)
+
     train = loaders[0]
     if isinstance(train, dict):
         train = next(iter(train.values()), None)

@@ -8,18 +8,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from expkit.checkpoint import checkpoint_io
 from expkit.config.old_targets import new_name
 from expkit.core import confine
 from expkit.core.errors import ConfigError
 from expkit.core.trust import TrustPolicy
 from expkit.workdir.records import read_result
+
+if TYPE_CHECKING:
+    import torch
+
+# checkpoint_io (and so torch) is imported by the functions that read a checkpoint: eval's and predict's
+# --help need neither
 
 __all__ = ["load_model", "resolve_checkpoint", "restore", "stored_config", "stored_overrides", "weights"]
 
@@ -43,7 +47,7 @@ def resolve_checkpoint(source: str | Path, which: str = "best") -> Path:
         ConfigError: when `source` is neither a checkpoint nor a run dir, `which` is neither ``best``
             nor ``last`` (for a run dir), the run dir has no checkpoint, or a URL cannot be fetched.
     """
-    from expkit.checkpoint import remote
+    from expkit.checkpoint import checkpoint_io, remote
 
     if remote.is_url(source):
         return remote.fetch(str(source), which)
@@ -187,6 +191,7 @@ def restore(
         ConfigError: when the checkpoint cannot be found or loaded, its config is refused, or a part
             cannot be built.
     """
+    from expkit.checkpoint import checkpoint_io
     from expkit.config.build import build_model, instantiate_node
 
     path = resolve_checkpoint(source, which)

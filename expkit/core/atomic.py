@@ -17,8 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import torch
-
 __all__ = ["SpaceReserve", "disk_full", "save_atomic", "write_bytes_atomic", "write_json_atomic", "write_text_atomic"]
 
 
@@ -107,6 +105,8 @@ def save_atomic(obj: Any, path: Path, durable: bool = False) -> Path:
     Raises:
         OSError: the write's own error, also when torch's zip writer reported it as a RuntimeError.
     """
+
+    import torch  # (here, not at the top: the JSON and text writes, and so a command's --help, need no torch)
 
     def write(fd: int) -> None:
         with os.fdopen(fd, "wb", closefd=False) as f:  # (flushed when it closes, before any fsync)

@@ -1,30 +1,67 @@
-"""Hooks: the base class, the six default hooks and the custom catalog (one per file)."""
+"""Hooks: the base class, the six default hooks and the custom catalog (one per file).
+
+Each hook's module is imported when its name is first used (PEP 562): most of them import torch,
+and ``expkit.hooks.base`` (``Hook``, which the sweeps' and the commands' modules subclass) must not
+pull them in, so that a command's ``--help`` imports no torch.
+"""
 
 from __future__ import annotations
 
-from expkit.hooks.activation_stats import ActivationStatsHook
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from expkit.hooks.base import Hook
-from expkit.hooks.checkpoint import CheckpointHook
-from expkit.hooks.csv_writer import CSVHook
-from expkit.hooks.detect_anomaly import DetectAnomalyHook
-from expkit.hooks.early_stopping import EarlyStoppingHook
-from expkit.hooks.ema import EMAHook
-from expkit.hooks.empty_cache import EmptyCacheHook
-from expkit.hooks.grad_norm import GradNormHook
-from expkit.hooks.invalid_loss import InvalidLossError, InvalidLossHook
-from expkit.hooks.iter_timer import IterTimerHook
-from expkit.hooks.log_predictions import LogPredictionsHook
-from expkit.hooks.logger import LoggerHook
-from expkit.hooks.memory_summary import MemorySummaryHook
-from expkit.hooks.model_complexity import ModelComplexityHook
-from expkit.hooks.momentum_encoder import MomentumEncoderHook
-from expkit.hooks.param_scheduler import ParamSchedulerHook
-from expkit.hooks.perf_stats import PerfStatsHook
-from expkit.hooks.profiler import ProfilerHook
-from expkit.hooks.runtime_info import RuntimeInfoHook
-from expkit.hooks.sampler_seed import DistSamplerSeedHook
-from expkit.hooks.stop_after import StopAfterHook
-from expkit.hooks.sync_buffers import SyncBuffersHook
+
+if TYPE_CHECKING:
+    from expkit.hooks.activation_stats import ActivationStatsHook
+    from expkit.hooks.checkpoint import CheckpointHook
+    from expkit.hooks.csv_writer import CSVHook
+    from expkit.hooks.detect_anomaly import DetectAnomalyHook
+    from expkit.hooks.early_stopping import EarlyStoppingHook
+    from expkit.hooks.ema import EMAHook
+    from expkit.hooks.empty_cache import EmptyCacheHook
+    from expkit.hooks.grad_norm import GradNormHook
+    from expkit.hooks.invalid_loss import InvalidLossError, InvalidLossHook
+    from expkit.hooks.iter_timer import IterTimerHook
+    from expkit.hooks.log_predictions import LogPredictionsHook
+    from expkit.hooks.logger import LoggerHook
+    from expkit.hooks.memory_summary import MemorySummaryHook
+    from expkit.hooks.model_complexity import ModelComplexityHook
+    from expkit.hooks.momentum_encoder import MomentumEncoderHook
+    from expkit.hooks.param_scheduler import ParamSchedulerHook
+    from expkit.hooks.perf_stats import PerfStatsHook
+    from expkit.hooks.profiler import ProfilerHook
+    from expkit.hooks.runtime_info import RuntimeInfoHook
+    from expkit.hooks.sampler_seed import DistSamplerSeedHook
+    from expkit.hooks.stop_after import StopAfterHook
+    from expkit.hooks.sync_buffers import SyncBuffersHook
+
+# each hook of the catalog (and the error one raises) by name, and the module of expkit.hooks it lives in
+_LAZY = {
+    "ActivationStatsHook": "activation_stats",
+    "CSVHook": "csv_writer",
+    "CheckpointHook": "checkpoint",
+    "DetectAnomalyHook": "detect_anomaly",
+    "DistSamplerSeedHook": "sampler_seed",
+    "EMAHook": "ema",
+    "EarlyStoppingHook": "early_stopping",
+    "EmptyCacheHook": "empty_cache",
+    "GradNormHook": "grad_norm",
+    "InvalidLossError": "invalid_loss",
+    "InvalidLossHook": "invalid_loss",
+    "IterTimerHook": "iter_timer",
+    "LogPredictionsHook": "log_predictions",
+    "LoggerHook": "logger",
+    "MemorySummaryHook": "memory_summary",
+    "ModelComplexityHook": "model_complexity",
+    "MomentumEncoderHook": "momentum_encoder",
+    "ParamSchedulerHook": "param_scheduler",
+    "PerfStatsHook": "perf_stats",
+    "ProfilerHook": "profiler",
+    "RuntimeInfoHook": "runtime_info",
+    "StopAfterHook": "stop_after",
+    "SyncBuffersHook": "sync_buffers",
+}
 
 
 def default_hooks(**overrides: Hook | None) -> dict[str, Hook]:
@@ -38,6 +75,13 @@ def default_hooks(**overrides: Hook | None) -> dict[str, Hook]:
     Returns:
         The hooks by name, the defaults in the order above.
     """
+    from expkit.hooks.checkpoint import CheckpointHook
+    from expkit.hooks.iter_timer import IterTimerHook
+    from expkit.hooks.logger import LoggerHook
+    from expkit.hooks.param_scheduler import ParamSchedulerHook
+    from expkit.hooks.runtime_info import RuntimeInfoHook
+    from expkit.hooks.sampler_seed import DistSamplerSeedHook
+
     hooks: dict[str, Hook | None] = {
         "runtime_info": RuntimeInfoHook(),
         "timer": IterTimerHook(),
@@ -77,3 +121,15 @@ __all__ = [
     "SyncBuffersHook",
     "default_hooks",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'expkit.hooks' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"expkit.hooks.{_LAZY[name]}"), name)
+    globals()[name] = value  # (the next look-up is a plain module attribute)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -23,7 +23,6 @@ from typing import Any, NamedTuple
 
 from omegaconf import DictConfig
 
-from expkit.checkpoint import checkpoint_io
 from expkit.core import atomic, confine
 from expkit.core.atomic import write_json_atomic, write_text_atomic
 from expkit.core.signals import SweepInterrupted
@@ -715,6 +714,8 @@ def claim_job(
         done = done_since_launch(job_dir, monitor, rule)
     if done is not None:
         return Claim(None, done)
+    from expkit.checkpoint import checkpoint_io  # (here: it imports torch, which a sweep's summary needs not)
+
     if resuming_sweep(cfg) and any(
         checkpoint_io.is_checkpoint(p) for p in job_dir.glob("checkpoints/[!.]*") if p.suffix in (".pth", ".dcp")
     ):

@@ -13,9 +13,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from expkit.core import distributed
 from expkit.core.atomic import SpaceReserve, disk_full, write_json_atomic
-from expkit.workdir import provenance
 
 if TYPE_CHECKING:
     from expkit.engine.runner import Runner
@@ -81,6 +79,7 @@ def failure_message(exc: BaseException, resume_command: str | None = None) -> st
     Returns:
         The line.
     """
+    from expkit.core import distributed
     from expkit.core.errors import ExpkitError
 
     if isinstance(exc, KeyboardInterrupt):
@@ -103,6 +102,9 @@ def write_run_result(runner: Runner, result: dict[str, Any], wall_time: float, r
         reserve: the space held for these files, used when the disk is full and released afterwards;
             None: plain writes.
     """
+    from expkit.core import distributed  # (here, as provenance: they import torch, which reading a result needs not)
+    from expkit.workdir import provenance
+
     r = runner
     path = r.work_dir / RESULT
     if not r.is_main and not (
