@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from expkit.config import cli
-from expkit.core import distributed, hydra_compat, versions
+from expkit.core import hydra_compat, versions
 from expkit.core.atomic import write_text_atomic
 from expkit.core.errors import ConfigError, config_errors_exit_2, exit_status
 from expkit.core.stages import Priority
@@ -138,6 +138,8 @@ class RangeTest(Hook):
                 group["lr"] = base * factor
 
     def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
+        from expkit.core import distributed  # (imported here, not at the top: --help imports no torch)
+
         loss = (
             outputs["loss"].detach().float().reshape(()).to(distributed.reduce_device())
         )  # (syncs: once per iteration)
@@ -333,6 +335,8 @@ def run(cfg: DictConfig) -> None:
 def _share_run_dir() -> None:
     """Under torchrun: one test, one run dir, picked by rank 0 (the default, or hydra.run.dir when
     given); the other ranks write no .hydra/ there."""
+    from expkit.core import distributed
+
     if not distributed.init():
         return
     given = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("hydra.run.dir=")), None)
@@ -369,8 +373,10 @@ def main() -> None:
         print(f"Error: {message}", file=sys.stderr)
         sys.exit(2)
     sys.argv[1:] = argv
+    prints_only = cli.prints_only(argv)  # --help, --cfg, --info: Hydra prints and exits, without torch (1.5 s)
     try:
-        _share_run_dir()
+        if not prints_only:
+            _share_run_dir()
         run()
     except KeyboardInterrupt:
         print("\nInterrupted: the range test stopped; nothing was written", file=sys.stderr)
@@ -378,7 +384,10 @@ def main() -> None:
     except SystemExit as exc:
         sys.exit(exit_status(exc))  # (Hydra's refusal was said in one line: hydra_compat.main)
     finally:
-        distributed.shutdown()
+        if not prints_only:  # (Hydra only printed: no group was joined)
+            from expkit.core import distributed
+
+            distributed.shutdown()
 
 
 if __name__ == "__main__":

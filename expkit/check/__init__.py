@@ -31,7 +31,6 @@ The package, in the order the check goes:
 
 from __future__ import annotations
 
-from expkit.check.check_probe import Trace, read_trace
 from expkit.check.command import main, run
 from expkit.check.comparison import compare
 from expkit.check.differences import TIMING, diff
@@ -39,6 +38,7 @@ from expkit.check.evidence import RESULT_RUN_KEYS
 from expkit.check.planning import SETTINGS, Plan, plan, validate_settings
 from expkit.check.report import Comparison, Finding, Row, render
 from expkit.check.same_seed import DETERMINISM_WARNING
+from expkit.check.traces import Trace, read_trace
 from expkit.check.training_runs import TORCHRUN_ENV, Run, RunFailed, split_argv, train_all
 
 __all__ = [

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from expkit.check.check_probe import Trace, read_trace
 from expkit.check.planning import Plan
+from expkit.check.traces import Trace, read_trace
 from expkit.check.training_runs import Run
 
 __all__ = ["BatchDifference", "data_advice", "data_source", "first_batch_difference", "first_differing_iteration"]

@@ -1,6 +1,6 @@
 """The probe's traces: the hook ``python -m expkit.check`` adds to each run it starts, which
 writes what every iteration saw and did to ``<work dir>/check_probe.jsonl`` as it goes, and
-``read_trace``, which reads such a file back, so two runs can be compared line by line
+``expkit.check.traces`` reads such a file back, so two runs can be compared line by line
 afterwards (``expkit.check.comparison``), even when one of them is killed.
 
 Per iteration: a fingerprint of the batch as a whole and of each sample in it (per tensor), the
@@ -22,12 +22,12 @@ import os
 import random
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from expkit.check.traces import KILL_AT_ENV, records_name
 from expkit.core.stages import Priority
 from expkit.hooks.base import Hook
 
@@ -35,34 +35,13 @@ if TYPE_CHECKING:
     from expkit.engine.runner import Runner
 
 __all__ = [
-    "KILL_AT_ENV",
-    "RECORDS",
     "CheckProbe",
-    "Trace",
     "attributes",
     "digest",
     "fingerprint",
     "loader_facts",
-    "read_trace",
-    "records_name",
     "tensor_digest",
 ]
-
-
-KILL_AT_ENV = "EXPKIT_CHECK_KILL_AT"  # the iteration whose checkpoint this process dies right after
-RECORDS = "check_probe.jsonl"
-
-
-def records_name(rank: int) -> str:
-    """The records file of a rank: rank 0's is ``check_probe.jsonl``, rank N's ``check_probe.rankN.jsonl``.
-
-    Args:
-        rank: the process's rank.
-
-    Returns:
-        The file's name, in the run's work dir.
-    """
-    return RECORDS if rank == 0 else RECORDS.replace(".jsonl", f".rank{rank}.jsonl")
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -343,55 +322,3 @@ class CheckProbe(Hook):
     def after_run(self, runner: Runner) -> None:
         if self._file is not None and not self._file.closed:
             self._file.close()
-
-
-# -- reading a trace back ---------------------------------------------------------------------------
-@dataclass
-class Trace:
-    """One run's probe records, by kind; an iteration seen twice keeps its last record.
-
-    Args:
-        start: the records of each start (a resumed run has two).
-        iters: the record of each iteration, by iteration.
-        evals: the validation and test records, in order.
-        end: the record of the end of training; None when the run did not get there.
-        killed: whether the run killed itself after the checkpoint it waited for.
-    """
-
-    start: list[dict[str, Any]]
-    iters: dict[int, dict[str, Any]]
-    evals: list[dict[str, Any]]
-    end: dict[str, Any] | None
-    killed: bool
-
-
-def read_trace(work_dir: Path, rank: int = 0) -> Trace:
-    """The probe records a run left; lines that cannot be parsed (cut by the kill) are skipped.
-
-    Args:
-        work_dir: the run's work dir.
-        rank: the rank whose records are read.
-
-    Returns:
-        The records by kind (all empty when the file is missing).
-    """
-    start, iters, evals, end, killed = [], {}, [], None, False
-    path = work_dir / records_name(rank)
-    lines = path.read_text().splitlines() if path.exists() else []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:  # (a line cut by the kill)
-            continue
-        kind = rec.get("event")
-        if kind == "start":
-            start.append(rec)
-        elif kind == "iter":
-            iters[rec["iter"]] = rec
-        elif kind in ("val", "test"):
-            evals.append(rec)
-        elif kind == "end":
-            end = rec
-        elif kind == "killed":
-            killed = True
-    return Trace(start, iters, evals, end, killed)

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from expkit.check.check_probe import Trace, read_trace
 from expkit.check.differences import diff, timing_differences
 from expkit.check.planning import Plan
+from expkit.check.traces import Trace, read_trace
 from expkit.check.training_runs import Run
 from expkit.core.errors import ConfigError
 from expkit.workdir.records import read_records, read_result

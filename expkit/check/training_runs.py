@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from expkit.check.check_probe import KILL_AT_ENV, read_trace
 from expkit.check.planning import Plan
+from expkit.check.traces import KILL_AT_ENV, read_trace
 from expkit.config import cli
 from expkit.core.errors import ConfigError
 

@@ -42,13 +42,9 @@ runpy.run_module(module, run_name="__main__", alter_sys=True)
 COMMANDS = ["train", "eval", "predict", "export", "check", "compare", "lr_find", "shards", "sweep"]
 
 
-# check/ and lr_find still import torch at module level: they are being split into helpers now
-NOT_YET = pytest.mark.xfail(strict=True, reason="issue 64 item 11: check/ and lr_find import torch at module level")
-
-
 @pytest.mark.parametrize(
     "words",
-    [pytest.param([c, "--help"], marks=NOT_YET if c in ("check", "lr_find") else ()) for c in COMMANDS]
+    [[command, "--help"] for command in COMMANDS]
     + [["train", "--cfg", "job"], ["train", "--info", "plugins"], ["eval", "--cfg", "job"]],
     ids=" ".join,
 )
