@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 
 from expkit.config import cli
 from expkit.core import atomic, hydra_compat, versions
-from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused, exit_status, task_exits
+from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused, TaskExit, exit_status, task_exits
 from expkit.core.signals import SweepInterrupted, raise_on_sigterm, stop_on_signals, take_ctrl_c
 from expkit.loggers import logs
 from expkit.metrics import monitor_of, worst_value
@@ -476,8 +476,12 @@ def _share_run_dir_across_ranks() -> None:
     rank<N>.log. Without this, each rank's Hydra would make a work dir of its own."""
     from expkit.core import distributed
 
-    if not distributed.init():
-        return
+    try:
+        if not distributed.init():
+            return
+    except (ConfigError, distributed.RendezvousError) as exc:  # (no work dir yet: one line, then the exit)
+        print(f"Error: {exc}", file=sys.stderr)
+        raise TaskExit(2 if isinstance(exc, ConfigError) else 1) from None  # (its status kept: exit_status)
     if any(a in ("-m", "--multirun") for a in sys.argv[1:]):
         print(
             "Error: a sweep (-m) under torchrun is not supported; start one torchrun per job, or use "

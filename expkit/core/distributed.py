@@ -2,8 +2,12 @@
 
 expkit starts no processes itself. torchrun (or Slurm) starts one process per device and
 sets RANK / LOCAL_RANK / WORLD_SIZE; under Slurm without torchrun, SLURM_PROCID /
-SLURM_LOCALID / SLURM_NTASKS and the first node of the allocation are used. The backend is
-NCCL on GPUs and gloo on the CPU.
+SLURM_LOCALID / SLURM_NTASKS and the address of the allocation's first node are used. The
+backend is NCCL on GPUs and gloo on the CPU.
+
+Outside torchrun (whose agents rendezvous with timeouts of their own) the group's rendezvous is
+bounded: a rank that cannot reach it, or a group that does not fill, fails within
+``EXPKIT_RENDEZVOUS_TIMEOUT_S`` (300 s) with one line naming the address and where it came from.
 """
 
 from __future__ import annotations
@@ -11,14 +15,20 @@ from __future__ import annotations
 import datetime
 import importlib
 import os
-import subprocess
+import re
+import socket
+import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from expkit.core.errors import ConfigError
+
 __all__ = [
+    "NODES",
     "PEERS",
+    "RendezvousError",
     "agree_on_stop",
     "all_reduce_sum",
     "barrier",
@@ -36,17 +46,27 @@ __all__ = [
     "recall",
     "reduce_device",
     "remember",
+    "rendezvous_timeout_s",
     "requeue_count",
     "restart_count",
     "shutdown",
+    "world_info",
     "world_size",
     "writes_for_the_group",
 ]
 
 
+class RendezvousError(ConnectionError):
+    """The process group could not form within the rendezvous timeout; the message is one line."""
+
+
+_ADDRESS_FROM = "MASTER_ADDR"  # where MASTER_ADDR came from, for the rendezvous's one line
+
+
 def _from_slurm() -> None:
     """Fill torch's variables inside a submitit job (submitit_slurm or submitit_local with
     tasks_per_node > 1), or from Slurm's own under a plain srun."""
+    global _ADDRESS_FROM
     env = os.environ
     if "WORLD_SIZE" in env:
         return
@@ -55,17 +75,59 @@ def _from_slurm() -> None:
 
         job = TorchDistributedEnvironment()
         if job.world_size > 1:
-            job.export(set_cuda_visible_devices=False)
+            given = env.get("MASTER_ADDR")
+            job.export(set_cuda_visible_devices=False, overwrite=True)  # (not overwritten, a given one raised)
+            if "SLURM_JOB_ID" in env:  # (submitit looks the first node's name up; its address needs no lookup)
+                env["MASTER_ADDR"], _ADDRESS_FROM = _master_address(given)
         return
     if "SLURM_PROCID" not in env or int(env.get("SLURM_NTASKS", "1")) < 2:
         return
     env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"] = env["SLURM_PROCID"], env["SLURM_LOCALID"], env["SLURM_NTASKS"]
-    if "MASTER_ADDR" not in env:
-        nodes = subprocess.run(
-            ["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True, text=True, check=True
-        ).stdout.split()
-        env["MASTER_ADDR"] = nodes[0]
+    env["MASTER_ADDR"], _ADDRESS_FROM = _master_address(env.get("MASTER_ADDR"))
     env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
+
+
+def _master_address(given: str | None) -> tuple[str, str]:
+    """Where task 0 of this Slurm step listens, and where that came from: MASTER_ADDR when the user
+    set it; else the address srun was started from (SLURM_LAUNCH_NODE_IPADDR) when that is task 0's
+    node: srun ran in the job's batch script (ENVIRONMENT=BATCH), which Slurm runs on the
+    allocation's first node, and the step spans the whole allocation, so task 0 runs there too; else
+    the first node of SLURM_JOB_NODELIST, by name (srun from a login node, a step on some nodes)."""
+    env = os.environ
+    if given:
+        return given, "MASTER_ADDR"
+    launched_from = env.get("SLURM_LAUNCH_NODE_IPADDR")
+    if (
+        launched_from
+        and env.get("ENVIRONMENT") == "BATCH"
+        and env.get("SLURM_STEP_NODELIST") == env.get("SLURM_JOB_NODELIST")
+    ):
+        return launched_from, "SLURM_LAUNCH_NODE_IPADDR"
+    return _first_node(env.get("SLURM_JOB_NODELIST", "")), "the first node of SLURM_JOB_NODELIST"
+
+
+def _first_node(nodelist: str) -> str:
+    """The first host of a Slurm hostlist (``gpu-[003-010,020],login`` -> ``gpu-003``), read here: scontrol
+    show hostnames needs the cluster's slurm.conf, and retries for 60 s where it cannot read it."""
+    first = re.split(r",(?![^\[]*\])", nodelist, maxsplit=1)[0]  # (a comma outside brackets)
+    return re.sub(r"\[([^,\]-]+)[^\]]*\]", r"\1", first)
+
+
+def rendezvous_timeout_s() -> float:
+    """How long a rank waits for the process group to form: ``EXPKIT_RENDEZVOUS_TIMEOUT_S``, 300 s
+    when unset (torchrun's own rendezvous waits 600 s for its nodes, then fails).
+
+    Raises:
+        ConfigError: for a value that is not a positive number of seconds.
+    """
+    text = os.environ.get("EXPKIT_RENDEZVOUS_TIMEOUT_S", "300")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise ConfigError(f"EXPKIT_RENDEZVOUS_TIMEOUT_S must be a positive number of seconds, got {text!r}; e.g. 300")
+    return seconds
 
 
 def world_size() -> int:
@@ -201,7 +263,7 @@ def init(timeout_s: int = 1800) -> bool:
             store = dist.PrefixStore(f"expkit/attempt_{_ATTEMPT}/", store)
             dist.init_process_group(backend, store=store, rank=rank_, world_size=world, timeout=timeout)
         else:
-            dist.init_process_group(backend, timeout=timeout)
+            _rendezvous(backend, timeout)
         gather_peers()
         global _CONTROL
         # small decisions (stop or not) go over gloo on the CPU: no device sync in the loop
@@ -210,6 +272,62 @@ def init(timeout_s: int = 1800) -> bool:
 
 
 _ELASTIC_STORE: Any = None  # torchrun's store, the same across its restarts (None outside torchrun)
+
+
+def _rendezvous(backend: str, timeout: datetime.timedelta) -> None:
+    """Form the group through rank 0's store at MASTER_ADDR:MASTER_PORT, within the rendezvous
+    timeout. torch's own env:// rendezvous waits the collectives' timeout (30 min) and, for a name
+    that does not resolve or an address where nothing listens, prints only its retries' warnings:
+    here the name is looked up and the address tried first, in Python, quietly, until the deadline.
+
+    Raises:
+        RendezvousError: one line naming the address, where it came from and what failed.
+    """
+    address, port, rank_, world = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank(), world_size()
+    wait_s = rendezvous_timeout_s()
+    deadline = time.monotonic() + wait_s
+    failed = f"rank {rank_} of {world}: no rendezvous at {address}:{port} (from {_ADDRESS_FROM}) within {wait_s:g} s"
+    advice = "set MASTER_ADDR to the address of rank 0's node, or EXPKIT_RENDEZVOUS_TIMEOUT_S to wait longer"
+    host = _resolve(address, port, deadline)
+    if host is None:
+        raise RendezvousError(f"{failed}: the name {address!r} does not resolve; {advice}")
+    if rank_ > 0 and not _answers(host, port, deadline):
+        raise RendezvousError(f"{failed}: nothing answered there; {advice}")
+    try:
+        left = datetime.timedelta(seconds=max(1.0, deadline - time.monotonic()))
+        store = dist.TCPStore(host, port, world, rank_ == 0, timeout=left)
+        dist.init_process_group(backend, store=store, rank=rank_, world_size=world, timeout=timeout)
+    except dist.DistError as exc:  # (rank 0 waited for ranks that never came; a rank's peer left)
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RendezvousError(f"{failed}: not every rank joined ({said}); {advice}") from None
+    store.set_timeout(timeout)  # formed: the group's later uses of the store (new groups) wait as collectives do
+    global _JOINED_AT
+    _JOINED_AT = f"{address}:{port} from {_ADDRESS_FROM}"
+
+
+def _resolve(address: str, port: int, deadline: float) -> str | None:
+    """`address` as an IP address (IPv4 first), retried until `deadline` (a name server may be slow to
+    know a new node); None when it never resolved."""
+    while True:
+        try:
+            found = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)
+            return min(found, key=lambda entry: entry[0] != socket.AF_INET)[4][0]
+        except socket.gaierror:
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def _answers(host: str, port: int, deadline: float) -> bool:
+    """Whether something listens at host:port (rank 0's store) before `deadline`: rank 0 may start later."""
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
 
 def remember(key: str, value: str) -> None:
@@ -308,16 +426,35 @@ def agree_on_stop(code: int) -> int:
 
 # -- who is who, to say which rank died ------------------------------------------------------------
 PEERS: list[tuple[str, int]] = []  # (host, pid) of every rank, by rank; gathered when the group forms
+NODES: list[str] = []  # the node of every rank, by rank (Slurm's name for it, else its host name)
 
 
 def gather_peers() -> None:
-    import socket
-
-    global PEERS
+    global PEERS, NODES
     if is_distributed():
         peers: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(peers, (socket.gethostname(), os.getpid()))
-        PEERS = [tuple(p) for p in peers]
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # (Slurm's nodes may share a host)
+        dist.all_gather_object(peers, (socket.gethostname(), os.getpid(), node))
+        PEERS = [(host, pid) for host, pid, _ in peers]
+        NODES = [node for *_, node in peers]
+
+
+def world_info() -> dict[str, Any]:
+    """The group's shape, for the run's records: ``world_size``, ``nodes`` (in the order of their
+    first rank), ``processes_per_node``, and ``rendezvous`` (the address and where it came from)
+    where expkit formed the group; empty outside a group (or before it formed).
+
+    Returns:
+        The entries, or an empty dict.
+    """
+    if not NODES:
+        return {}
+    nodes = list(dict.fromkeys(NODES))
+    info = {"world_size": len(NODES), "nodes": nodes, "processes_per_node": {n: NODES.count(n) for n in nodes}}
+    return {**info, "rendezvous": _JOINED_AT} if _JOINED_AT else info
+
+
+_JOINED_AT = ""  # the rendezvous expkit formed the group at ("127.0.0.1:29545 from SLURM_LAUNCH_NODE_IPADDR")
 
 
 def _pid_gone(pid: int) -> bool:
@@ -342,8 +479,6 @@ def dead_ranks() -> list[tuple[int, int]]:
         (rank, pid) of each rank recorded in ``PEERS`` on this host, other than this process, whose
         process no longer runs (or is a zombie).
     """
-    import socket
-
     host = socket.gethostname()
     return [(r, pid) for r, (h, pid) in enumerate(PEERS) if h == host and pid != os.getpid() and _pid_gone(pid)]
 

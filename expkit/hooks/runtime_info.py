@@ -6,6 +6,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from expkit.core import distributed
 from expkit.core.stages import Priority
 from expkit.hooks.base import Hook
 
@@ -28,8 +29,9 @@ def _size(loader: object) -> str:
 
 
 class RuntimeInfoHook(Hook):
-    """Logs the work dir, device, model size, data sizes and budget at before_run, and
-    records them in ``runner.run_info`` (they end up in result.json)."""
+    """Logs the work dir, the processes and their nodes (in a process group), device, model size,
+    data sizes and budget at before_run, and records them in ``runner.run_info`` (they end up in
+    result.json)."""
 
     priority = Priority.VERY_HIGH
 
@@ -37,6 +39,9 @@ class RuntimeInfoHook(Hook):
         params = sum(p.numel() for p in runner.model.parameters())
         runner.run_info.setdefault("model_params", params)
         runner.run_info.setdefault("device", str(runner.device))
+        world = distributed.world_info()
+        for key, value in world.items():
+            runner.run_info.setdefault(key, value)
         if not log.isEnabledFor(logging.INFO):  # (nothing to format for a silent log)
             return
         s = runner.settings
@@ -44,6 +49,12 @@ class RuntimeInfoHook(Hook):
         if runner.train_loader is None or runner.optimizer is None:
             budget = "evaluation only"
         log.info("Work dir: %s", runner.work_dir.resolve())
+        if world:
+            per_node = ", ".join(f"{node}: {n}" for node, n in world["processes_per_node"].items())
+            joined = f"; rendezvous {world['rendezvous']}" if "rendezvous" in world else ""
+            log.info(
+                "World: %d processes on %d nodes (%s)%s", world["world_size"], len(world["nodes"]), per_node, joined
+            )
         extras = [name for name, on in (("compiled", s.compile), ("channels_last", s.channels_last)) if on]
         log.info(
             "Model %s: %s parameters | device %s | precision %s | seed %s | %s%s",

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from expkit.core import distributed
 from expkit.core.atomic import write_json_atomic, write_text_atomic
 
 __all__ = ["collect", "finish", "installed_packages", "start"]
@@ -163,7 +164,8 @@ def collect(cwd: Path | None = None) -> dict[str, Any]:
     Returns:
         The command, cwd, start time, an empty ``git``, the Python, torch, CUDA and cuDNN versions, torch's
         CPU threads,
-        the GPU names, the host, the platform and the installed packages.
+        the GPU names, the host, the platform and the installed packages; in a process group, its
+        ``world_size``, ``nodes`` and ``processes_per_node`` too.
     """
     cwd = cwd or Path.cwd()
     cuda = torch.cuda.is_available()
@@ -179,6 +181,7 @@ def collect(cwd: Path | None = None) -> dict[str, Any]:
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
         "host": socket.gethostname(),
         "threads": torch.get_num_threads(),
+        **distributed.world_info(),
         "platform": _platform(),
         "packages": installed_packages(),
     }

@@ -1,0 +1,139 @@
+"""One run over the two nodes of the real cluster (``slurm_cluster``: slurmd n1 and n2 on this host):
+through ``hydra/launcher=slurm_ddp`` with ``nodes=2``, and through a hand-written ``sbatch --nodes=2``
+script whose ``srun`` starts ``python -m expkit.train`` once per node."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO, assert_same_weights, run_cli, slow_env, slow_train, torchrun_command, train_losses
+from slurm_fixture import slurm_cluster  # noqa: F401 (the session's cluster)
+
+pytestmark = pytest.mark.slow
+
+ONE_EPOCH = ["trainer.max_epochs=1", "default_hooks.logger.plot=false"]
+
+
+def _check_one_run_over_two_nodes(work, cluster, launched_from: str) -> None:
+    """One work dir, written by rank 0 (rank 1 only its log), whose records say 2 processes on n1 and n2."""
+    story = "".join((work / name).read_text()[-3000:] for name in ("train.log", "rank1.log") if (work / name).exists())
+    result = json.loads((work / "result.json").read_text())
+    shape = {"world_size": 2, "nodes": ["n1", "n2"], "processes_per_node": {"n1": 1, "n2": 1}}
+    assert result["status"] == "completed" and result["iter"] == 20, story + cluster.log()  # 1258 / 2 ranks / 32
+    assert {k: result[k] for k in shape} == shape, result
+    assert result["rendezvous"].endswith(f" from {launched_from}"), result
+    provenance = json.loads((work / "provenance.json").read_text())
+    assert {k: provenance[k] for k in shape} == shape, provenance
+    head = (work / "train.log").read_text().splitlines()[:4]
+    assert any("World: 2 processes on 2 nodes (n1: 1, n2: 1); rendezvous 127.0.0.1:" in line for line in head), head
+    assert not (work / "rank0.log").exists() and (work / "rank1.log").is_file()
+    assert len(list((work / "checkpoints").glob("epoch_1.pth"))) == 1
+
+
+def test_one_run_spans_two_nodes_through_slurm_ddp_and_a_hand_written_sbatch_script(slurm_cluster, tmp_path):  # noqa: F811
+    env = {**slurm_cluster.env, "OMP_NUM_THREADS": "1"}
+    # the hand-written script, submitted first: both jobs fit the cluster at once (a CPU of each node each)
+    script = tmp_path / "job.sh"
+    train = [sys.executable, "-m", "expkit.train", f"hydra.run.dir={tmp_path / 'sbatch'}", *ONE_EPOCH]
+    script.write_text("#!/bin/sh\nexec srun " + " ".join(train) + "\n")
+    sbatch = subprocess.Popen(
+        ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", "--mem=2G", "--time=5"]
+        + [f"--output={tmp_path / 'sbatch.out'}", f"--chdir={REPO}", str(script)],
+        env=slurm_cluster.environ(OMP_NUM_THREADS="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    one_process = subprocess.Popen(  # a run in one process, outside Slurm: its epochs have twice the iterations
+        [sys.executable, "-m", "expkit.train", f"hydra.run.dir={tmp_path / 'one'}", *ONE_EPOCH],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    sweep = tmp_path / "sweep"
+    proc = run_cli(
+        "-m",
+        "hydra/launcher=slurm_ddp",
+        "hydra.launcher.nodes=2",
+        "hydra.launcher.tasks_per_node=1",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.mem_gb=2",
+        *ONE_EPOCH,
+        f"hydra.sweep.dir={sweep}",
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.output + slurm_cluster.log()
+    assert [p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")] == ["0"]  # one work dir
+    (submission,) = (sweep / ".submitit").rglob("*_submission.sh")
+    assert "#SBATCH --nodes=2" in submission.read_text()
+    _check_one_run_over_two_nodes(sweep / "0", slurm_cluster, "SLURM_LAUNCH_NODE_IPADDR")
+
+    output, _ = sbatch.communicate(timeout=300)
+    assert sbatch.returncode == 0, output + (tmp_path / "sbatch.out").read_text()[-3000:] + slurm_cluster.log()
+    _check_one_run_over_two_nodes(tmp_path / "sbatch", slurm_cluster, "SLURM_LAUNCH_NODE_IPADDR")
+    assert one_process.wait(timeout=120) == 0
+    assert json.loads((tmp_path / "one" / "result.json").read_text())["iter"] == 40  # twice the 20 of each rank
+
+
+@pytest.mark.long(seconds=90)
+def test_a_node_set_down_mid_run_requeues_the_two_node_job_and_it_resumes_exactly(slurm_cluster, tmp_path):  # noqa: F811
+    """n2 is set DOWN while a two-node job trains: Slurm ends the job and requeues it; it waits for
+    two nodes, n2 comes back, and the job resumes from its last complete checkpoint to the weights
+    and every logged loss of an uninterrupted run of two processes (torchrun, outside Slurm)."""
+    epochs = ["trainer.max_epochs=10", "default_hooks.logger.plot=false"]
+    env = slow_env(tmp_path, **slurm_cluster.env)
+    reference = subprocess.Popen(
+        torchrun_command(f"hydra.run.dir={tmp_path / 'reference'}", *epochs),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    sweep = tmp_path / "sweep"
+    launch = [
+        "-m",
+        "hydra/launcher=slurm_ddp",
+        "hydra.launcher.nodes=2",
+        "hydra.launcher.tasks_per_node=1",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.mem_gb=2",
+        "hydra.launcher.timeout_min=10",
+        *epochs,
+        f"hydra.sweep.dir={sweep}",
+    ]
+    running = subprocess.Popen(
+        slow_train(tmp_path, *launch), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not any(int(p.stem.split("_")[1]) >= 3 for p in (sweep / "0" / "checkpoints").glob("epoch_*.pth")):
+            assert running.poll() is None and time.monotonic() < deadline, running.communicate()[0][-3000:]
+            time.sleep(0.3)
+        down = slurm_cluster.run("scontrol", "update", "nodename=n2", "state=down", "reason=expkit-test")
+        assert down.returncode == 0, down.stderr
+        (job,) = [
+            p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+", p.name)
+        ]  # (one job: no array)
+        deadline = time.monotonic() + 120
+        while "Restarts=0" in slurm_cluster.run("scontrol", "show", "job", job).stdout:  # (until Slurm requeued it)
+            assert time.monotonic() < deadline, slurm_cluster.log()
+            time.sleep(0.5)
+    finally:
+        slurm_cluster.run("scontrol", "update", "nodename=n2", "state=resume")
+    output, _ = running.communicate(timeout=300)
+    train_log = (sweep / "0" / "train.log").read_text()
+    story = output[-3000:] + train_log[-4000:] + slurm_cluster.log()
+    assert running.returncode == 0, story
+    result = json.loads((sweep / "0" / "result.json").read_text())
+    assert result["status"] == "completed" and result["requeues"] >= 1 and result["world_size"] == 2, story
+    assert reference.wait(timeout=300) == 0
+    assert_same_weights(sweep / "0", tmp_path / "reference", "epoch_10.pth")
+    assert train_losses(sweep / "0") == train_losses(tmp_path / "reference")  # each step once
