@@ -117,6 +117,9 @@ def rendezvous_timeout_s() -> float:
     """How long a rank waits for the process group to form: ``EXPKIT_RENDEZVOUS_TIMEOUT_S``, 300 s
     when unset (torchrun's own rendezvous waits 600 s for its nodes, then fails).
 
+    Returns:
+        The seconds.
+
     Raises:
         ConfigError: for a value that is not a positive number of seconds.
     """
