@@ -6,8 +6,8 @@ takes the old file store), with artifacts in ``outputs/mlartifacts/``. The run g
 resolved config as params (``optim.lr``, ...), every metrics.jsonl record on the same step
 axis, the run's status when it ends, its best and final metrics, ``curves.svg`` and the
 config as artifacts, and the best checkpoint's path and the work dir as tags. The jobs of a
-sweep share one experiment, ``<experiment>/<sweep dir name>``; single runs go to
-``<experiment>``. A resumed run (``resume=true``) continues its MLflow run: the id is kept in
+sweep share one experiment, ``<experiment>/<sweep dir name>``, as children of the sweep's parent
+run (``expkit.loggers.mlflow_sweep``); single runs go to ``<experiment>``. A resumed run (``resume=true``) continues its MLflow run: the id is kept in
 ``<work dir>/mlflow/run_id``. MLflow cannot delete logged points, so after a resume the steps
 an interrupted attempt logged past its checkpoint appear twice (with exact resume, with the
 same values). Browse with ``mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db``.
@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 from expkit.core.atomic import write_text_atomic
 from expkit.core.errors import ConfigError
 from expkit.loggers.backends import Backend, scalars
+from expkit.loggers.mlflow_sweep import PARENT_RUN_TAG, log_sweep_summary, sweep_parent
 
 if TYPE_CHECKING:
     from expkit.engine.runner import Runner
@@ -362,8 +363,6 @@ class MLflowBackend(Backend):
             check_store(db)
 
     def open(self, runner: Runner) -> None:
-        from mlflow.tracking import MlflowClient
-
         id_file = runner.work_dir / "mlflow" / self.ID_FILE
         uri_file = id_file.with_name("tracking_uri")  # the store the run lives in, read again by a resume
         resuming = bool(runner.resume_from) and id_file.is_file()
@@ -375,19 +374,8 @@ class MLflowBackend(Backend):
             )
             saved = None
         uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or saved or default_tracking_uri()
-        db = sqlite_file(uri)
-        if db is not None:
-            db.parent.mkdir(parents=True, exist_ok=True)
-            check_store(db)
-            make_store(db)
         sweep = runner.run_info.get("sweep_dir_name")
-        try:
-            self.client = MlflowClient(tracking_uri=uri)
-            experiment_id = self._experiment(f"{self.experiment}/{sweep}" if sweep else self.experiment, uri)
-        except Exception as exc:
-            if db is not None:
-                self._diagnose(db, exc)
-            raise
+        experiment_id = self._connect(uri, f"{self.experiment}/{sweep}" if sweep else self.experiment)
         if resuming:  # continue this run's own MLflow run
             self.run_id = id_file.read_text().strip()
             self.client.update_run(self.run_id, status="RUNNING")
@@ -396,6 +384,9 @@ class MLflowBackend(Backend):
         tags = {"work_dir": str(runner.work_dir.resolve()), **self.tags}
         if sweep:
             tags["sweep"] = sweep
+        if runner.run_info.get("sweep_dir"):  # a job of a sweep: a child of the sweep's parent run
+            parent = sweep_parent(self.client, experiment_id, Path(runner.run_info["sweep_dir"]))
+            tags[PARENT_RUN_TAG] = parent
         run = self.client.create_run(
             experiment_id, run_name=self.run_name or " ".join(overrides) or runner.work_dir.name, tags=tags
         )
@@ -407,6 +398,40 @@ class MLflowBackend(Backend):
         params = [Param(k, v) for k, v in flatten(runner.config or {}).items()]
         for start in range(0, len(params), BATCH):
             self.client.log_batch(self.run_id, params=params[start : start + BATCH])
+
+    def _connect(self, uri: str, experiment: str) -> str:
+        """Make `uri`'s SQLite store if needed (whole or not at all), open a client on it as
+        ``self.client``, and return the id of `experiment` (made if missing)."""
+        from mlflow.tracking import MlflowClient
+
+        db = sqlite_file(uri)
+        if db is not None:
+            db.parent.mkdir(parents=True, exist_ok=True)
+            check_store(db)
+            make_store(db)
+        try:
+            self.client = MlflowClient(tracking_uri=uri)
+            return self._experiment(experiment, uri)
+        except Exception as exc:
+            if db is not None:
+                self._diagnose(db, exc)
+            raise
+
+    def record_sweep(self, sweep_dir: Path) -> str:
+        """At the end of a sweep (its launching process): the sweep's parent run gets the best
+        job's metrics, best.json's value, the summary files, and the status of the whole.
+
+        Args:
+            sweep_dir: the sweep dir, with summary.md, summary.csv, best.json as the summary wrote them.
+
+        Returns:
+            The parent run's id.
+        """
+        uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+        experiment_id = self._connect(uri, f"{self.experiment}/{sweep_dir.name}")
+        parent = sweep_parent(self.client, experiment_id, sweep_dir)
+        log_sweep_summary(self.client, parent, sweep_dir, artifacts=self.artifacts)
+        return parent
 
     @staticmethod
     def _diagnose(db: Path, exc: Exception) -> None:

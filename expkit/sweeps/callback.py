@@ -75,6 +75,7 @@ class SweepSummaryCallback(Callback):
             )
         elif best and best["job"] is not None:
             log.info("Sweep best: job %s, %s = %.4f, %s", best["job"], best["metric"], best["value"], best["work_dir"])
+        self._record_in_mlflow(config, sweep_dir)
         summary = sweep_dir / "summary.md"
         if summary.is_file():  # (printed: the terminal is quiet in a sweep; summary.csv, best.json beside it)
             print(f"Sweep summary: {_shown(summary)}", flush=True)
@@ -87,6 +88,19 @@ class SweepSummaryCallback(Callback):
                 "s" if interrupted > 1 else "",
                 "them" if interrupted > 1 else "it",
             )
+
+    @staticmethod
+    def _record_in_mlflow(config: Any, sweep_dir: Path) -> None:
+        """With ``logger=[mlflow]``: the sweep's parent run gets its outcome (``record_sweep``)."""
+        settings = (config.get("logger") or {}).get("mlflow")
+        if not settings or not sweep_dir.is_dir():
+            return
+        try:
+            from hydra.utils import instantiate
+
+            instantiate(settings).record_sweep(sweep_dir)
+        except Exception as exc:  # (a logging backend never fails the sweep)
+            log.warning("Could not record the sweep in MLflow: %s", exc)
 
     def _summarize(self, sweep_dir: Path, plot: bool) -> dict[str, Any] | None:
         try:

@@ -701,6 +701,7 @@ def claim_job(
     if not may_start(sweep_dir):
         return Claim(None, None)
     run_info["sweep_dir_name"] = sweep_dir.name  # wandb groups a sweep's jobs by it
+    run_info["sweep_dir"] = str(sweep_dir.resolve())  # MLflow nests them under the sweep's parent run
     if os.environ.get(SWEEP_JOBS_ENV, "").isdigit():  # (job number, jobs of this launch)
         run_info["sweep_job"] = [int(hc.job.num), int(os.environ[SWEEP_JOBS_ENV])]
     # one writer per job dir: another launch of this sweep may be running this job now

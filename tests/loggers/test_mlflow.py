@@ -1,5 +1,5 @@
 """logger=[mlflow]: real MLflow runs in a local SQLite store, read back with MlflowClient, a sweep
-grouped in one experiment, and `mlflow server` answering a REST query about them. A store whose
+as one parent run with its jobs as children, and `mlflow server` answering a REST query about them. A store whose
 making is SIGKILLed (for real, during MLflow's own migrations) is never left half made; one left
 half made before fails the run with its repair, and following that repair works."""
 
@@ -55,22 +55,58 @@ def test_a_run_logs_params_metrics_status_and_artifacts_equal_to_its_own_records
     assert {"curves.svg", "config.yaml"} <= artifacts
 
 
-def test_a_sweep_is_one_experiment_and_mlflow_server_answers_for_it(tmp_path):
-    proc = run_cli(
-        "-m",
-        "logger=[mlflow]",
-        "hydra.sweep.dir=outputs/sweeps/lr",
-        "trainer.max_epochs=1",
-        "optim.lr=0.1,0.05",
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.output[-3000:]
+def test_a_sweep_is_one_parent_run_with_its_jobs_as_children_and_mlflow_server_answers(tmp_path):
+    """Jobs in processes of their own (joblib, two at once) make one parent between them; an
+    MLFLOW_RUN_ID in the environment (mlflow#15713) takes no part; a re-run with resume=true finds
+    the same parent; the parent holds best.json's best job's metrics and the summary."""
     client = _client(tmp_path)
+    sweep = ["-m", "logger=[mlflow]", "hydra.sweep.dir=outputs/sweeps/lr", "trainer.max_epochs=1", "optim.lr=0.1,0.05"]
+    proc = run_cli("logger=[mlflow]", f"hydra.run.dir={tmp_path / 'outside'}", "trainer.max_epochs=1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.output[-3000:]
+    outside = (tmp_path / "outside" / "mlflow" / "run_id").read_text().strip()
+    jobs = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    proc = run_cli(*sweep, *jobs, cwd=tmp_path, env={"MLFLOW_RUN_ID": outside})
+    assert proc.returncode == 0, proc.output[-3000:]
+    assert "Logging backend" not in proc.output and "Could not record" not in proc.output, proc.output[-3000:]
     experiment = client.get_experiment_by_name("expkit/lr")
-    runs = client.search_runs([experiment.experiment_id])
-    assert sorted(r.data.params["optim.lr"] for r in runs) == ["0.05", "0.1"]
-    assert all(r.info.status == "FINISHED" and r.data.tags["sweep"] == "lr" for r in runs)
 
+    def parent_and_children():
+        runs = client.search_runs([experiment.experiment_id])
+        parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+        assert len(parents) == 1, [(r.info.run_name, r.data.tags) for r in parents]
+        return parents[0], [r for r in runs if r is not parents[0]]
+
+    parent, runs = parent_and_children()
+    sweep_dir = (tmp_path / "outputs" / "sweeps" / "lr").resolve()
+    assert parent.info.run_name == "lr" and parent.data.tags["expkit.sweep_dir"] == str(sweep_dir)
+    assert parent.info.status == "FINISHED"
+    assert sorted(r.data.params["optim.lr"] for r in runs) == ["0.05", "0.1"]
+    assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in runs)
+    assert all(r.info.status == "FINISHED" and r.data.tags["sweep"] == "lr" for r in runs)
+    assert client.get_run(outside).data.tags.get("mlflow.parentRunId") is None  # MLFLOW_RUN_ID took no part
+    assert not client.search_runs([client.get_experiment_by_name("expkit").experiment_id], "tags.sweep = 'lr'")
+    best = json.loads((sweep_dir / "best.json").read_text())
+    (best_run,) = [r for r in runs if r.data.tags["work_dir"] == best["work_dir"]]
+    assert parent.data.metrics[f"best/{best['metric']}"] == best["value"]
+    summary_of_best = {k: v for k, v in best_run.data.metrics.items() if k.startswith(("best/", "final/"))}
+    assert parent.data.metrics == summary_of_best and summary_of_best  # the best job's best/* and final/*
+    assert parent.data.tags["best_job"] == best["job"]
+    assert parent.data.tags["mlflow.note.content"] == (sweep_dir / "summary.md").read_text()
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"summary.md", "summary.csv", "best.json", "sweep.svg"} <= artifacts
+
+    proc = run_cli(*sweep[:-1], "optim.lr=0.1,0.05,0.02", "resume=true", cwd=tmp_path)  # one more job runs
+    assert proc.returncode == 0, proc.output[-3000:]
+    again, rerun = parent_and_children()
+    assert again.info.run_id == parent.info.run_id and len(rerun) == 3
+    assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in rerun)
+
+    found = _server_search(tmp_path, experiment.experiment_id)
+    assert found == sorted(r.info.run_id for r in [again, *rerun])
+
+
+def _server_search(cwd: Path, experiment_id: str) -> list[str]:
+    """The run ids `mlflow server` on the store of `cwd` answers a REST search of the experiment with."""
     with socket.socket() as s:  # a free port on localhost
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -85,11 +121,11 @@ def test_a_sweep_is_one_experiment_and_mlflow_server_answers_for_it(tmp_path):
             "--port",
             str(port),
             "--backend-store-uri",
-            f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}",
+            f"sqlite:///{cwd / 'outputs' / 'mlflow.db'}",
             "--workers",
             "1",
         ],
-        cwd=tmp_path,
+        cwd=cwd,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
@@ -108,13 +144,13 @@ def test_a_sweep_is_one_experiment_and_mlflow_server_answers_for_it(tmp_path):
                         f"mlflow server did not start: {server.stderr.read().decode()[-2000:] if server.stderr else ''}"
                     )
                 time.sleep(0.5)
-        query = json.dumps({"experiment_ids": [experiment.experiment_id], "max_results": 10}).encode()
+        query = json.dumps({"experiment_ids": [experiment_id], "max_results": 10}).encode()
         request = urllib.request.Request(
             f"{url}/api/2.0/mlflow/runs/search", data=query, headers={"Content-Type": "application/json"}
         )
         with urllib.request.urlopen(request, timeout=30) as response:
             found = json.loads(response.read())["runs"]
-        assert sorted(r["info"]["run_id"] for r in found) == sorted(r.info.run_id for r in runs)
+        return sorted(r["info"]["run_id"] for r in found)
     finally:
         server.terminate()
         try:
