@@ -83,12 +83,22 @@ def test_one_run_spans_two_nodes_through_slurm_ddp_and_a_hand_written_sbatch_scr
     assert json.loads((tmp_path / "one" / "result.json").read_text())["iter"] == 40  # twice the 20 of each rank
 
 
-@pytest.mark.long(seconds=90)
-def test_a_node_set_down_mid_run_requeues_the_two_node_job_and_it_resumes_exactly(slurm_cluster, tmp_path):  # noqa: F811
-    """n2 is set DOWN while a two-node job trains: Slurm ends the job and requeues it; it waits for
-    two nodes, n2 comes back, and the job resumes from its last complete checkpoint to the weights
-    and every logged loss of an uninterrupted run of two processes (torchrun, outside Slurm)."""
-    epochs = ["trainer.max_epochs=10", "default_hooks.logger.plot=false"]
+def _past_epoch(work, epoch: int) -> bool:
+    return any(int(p.stem.split("_")[1]) >= epoch for p in (work / "checkpoints").glob("epoch_*.pth"))
+
+
+@pytest.mark.long(seconds=125)
+def test_a_node_set_down_and_a_usr2_to_every_rank_each_requeue_the_two_node_job_which_resumes_exactly(
+    slurm_cluster,  # noqa: F811
+    tmp_path,
+):
+    """n2 is set DOWN while a two-node job trains: Slurm sends its ranks SIGTERM, ends the job and
+    requeues it; it waits for two nodes until n2 comes back. Later the job's steps get USR2 (as at a
+    time limit: ``scancel --signal=USR2``, to every rank on both nodes): the ranks agree on the
+    iteration to stop after, save once, and submitit requeues the job. Each time the job resumes from
+    its last complete checkpoint, and it ends with the weights and every logged loss of an
+    uninterrupted run of two processes (torchrun, outside Slurm)."""
+    epochs = ["trainer.max_epochs=14", "default_hooks.logger.plot=false"]
     env = slow_env(tmp_path, **slurm_cluster.env)
     reference = subprocess.Popen(
         torchrun_command(f"hydra.run.dir={tmp_path / 'reference'}", *epochs),
@@ -97,7 +107,7 @@ def test_a_node_set_down_mid_run_requeues_the_two_node_job_and_it_resumes_exactl
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    sweep = tmp_path / "sweep"
+    sweep, work = tmp_path / "sweep", tmp_path / "sweep" / "0"
     launch = [
         "-m",
         "hydra/launcher=slurm_ddp",
@@ -106,34 +116,48 @@ def test_a_node_set_down_mid_run_requeues_the_two_node_job_and_it_resumes_exactl
         "hydra.launcher.cpus_per_task=1",
         "hydra.launcher.mem_gb=2",
         "hydra.launcher.timeout_min=10",
+        "hydra.launcher.max_num_timeout=1",  # (submitit counts a USR2 long before the limit as a preemption)
         *epochs,
         f"hydra.sweep.dir={sweep}",
     ]
     running = subprocess.Popen(
         slow_train(tmp_path, *launch), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    try:
-        deadline = time.monotonic() + 180
-        while not any(int(p.stem.split("_")[1]) >= 3 for p in (sweep / "0" / "checkpoints").glob("epoch_*.pth")):
-            assert running.poll() is None and time.monotonic() < deadline, running.communicate()[0][-3000:]
+
+    def wait_until(done, what: str, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if running.poll() is not None or time.monotonic() > deadline:
+                running.kill()
+                pytest.fail(f"{what}: " + running.communicate()[0][-3000:] + slurm_cluster.log())
             time.sleep(0.3)
+
+    def restarts(job: str) -> int:
+        found = re.search(r"Restarts=(\d+)", slurm_cluster.run("scontrol", "show", "job", job).stdout)
+        return int(found.group(1)) if found else -1
+
+    try:
+        wait_until(lambda: _past_epoch(work, 3), "epoch 3")
+        (job,) = [p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+", p.name)]  # (not an array)
         down = slurm_cluster.run("scontrol", "update", "nodename=n2", "state=down", "reason=expkit-test")
         assert down.returncode == 0, down.stderr
-        (job,) = [
-            p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+", p.name)
-        ]  # (one job: no array)
-        deadline = time.monotonic() + 120
-        while "Restarts=0" in slurm_cluster.run("scontrol", "show", "job", job).stdout:  # (until Slurm requeued it)
-            assert time.monotonic() < deadline, slurm_cluster.log()
-            time.sleep(0.5)
+        wait_until(lambda: restarts(job) >= 1, "the requeue after n2 went down", timeout=120)
     finally:
         slurm_cluster.run("scontrol", "update", "nodename=n2", "state=resume")
+    wait_until(lambda: _past_epoch(work, 8), "epoch 8 after the requeue")
+    signalled = slurm_cluster.run("scancel", "--signal=USR2", job)  # (every task of the job's step)
+    assert signalled.returncode == 0, signalled.stderr
     output, _ = running.communicate(timeout=300)
-    train_log = (sweep / "0" / "train.log").read_text()
+
+    train_log, rank1_log = (work / "train.log").read_text(), (work / "rank1.log").read_text()
     story = output[-3000:] + train_log[-4000:] + slurm_cluster.log()
     assert running.returncode == 0, story
-    result = json.loads((sweep / "0" / "result.json").read_text())
-    assert result["status"] == "completed" and result["requeues"] >= 1 and result["world_size"] == 2, story
+    result = json.loads((work / "result.json").read_text())
+    assert result["status"] == "completed" and result["requeues"] == 2 and result["world_size"] == 2, story
+    for log in (train_log, rank1_log):  # each rank stopped at Slurm's signals, not at the other's
+        assert "Stop requested: signal SIGTERM" in log and "Stop requested: signal SIGUSR2" in log, story
+        assert "(on another rank)" not in log, story
+    assert train_log.count("Resumed from ") == 2, story
     assert reference.wait(timeout=300) == 0
-    assert_same_weights(sweep / "0", tmp_path / "reference", "epoch_10.pth")
-    assert train_losses(sweep / "0") == train_losses(tmp_path / "reference")  # each step once
+    assert_same_weights(work, tmp_path / "reference", "epoch_14.pth")
+    assert train_losses(work) == train_losses(tmp_path / "reference")  # each step once
