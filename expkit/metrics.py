@@ -615,7 +615,7 @@ def _check_classes(outputs: Any, classes: int) -> None:
     if not isinstance(logits, torch.Tensor) or logits.ndim not in (2, 4) or logits.shape[1] == classes:
         return  # ([batch, classes], or [batch, classes, height, width] for segmentation)
     raise ConfigError(
-        f"the model outputs {logits.shape[1]} classes (logits of shape {list(logits.shape)}) but the data has "
+        f"the model outputs {logits.shape[1]} classes (logits of shape {list(logits.shape[1:])} a sample) but the data has "
         f"{classes}: set model.num_classes={classes} (or model.num_classes=${{data_info:num_classes}}), or the "
         "model's own argument for the size of its head"
     )

@@ -66,7 +66,7 @@ def test_the_model_takes_the_datas_classes_and_channels():
                 "+model.in_chans=1",
                 "~model.channels",
             ],
-            "the model outputs 1000 classes (logits of shape [32, 1000]) but the data has 10: set model.num_classes=10",
+            "the model outputs 1000 classes (logits of shape [1000] a sample) but the data has 10: set model.num_classes=10",
         ),
     ],
     ids=["unknown name", "no local weights", "missing weights file", "weights without pretrained", "1000-class head"],
