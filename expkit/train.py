@@ -357,7 +357,7 @@ def _slurm_restarts_it(runner: Any) -> bool:
     return (
         runner.stop_signal == signal.SIGTERM
         and "SUBMITIT_EXECUTOR" in os.environ
-        and slurm.being_requeued(distributed.requeue_count())  # (outside Slurm: False, nothing asked)
+        and slurm.being_requeued(distributed.requeue_count(), main=distributed.is_main())  # (outside Slurm: False)
     )
 
 

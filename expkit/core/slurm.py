@@ -48,12 +48,15 @@ class SlurmJob:
         requeue: whether the job may be requeued (``sbatch --requeue``, or the cluster's ``JobRequeue=1``).
         restarts: how many times Slurm has requeued it so far (``Restarts=``): one more than this
             attempt's ``SLURM_RESTART_COUNT`` once ``scontrol requeue`` or a preemption has ended it.
+        preempted: whether a job of a higher priority preempted this attempt (``PreemptTime=`` set,
+            not before this attempt's ``StartTime=``): Slurm's SIGTERM has come or is coming.
     """
 
     job_id: str
     end_time: float | None
     requeue: bool
     restarts: int = 0
+    preempted: bool = False
 
 
 def this_job() -> SlurmJob | None:
@@ -80,37 +83,53 @@ def this_job() -> SlurmJob | None:
         log.warning("Could not ask Slurm about job %s: %s", jid, proc.stderr.strip() or f"exit {proc.returncode}")
         return None
     restarts = re.search(r"\bRestarts=(\d+)", proc.stdout)
+    preempt_time, start_time = _end_time(proc.stdout, "PreemptTime"), _end_time(proc.stdout, "StartTime")
     return SlurmJob(
         jid,
         _end_time(proc.stdout),
         re.search(r"\bRequeue=1\b", proc.stdout) is not None,
         int(restarts.group(1)) if restarts else 0,
+        preempt_time is not None and (start_time is None or preempt_time >= start_time),
     )
 
 
-def _end_time(scontrol_line: str) -> float | None:
-    """``EndTime=2026-11-27T21:02:01`` (the cluster's local time) as ``time.time()`` seconds; None
-    for ``Unknown`` or ``None`` (no time limit)."""
-    found = re.search(r"\bEndTime=(\S+)", scontrol_line)
+def _end_time(scontrol_line: str, field: str = "EndTime") -> float | None:
+    """``EndTime=2026-11-27T21:02:01`` (the cluster's local time; or another time `field`) as
+    ``time.time()`` seconds; None for ``Unknown`` or ``None`` (no time limit, not preempted)."""
+    found = re.search(rf"\b{field}=(\S+)", scontrol_line)
     try:
         return time.mktime(time.strptime(found.group(1), "%Y-%m-%dT%H:%M:%S")) if found else None
     except ValueError:
         return None
 
 
-def being_requeued(attempt: int) -> bool:
+def being_requeued(attempt: int, main: bool = True) -> bool:
     """Whether Slurm is ending this attempt of the job to start it again (``scontrol requeue``, a
-    preemption with ``PreemptMode=REQUEUE``): its restart count is already past this attempt's.
-    Asked once, when SIGTERM has stopped a run: ``scancel`` sends the same signal.
+    preemption with ``PreemptMode=REQUEUE``): its restart count is already past this attempt's, or
+    the attempt was preempted. Asked once, when SIGTERM has stopped a run and it is saved and
+    recorded: ``scancel`` sends the same signal.
+
+    A preempted job is requeued here (``scontrol requeue``, by the main rank): with a ``GraceTime``,
+    Slurm 22.05 sends SIGTERM and requeues the job only if it still runs when the grace time ends;
+    one that saved and exited before is recorded COMPLETED and never starts again (issue 65).
 
     Args:
         attempt: this attempt's restart count (``SLURM_RESTART_COUNT``: ``distributed.requeue_count()``).
+        main: whether this process requeues a preempted job (rank 0); the others only answer.
 
     Returns:
-        True when the job comes back; False for a cancel, outside Slurm, or when Slurm does not answer.
+        True when the job comes back; False for a cancel, outside Slurm, when Slurm does not answer, or
+            when a preempted job may not be requeued.
     """
     job = this_job()
-    return job is not None and job.restarts > attempt
+    if job is None or job.restarts > attempt:
+        return job is not None
+    if not job.preempted:
+        return False
+    why = requeue(job) if main else (None if job.requeue else "submitted with --no-requeue")
+    if why is not None:
+        log.warning("Preempted, and not requeued: %s", why)
+    return why is None
 
 
 def requeue(job: SlurmJob | None = None) -> str | None:

@@ -87,18 +87,20 @@ def _past_epoch(work, epoch: int) -> bool:
     return any(int(p.stem.split("_")[1]) >= epoch for p in (work / "checkpoints").glob("epoch_*.pth"))
 
 
-@pytest.mark.long(seconds=125)
-def test_a_node_set_down_and_a_usr2_to_every_rank_each_requeue_the_two_node_job_which_resumes_exactly(
+@pytest.mark.long(seconds=230)
+def test_a_node_down_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_node_job_which_resumes_exactly(
     slurm_cluster,  # noqa: F811
     tmp_path,
 ):
     """n2 is set DOWN while a two-node job trains: Slurm sends its ranks SIGTERM, ends the job and
     requeues it; it waits for two nodes until n2 comes back. Later the job's steps get USR2 (as at a
     time limit: ``scancel --signal=USR2``, to every rank on both nodes): the ranks agree on the
-    iteration to stop after, save once, and submitit requeues the job. Each time the job resumes from
-    its last complete checkpoint, and it ends with the weights and every logged loss of an
-    uninterrupted run of two processes (torchrun, outside Slurm)."""
-    epochs = ["trainer.max_epochs=14", "default_hooks.logger.plot=false"]
+    iteration to stop after, save once, and submitit requeues the job. Then a job of the higher
+    partition (``urgent``) needs n2's CPUs: Slurm preempts the job (SIGTERM, GraceTime=30); it saves
+    and requeues itself (Slurm would not: a job that ends within its grace time is COMPLETED). Each
+    time the job resumes from its last complete checkpoint, and it ends with the weights and every
+    logged loss of an uninterrupted run of two processes (torchrun, outside Slurm)."""
+    epochs = ["trainer.max_epochs=18", "default_hooks.logger.plot=false"]
     env = slow_env(tmp_path, **slurm_cluster.env)
     reference = subprocess.Popen(
         torchrun_command(f"hydra.run.dir={tmp_path / 'reference'}", *epochs),
@@ -147,17 +149,31 @@ def test_a_node_set_down_and_a_usr2_to_every_rank_each_requeue_the_two_node_job_
     wait_until(lambda: _past_epoch(work, 8), "epoch 8 after the requeue")
     signalled = slurm_cluster.run("scancel", "--signal=USR2", job)  # (every task of the job's step)
     assert signalled.returncode == 0, signalled.stderr
+    wait_until(lambda: restarts(job) >= 2 and _past_epoch(work, 12), "epoch 12 after the USR2")
+    urgent = slurm_cluster.run(  # all of n2's CPUs, on the partition of the higher PriorityTier
+        "sbatch",
+        "--parsable",
+        "--partition=urgent",
+        "--nodelist=n2",
+        f"--cpus-per-task={slurm_cluster.cpus}",
+        "--mem=500M",
+        "--time=1",
+        "--output=/dev/null",
+        "--wrap=sleep 3",
+    )
+    assert urgent.returncode == 0, urgent.stderr
     output, _ = running.communicate(timeout=300)
 
     train_log, rank1_log = (work / "train.log").read_text(), (work / "rank1.log").read_text()
     story = output[-3000:] + train_log[-4000:] + slurm_cluster.log()
     assert running.returncode == 0, story
     result = json.loads((work / "result.json").read_text())
-    assert result["status"] == "completed" and result["requeues"] == 2 and result["world_size"] == 2, story
+    assert result["status"] == "completed" and result["requeues"] == 3 and result["world_size"] == 2, story
+    assert "Slurm is requeuing this job" in train_log and "stopped" not in output, story
     for log in (train_log, rank1_log):  # each rank stopped at Slurm's signals, not at the other's
         assert "Stop requested: signal SIGTERM" in log and "Stop requested: signal SIGUSR2" in log, story
         assert "(on another rank)" not in log, story
-    assert train_log.count("Resumed from ") == 2, story
+    assert train_log.count("Resumed from ") == 3, story
     assert reference.wait(timeout=300) == 0
-    assert_same_weights(work, tmp_path / "reference", "epoch_14.pth")
+    assert_same_weights(work, tmp_path / "reference", "epoch_18.pth")
     assert train_losses(work) == train_losses(tmp_path / "reference")  # each step once
