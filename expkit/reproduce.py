@@ -46,7 +46,7 @@ from expkit.core.atomic import write_json_atomic
 from expkit.core.confine import confined
 from expkit.core.errors import ConfigError, TaskExit, config_errors_exit_2, exit_status
 from expkit.sweeps.rows import _read_yaml
-from expkit.workdir.records import PROVENANCE_FILE, read_provenance, read_records, read_result
+from expkit.workdir.records import PROVENANCE_FILE, read_job, read_provenance, read_records, read_result
 
 __all__ = [
     "Recorded",
@@ -79,7 +79,7 @@ class Recorded:
         diff: provenance.diff (the uncommitted changes), or None for a clean tree.
         cwd: the run's cwd, relative to the repository (``.`` for its root).
         overrides: the run's task overrides (``.hydra/overrides.yaml``).
-        config_dir: ``--config-dir`` relative to the repository (or absolute outside it), or None.
+        config_dir: ``--config-dir`` relative to `cwd` (or absolute outside the repository), or None.
         world_size: the processes of a torchrun run; 1 for a plain one.
     """
 
@@ -128,7 +128,9 @@ def _is_run(path: Path) -> bool:
     return (path / ".hydra").is_dir() and any((path / n).is_file() for n in ("result.json", "metrics.jsonl"))
 
 
-def _config_dir(work_dir: Path, repository: Path) -> str | None:
+def _config_dir(work_dir: Path, repository: Path, cwd: Path) -> str | None:
+    """``--config-dir`` as the run gave it: relative to its cwd (`cwd`) when it lies in `repository`,
+    so that it resolves in the worktree from the same place; else absolute."""
     hydra = _read_yaml(work_dir / ".hydra" / "hydra.yaml")
     sources = (
         (((hydra or {}).get("hydra") or {}).get("runtime") or {}).get("config_sources")
@@ -138,7 +140,7 @@ def _config_dir(work_dir: Path, repository: Path) -> str | None:
     for source in sources if isinstance(sources, list) else []:
         if isinstance(source, dict) and source.get("provider") == "command-line" and source.get("schema") == "file":
             path = Path(str(source.get("path")))
-            return os.path.relpath(path, repository) if path.is_relative_to(repository) else str(path)
+            return os.path.relpath(path, cwd) if path.is_relative_to(repository) else str(path)
     return None
 
 
@@ -193,8 +195,12 @@ def read_run(work_dir: Path) -> Recorded:
                 f"{work_dir}: the run had uncommitted changes, and their record ({git['diff']}) is missing: the code "
                 "cannot be rebuilt as it was"
             )
-    recorded_cwd = Path(str(provenance.get("cwd") or repository))
-    cwd = os.path.relpath(recorded_cwd, repository) if recorded_cwd.is_relative_to(repository) else "."
+    # the paths as the run saw them: in the recorded repository (`repository` may be another clone)
+    recorded_repository = Path(str(git.get("repository") or repository))
+    recorded_cwd = Path(str(provenance.get("cwd") or recorded_repository))
+    if not recorded_cwd.is_relative_to(recorded_repository):
+        recorded_cwd = recorded_repository
+    cwd = os.path.relpath(recorded_cwd, recorded_repository)
     overrides = _read_yaml(work_dir / ".hydra" / "overrides.yaml")
     config = _read_yaml(work_dir / ".hydra" / "config.yaml")
     return Recorded(
@@ -205,7 +211,7 @@ def read_run(work_dir: Path) -> Recorded:
         diff=diff,
         cwd=cwd,
         overrides=[str(o) for o in overrides] if isinstance(overrides, list) else [],
-        config_dir=_config_dir(work_dir, Path(str(git.get("repository") or repository))),
+        config_dir=_config_dir(work_dir, recorded_repository, recorded_cwd),
         world_size=_world_size(provenance, read_result(work_dir)),
         config=config if isinstance(config, dict) else {},
     )
@@ -289,12 +295,24 @@ def command(recorded: Recorded, out: Path) -> list[str]:
     return [*launcher, *flags, *recorded.overrides, f"hydra.run.dir={out}"]
 
 
+def _python_path(recorded: Recorded, tree: Path, given: str) -> str:
+    """PYTHONPATH for the rerun: the worktree first, then `given` (today's) with each entry that lies in
+    the repository moved to the same place in the worktree (``PYTHONPATH=$PWD/src``: the user's own
+    modules import from the recorded code, not from today's tree)."""
+    git = recorded.provenance.get("git") or {}
+    roots = {recorded.repository.absolute(), Path(str(git.get("repository") or recorded.repository))}
+    entries = [str(tree)]
+    for entry in filter(None, given.split(os.pathsep)):
+        path = Path(entry)
+        root = next((r for r in roots if path.is_absolute() and path.is_relative_to(r)), None)
+        entries.append(str(tree / path.relative_to(root)) if root is not None else entry)
+    return os.pathsep.join(entries)
+
+
 def _rerun(recorded: Recorded, tree: Path, out: Path) -> tuple[list[str], int]:
     argv = command(recorded, out)
     cwd = tree / recorded.cwd
-    # the worktree first: expkit and the user's own modules import from the recorded code
-    path = [str(tree), *([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    env = {**os.environ, "PYTHONPATH": _python_path(recorded, tree, os.environ.get("PYTHONPATH", ""))}
     print(f"Reproducing {recorded.work_dir} at {recorded.commit[:12]}: {' '.join(argv[1:])}", flush=True)
     return argv, subprocess.run(argv, cwd=cwd if cwd.is_dir() else tree, env=env).returncode
 
@@ -583,10 +601,16 @@ def _print_table(report: dict[str, Any], verdict: Verdict) -> None:
 
 # -- the command -------------------------------------------------------------------------------------
 def _out_dir(work_dir: Path, given: Any) -> Path:
-    out = (
-        Path(str(given)) if given else work_dir.parent / f"{work_dir.name}-reproduced-{time.strftime('%Y%m%d_%H%M%S')}"
-    )
-    out = out.absolute()
+    """`given`, else beside the run: ``<run>-reproduced-<time>``; for a sweep's job, beside its sweep dir
+    (``<sweep>-<job>-reproduced-<time>``: a dir inside the sweep dir would be read as one more job)."""
+    stamp = time.strftime("%Y%m%d_%H%M%S")
+    work_dir = work_dir.absolute()
+    if given:
+        out = Path(str(given)).absolute()
+    elif read_job(work_dir) is not None or (work_dir.parent / "multirun.yaml").is_file():
+        out = work_dir.parent.parent / f"{work_dir.parent.name}-{work_dir.name}-reproduced-{stamp}"
+    else:
+        out = work_dir.parent / f"{work_dir.name}-reproduced-{stamp}"
     if out.resolve() == work_dir.resolve() or work_dir.resolve() in out.resolve().parents:
         raise ConfigError(f"out={out} lies in the run's own dir, which is never written: give a dir outside it")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -143,3 +143,98 @@ def test_the_digits_are_fingerprinted_and_a_changed_file_is_named_as_the_data(tm
     finding = data_difference({"inputs": recorded}, {"inputs": changed})
     assert finding["what"] == "data" and finding["key"] == recorded["entries"][0]["path"]
     assert finding["original"]["hash"] == recorded["entries"][0]["hash"] and finding["reproduced"]["hash"] == "0" * 32
+
+
+# -- a user's own project, in its own git repository -------------------------------------------------
+SHRINK_HOOK = '''
+import torch
+
+from expkit import Hook
+
+SHRINK = 0.999
+
+
+class Shrink(Hook):
+    """Shrinks the weights after every training iteration: this code decides the run's numbers."""
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        with torch.no_grad():
+            for p in runner.model.parameters():
+                p.mul_(SHRINK)
+'''
+
+
+def user_git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout
+
+
+def user_repo(repo: Path) -> Path:
+    """A user's project in a git repository of its own, committed: its module in ``src/userhooks.py``
+    (``PYTHONPATH=<repo>/src``) and its config dir ``project/conf`` (the ``shrink`` hook), run from
+    ``project/`` with ``--config-dir conf``. Returns the repository."""
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "userhooks.py").write_text(SHRINK_HOOK)
+    (repo / "project" / "conf" / "hooks").mkdir(parents=True)
+    (repo / "project" / "conf" / "hooks" / "shrink.yaml").write_text("shrink:\n  _target_: userhooks.Shrink\n")
+    (repo / ".gitignore").write_text("__pycache__/\n")
+    user_git(repo, "init", "--quiet")
+    user_git(repo, "add", "--all")
+    user_git(repo, "-c", "user.name=u", "-c", "user.email=u@example.com", "commit", "--quiet", "-m", "shrink")
+    return repo
+
+
+def user_state(repo: Path) -> list[str]:
+    """The user's working tree (status and the module's text), index, HEAD, branches and worktrees."""
+    return [
+        user_git(repo, "status", "--porcelain", "--untracked-files=all"),
+        (repo / "src" / "userhooks.py").read_text(),
+        user_git(repo, "ls-files", "--stage"),
+        user_git(repo, "rev-parse", "HEAD"),
+        user_git(repo, "for-each-ref"),
+        user_git(repo, "worktree", "list"),
+    ]
+
+
+def set_shrink(repo: Path, value: str) -> None:
+    module = repo / "src" / "userhooks.py"
+    module.write_text(module.read_text().replace(module.read_text().split("SHRINK = ")[1].split("\n")[0], value))
+
+
+@pytest.mark.slow
+def test_a_sweep_job_of_a_user_project_reproduces_with_its_recorded_uncommitted_code(tmp_path):
+    repo = user_repo(tmp_path / "repo")
+    env = {"PYTHONPATH": str(repo / "src"), "OMP_NUM_THREADS": "1"}
+    set_shrink(repo, "0.998")  # the run's code: an edit not committed (provenance.diff)
+    sweep = tmp_path / "sweep"
+    args = ["--config-dir", "conf", "hooks=[shrink]", "trainer.max_iters=20", "-m", "optim.lr=0.01,0.02"]
+    proc = run_cli(*args, f"hydra.sweep.dir={sweep}", cwd=repo / "project", env=env)
+    assert proc.returncode == 0, proc.output
+    assert "+SHRINK = 0.998" in (sweep / "1" / "provenance.diff").read_text()
+    set_shrink(repo, "0.997")  # today's code differs from the run's: reproduce must not run it
+    before, state = hashes(sweep), user_state(repo)
+
+    proc = run_module("expkit.reproduce", str(sweep / "1"), cwd=repo / "project", env=env)
+    assert proc.returncode == 0, proc.output
+    # the job alone, beside the sweep dir: nothing written in the sweep dir (one more job there)
+    [out] = [p for p in tmp_path.iterdir() if p.name.startswith("sweep-1-reproduced-")]
+    assert hashes(sweep) == before and user_state(repo) == state
+    report = json.loads((out / "reproduce.json").read_text())
+    assert report["verdict"] == "reproduced", report
+    assert report["checks"]["weights"].startswith("6 tensors equal bit for bit"), report["checks"]
+    assert "optim.lr=0.02" in report["command"] and "-m" not in report["command"][2:]
+    assert not (out / "multirun.yaml").exists()
+    assert (out / ".hydra" / "overrides.yaml").read_text() == (sweep / "1" / ".hydra" / "overrides.yaml").read_text()
+    # the recorded code ran, in a worktree, from the run's cwd in it
+    again = json.loads((out / "provenance.json").read_text())
+    assert (out / "provenance.diff").read_text() == (sweep / "1" / "provenance.diff").read_text()
+    assert again["cwd"].endswith("/project") and not again["cwd"].startswith(str(repo))
+
+    # a record whose diff no longer applies: exit 2 in one line, the user's repository untouched
+    damaged = shutil.copytree(sweep / "0", tmp_path / "damaged")
+    diff = damaged / "provenance.diff"
+    diff.write_text(diff.read_text().replace("-SHRINK = 0.999", "-SHRINK = 0.5"))
+    proc = run_module("expkit.reproduce", str(damaged), f"out={tmp_path / 'never'}", cwd=repo / "project", env=env)
+    assert proc.returncode == 2, proc.output
+    assert proc.stderr.strip().count("\n") == 0 and "does not apply" in proc.stderr, proc.stderr
+    assert "re-run by hand at that commit" in proc.stderr
+    assert not (tmp_path / "never").exists() and user_state(repo) == state
