@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli, run_module
+from conftest import REPO, run_cli, run_module, torchrun
 
 
 def reproduce(*args: str) -> subprocess.CompletedProcess:
@@ -238,3 +238,28 @@ def test_a_sweep_job_of_a_user_project_reproduces_with_its_recorded_uncommitted_
     assert proc.stderr.strip().count("\n") == 0 and "does not apply" in proc.stderr, proc.stderr
     assert "re-run by hand at that commit" in proc.stderr
     assert not (tmp_path / "never").exists() and user_state(repo) == state
+
+
+@pytest.mark.slow
+def test_a_torchrun_run_reproduces_with_its_recorded_world_size(tmp_path):
+    repo = user_repo(tmp_path / "repo")
+    work, out = tmp_path / "ddp", tmp_path / "again"
+    env = {"PYTHONPATH": str(repo / "src"), "OMP_NUM_THREADS": "1"}
+    proc = torchrun(
+        "--config-dir",
+        "conf",
+        "hooks=[shrink]",
+        "trainer.max_iters=10",
+        f"hydra.run.dir={work}",
+        cwd=repo / "project",
+        env=env,
+    )
+    assert proc.returncode == 0, proc.output
+    proc = run_module("expkit.reproduce", str(work), f"out={out}", cwd=repo / "project", env=env)
+    assert proc.returncode == 0, proc.output
+    report = json.loads((out / "reproduce.json").read_text())
+    assert report["verdict"] == "reproduced", report
+    assert "--nproc_per_node=2" in report["command"] and "expkit.train" in report["command"]
+    assert report["checks"]["weights"].startswith("6 tensors equal bit for bit"), report["checks"]
+    again = json.loads((out / "provenance.json").read_text())
+    assert again["world_size"] == json.loads((work / "provenance.json").read_text())["world_size"] == 2
