@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import REPO, run_cli, run_module, torchrun
 
 
@@ -219,7 +220,7 @@ def test_a_sweep_job_of_a_user_project_reproduces_with_its_recorded_uncommitted_
     [out] = [p for p in tmp_path.iterdir() if p.name.startswith("sweep-1-reproduced-")]
     assert hashes(sweep) == before and user_state(repo) == state
     report = json.loads((out / "reproduce.json").read_text())
-    assert report["verdict"] == "reproduced", report
+    assert report["verdict"] == "reproduced" and report["checks"]["data"] == "same files", report
     assert report["checks"]["weights"].startswith("6 tensors equal bit for bit"), report["checks"]
     assert "optim.lr=0.02" in report["command"] and "-m" not in report["command"][2:]
     assert not (out / "multirun.yaml").exists()
@@ -263,3 +264,37 @@ def test_a_torchrun_run_reproduces_with_its_recorded_world_size(tmp_path):
     assert report["checks"]["weights"].startswith("6 tensors equal bit for bit"), report["checks"]
     again = json.loads((out / "provenance.json").read_text())
     assert again["world_size"] == json.loads((work / "provenance.json").read_text())["world_size"] == 2
+
+
+def write_images(root: Path) -> None:
+    """A small ImageFolder dataset: 8x8 greyscale PNGs of two classes, 6 a class for training, 3 for validation."""
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(0)
+    for split, count in (("train", 6), ("val", 3)):
+        for label, shade in (("dark", 60), ("light", 180)):
+            (root / split / label).mkdir(parents=True)
+            for i in range(count):
+                pixels = (shade + torch.randint(-50, 50, (8, 8), generator=generator)).to(torch.uint8)
+                Image.fromarray(pixels.numpy(), mode="L").save(root / split / label / f"{i}.png")
+
+
+@pytest.mark.slow
+def test_a_data_file_changed_after_the_run_is_its_own_finding(tmp_path):
+    from PIL import Image
+
+    repo, images = user_repo(tmp_path / "repo"), tmp_path / "images"
+    write_images(images)
+    work, out = tmp_path / "run", tmp_path / "again"
+    data = ["data=image_folder", f"data.root={images}", "data.image_size=8", "data.in_channels=1", "data.num_workers=0"]
+    proc = run_cli(*data, "data.batch_size=4", "trainer.max_iters=6", f"hydra.run.dir={work}", cwd=repo)
+    assert proc.returncode == 0, proc.output
+    changed = images / "train" / "light" / "2.png"
+    Image.fromarray(torch.zeros(8, 8, dtype=torch.uint8).numpy(), mode="L").save(changed)
+    proc = run_module("expkit.reproduce", str(work), f"out={out}", cwd=repo)
+    assert proc.returncode == 1, proc.output
+    assert f"The data changed: data {changed}" in proc.stdout, proc.output
+    report = json.loads((out / "reproduce.json").read_text())
+    assert report["verdict"] == "differs" and report["checks"]["data"] == "changed"
+    finding = report["data_changed"]
+    assert finding["key"] == str(changed) and finding["original"]["hash"] != finding["reproduced"]["hash"]
