@@ -298,3 +298,16 @@ def test_a_data_file_changed_after_the_run_is_its_own_finding(tmp_path):
     assert report["verdict"] == "differs" and report["checks"]["data"] == "changed"
     finding = report["data_changed"]
     assert finding["key"] == str(changed) and finding["original"]["hash"] != finding["reproduced"]["hash"]
+
+
+def test_a_gpu_run_of_more_processes_than_this_machine_has_gpus_exits_2_in_one_line(tmp_path):
+    commit = git("rev-parse", "HEAD").strip()
+    run = recorded_run(tmp_path / "run", {"git": {"repository": str(REPO), "commit": commit}, "world_size": 64})
+    (run / "result.json").write_text(json.dumps({"status": "completed", "device": "cuda:0", "world_size": 64}))
+    before, repository = hashes(tmp_path), repository_state()
+    proc = reproduce(str(run), f"out={tmp_path / 'never'}")
+    assert proc.returncode == 2, proc.output
+    assert proc.stderr.strip().count("\n") == 0 and "ran on 64 GPU processes" in proc.stderr, proc.stderr
+    assert "cannot be reproduced here" in proc.stderr
+    assert hashes(tmp_path) == before and not (tmp_path / "never").exists()
+    assert repository_state() == repository
