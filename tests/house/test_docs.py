@@ -365,6 +365,7 @@ COMMAND_PAGES = {
     "compare.yaml": "compare.md",
     "lr_find.yaml": "lr-find.md",
     "report.yaml": "sweeps.md",
+    "dashboard.yaml": "sweeps.md",
     "reproduce.yaml": "checkpoints.md",
 }
 SKIPPED_PATHS = ("hydra.job_logging", "hydra.help", "hydra.sweeper.params.")  # Hydra's own; the search space

@@ -22,6 +22,7 @@ COMMANDS = {
     "compare",
     "lr_find",
     "report",
+    "dashboard",
     "reproduce",
     "shards",
 }  # (and check/, a package)

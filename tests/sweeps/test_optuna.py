@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -285,10 +283,8 @@ def test_optuna_dashboard_serves_the_study(tmp_path):
     )
     assert proc.returncode == 0, proc.output
     port = _free_port()
-    dashboard = shutil.which("optuna-dashboard", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    assert dashboard is not None, "optuna-dashboard is not installed beside this Python or on PATH"
-    server = subprocess.Popen(
-        [str(dashboard), storage, "--host", "127.0.0.1", "--port", str(port)],
+    server = subprocess.Popen(  # python -m expkit.dashboard: the SQLite study the search recorded
+        [sys.executable, "-m", "expkit.dashboard", str(tmp_path / "sweep"), "host=127.0.0.1", f"port={port}"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
