@@ -17,6 +17,7 @@ with one line. plotly is the ``report`` extra (``pip install 'expkit[report]'``)
 
 from __future__ import annotations
 
+import contextlib
 import html
 import math
 import statistics
@@ -301,7 +302,10 @@ def report(patterns: list[str], out: str | Path | None = None) -> Path:
     parents = {p.resolve().parent for p in runs}
     sweep_dir = next(iter(parents)) if len(parents) == 1 and (next(iter(parents)) / "multirun.yaml").is_file() else None
     page = Path(out) if out else Path(*_common(sorted(parents))) / "report.html"  # (one sweep: its dir)
-    title = f"Report: {sweep_dir or page.parent}"
+    shown = sweep_dir or page.parent.resolve()
+    with contextlib.suppress(ValueError):  # (under the cwd: as the user names it)
+        shown = shown.relative_to(Path.cwd().resolve())
+    title = f"Report: {shown}"
     body = [f"<h1>{html.escape(title)}</h1>", f"<h2>Jobs ({len(jobs)})</h2>", _table(jobs, page.resolve())]
     plotly_js: bool | str = True  # plotly.js inside the page once, with the first figure
     for heading, fig in _sections(jobs, sweep_dir):
