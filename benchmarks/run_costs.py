@@ -46,7 +46,7 @@ import expkit.hooks.logger as LG
 timed(R.provenance, "start", "provenance.json: collected, git started")
 timed(R.provenance._GitQuery, "state", "provenance.json: git's answers waited for")
 timed(R.provenance, "_write", "provenance.json: written")
-timed(R, "probe_metrics", "metric probe (one validation batch)")
+timed(R, "probe_metrics", "metric probe (two validation samples)")
 timed(R.Runner, "validate", "validations, the checkpoint after each included")
 timed(RC, "save_checkpoint", "checkpoints")
 timed(RC, "state_checkpoint", "  of which: the state (RNG, hooks, counters)")
