@@ -22,9 +22,11 @@
 # Nodes: $EXPKIT_SLURM_NODES (2) nodes n1, n2... each a slurmd of its own on this host (NodeHostname), at
 # 127.0.0.1 on its own port, each with all of this machine's CPUs and memory (so one node alone still runs
 # what a one-node cluster ran). Their names resolve as on a real cluster: `start` adds them to /etc/hosts
-# (127.0.0.1) when they do not resolve. Partitions over every node: `debug` (the default, PriorityTier=1)
-# and `urgent` (PriorityTier=2), whose jobs preempt debug's (PreemptType=preempt/partition_prio,
-# PreemptMode=REQUEUE: SIGTERM, GraceTime=30 s, then requeued).
+# (127.0.0.1) when they do not resolve. Partitions: `debug` (the default) and `low` (PriorityTier=1,
+# GraceTime=30) and `urgent` (PriorityTier=2), whose jobs preempt the others' (PreemptType=
+# preempt/partition_prio, PreemptMode=REQUEUE: SIGTERM, GraceTime=30 s, then requeued). With 3 nodes or
+# more, the last is kept out of `debug` and alone in `urgent`: a job that asks for it in `low` is the
+# only one a test that fails that node or preempts on it stops (the tests' cluster has 3 nodes).
 #
 # Idempotent: `install` does nothing when the programs are there; `start` starts only the daemons
 # that are not running (a second `start` does nothing); `stop` stops only what runs from DIR.
@@ -164,15 +166,20 @@ DefMemPerCPU=$((memory / cpus))
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 EOF
-    local node all
+    local node all shared last
     for node in "${nodes[@]}"; do
         echo "NodeName=$node NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=$(node_port "$node")" \
             "CPUs=$cpus RealMemory=$memory State=UNKNOWN" >> "$conf"
     done
     all=$(IFS=,; echo "${nodes[*]}")
+    shared=$all last=$all
+    if [ ${#nodes[@]} -ge 3 ]; then  # (the last node only for jobs that ask for it: a test may fail or preempt it)
+        shared=$(IFS=,; echo "${nodes[*]:0:${#nodes[@]}-1}") last=${nodes[-1]}
+    fi
     cat >> "$conf" <<EOF
-PartitionName=debug Nodes=$all Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=30
-PartitionName=urgent Nodes=$all MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
+PartitionName=debug Nodes=$shared Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=30
+PartitionName=low Nodes=$all MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=30
+PartitionName=urgent Nodes=$last MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 EOF
     : > "$dir/etc/plugstack.conf"
     cat > "$dir/etc/slurmdbd.conf" <<EOF

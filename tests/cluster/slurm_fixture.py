@@ -1,7 +1,9 @@
-"""``slurm_cluster``: a real Slurm 22.05 cluster of two nodes on this machine (``scripts/setup_slurm.sh``:
-munged, MariaDB, slurmdbd, slurmctld, ``slurmd -N n1`` and ``slurmd -N n2`` at 127.0.0.1, each node with
-all of this machine's CPUs), started once per session and stopped at its end. A job of one node runs as
-on a one-node cluster; ``--nodes=2`` spans both.
+"""``slurm_cluster``: a real Slurm 22.05 cluster of three nodes on this machine (``scripts/setup_slurm.sh``
+with EXPKIT_SLURM_NODES=3: munged, MariaDB, slurmdbd, slurmctld, ``slurmd -N n1`` ... ``-N n3`` at
+127.0.0.1, each node with all of this machine's CPUs), started once per session and stopped at its end.
+The default partition, ``debug``, has n1 and n2: a job of one node runs as on a one-node cluster,
+``--nodes=2`` spans both. n3 is only in ``low`` (every node) and ``urgent`` (n3, whose jobs preempt
+``low``'s): a test that sets n3 DOWN or preempts on it stops only its own job there.
 
 A test module that needs it registers the fixture with ``from slurm_fixture import slurm_cluster  # noqa: F401``
 and passes ``slurm_cluster.environ()`` (SLURM_CONF) to the commands it runs: ``sbatch``, ``sacct``,
@@ -31,6 +33,7 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "setup_slurm.sh"
 NOT_HERE = 3  # setup_slurm.sh start's status where Slurm is not installed or this user may not start it
+NODES = "3"  # n1, n2 for the jobs of every test, n3 for the tests that fail or preempt a node
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,8 @@ class SlurmCluster:
         conf: its slurm.conf; every client finds the cluster through SLURM_CONF.
         partition: the default partition (``sbatch`` without ``-p`` uses it), over every node.
         cpus: a node's CPUs (this machine's).
-        nodes: the nodes' names (n1, n2), which resolve to 127.0.0.1.
+        nodes: the nodes' names (n1, n2, n3), which resolve to 127.0.0.1; the last one is only in the
+            partitions ``low`` and ``urgent``.
         env: what a client's environment needs (SLURM_CONF).
     """
 
@@ -79,6 +83,7 @@ def _script(command: str, cluster_dir: Path, timeout: float = 180) -> subprocess
         timeout=timeout,
         stdin=subprocess.DEVNULL,
         check=False,
+        env={**os.environ, "EXPKIT_SLURM_NODES": NODES},
     )
 
 

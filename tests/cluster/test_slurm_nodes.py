@@ -1,4 +1,4 @@
-"""One run over the two nodes of the real cluster (``slurm_cluster``: slurmd n1 and n2 on this host):
+"""One run over two nodes of the real cluster (``slurm_cluster``: slurmd n1, n2 and n3 on this host):
 through ``hydra/launcher=slurm_ddp`` with ``nodes=2``, and through a hand-written ``sbatch --nodes=2``
 script whose ``srun`` starts ``python -m expkit.train`` once per node."""
 
@@ -92,15 +92,17 @@ def test_a_node_down_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_no
     slurm_cluster,  # noqa: F811
     tmp_path,
 ):
-    """n2 is set DOWN while a two-node job trains: Slurm sends its ranks SIGTERM, ends the job and
-    requeues it; it waits for two nodes until n2 comes back. Later the job's steps get USR2 (as at a
+    """A two-node job runs on n2 and n3 (partition ``low``; n3 runs no other test's jobs). n3 is set
+    DOWN while it trains: Slurm sends its ranks SIGTERM, ends the job and requeues it; it waits for
+    two nodes until n3 comes back. Later the job's steps get USR2 (as at a
     time limit: ``scancel --signal=USR2``, to every rank on both nodes): the ranks agree on the
     iteration to stop after, save once, and submitit requeues the job. Then a job of the higher
-    partition (``urgent``) needs n2's CPUs: Slurm preempts the job (SIGTERM, GraceTime=30); it saves
+    partition (``urgent``) needs n3's CPUs: Slurm preempts the job (SIGTERM, GraceTime=30); it saves
     and requeues itself (Slurm would not: a job that ends within its grace time is COMPLETED). Each
     time the job resumes from its last complete checkpoint, and it ends with the weights and every
     logged loss of an uninterrupted run of two processes (torchrun, outside Slurm)."""
     epochs = ["trainer.max_epochs=18", "default_hooks.logger.plot=false"]
+    first, _, last = slurm_cluster.nodes
     env = slow_env(tmp_path, **slurm_cluster.env)
     reference = subprocess.Popen(
         torchrun_command(f"hydra.run.dir={tmp_path / 'reference'}", *epochs),
@@ -117,6 +119,8 @@ def test_a_node_down_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_no
         "hydra.launcher.tasks_per_node=1",
         "hydra.launcher.cpus_per_task=1",
         "hydra.launcher.mem_gb=2",
+        "hydra.launcher.partition=low",
+        f"hydra.launcher.exclude={first}",  # (n3, and n2, which other tests' jobs share)
         "hydra.launcher.timeout_min=10",
         "hydra.launcher.max_num_timeout=1",  # (submitit counts a USR2 long before the limit as a preemption)
         *epochs,
@@ -141,20 +145,20 @@ def test_a_node_down_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_no
     try:
         wait_until(lambda: _past_epoch(work, 3), "epoch 3")
         (job,) = [p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+", p.name)]  # (not an array)
-        down = slurm_cluster.run("scontrol", "update", "nodename=n2", "state=down", "reason=expkit-test")
+        down = slurm_cluster.run("scontrol", "update", f"nodename={last}", "state=down", "reason=expkit-test")
         assert down.returncode == 0, down.stderr
-        wait_until(lambda: restarts(job) >= 1, "the requeue after n2 went down", timeout=120)
+        wait_until(lambda: restarts(job) >= 1, f"the requeue after {last} went down", timeout=120)
     finally:
-        slurm_cluster.run("scontrol", "update", "nodename=n2", "state=resume")
+        slurm_cluster.run("scontrol", "update", f"nodename={last}", "state=resume")
     wait_until(lambda: _past_epoch(work, 8), "epoch 8 after the requeue")
     signalled = slurm_cluster.run("scancel", "--signal=USR2", job)  # (every task of the job's step)
     assert signalled.returncode == 0, signalled.stderr
     wait_until(lambda: restarts(job) >= 2 and _past_epoch(work, 12), "epoch 12 after the USR2")
-    urgent = slurm_cluster.run(  # all of n2's CPUs, on the partition of the higher PriorityTier
+    urgent = slurm_cluster.run(  # all of n3's CPUs, on the partition of the higher PriorityTier
         "sbatch",
         "--parsable",
         "--partition=urgent",
-        "--nodelist=n2",
+        f"--nodelist={last}",
         f"--cpus-per-task={slurm_cluster.cpus}",
         "--mem=500M",
         "--time=1",
