@@ -77,7 +77,7 @@ def _from_slurm() -> None:
         if job.world_size > 1:
             given = env.get("MASTER_ADDR")
             job.export(set_cuda_visible_devices=False, overwrite=True)  # (not overwritten, a given one raised)
-            if "SLURM_JOB_ID" in env:  # (submitit looks the first node's name up; its address needs no lookup)
+            if given or "SLURM_JOB_ID" in env:  # (the user's, else an address that needs no lookup where Slurm has one)
                 env["MASTER_ADDR"], _ADDRESS_FROM = _master_address(given)
         return
     if "SLURM_PROCID" not in env or int(env.get("SLURM_NTASKS", "1")) < 2:

@@ -89,7 +89,7 @@ def test_a_rendezvous_that_cannot_be_reached_fails_in_its_timeout_with_one_line_
     out, err = alone.communicate(timeout=60)  # rank 0, whose peer never comes
     assert alone.returncode == 1 and len(err.splitlines()) == 1, err
     assert err.startswith("Error: rank 0 of 2: no rendezvous at 127.0.0.1:") and "not every rank joined" in err, err
-    assert time.monotonic() - started < 30  # (each waits 2 s, after its start-up)
+    assert time.monotonic() - started < 120  # (each waits 2 s after its start-up: not the 30 minutes of before)
 
 
 def test_a_rendezvous_timeout_that_is_not_a_number_of_seconds_is_refused_in_one_line(tmp_path):
