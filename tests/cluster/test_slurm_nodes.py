@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 ONE_EPOCH = ["trainer.max_epochs=1", "default_hooks.logger.plot=false"]
 
 
-def _check_one_run_over_two_nodes(work, cluster, launched_from: str) -> None:
+def _check_one_run_over_two_nodes(work, cluster, launched_from: str, checkpoint: str = "epoch_1.pth") -> None:
     """One work dir, written by rank 0 (rank 1 only its log), whose records say 2 processes on n1 and n2."""
     story = "".join((work / name).read_text()[-3000:] for name in ("train.log", "rank1.log") if (work / name).exists())
     result = json.loads((work / "result.json").read_text())
@@ -33,10 +33,13 @@ def _check_one_run_over_two_nodes(work, cluster, launched_from: str) -> None:
     head = (work / "train.log").read_text().splitlines()[:4]
     assert any("World: 2 processes on 2 nodes (n1: 1, n2: 1); rendezvous 127.0.0.1:" in line for line in head), head
     assert not (work / "rank0.log").exists() and (work / "rank1.log").is_file()
-    assert len(list((work / "checkpoints").glob("epoch_1.pth"))) == 1
+    assert (work / "checkpoints" / checkpoint).exists(), sorted(p.name for p in (work / "checkpoints").iterdir())
 
 
-def test_one_run_spans_two_nodes_through_slurm_ddp_and_a_hand_written_sbatch_script(slurm_cluster, tmp_path):  # noqa: F811
+def test_one_run_spans_two_nodes_through_slurm_ddp_with_ddp_fsdp_and_through_a_hand_written_sbatch(
+    slurm_cluster,  # noqa: F811
+    tmp_path,
+):
     env = {**slurm_cluster.env, "OMP_NUM_THREADS": "1"}
     # the hand-written script, submitted first: both jobs fit the cluster at once (a CPU of each node each)
     script = tmp_path / "job.sh"
@@ -57,24 +60,26 @@ def test_one_run_spans_two_nodes_through_slurm_ddp_and_a_hand_written_sbatch_scr
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    sweep = tmp_path / "sweep"
-    proc = run_cli(
-        "-m",
-        "hydra/launcher=slurm_ddp",
-        "hydra.launcher.nodes=2",
-        "hydra.launcher.tasks_per_node=1",
-        "hydra.launcher.cpus_per_task=1",
-        "hydra.launcher.mem_gb=2",
-        *ONE_EPOCH,
-        f"hydra.sweep.dir={sweep}",
-        env=env,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.output + slurm_cluster.log()
-    assert [p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")] == ["0"]  # one work dir
-    (submission,) = (sweep / ".submitit").rglob("*_submission.sh")
-    assert "#SBATCH --nodes=2" in submission.read_text()
-    _check_one_run_over_two_nodes(sweep / "0", slurm_cluster, "SLURM_LAUNCH_NODE_IPADDR")
+    for strategy, checkpoint in (("ddp", "epoch_1.pth"), ("fsdp", "epoch_1.dcp")):  # (FSDP2: a sharded checkpoint)
+        sweep = tmp_path / strategy
+        proc = run_cli(
+            "-m",
+            "hydra/launcher=slurm_ddp",
+            "hydra.launcher.nodes=2",
+            "hydra.launcher.tasks_per_node=1",
+            "hydra.launcher.cpus_per_task=1",
+            "hydra.launcher.mem_gb=2",
+            f"trainer.strategy={strategy}",
+            *ONE_EPOCH,
+            f"hydra.sweep.dir={sweep}",
+            env=env,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.output + slurm_cluster.log()
+        assert [p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")] == ["0"]  # one work dir
+        (submission,) = (sweep / ".submitit").rglob("*_submission.sh")
+        assert "#SBATCH --nodes=2" in submission.read_text()
+        _check_one_run_over_two_nodes(sweep / "0", slurm_cluster, "SLURM_LAUNCH_NODE_IPADDR", checkpoint)
 
     output, _ = sbatch.communicate(timeout=300)
     assert sbatch.returncode == 0, output + (tmp_path / "sbatch.out").read_text()[-3000:] + slurm_cluster.log()
