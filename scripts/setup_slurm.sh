@@ -327,7 +327,7 @@ stop_pid() {  # stop_pid NAME: SIGTERM, then SIGKILL after 30 s
 
 stop() {
     [ -d "$dir" ] || return 0
-    if pid_of slurmctld >/dev/null && pid_of "slurmd-${nodes[0]}" >/dev/null; then  # the jobs' processes go with them
+    if pid_of slurmctld >/dev/null && pid_of slurmd-n1 >/dev/null; then  # the jobs' processes go with them
         local i jobs
         jobs=$(squeue -h -o %i 2>/dev/null)
         [ -n "$jobs" ] && scancel $jobs 2>/dev/null
@@ -337,9 +337,9 @@ stop() {
         done
     fi
     # Each takes up to 2 s to go: slurmctld hands its last records to slurmdbd before slurmdbd goes.
-    local name
-    for name in $(daemons); do
-        case $name in slurmd-*) stop_pid "$name" & ;; esac
+    local pid_path
+    for pid_path in "$dir"/run/slurmd-*.pid; do  # (every node that runs, however many `start` was told)
+        [ -e "$pid_path" ] && stop_pid "$(basename "$pid_path" .pid)" &
     done
     stop_pid slurmctld &
     wait
