@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -265,7 +266,9 @@ def test_a_killed_rank_leaves_a_one_line_record_and_the_run_resumes(tmp_path, ki
     result = json.loads((work / "result.json").read_text())  # written by whichever rank survived
     assert result["status"] == "failed" and "\n" not in result["error"]
     assert result["error"].startswith(f"rank {killed} (pid ") and " died: " in result["error"], result["error"]
-    assert "resume with: torchrun --nproc_per_node=2 -m expkit.train" in result["error"]
+    # the torchrun beside the interpreter that ran, as a path: the command pastes without a venv activated
+    command = re.search(r"resume with: (\S*torchrun) --nproc_per_node=2 -m expkit\.train", result["error"])
+    assert command and Path(command.group(1)).is_file(), result["error"]
     assert f"Error: rank {killed} (pid " in proc.stderr
     resumed = _torchrun(tmp_path, *args, "resume=true", timeout=240)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
