@@ -30,9 +30,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from expkit.config import cli
-from expkit.core import hydra_compat, versions
+from expkit.core import hydra_compat
 from expkit.core.atomic import write_text_atomic
-from expkit.core.errors import ConfigError, TaskExit, exit_status, task_exits
+from expkit.core.errors import ConfigError, TaskExit, task_exits
 from expkit.sweeps.rows import DEFAULT_SEED_KEYS, _read_yaml, group_rows, job_row
 from expkit.sweeps.summary import _cell
 from expkit.sweeps.sweep_jobs import job_order, job_target
@@ -533,16 +533,7 @@ def main() -> None:
         SystemExit: with status 2 for bad input (also Hydra's own errors), 0 when compare.md and
             compare.svg were written.
     """
-    versions.require()
-    sys.argv[1:] = argv = cli.flags_first(_hydra_argv(sys.argv[1:]))
-    message = cli.check_keys(argv)
-    if message:
-        print(f"Error: {message}", file=sys.stderr)
-        sys.exit(2)
-    try:
-        run()
-    except SystemExit as exc:
-        sys.exit(exit_status(exc))
+    cli.dirs_command_main(run, _hydra_argv)
 
 
 if __name__ == "__main__":

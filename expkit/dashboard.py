@@ -29,9 +29,9 @@ import yaml
 from omegaconf import DictConfig
 
 from expkit.config import cli
-from expkit.core import hydra_compat, versions
+from expkit.core import hydra_compat
 from expkit.core.confine import confined
-from expkit.core.errors import ConfigError, TaskExit, exit_status, task_exits
+from expkit.core.errors import ConfigError, TaskExit, task_exits
 
 __all__ = ["main", "open_study_storage", "run", "serve", "study_of"]
 
@@ -231,16 +231,7 @@ def main() -> None:
         SystemExit: with status 2 for bad input (also Hydra's own errors), 0 when stopped by Ctrl-C or
             SIGTERM.
     """
-    versions.require()
-    sys.argv[1:] = argv = cli.flags_first(_hydra_argv(sys.argv[1:]))
-    message = cli.check_keys(argv)
-    if message:
-        print(f"Error: {message}", file=sys.stderr)
-        sys.exit(2)
-    try:
-        run()
-    except SystemExit as exc:
-        sys.exit(exit_status(exc))
+    cli.dirs_command_main(run, _hydra_argv)
 
 
 if __name__ == "__main__":

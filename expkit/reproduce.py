@@ -41,10 +41,10 @@ from omegaconf import DictConfig
 
 from expkit.checkpoint.checkpoint_io import find_last_checkpoint, load_checkpoint_file
 from expkit.config import cli
-from expkit.core import hydra_compat, versions
+from expkit.core import hydra_compat
 from expkit.core.atomic import write_json_atomic
 from expkit.core.confine import confined
-from expkit.core.errors import ConfigError, TaskExit, config_errors_exit_2, exit_status
+from expkit.core.errors import ConfigError, TaskExit, config_errors_exit_2
 from expkit.sweeps.rows import _read_yaml
 from expkit.workdir.records import PROVENANCE_FILE, read_job, read_provenance, read_records, read_result
 
@@ -675,16 +675,7 @@ def main() -> None:
     Raises:
         SystemExit: 0 reproduced, 1 differs, 2 for bad input (also Hydra's own errors).
     """
-    versions.require()
-    sys.argv[1:] = argv = cli.flags_first(_hydra_argv(sys.argv[1:]))
-    message = cli.check_keys(argv)
-    if message:
-        print(f"Error: {message}", file=sys.stderr)
-        sys.exit(2)
-    try:
-        run()
-    except SystemExit as exc:
-        sys.exit(exit_status(exc))
+    cli.dirs_command_main(run, _hydra_argv)
 
 
 if __name__ == "__main__":

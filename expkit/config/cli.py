@@ -34,6 +34,7 @@ __all__ = [
     "config_dirs_of",
     "continue_command",
     "continue_sweep_command",
+    "dirs_command_main",
     "flags_first",
     "hydra_argv",
     "hydra_quoted",
@@ -622,6 +623,33 @@ def hydra_argv(argv: list[str], options: Sequence[str]) -> list[str]:
             inner = inner[1:-1] if inner.startswith("[") and inner.endswith("]") else inner
             out[explicit] = f"overrides=[{inner + ',' if inner else ''}{quoted}]"
     return out
+
+
+def dirs_command_main(run: Callable[[], Any], to_hydra: Callable[[list[str]], list[str]]) -> None:
+    """The entry point of a command over dirs given as bare words (compare, report, reproduce,
+    dashboard): the command line made Hydra's by the command's `to_hydra` (bare words into its
+    own setting), flags first; a mistyped key refused in one line; then the Hydra app `run`.
+
+    Args:
+        run: the command's Hydra app (its ``hydra.main`` function), called with no arguments.
+        to_hydra: the command's own rewriting of its command line into Hydra's overrides.
+
+    Raises:
+        SystemExit: when `run` exits, with the status ``errors.exit_status`` gives; with status 2 for a
+            mistyped key, or when ``versions.require`` finds a package older than expkit needs.
+    """
+    from expkit.core import errors, versions
+
+    versions.require()
+    sys.argv[1:] = argv = flags_first(to_hydra(sys.argv[1:]))
+    message = check_keys(argv)
+    if message:
+        print(f"Error: {message}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        run()
+    except SystemExit as exc:
+        sys.exit(errors.exit_status(exc))
 
 
 def command_main(run: Callable[[], Any], options: Sequence[str]) -> None:
