@@ -92,15 +92,13 @@ def _past_epoch(work, epoch: int) -> bool:
     return any(int(p.stem.split("_")[1]) >= epoch for p in (work / "checkpoints").glob("epoch_*.pth"))
 
 
-@pytest.mark.long(seconds=230)
-def test_a_node_down_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_node_job_which_resumes_exactly(
+@pytest.mark.long(seconds=140)
+def test_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_node_job_which_resumes_exactly(
     slurm_cluster,  # noqa: F811
     tmp_path,
 ):
-    """A two-node job runs on n2 and n3 (partition ``low``; n3 runs no other test's jobs). n3 is set
-    DOWN while it trains: Slurm sends its ranks SIGTERM, ends the job and requeues it; it waits for
-    two nodes until n3 comes back. Later the job's steps get USR2 (as at a
-    time limit: ``scancel --signal=USR2``, to every rank on both nodes): the ranks agree on the
+    """A two-node job runs on n2 and n3 (partition ``low``; n3 runs no other test's jobs). Its steps
+    get USR2 (as at a time limit: ``scancel --signal=USR2``, to every rank on both nodes): the ranks agree on the
     iteration to stop after, save once, and submitit requeues the job. Then a job of the higher
     partition (``urgent``) needs n3's CPUs: Slurm preempts the job (SIGTERM, GraceTime=30); it saves
     and requeues itself (Slurm would not: a job that ends within its grace time is COMPLETED). Each
@@ -147,18 +145,11 @@ def test_a_node_down_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_no
         found = re.search(r"Restarts=(\d+)", slurm_cluster.run("scontrol", "show", "job", job).stdout)
         return int(found.group(1)) if found else -1
 
-    try:
-        wait_until(lambda: _past_epoch(work, 3), "epoch 3")
-        (job,) = [p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+", p.name)]  # (not an array)
-        down = slurm_cluster.run("scontrol", "update", f"nodename={last}", "state=down", "reason=expkit-test")
-        assert down.returncode == 0, down.stderr
-        wait_until(lambda: restarts(job) >= 1, f"the requeue after {last} went down", timeout=120)
-    finally:
-        slurm_cluster.run("scontrol", "update", f"nodename={last}", "state=resume")
-    wait_until(lambda: _past_epoch(work, 8), "epoch 8 after the requeue")
+    wait_until(lambda: _past_epoch(work, 4), "epoch 4")
+    (job,) = [p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+", p.name)]  # (not an array)
     signalled = slurm_cluster.run("scancel", "--signal=USR2", job)  # (every task of the job's step)
     assert signalled.returncode == 0, signalled.stderr
-    wait_until(lambda: restarts(job) >= 2 and _past_epoch(work, 12), "epoch 12 after the USR2")
+    wait_until(lambda: restarts(job) >= 1 and _past_epoch(work, 10), "epoch 10 after the USR2")
     urgent = slurm_cluster.run(  # all of n3's CPUs, on the partition of the higher PriorityTier
         "sbatch",
         "--parsable",
@@ -177,12 +168,12 @@ def test_a_node_down_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_no
     story = output[-3000:] + train_log[-4000:] + slurm_cluster.log()
     assert running.returncode == 0, story
     result = json.loads((work / "result.json").read_text())
-    assert result["status"] == "completed" and result["requeues"] == 3 and result["world_size"] == 2, story
+    assert result["status"] == "completed" and result["requeues"] == 2 and result["world_size"] == 2, story
     assert "Slurm is requeuing this job" in train_log and "stopped" not in output, story
     for log in (train_log, rank1_log):  # each rank stopped at Slurm's signals, not at the other's
         assert "Stop requested: signal SIGTERM" in log and "Stop requested: signal SIGUSR2" in log, story
         assert "(on another rank)" not in log, story
-    assert train_log.count("Resumed from ") == 3, story
+    assert train_log.count("Resumed from ") == 2, story
     assert reference.wait(timeout=300) == 0
     assert_same_weights(work, tmp_path / "reference", "epoch_18.pth")
     assert train_losses(work) == train_losses(tmp_path / "reference")  # each step once
