@@ -35,8 +35,15 @@ def git(*args: str) -> str:
 
 def repository_state() -> list[str]:
     """The user's index, HEAD, branches and worktrees (the working tree's files are others' to edit
-    meanwhile here: engineers share this checkout)."""
-    return [git("ls-files", "--stage"), git("rev-parse", "HEAD"), git("for-each-ref"), git("worktree", "list")]
+    meanwhile here: engineers share this checkout). The temporary worktree of a reproduction that
+    another test runs at the same time (pytest's other worker) is left out; the main one's line is
+    compared by its path and commit only (git pads it to the longest path listed)."""
+    worktrees = [
+        " ".join(line.split())
+        for line in git("worktree", "list").splitlines()
+        if "/expkit-reproduce-" not in line.split()[0]
+    ]
+    return [git("ls-files", "--stage"), git("rev-parse", "HEAD"), git("for-each-ref"), "\n".join(worktrees)]
 
 
 @pytest.fixture(scope="module")
