@@ -56,3 +56,20 @@ def test_a_commands_help_and_config_print_without_importing_torch(words):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "torch: no" in proc.stderr, proc.stderr[-2000:]
     assert "plugins scanned: True" in proc.stderr  # (Hydra imported the sweepers, and they no torch)
+
+
+def test_every_public_name_of_the_lazy_packages_resolves_to_its_module_own_object():
+    """``expkit`` and ``expkit.hooks`` load their torch-bound names on first use (``_LAZY``): a hook
+    added to ``__all__`` but not to ``_LAZY`` (three entries per hook) would fail only when a config
+    names it. Every public name resolves, and a lazy one is the object of the module it names."""
+    import importlib
+
+    for package in ("expkit", "expkit.hooks"):
+        module = importlib.import_module(package)
+        lazy = module._LAZY
+        for name in module.__all__:
+            value = getattr(module, name)  # (AttributeError: in __all__, neither bound nor lazy)
+            if name in lazy:
+                home = lazy[name] if package == "expkit" else f"expkit.hooks.{lazy[name]}"
+                assert value is getattr(importlib.import_module(home), name), (package, name)
+        assert set(lazy) <= set(module.__all__), (package, sorted(set(lazy) - set(module.__all__)))
