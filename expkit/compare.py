@@ -32,7 +32,7 @@ from omegaconf import DictConfig
 from expkit.config import cli
 from expkit.core import hydra_compat
 from expkit.core.atomic import write_text_atomic
-from expkit.core.errors import ConfigError, TaskExit, task_exits
+from expkit.core.errors import ConfigError, config_errors_exit_2
 from expkit.sweeps.rows import DEFAULT_SEED_KEYS, _read_yaml, group_rows, job_row
 from expkit.sweeps.summary import _cell
 from expkit.sweeps.sweep_jobs import job_order, job_target
@@ -478,29 +478,25 @@ def run(cfg: DictConfig) -> None:
         SystemExit: with status 2 for bad input: no runs given, a pattern that matches nothing, a dir
             that holds no run.
     """
-    try:
-        with task_exits():
-            keys = cfg.get("seed_keys")
-            skipped: list[Path] = []
-            runs = find_runs([str(p) for p in cfg.runs or []], skipped)
-            if skipped:
-                shown = ", ".join(str(p) for p in skipped[:5]) + (
-                    f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
-                )
-                print(
-                    f"Skipped {len(skipped)} dir(s) that hold no run (a command that failed before its run started, "
-                    f"or no run dir at all): {shown}",
-                    file=sys.stderr,
-                )
-            comparison = compare(
-                runs,
-                metric=cfg.get("metric"),
-                seed_keys=None if keys is None else [str(k) for k in keys],
+    with config_errors_exit_2():
+        keys = cfg.get("seed_keys")
+        skipped: list[Path] = []
+        runs = find_runs([str(p) for p in cfg.runs or []], skipped)
+        if skipped:
+            shown = ", ".join(str(p) for p in skipped[:5]) + (
+                f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
             )
-            md, svg = write(comparison, Path(str(cfg.out)))
-    except ConfigError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        raise TaskExit(2) from None
+            print(
+                f"Skipped {len(skipped)} dir(s) that hold no run (a command that failed before its run started, "
+                f"or no run dir at all): {shown}",
+                file=sys.stderr,
+            )
+        comparison = compare(
+            runs,
+            metric=cfg.get("metric"),
+            seed_keys=None if keys is None else [str(k) for k in keys],
+        )
+        md, svg = write(comparison, Path(str(cfg.out)))
     print(md.read_text())
     print(f"Written: {md} and {svg}")
 

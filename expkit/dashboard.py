@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 from expkit.config import cli
 from expkit.core import hydra_compat
 from expkit.core.confine import confined
-from expkit.core.errors import ConfigError, TaskExit, task_exits
+from expkit.core.errors import ConfigError, config_errors_exit_2
 
 __all__ = ["main", "open_study_storage", "run", "serve", "study_of"]
 
@@ -191,22 +191,18 @@ def run(cfg: DictConfig) -> None:
             cannot be opened or holds no such study, an address that cannot be listened on;
             optuna-dashboard missing.
     """
-    try:
-        with task_exits():
-            if not cfg.get("search"):
-                raise ConfigError("give the search's sweep dir: python -m expkit.dashboard <search dir> [port=N]")
-            sweep_dir = Path(str(cfg.search))
-            name, spec = study_of(sweep_dir)
-            try:
-                import optuna_dashboard  # noqa: F401
-            except ImportError:
-                raise ConfigError("the dashboard needs optuna-dashboard: pip install 'expkit[sweep]'") from None
-            storage = open_study_storage(name, spec, sweep_dir)
-            print(f"Study {name!r} of {sweep_dir}", flush=True)
-            serve(storage, str(cfg.host), int(cfg.port))
-    except ConfigError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        raise TaskExit(2) from None
+    with config_errors_exit_2():
+        if not cfg.get("search"):
+            raise ConfigError("give the search's sweep dir: python -m expkit.dashboard <search dir> [port=N]")
+        sweep_dir = Path(str(cfg.search))
+        name, spec = study_of(sweep_dir)
+        try:
+            import optuna_dashboard  # noqa: F401
+        except ImportError:
+            raise ConfigError("the dashboard needs optuna-dashboard: pip install 'expkit[sweep]'") from None
+        storage = open_study_storage(name, spec, sweep_dir)
+        print(f"Study {name!r} of {sweep_dir}", flush=True)
+        serve(storage, str(cfg.host), int(cfg.port))
 
 
 def _hydra_argv(argv: list[str]) -> list[str]:

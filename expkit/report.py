@@ -21,7 +21,6 @@ import contextlib
 import html
 import math
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from expkit.compare import _hydra_argv, find_runs
 from expkit.config import cli
 from expkit.core import hydra_compat
 from expkit.core.atomic import write_text_atomic
-from expkit.core.errors import ConfigError, TaskExit, task_exits
+from expkit.core.errors import ConfigError, config_errors_exit_2
 from expkit.sweeps.rows import DEFAULT_SEED_KEYS, _read_yaml, group_rows, job_row, seed_keys_of
 from expkit.sweeps.sweep_jobs import key_kind
 from expkit.workdir.records import read_records, read_result
@@ -347,16 +346,15 @@ def run(cfg: DictConfig) -> None:
         SystemExit: with status 2 for bad input: nothing given, a pattern that matches nothing, a dir
             that holds no run, no readable run; plotly missing.
     """
-    try:
-        with task_exits():
-            try:
-                import plotly  # noqa: F401
-            except ImportError:
-                raise ConfigError("the report needs plotly: pip install 'expkit[report]'") from None
+    with config_errors_exit_2():
+        try:
+            import plotly  # noqa: F401
+        except ImportError:
+            raise ConfigError("the report needs plotly: pip install 'expkit[report]'") from None
+        try:
             page = report([str(p) for p in cfg.runs or []], cfg.get("out"))
-    except ConfigError as exc:
-        print(f"Error: {str(exc).replace('python -m expkit.compare', 'python -m expkit.report')}", file=sys.stderr)
-        raise TaskExit(2) from None
+        except ConfigError as exc:  # (compare's run finder names its own command)
+            raise ConfigError(str(exc).replace("python -m expkit.compare", "python -m expkit.report")) from None
     print(f"Written: {page}")
 
 
