@@ -250,28 +250,30 @@ class ShardDataset(Dataset):
         try:
             members = self.reader.read(url, in_off, in_size), self.reader.read(url, tg_off, tg_size)
         except ShardReadError as exc:  # (the shard holds less than its index says: its content)
-            members, problem = None, exc
+            return self._damaged(i, where, exc)
         except Exception as exc:  # the store or the disk did not give the bytes: the shard may be fine
             raise ShardReadError(_unreachable(where, url, exc)) from None
         try:
-            if members is None:
-                raise problem
             x, y = _decode(members[0], self.input_key), _decode_target(members[1])
         except Exception as exc:
-            if self.skipped is not None:
-                log.warning("Skipped: %s cannot be read (%s)", where, exc)
-                self.skipped.failed[self.split][i] = True
-                return None
-            raise ShardReadError(
-                f"{where} cannot be read ({exc}). Replace the shard and resume (resume=true), or skip such "
-                "samples with data.on_error=skip"
-            ) from None
+            return self._damaged(i, where, exc)
         if not 0 <= y < self.num_classes:  # (the index's labels are checked at the start: a label it could not read)
             raise ShardReadError(
                 f"{where} has the label {y}, out of data.num_classes={self.num_classes} (0 to "
                 f"{self.num_classes - 1}): set data.num_classes to the number of classes"
             )
         return x, y
+
+    def _damaged(self, i: int, where: str, exc: BaseException) -> None:
+        """Sample `i`, whose content cannot be read: skipped and counted (``data.on_error=skip``), else
+        the run stops naming it."""
+        if self.skipped is None:
+            raise ShardReadError(
+                f"{where} cannot be read ({exc}). Replace the shard and resume (resume=true), or skip such "
+                "samples with data.on_error=skip"
+            ) from None
+        log.warning("Skipped: %s cannot be read (%s)", where, exc)
+        self.skipped.failed[self.split][i] = True
 
     def shard_sizes(self) -> list[int]:
         """The number of samples of each shard, in order."""
