@@ -58,7 +58,9 @@ def _left_no_run(path: Path) -> bool:
     return (path / ".hydra").is_dir() and not _is_run(path)
 
 
-def find_runs(patterns: Sequence[str], skipped: list[Path] | None = None) -> list[Path]:
+def find_runs(
+    patterns: Sequence[str], skipped: list[Path] | None = None, command: str = "expkit.compare"
+) -> list[Path]:
     """The run dirs that `patterns` name: each one a dir or a glob; a dir that is no run stands for
     the runs directly inside it (a sweep dir: its job dirs, in Hydra's order). A dir that a glob
     matches, or that lies inside a given dir, and that holds no run is passed over (and added to
@@ -67,6 +69,7 @@ def find_runs(patterns: Sequence[str], skipped: list[Path] | None = None) -> lis
     Args:
         patterns: run dirs, sweep dirs or glob patterns (``outputs/runs/2026-11-*``), in order.
         skipped: a list the dirs passed over are appended to; None: not told.
+        command: the command whose runs these are, as the message for no pattern names it.
 
     Returns:
         The run dirs, each once (a sweep job that stands for another job dir, its alias, as that dir), in
@@ -78,7 +81,7 @@ def find_runs(patterns: Sequence[str], skipped: list[Path] | None = None) -> lis
     """
     if not patterns:
         raise ConfigError(
-            "which runs? give run dirs, sweep dirs or globs: python -m expkit.compare outputs/runs/A outputs/sweeps/B"
+            f"which runs? give run dirs, sweep dirs or globs: python -m {command} outputs/runs/A outputs/sweeps/B"
         )
     passed_over = skipped if skipped is not None else []
     found: list[Path] = []

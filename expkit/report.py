@@ -294,7 +294,7 @@ def report(patterns: list[str], out: str | Path | None = None) -> Path:
     Raises:
         ConfigError: when the patterns name no readable run.
     """
-    runs = find_runs(patterns)
+    runs = find_runs(patterns, command="expkit.report")
     jobs = _jobs(runs)
     if not jobs:
         raise ConfigError(f"no readable run in {' '.join(patterns)}: no job dir holds .hydra/ and a record")
@@ -351,10 +351,7 @@ def run(cfg: DictConfig) -> None:
             import plotly  # noqa: F401
         except ImportError:
             raise ConfigError("the report needs plotly: pip install 'expkit[report]'") from None
-        try:
-            page = report([str(p) for p in cfg.runs or []], cfg.get("out"))
-        except ConfigError as exc:  # (compare's run finder names its own command)
-            raise ConfigError(str(exc).replace("python -m expkit.compare", "python -m expkit.report")) from None
+        page = report([str(p) for p in cfg.runs or []], cfg.get("out"))
     print(f"Written: {page}")
 
 
