@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from expkit.core.errors import ConfigError
 
-__all__ = ["SlurmJob", "SlurmNodes", "being_requeued", "job_id", "partition_nodes", "requeue", "this_job"]
+__all__ = ["SlurmJob", "SlurmNodes", "being_requeued", "job_id", "job_state", "partition_nodes", "requeue", "this_job"]
 
 
 log = logging.getLogger("expkit")
@@ -66,8 +66,39 @@ def this_job() -> SlurmJob | None:
         The job; None outside Slurm, or when scontrol is missing, fails or does not answer in time.
     """
     jid = job_id()
-    if jid is None:
+    shown = None if jid is None else _show_job(jid)
+    if jid is None or shown is None:
         return None
+    restarts = re.search(r"\bRestarts=(\d+)", shown)
+    preempt_time, start_time = _end_time(shown, "PreemptTime"), _end_time(shown, "StartTime")
+    return SlurmJob(
+        jid,
+        _end_time(shown),
+        re.search(r"\bRequeue=1\b", shown) is not None,
+        int(restarts.group(1)) if restarts else 0,
+        preempt_time is not None and (start_time is None or preempt_time >= start_time),
+    )
+
+
+def job_state(jid: str) -> str | None:
+    """The state slurmctld gives job `jid` now (``JobState=``: PENDING, RUNNING, COMPLETED,
+    NODE_FAIL, ...). A job Slurm requeued is PENDING again at once, whatever ``sacct`` recorded for
+    the attempt that ended.
+
+    Args:
+        jid: the job's id (``1234``, or ``1234_5`` for a task of an array).
+
+    Returns:
+        The state; None when Slurm no longer knows the job (``MinJobAge`` after its end), or did not answer.
+    """
+    shown = _show_job(jid, quiet=True)
+    found = None if shown is None else re.search(r"\bJobState=(\w+)", shown)
+    return found.group(1) if found else None
+
+
+def _show_job(jid: str, quiet: bool = False) -> str | None:
+    """``scontrol --oneliner show job <jid>``'s output; None (with a warning unless `quiet`) when
+    scontrol is missing, fails or does not answer in time."""
     try:
         proc = subprocess.run(
             ["scontrol", "--oneliner", "show", "job", jid],
@@ -77,20 +108,14 @@ def this_job() -> SlurmJob | None:
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("Could not ask Slurm about job %s: %s", jid, exc)
+        if not quiet:
+            log.warning("Could not ask Slurm about job %s: %s", jid, exc)
         return None
     if proc.returncode != 0:
-        log.warning("Could not ask Slurm about job %s: %s", jid, proc.stderr.strip() or f"exit {proc.returncode}")
+        if not quiet:
+            log.warning("Could not ask Slurm about job %s: %s", jid, proc.stderr.strip() or f"exit {proc.returncode}")
         return None
-    restarts = re.search(r"\bRestarts=(\d+)", proc.stdout)
-    preempt_time, start_time = _end_time(proc.stdout, "PreemptTime"), _end_time(proc.stdout, "StartTime")
-    return SlurmJob(
-        jid,
-        _end_time(proc.stdout),
-        re.search(r"\bRequeue=1\b", proc.stdout) is not None,
-        int(restarts.group(1)) if restarts else 0,
-        preempt_time is not None and (start_time is None or preempt_time >= start_time),
-    )
+    return proc.stdout
 
 
 def _end_time(scontrol_line: str, field: str = "EndTime") -> float | None:

@@ -208,11 +208,14 @@ class StopBetweenJobs:
         self._launcher, self._sweep_dir = launcher, Path(sweep_dir)
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
-        return self.guarded(lambda: self._launcher.launch(job_overrides, initial_job_idx=initial_job_idx))
+        return self.guarded(lambda: self.launch_unguarded(job_overrides, initial_job_idx))
 
     def launch_unguarded(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
-        """The launcher's own launch: for the threads of a sweep whose main thread is ``guarded``."""
-        return self._launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
+        """The launcher's own launch (past a job Slurm requeued: ``launch_through_requeues``): for
+        the threads of a sweep whose main thread is ``guarded``."""
+        from hydra_plugins.expkit_sweeper._slurm_requeues import launch_through_requeues
+
+        return launch_through_requeues(self._launcher, job_overrides, initial_job_idx)
 
     def guarded(self, work: Callable[[], T]) -> T:
         """``work()`` (which launches jobs, in this thread or in others), with the signals handled

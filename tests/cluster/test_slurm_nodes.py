@@ -1,18 +1,31 @@
 """One run over two nodes of the real cluster (``slurm_cluster``: slurmd n1, n2 and n3 on this host):
 through ``hydra/launcher=slurm_ddp`` with ``nodes=2``, and through a hand-written ``sbatch --nodes=2``
-script whose ``srun`` starts ``python -m expkit.train`` once per node."""
+script whose ``srun`` starts ``python -m expkit.train`` once per node; a two-node job through a node
+failure, a time limit's signal and a preemption; runs resumed on another number of nodes."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import REPO, assert_same_weights, run_cli, slow_env, slow_train, torchrun_command, train_losses
+from conftest import (
+    REPO,
+    SEEN_PROBE,
+    assert_same_weights,
+    run_cli,
+    seen_samples,
+    slow_env,
+    slow_train,
+    torchrun_command,
+    train_losses,
+)
 from slurm_fixture import slurm_cluster  # noqa: F401 (the session's cluster)
 
 pytestmark = pytest.mark.slow
@@ -92,13 +105,36 @@ def _past_epoch(work, epoch: int) -> bool:
     return any(int(p.stem.split("_")[1]) >= epoch for p in (work / "checkpoints").glob("epoch_*.pth"))
 
 
-@pytest.mark.long(seconds=140)
-def test_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_node_job_which_resumes_exactly(
+def _sacct_reading_node_fail(tmp_path, marked, read) -> str:
+    """A dir with an ``sacct`` that answers as the cluster's, except that while the file `marked`
+    names a job, that job's state reads ``NODE_FAIL`` (and the file `read` is made). A job
+    Slurm requeues after a node failure reads so in sacct for a few seconds (3-6 s on this
+    cluster) before it reads PENDING; submitit's watcher polls every few tens of seconds and so
+    reads it only sometimes (twice in the runs of 2026-11-28, and the sweep then ended). This
+    makes it read it every time, so that the test fails without the sweep's handling of it."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sacct").write_text(
+        "#!/bin/sh\n"
+        f'out=$({shutil.which("sacct")} "$@"); rc=$?\n'
+        f"if [ -f {marked} ]; then job=$(cat {marked}); touch {read}\n"
+        '  out=$(printf "%s\\n" "$out" | sed "s/^$job|[A-Z_]*|/$job|NODE_FAIL|/"); fi\n'
+        'printf "%s\\n" "$out"; exit $rc\n'
+    )
+    (shim / "sacct").chmod(0o755)
+    return str(shim)
+
+
+@pytest.mark.long(seconds=260)
+def test_a_node_down_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_node_job_which_resumes_exactly(
     slurm_cluster,  # noqa: F811
     tmp_path,
 ):
-    """A two-node job runs on n2 and n3 (partition ``low``; n3 runs no other test's jobs). Its steps
-    get USR2 (as at a time limit: ``scancel --signal=USR2``, to every rank on both nodes): the ranks agree on the
+    """A two-node job runs on n2 and n3 (partition ``low``; n3 runs no other test's jobs). n3 is set
+    DOWN while it trains: Slurm sends its ranks SIGTERM, ends the job and requeues it; it waits for
+    two nodes until n3 comes back, and the sweep waits for it although submitit's watcher read the
+    ended attempt's NODE_FAIL (``_sacct_reading_node_fail``). Later the job's steps get USR2 (as at a
+    time limit: ``scancel --signal=USR2``, to every rank on both nodes): the ranks agree on the
     iteration to stop after, save once, and submitit requeues the job. Then a job of the higher
     partition (``urgent``) needs n3's CPUs: Slurm preempts the job (SIGTERM, GraceTime=30); it saves
     and requeues itself (Slurm would not: a job that ends within its grace time is COMPLETED). Each
@@ -107,6 +143,8 @@ def test_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_node_job_which
     epochs = ["trainer.max_epochs=18", "default_hooks.logger.plot=false"]
     first, _, last = slurm_cluster.nodes
     env = slow_env(tmp_path, **slurm_cluster.env)
+    marked, read = tmp_path / "node_fail.job", tmp_path / "node_fail.read"
+    sweep_env = {**env, "PATH": f"{_sacct_reading_node_fail(tmp_path, marked, read)}{os.pathsep}{env['PATH']}"}
     reference = subprocess.Popen(
         torchrun_command(f"hydra.run.dir={tmp_path / 'reference'}", *epochs),
         cwd=REPO,
@@ -130,7 +168,12 @@ def test_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_node_job_which
         f"hydra.sweep.dir={sweep}",
     ]
     running = subprocess.Popen(
-        slow_train(tmp_path, *launch), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        slow_train(tmp_path, *launch),
+        cwd=REPO,
+        env=sweep_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
     def wait_until(done, what: str, timeout: float = 180) -> None:
@@ -145,11 +188,21 @@ def test_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_node_job_which
         found = re.search(r"Restarts=(\d+)", slurm_cluster.run("scontrol", "show", "job", job).stdout)
         return int(found.group(1)) if found else -1
 
-    wait_until(lambda: _past_epoch(work, 4), "epoch 4")
-    (job,) = [p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+", p.name)]  # (not an array)
+    try:
+        wait_until(lambda: _past_epoch(work, 3), "epoch 3")
+        (job,) = [p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+", p.name)]  # (not an array)
+        down = slurm_cluster.run("scontrol", "update", f"nodename={last}", "state=down", "reason=expkit-test")
+        assert down.returncode == 0, down.stderr
+        wait_until(lambda: restarts(job) >= 1, f"the requeue after {last} went down", timeout=120)
+        marked.write_text(job)  # (the sweep's sacct says NODE_FAIL until submitit's watcher has read it)
+        wait_until(read.exists, "submitit's watcher reading NODE_FAIL", timeout=120)
+    finally:
+        marked.unlink(missing_ok=True)
+        slurm_cluster.run("scontrol", "update", f"nodename={last}", "state=resume")
+    wait_until(lambda: _past_epoch(work, 8), "epoch 8 after the requeue")
     signalled = slurm_cluster.run("scancel", "--signal=USR2", job)  # (every task of the job's step)
     assert signalled.returncode == 0, signalled.stderr
-    wait_until(lambda: restarts(job) >= 1 and _past_epoch(work, 10), "epoch 10 after the USR2")
+    wait_until(lambda: restarts(job) >= 2 and _past_epoch(work, 12), "epoch 12 after the USR2")
     urgent = slurm_cluster.run(  # all of n3's CPUs, on the partition of the higher PriorityTier
         "sbatch",
         "--parsable",
@@ -168,12 +221,75 @@ def test_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_node_job_which
     story = output[-3000:] + train_log[-4000:] + slurm_cluster.log()
     assert running.returncode == 0, story
     result = json.loads((work / "result.json").read_text())
-    assert result["status"] == "completed" and result["requeues"] == 2 and result["world_size"] == 2, story
+    assert result["status"] == "completed" and result["requeues"] == 3 and result["world_size"] == 2, story
     assert "Slurm is requeuing this job" in train_log and "stopped" not in output, story
     for log in (train_log, rank1_log):  # each rank stopped at Slurm's signals, not at the other's
         assert "Stop requested: signal SIGTERM" in log and "Stop requested: signal SIGUSR2" in log, story
         assert "(on another rank)" not in log, story
-    assert train_log.count("Resumed from ") == 2, story
+    assert train_log.count("Resumed from ") == 3, story
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))  # the sweep records one completed job
+    assert [(r["job"], r["status"]) for r in rows] == [("0", "completed")], rows
     assert reference.wait(timeout=300) == 0
     assert_same_weights(work, tmp_path / "reference", "epoch_18.pth")
     assert train_losses(work) == train_losses(tmp_path / "reference")  # each step once
+
+
+@pytest.mark.long(seconds=60)
+def test_a_two_node_run_resumes_on_one_node_and_a_one_node_run_on_two_every_sample_once(
+    slurm_cluster,  # noqa: F811
+    tmp_path,
+):
+    """Plain ``sbatch`` jobs whose ``srun`` starts ``python -m expkit.train``: a run of two nodes
+    stopped after 7 iterations of its first epoch resumes in a job of one node, and a run of one
+    node in a job of two. The resumed epoch is shared out from where the saved one stopped: every
+    sample of the epoch is trained on once (a padding sample aside), none twice."""
+    (tmp_path / "seenprobe.py").write_text(SEEN_PROBE)
+    args = ["+hooks.seen._target_=seenprobe.Seen", "trainer.max_epochs=1", "default_hooks.logger.plot=false"]
+    env = slurm_cluster.environ(OMP_NUM_THREADS="1", PYTHONPATH=str(tmp_path))
+
+    def submit(name: str, nodes: int, *more: str) -> subprocess.Popen:
+        script = tmp_path / f"{name}-{nodes}.sh"
+        train = [sys.executable, "-m", "expkit.train", f"hydra.run.dir={tmp_path / name}", *args, *more]
+        script.write_text("#!/bin/sh\nexec srun " + " ".join(train) + "\n")
+        return subprocess.Popen(
+            ["sbatch", "--wait", f"--nodes={nodes}", "--ntasks-per-node=1", "--cpus-per-task=1", "--mem=2G"]
+            + ["--time=5", f"--output={tmp_path / name}-{nodes}.out", f"--chdir={REPO}", str(script)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def finish(job: subprocess.Popen, name: str, nodes: int) -> None:
+        output, _ = job.communicate(timeout=300)
+        story = output + (tmp_path / f"{name}-{nodes}.out").read_text()[-3000:] + slurm_cluster.log()
+        assert job.returncode == 0, story
+
+    whole = subprocess.run(  # the epoch's samples, from a run in one process outside Slurm
+        [sys.executable, "-m", "expkit.train", f"hydra.run.dir={tmp_path / 'whole'}", *args],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    whole_epoch = seen_samples(tmp_path / "whole")
+    stop = ["+hooks.stop._target_=expkit.hooks.StopAfterHook", "+hooks.stop.iters=7"]
+    shapes = {"two": (2, 1), "one": (1, 2)}  # run: nodes it was saved on, nodes it resumes on
+    started = {name: submit(name, saved, *stop) for name, (saved, _) in shapes.items()}
+    for name, (saved, _) in shapes.items():
+        finish(started[name], name, saved)
+        assert sum(seen_samples(tmp_path / name).values()) == 7 * 32 * saved
+    resumed = {name: submit(name, nodes, "resume=true", "~hooks.stop") for name, (_, nodes) in shapes.items()}
+    for name, (saved, nodes) in shapes.items():
+        finish(resumed[name], name, nodes)
+        work = tmp_path / name
+        log = (work / "train.log").read_text()
+        assert "iter_7.pth at epoch 0, iteration 7" in log, log[-3000:]
+        assert f"after {7 * 32 * saved} samples of its order (saved with {saved} processes, now {nodes})" in log
+        result = json.loads((work / "result.json").read_text())
+        assert (result["status"], result.get("world_size", 1)) == ("completed", nodes), result  # (1: no entry)
+        seen = seen_samples(work)
+        assert set(seen) == set(whole_epoch) and not whole_epoch - seen
+        assert sum((seen - whole_epoch).values()) <= max(saved, nodes) - 1, seen - whole_epoch

@@ -1,0 +1,87 @@
+"""A launch through Hydra's submitit Slurm launcher that waits for the jobs Slurm itself requeued.
+
+When a node fails under a job submitted with ``--requeue``, Slurm records the attempt that ended
+as ``NODE_FAIL`` and puts the job back in the queue at once. submitit's watcher asks ``sacct``,
+may read that ``NODE_FAIL`` before the job runs again, takes the job for finished, and the
+launcher raises ``UncompletedJobError`` ("has not produced any output"): the sweep ended while
+its job was about to resume (issue 65). Here the launcher's error is checked against what
+slurmctld says of the job now (``scontrol show job``): a job back in the queue is waited for, and
+the batch's results are read once every job of it has left the queue, through submitit's own
+``SlurmJob`` for the same job ids. Any other error is the launcher's, as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["FINISHED", "launch_through_requeues", "uncompleted_job"]
+
+log = logging.getLogger(__name__)
+
+# slurmctld's states of a job that has left the queue for good; any other state (PENDING,
+# RUNNING, COMPLETING, REQUEUED, SUSPENDED, ...) comes back to RUNNING or to one of these
+FINISHED = frozenset(
+    {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+)
+POLL_S = 5.0  # between two `scontrol show job` calls while a requeued job waits or runs
+
+
+def uncompleted_job(exc: BaseException) -> str | None:
+    """The job id in submitit's ``UncompletedJobError`` ("Job 1234_5 (task: 0) with path ... has not
+    produced any output (state: NODE_FAIL)"); None for another error or another wording."""
+    if type(exc).__name__ != "UncompletedJobError" or "submitit" not in type(exc).__module__:
+        return None
+    found = re.match(r"Job (\S+) \(task: \d+\)", str(exc))
+    return found.group(1) if found else None
+
+
+def _submitit_slurm(launcher: Any) -> bool:
+    return type(launcher).__name__ == "SlurmLauncher" and "submitit" in type(launcher).__module__
+
+
+def launch_through_requeues(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
+    """``launcher.launch(job_overrides, initial_job_idx)``; for submitit's Slurm launcher, continued
+    past a job that submitit took for finished while Slurm had requeued it.
+
+    Args:
+        launcher: the sweep's launcher.
+        job_overrides: the batch's jobs, as Hydra's ``Launcher.launch`` takes them.
+        initial_job_idx: the first job's index in the sweep.
+
+    Returns:
+        The batch's ``JobReturn`` list, in the order of `job_overrides`.
+
+    Raises:
+        Exception: the launcher's own error, when the job it names is not in Slurm's queue again.
+    """
+    if not _submitit_slurm(launcher):
+        return launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
+    from expkit.core.slurm import job_state
+
+    try:
+        return launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
+    except Exception as exc:
+        jid = uncompleted_job(exc)
+        state = None if jid is None else job_state(jid)
+        if jid is None or state is None or state in FINISHED:
+            raise
+        log.warning("Slurm requeued job %s (%s now; submitit read it as ended): waiting for it", jid, state)
+        array, _, index = jid.partition("_")  # one sbatch --array of the batch, tasks 0..n-1; or one job
+        ids = [f"{array}_{k}" for k in range(len(job_overrides))] if index else [jid]
+        return [_result(str(launcher.params["submitit_folder"]), i) for i in ids]
+
+
+def _result(folder: str, jid: str) -> Any:
+    """Rank 0's return of job `jid` (what Hydra's launcher takes of a job), once Slurm says it has
+    left the queue."""
+    import submitit
+
+    from expkit.core.slurm import job_state
+
+    while (state := job_state(jid)) is not None and state not in FINISHED:
+        time.sleep(POLL_S)
+    return submitit.SlurmJob(folder=folder, job_id=jid, tasks=(0,)).results()[0]
