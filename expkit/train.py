@@ -43,7 +43,7 @@ __all__ = ["main", "run", "task_overrides"]
 
 log = logging.getLogger("expkit")
 
-EXIT_REQUEUED = 3  # a single run that stopped itself before its Slurm time limit (trainer.save_before_limit)
+EXIT_REQUEUED = 3  # a single run that stopped itself before its Slurm time limit (trainer.save_before_limit), or that Slurm requeues
 
 # The shipped Optuna search's TPE sampler sets constant_liar, which Optuna 4 calls experimental (a
 # warning on every search, while Hydra builds the sweeper); Optuna 5 does not. That warning only, set
@@ -141,12 +141,14 @@ def _task(cfg: DictConfig) -> float | None:
     requeues = distributed.requeue_count() or (_submitit_requeues(work_dir, hc) if multirun else 0)
     if requeues > 0:
         run_info["requeues"] = requeues
-    if multirun and requeues > 0 and not sweep_jobs.resuming_sweep(cfg):  # requeued (preemption, a time limit)
-        from omegaconf import open_dict
+    if requeues > 0 and not cfg.get("resume") and not (multirun and sweep_jobs.resuming_sweep(cfg)):
+        from omegaconf import open_dict  # requeued (preemption, a time limit, a failed node)
 
-        with open_dict(cfg):
-            cfg.resume = True  # the job finds its dir by its overrides and continues from its last checkpoint
-        log.info("Requeue %d: resuming this job from its last complete checkpoint", requeues)
+        with open_dict(cfg):  # a sweep's job finds its dir by its overrides; an sbatch script's run has the
+            cfg.resume = True  # hydra.run.dir its srun line gives (a fresh dir: nothing to resume, it trains)
+        log.info(
+            "Requeue %d: resuming this %s from its last complete checkpoint", requeues, "job" if multirun else "run"
+        )
     job = _Job(cfg, work_dir, Path(hc.sweep.dir) if multirun else None, monitor, rule, run_info)
     if hydra_compat.RECORD_DEFERRED.get() and not multirun:  # (refused, it leaves train.log as it was too)
         job.held = logs.HeldFileRecords()
@@ -318,6 +320,9 @@ def _report(job: _Job, runner: Any, result: dict[str, Any]) -> float | None:
     job.requeue = runner.requeue and result["status"] == "stopped"
     if runner.stopped_by_signal and result["status"] == "stopped":  # (not one after the end)
         if not multirun:
+            if _slurm_restarts_it(runner):  # (an sbatch job preempted: requeued here, as a submitit job is below)
+                log.info("Slurm is requeuing this job (scontrol requeue, a preemption): its next start resumes the run")
+                sys.exit(EXIT_REQUEUED)
             log.info("Stopped by a signal; continue with: %s", cli.continue_command(sys.argv[1:], job.work_dir))
             sys.exit(128 + runner.stop_signal)  # the shell's convention: 143 after SIGTERM, 130 after Ctrl-C
         if not _stops_only_this_job(runner):
@@ -349,15 +354,16 @@ def _stops_only_this_job(runner: Any) -> bool:
 
 
 def _slurm_restarts_it(runner: Any) -> bool:
-    """Whether the SIGTERM that stopped a submitit job on Slurm is Slurm ending this attempt to
-    start the job again (``scontrol requeue``, a preemption), not ``scancel``: both send SIGTERM,
-    only Slurm's restart count tells them apart (asked once, here)."""
+    """Whether the SIGTERM that stopped a Slurm job (submitit's, or an sbatch script's) is Slurm
+    ending this attempt to start the job again (``scontrol requeue``, a preemption, which this
+    call requeues), not ``scancel``: both send SIGTERM, only Slurm's restart count and the job's
+    preemption time tell them apart (asked once, here)."""
     from expkit.core import distributed, slurm
 
     return (
         runner.stop_signal == signal.SIGTERM
-        and "SUBMITIT_EXECUTOR" in os.environ
-        and slurm.being_requeued(distributed.requeue_count(), main=distributed.is_main())  # (outside Slurm: False)
+        and slurm.job_id() is not None
+        and slurm.being_requeued(distributed.requeue_count(), main=distributed.is_main())
     )
 
 

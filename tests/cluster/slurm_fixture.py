@@ -150,3 +150,12 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             stopped = _script("stop", cluster_dir, timeout=120)
             owned.unlink(missing_ok=True)
             assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+
+
+@pytest.fixture
+def last_node(slurm_cluster) -> Iterator[str]:
+    """The cluster's last node (n3), this test's alone while it runs: the tests that set it DOWN or
+    preempt its jobs take it in turn (an exclusive lock across pytest-xdist's workers), and no
+    other test's jobs run there (it is outside the ``debug`` partition)."""
+    with _locked(slurm_cluster.dir / "test-sessions" / "last-node.lock"):
+        yield slurm_cluster.nodes[-1]

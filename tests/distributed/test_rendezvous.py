@@ -24,11 +24,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(tmp_path: Path, name: str, **variables: str) -> subprocess.Popen:
-    """One rank of a group that never forms: nothing else of the group is started."""
+def _rank(tmp_path: Path, name: str, module: str = "expkit.train", **variables: str) -> subprocess.Popen:
+    """One rank of a group that never forms (of ``python -m MODULE``): nothing else of the group is started."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_"))}
     return subprocess.Popen(
-        [sys.executable, "-m", "expkit.train", f"hydra.run.dir={tmp_path / name}", "trainer.max_epochs=1"],
+        [sys.executable, "-m", module, f"hydra.run.dir={tmp_path / name}", "trainer.max_epochs=1"],
         cwd=REPO,
         env={**env, "OMP_NUM_THREADS": "1", "EXPKIT_RENDEZVOUS_TIMEOUT_S": "2", **variables},
         stdout=subprocess.PIPE,
@@ -107,3 +107,13 @@ def test_a_rendezvous_timeout_that_is_not_a_number_of_seconds_is_refused_in_one_
     assert err.splitlines() == [
         "Error: EXPKIT_RENDEZVOUS_TIMEOUT_S must be a positive number of seconds, got 'soon'; e.g. 300"
     ]
+
+
+def test_the_range_test_says_an_unreachable_rendezvous_in_the_same_one_line(tmp_path):
+    port = str(_free_port())
+    variables = {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "zz-expkit.invalid"}
+    rank = _rank(tmp_path, "lr_find", module="expkit.lr_find", MASTER_PORT=port, **variables)
+    out, err = rank.communicate(timeout=60)
+    said = f"zz-expkit.invalid:{port} (from MASTER_ADDR) within 2 s: the name 'zz-expkit.invalid' does not resolve"
+    assert rank.returncode == 1, (out, err)
+    assert err.splitlines() == [f"Error: rank 1 of 2: no rendezvous at {said}; {ADVICE}"], err

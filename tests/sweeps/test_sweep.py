@@ -284,6 +284,24 @@ def test_a_requeued_slurm_job_resumes_its_own_dir_and_ends_as_an_uninterrupted_o
     assert all(torch.equal(final[k], expected[k]) for k in expected)
 
 
+def test_a_requeued_sbatch_run_resumes_its_dir_without_resume_true(tmp_path):
+    """The same for a single run of an sbatch script (``srun python -m expkit.train
+    hydra.run.dir=...``) that Slurm requeued: its next start resumes by itself, ``resume=true``
+    or not on its command line; without SLURM_RESTART_COUNT the same command starts over."""
+    (tmp_path / "killonce.py").write_text(KILL_ONCE)
+    common = [f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_epochs=1", "+hooks.kill._target_=killonce.KillOnce"]
+    common += ["default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=10"]
+    env = {"PYTHONPATH": str(tmp_path)}
+    assert run_cli(*common, cwd=tmp_path, env=env).returncode == -9  # (killed at iteration 25)
+    proc = run_cli(*common, cwd=tmp_path, env={**env, "SLURM_RESTART_COUNT": "1"})
+    assert proc.returncode == 0, proc.output[-3000:]
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "Requeue 1: resuming this run from its last complete checkpoint" in log
+    assert "iter_20.pth at epoch 0, iteration 20" in log
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert (result["status"], result["requeues"], result["iter"]) == ("completed", 1, 40), result
+
+
 def test_the_summary_command_is_a_hydra_app_that_creates_nothing_for_a_wrong_dir(tmp_path):
     def sweep_cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "expkit.sweep", *args], capture_output=True, text=True)
