@@ -155,6 +155,7 @@ def main() -> None:
                 stopped = max((t, i) for t, i, r in timeline if r == n and i >= 0)  # (time, iterations done)
                 ended = max(t for t, i, r in timeline if r == n and i < 0)
                 again = min((t, i) for t, i, r in timeline if r == n + 1 and i >= 0)
+                _wait(f"attempt {n + 1} in sacct", lambda n=n: len(_attempts(env, job)) > n + 1, timeout=60)
                 started = _attempts(env, job)[n + 1][0]
                 rows.append(
                     {

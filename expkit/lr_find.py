@@ -340,9 +340,9 @@ def _share_run_dir() -> None:
     try:
         if not distributed.init():
             return
-    except distributed.RendezvousError as exc:  # (one line naming the address, as train says it)
+    except (ConfigError, distributed.RendezvousError) as exc:  # (one line, as train says it)
         print(f"Error: {exc}", file=sys.stderr)
-        raise TaskExit(1) from None  # (its status kept: exit_status)
+        raise TaskExit(2 if isinstance(exc, ConfigError) else 1) from None  # (its status kept: exit_status)
     given = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("hydra.run.dir=")), None)
     default = time.strftime("outputs/lr_find/%Y-%m-%d_%H-%M-%S-") + f"{time.time_ns() // 1000 % 10**6:06d}"
     run_dir = str(Path(distributed.broadcast_object(given or default)).resolve())

@@ -141,7 +141,7 @@ def _task(cfg: DictConfig) -> float | None:
     requeues = distributed.requeue_count() or (_submitit_requeues(work_dir, hc) if multirun else 0)
     if requeues > 0:
         run_info["requeues"] = requeues
-    if requeues > 0 and not cfg.get("resume") and not (multirun and sweep_jobs.resuming_sweep(cfg)):
+    if requeues > 0 and (not sweep_jobs.resuming_sweep(cfg) if multirun else _resumes_own_dir(cfg, work_dir)):
         from omegaconf import open_dict  # requeued (preemption, a time limit, a failed node)
 
         with open_dict(cfg):  # a sweep's job finds its dir by its overrides; an sbatch script's run has the
@@ -170,6 +170,15 @@ def _task(cfg: DictConfig) -> float | None:
             distributed.shutdown()
         if job.requeue:  # last: the run is recorded and its dir's lock released for the next attempt
             _requeue()
+
+
+def _resumes_own_dir(cfg: DictConfig, work_dir: Path) -> bool:
+    """Whether a single run that Slurm requeued continues from its own dir's last checkpoint: yes
+    unless its command resumes from a checkpoint file (``resume=<path>``) and the dir has none of
+    its own yet (the requeue came before the first save: that file is still where it starts)."""
+    from expkit.checkpoint.checkpoint_io import find_last_checkpoint
+
+    return str(cfg.get("resume")).lower() in ("none", "false", "true") or find_last_checkpoint(work_dir) is not None
 
 
 def _run_info(cfg: DictConfig, hc: Any, work_dir: Path) -> dict[str, Any]:

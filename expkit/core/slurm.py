@@ -19,7 +19,17 @@ from typing import NamedTuple
 
 from expkit.core.errors import ConfigError
 
-__all__ = ["SlurmJob", "SlurmNodes", "being_requeued", "job_id", "job_state", "partition_nodes", "requeue", "this_job"]
+__all__ = [
+    "NO_ANSWER",
+    "SlurmJob",
+    "SlurmNodes",
+    "being_requeued",
+    "job_id",
+    "job_state",
+    "partition_nodes",
+    "requeue",
+    "this_job",
+]
 
 
 log = logging.getLogger("expkit")
@@ -80,6 +90,9 @@ def this_job() -> SlurmJob | None:
     )
 
 
+NO_ANSWER = "NO_ANSWER"  # job_state: scontrol failed or timed out (slurmctld busy or restarting)
+
+
 def job_state(jid: str) -> str | None:
     """The state slurmctld gives job `jid` now (``JobState=``: PENDING, RUNNING, COMPLETED,
     NODE_FAIL, ...). A job Slurm requeued is PENDING again at once, whatever ``sacct`` recorded for
@@ -89,16 +102,28 @@ def job_state(jid: str) -> str | None:
         jid: the job's id (``1234``, or ``1234_5`` for a task of an array).
 
     Returns:
-        The state; None when Slurm no longer knows the job (``MinJobAge`` after its end), or did not answer.
+        The state; None when Slurm no longer knows the job (``MinJobAge`` after its end);
+            ``NO_ANSWER`` when scontrol failed or did not answer in time (ask again).
     """
-    shown = _show_job(jid, quiet=True)
-    found = None if shown is None else re.search(r"\bJobState=(\w+)", shown)
-    return found.group(1) if found else None
+    try:
+        proc = subprocess.run(
+            ["scontrol", "--oneliner", "show", "job", jid],
+            capture_output=True,
+            text=True,
+            timeout=SCONTROL_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return NO_ANSWER
+    if proc.returncode != 0:
+        return None if "Invalid job id" in proc.stderr else NO_ANSWER
+    found = re.search(r"\bJobState=(\w+)", proc.stdout)
+    return found.group(1) if found else NO_ANSWER
 
 
-def _show_job(jid: str, quiet: bool = False) -> str | None:
-    """``scontrol --oneliner show job <jid>``'s output; None (with a warning unless `quiet`) when
-    scontrol is missing, fails or does not answer in time."""
+def _show_job(jid: str) -> str | None:
+    """``scontrol --oneliner show job <jid>``'s output; None (with a warning) when scontrol is
+    missing, fails or does not answer in time."""
     try:
         proc = subprocess.run(
             ["scontrol", "--oneliner", "show", "job", jid],
@@ -108,12 +133,10 @@ def _show_job(jid: str, quiet: bool = False) -> str | None:
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        if not quiet:
-            log.warning("Could not ask Slurm about job %s: %s", jid, exc)
+        log.warning("Could not ask Slurm about job %s: %s", jid, exc)
         return None
     if proc.returncode != 0:
-        if not quiet:
-            log.warning("Could not ask Slurm about job %s: %s", jid, proc.stderr.strip() or f"exit {proc.returncode}")
+        log.warning("Could not ask Slurm about job %s: %s", jid, proc.stderr.strip() or f"exit {proc.returncode}")
         return None
     return proc.stdout
 

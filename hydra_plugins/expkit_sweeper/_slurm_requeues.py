@@ -27,12 +27,21 @@ log = logging.getLogger(__name__)
 FINISHED = frozenset(
     {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
 )
-POLL_S = 5.0  # between two `scontrol show job` calls while a requeued job waits or runs
+POLL_S = 10.0  # between two `scontrol show job` calls while a requeued job waits or runs
+PATIENCE_S = 600.0  # scontrol failing this long in a row (slurmctld down): the wait ends, the error is submitit's
+SAY_EVERY_S = 600.0  # a line now and then while a job waits (a held job waits until someone releases it)
 
 
 def uncompleted_job(exc: BaseException) -> str | None:
-    """The job id in submitit's ``UncompletedJobError`` ("Job 1234_5 (task: 0) with path ... has not
-    produced any output (state: NODE_FAIL)"); None for another error or another wording."""
+    """The job submitit's ``UncompletedJobError`` names ("Job 1234_5 (task: 0) with path ... has not
+    produced any output (state: NODE_FAIL)").
+
+    Args:
+        exc: the error a launch raised.
+
+    Returns:
+        The job id; None for another error, or another wording (another submitit version).
+    """
     if type(exc).__name__ != "UncompletedJobError" or "submitit" not in type(exc).__module__:
         return None
     found = re.match(r"Job (\S+) \(task: \d+\)", str(exc))
@@ -60,28 +69,40 @@ def launch_through_requeues(launcher: Any, job_overrides: Sequence[Sequence[str]
     """
     if not _submitit_slurm(launcher):
         return launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
-    from expkit.core.slurm import job_state
+    from expkit.core.slurm import NO_ANSWER, job_state
 
     try:
         return launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
     except Exception as exc:
         jid = uncompleted_job(exc)
         state = None if jid is None else job_state(jid)
-        if jid is None or state is None or state in FINISHED:
+        if jid is None or state in (None, NO_ANSWER) or state in FINISHED:
             raise
         log.warning("Slurm requeued job %s (%s now; submitit read it as ended): waiting for it", jid, state)
         array, _, index = jid.partition("_")  # one sbatch --array of the batch, tasks 0..n-1; or one job
         ids = [f"{array}_{k}" for k in range(len(job_overrides))] if index else [jid]
-        return [_result(str(launcher.params["submitit_folder"]), i) for i in ids]
+        params = launcher.params
+        tasks = int(params.get("nodes") or 1) * int(params.get("tasks_per_node") or 1)
+        return [_result(str(params["submitit_folder"]), i, tasks) for i in ids]
 
 
-def _result(folder: str, jid: str) -> Any:
-    """Rank 0's return of job `jid` (what Hydra's launcher takes of a job), once Slurm says it has
-    left the queue."""
+def _result(folder: str, jid: str, tasks: int) -> Any:
+    """Rank 0's return of job `jid` (what Hydra's launcher takes of a job, having read every task's,
+    so that a task's error is raised), once Slurm says the job has left the queue."""
     import submitit
 
-    from expkit.core.slurm import job_state
+    from expkit.core.slurm import NO_ANSWER, job_state
 
+    unanswered = said = time.monotonic()
     while (state := job_state(jid)) is not None and state not in FINISHED:
+        now = time.monotonic()
+        if state != NO_ANSWER:
+            unanswered = now
+        elif now - unanswered > PATIENCE_S:
+            log.warning("Slurm has not answered about job %s for %.0f s: taking it as ended", jid, now - unanswered)
+            break
+        if now - said > SAY_EVERY_S:
+            log.info("Still waiting for job %s (%s)", jid, state)
+            said = now
         time.sleep(POLL_S)
-    return submitit.SlurmJob(folder=folder, job_id=jid, tasks=(0,)).results()[0]
+    return submitit.SlurmJob(folder=folder, job_id=jid, tasks=tuple(range(tasks))).results()[0]

@@ -157,5 +157,12 @@ def last_node(slurm_cluster) -> Iterator[str]:
     """The cluster's last node (n3), this test's alone while it runs: the tests that set it DOWN or
     preempt its jobs take it in turn (an exclusive lock across pytest-xdist's workers), and no
     other test's jobs run there (it is outside the ``debug`` partition)."""
+    node = slurm_cluster.nodes[-1]
     with _locked(slurm_cluster.dir / "test-sessions" / "last-node.lock"):
-        yield slurm_cluster.nodes[-1]
+        slurm_cluster.run(
+            "scontrol", "update", f"nodename={node}", "state=resume"
+        )  # (after a killed test left it DOWN)
+        try:
+            yield node
+        finally:
+            slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume")

@@ -193,11 +193,12 @@ def test_a_node_down_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_no
     try:
         wait_until(lambda: _past_epoch(work, 3), "epoch 3")
         (job,) = [p.name for p in (sweep / ".submitit").iterdir() if re.fullmatch(r"\d+", p.name)]  # (not an array)
+        marked.write_text(job)  # (the sweep's sacct says NODE_FAIL until submitit's watcher has read it; written
+        # first, so that the watcher cannot read the real NODE_FAIL and be done with sacct before the shim is on)
         down = slurm_cluster.run("scontrol", "update", f"nodename={last}", "state=down", "reason=expkit-test")
         assert down.returncode == 0, down.stderr
         wait_until(lambda: restarts(job) >= 1, f"the requeue after {last} went down", timeout=120)
-        marked.write_text(job)  # (the sweep's sacct says NODE_FAIL until submitit's watcher has read it)
-        wait_until(read.exists, "submitit's watcher reading NODE_FAIL", timeout=120)
+        wait_until(read.exists, "submitit's watcher reading NODE_FAIL", timeout=300)  # (it polls less often with age)
     finally:
         marked.unlink(missing_ok=True)
         slurm_cluster.run("scontrol", "update", f"nodename={last}", "state=resume")

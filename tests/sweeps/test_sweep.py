@@ -286,8 +286,8 @@ def test_a_requeued_slurm_job_resumes_its_own_dir_and_ends_as_an_uninterrupted_o
 
 def test_a_requeued_sbatch_run_resumes_its_dir_without_resume_true(tmp_path):
     """The same for a single run of an sbatch script (``srun python -m expkit.train
-    hydra.run.dir=...``) that Slurm requeued: its next start resumes by itself, ``resume=true``
-    or not on its command line; without SLURM_RESTART_COUNT the same command starts over."""
+    hydra.run.dir=...``) that Slurm requeued: its next start resumes by itself, without
+    ``resume=true`` on its command line."""
     (tmp_path / "killonce.py").write_text(KILL_ONCE)
     common = [f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_epochs=1", "+hooks.kill._target_=killonce.KillOnce"]
     common += ["default_hooks.checkpoint.by_epoch=false", "default_hooks.checkpoint.interval=10"]
