@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, assert_same_weights, run_cli, slow_env, slow_train, train_losses
+from conftest import REPO, assert_same_weights, run_cli, slow_env, slow_train, torchrun_command, train_losses
 from slurm_fixture import slurm_cluster  # noqa: F401 (the session's cluster)
 
 pytestmark = pytest.mark.slow
@@ -150,25 +150,19 @@ def test_an_optuna_search_with_seed_groups_keeps_two_trials_in_flight_on_the_clu
     assert len(groups) == 2 and {g["n"] for g in groups} == {"2"}
 
 
-@pytest.mark.long(seconds=365)
-def test_a_requeue_a_time_limit_and_a_scancel_lose_nothing_of_a_sweep_on_the_cluster(slurm_cluster, tmp_path):  # noqa: F811
-    """Job 0 is requeued by an admin mid-epoch (``scontrol requeue``: SIGTERM, then Slurm starts it
-    again), then meets its time limit (submitit's USR2, signal_delay_s before timeout_min): it comes
-    back each time and ends bit-identical to an uninterrupted run. Job 1 is cancelled (``scancel``:
-    SIGTERM too): it is recorded stopped, the sweep says how to finish it, and ``resume=true``
-    finishes it alone."""
-    epochs = ["trainer.max_epochs=40", "default_hooks.logger.plot=false"]
+@pytest.mark.long(seconds=500)
+def test_a_requeue_a_time_limit_and_a_scancel_lose_nothing_of_a_two_node_sweep_on_the_cluster(slurm_cluster, tmp_path):  # noqa: F811
+    """Each job is one DDP run over two nodes (``slurm_ddp``, ``nodes=2``). Job 0 is requeued by an
+    admin mid-epoch (``scontrol requeue``: SIGTERM to every rank, then Slurm starts it again), then
+    meets its real time limit (submitit's USR2 to every rank, signal_delay_s before timeout_min): it
+    comes back each time and ends bit-identical to an uninterrupted run of two processes. Job 1 is
+    cancelled (``scancel``: SIGTERM too): it is recorded stopped, the sweep says how to finish it,
+    and ``resume=true`` finishes it alone."""
+    epochs = ["trainer.max_epochs=80", "default_hooks.logger.plot=false"]  # (2 ranks: 1 s an epoch, past the signal)
     env = slow_env(tmp_path, **slurm_cluster.env)
     references = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "expkit.train",
-                f"hydra.run.dir={tmp_path / f'reference{seed}'}",
-                f"trainer.seed={seed}",
-                *epochs,
-            ],
+            torchrun_command(f"hydra.run.dir={tmp_path / f'reference{seed}'}", f"trainer.seed={seed}", *epochs),
             cwd=REPO,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -177,11 +171,13 @@ def test_a_requeue_a_time_limit_and_a_scancel_lose_nothing_of_a_sweep_on_the_clu
         for seed in (0, 1)
     ]
     sweep = tmp_path / "sweep"
+    two_nodes = ["hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=1"]
+    limit = ["hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=60"]
     launch = [
         "-m",
         "trainer.seed=0,1",
         *epochs,
-        *_launcher(slurm_cluster, "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=60"),
+        *_launcher(slurm_cluster, *two_nodes, *limit, launcher="slurm_ddp"),
         "hydra.launcher.max_num_timeout=3",  # (Hydra's default, 0, requeues no job at its time limit)
         f"hydra.sweep.dir={sweep}",
     ]
@@ -209,7 +205,11 @@ def test_a_requeue_a_time_limit_and_a_scancel_lose_nothing_of_a_sweep_on_the_clu
     requeued, cancelled = (json.loads((sweep / j / "result.json").read_text()) for j in "01")
     assert requeued["status"] == "completed" and requeued["requeues"] >= 2, story
     assert "Slurm is requeuing this job" in train_log and "Stop requested: signal SIGUSR2" in train_log, story
-    assert (cancelled["status"], cancelled["stop_reason"]) == ("stopped", "signal SIGTERM"), cancelled
+    rank1_log = (sweep / "0" / "rank1.log").read_text()  # the rank on the other node stopped at the same signals
+    assert "Stop requested: signal SIGTERM" in rank1_log and "Stop requested: signal SIGUSR2" in rank1_log, story
+    assert requeued["world_size"] == 2 and requeued["nodes"] == ["n1", "n2"], requeued
+    assert cancelled["status"] == "stopped", cancelled  # (rank 0 may hear of the SIGTERM from rank 1 first:
+    assert cancelled["stop_reason"].startswith("signal SIGTERM"), cancelled  # "signal SIGTERM (on another rank)")
     assert "1 completed 1 interrupted" in (sweep / "summary.csv").read_text()  # (the seed group's statuses)
 
     finished = (sweep / "0" / "metrics.jsonl").read_bytes()
@@ -227,5 +227,5 @@ def test_a_requeue_a_time_limit_and_a_scancel_lose_nothing_of_a_sweep_on_the_clu
     assert "interrupted" not in (sweep / "summary.csv").read_text()
     for seed, reference in enumerate(references):
         assert reference.wait(timeout=300) == 0
-        assert_same_weights(sweep / str(seed), tmp_path / f"reference{seed}", "epoch_40.pth")
+        assert_same_weights(sweep / str(seed), tmp_path / f"reference{seed}", "epoch_80.pth")
         assert train_losses(sweep / str(seed)) == train_losses(tmp_path / f"reference{seed}")  # each step once
