@@ -105,25 +105,25 @@ def job_state(jid: str) -> str | None:
         The state; None when Slurm no longer knows the job (``MinJobAge`` after its end);
             ``NO_ANSWER`` when scontrol failed or did not answer in time (ask again).
     """
-    try:
-        proc = subprocess.run(
-            ["scontrol", "--oneliner", "show", "job", jid],
-            capture_output=True,
-            text=True,
-            timeout=SCONTROL_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return NO_ANSWER
-    if proc.returncode != 0:
-        return None if "Invalid job id" in proc.stderr else NO_ANSWER
-    found = re.search(r"\bJobState=(\w+)", proc.stdout)
+    shown, why = _scontrol_show_job(jid)
+    if shown is None:
+        return None if "Invalid job id" in why else NO_ANSWER
+    found = re.search(r"\bJobState=(\w+)", shown)
     return found.group(1) if found else NO_ANSWER
 
 
 def _show_job(jid: str) -> str | None:
     """``scontrol --oneliner show job <jid>``'s output; None (with a warning) when scontrol is
     missing, fails or does not answer in time."""
+    shown, why = _scontrol_show_job(jid)
+    if shown is None:
+        log.warning("Could not ask Slurm about job %s: %s", jid, why)
+    return shown
+
+
+def _scontrol_show_job(jid: str) -> tuple[str | None, str]:
+    """(``scontrol --oneliner show job <jid>``'s output, ""), or (None, why it failed: scontrol's
+    own words, a missing program, a timeout)."""
     try:
         proc = subprocess.run(
             ["scontrol", "--oneliner", "show", "job", jid],
@@ -133,12 +133,10 @@ def _show_job(jid: str) -> str | None:
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("Could not ask Slurm about job %s: %s", jid, exc)
-        return None
+        return None, str(exc)
     if proc.returncode != 0:
-        log.warning("Could not ask Slurm about job %s: %s", jid, proc.stderr.strip() or f"exit {proc.returncode}")
-        return None
-    return proc.stdout
+        return None, proc.stderr.strip() or f"exit {proc.returncode}"
+    return proc.stdout, ""
 
 
 def _end_time(scontrol_line: str, field: str = "EndTime") -> float | None:

@@ -15,6 +15,7 @@ from conftest import REPO
 from optuna.trial import TrialState
 from slurm_fixture import last_node, slurm_cluster  # noqa: F401 (the session's cluster, its last node)
 
+from expkit.core.slurm import job_state
 from expkit.sweeps.search import open_storage
 
 pytestmark = pytest.mark.slow
@@ -38,6 +39,7 @@ def test_a_search_over_two_nodes_finishes_the_trial_of_a_worker_whose_node_faile
     last_node,  # noqa: F811
     postgres,
     tmp_path,
+    monkeypatch,
 ):
     """Worker jobs on n2 and n3 (``--no-requeue``: a job Slurm does not bring back). n3 is set DOWN
     while its worker's trial trains: that trial's job saves and is recorded stopped, not failed,
@@ -86,6 +88,8 @@ def test_a_search_over_two_nodes_finishes_the_trial_of_a_worker_whose_node_faile
             time.sleep(0.2)
 
     jobs = {node: submit(node) for node in (second, last)}
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster.env["SLURM_CONF"])  # (what the sweep asks slurmctld)
+    assert job_state(jobs[second]) in ("PENDING", "CONFIGURING", "RUNNING") and job_state("987654321") is None
     try:
 
         def victim() -> str | None:  # a job dir of n3's worker whose first epoch is saved
