@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from expkit.config import cli
 from expkit.core import hydra_compat, versions
 from expkit.core.atomic import write_text_atomic
-from expkit.core.errors import ConfigError, TaskExit, config_errors_exit_2, exit_status
+from expkit.core.errors import ConfigError, config_errors_exit_2, exit_status
 from expkit.core.stages import Priority
 from expkit.hooks.base import Hook
 
@@ -337,12 +337,8 @@ def _share_run_dir() -> None:
     given); the other ranks write no .hydra/ there."""
     from expkit.core import distributed
 
-    try:
-        if not distributed.init():
-            return
-    except (ConfigError, distributed.RendezvousError) as exc:  # (one line, as train says it)
-        print(f"Error: {exc}", file=sys.stderr)
-        raise TaskExit(2 if isinstance(exc, ConfigError) else 1) from None  # (its status kept: exit_status)
+    if not distributed.init_or_exit():
+        return
     given = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("hydra.run.dir=")), None)
     default = time.strftime("outputs/lr_find/%Y-%m-%d_%H-%M-%S-") + f"{time.time_ns() // 1000 % 10**6:06d}"
     run_dir = str(Path(distributed.broadcast_object(given or default)).resolve())

@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 
 from expkit.config import cli
 from expkit.core import atomic, hydra_compat, versions
-from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused, TaskExit, exit_status, task_exits
+from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused, exit_status, task_exits
 from expkit.core.signals import SweepInterrupted, raise_on_sigterm, stop_on_signals, take_ctrl_c
 from expkit.loggers import logs
 from expkit.metrics import monitor_of, worst_value
@@ -328,19 +328,17 @@ def _report(job: _Job, runner: Any, result: dict[str, Any]) -> float | None:
     log.info("Work dir: %s", job.work_dir.resolve())
     job.requeue = runner.requeue and result["status"] == "stopped"
     if runner.stopped_by_signal and result["status"] == "stopped":  # (not one after the end)
-        if not multirun:
-            if _slurm_restarts_it(runner):  # (an sbatch job preempted: requeued here, as a submitit job is below)
-                log.info("Slurm is requeuing this job (scontrol requeue, a preemption): its next start resumes the run")
-                sys.exit(EXIT_REQUEUED)
-            log.info("Stopped by a signal; continue with: %s", cli.continue_command(sys.argv[1:], job.work_dir))
-            sys.exit(128 + runner.stop_signal)  # the shell's convention: 143 after SIGTERM, 130 after Ctrl-C
-        if not _stops_only_this_job(runner):
-            sweep_jobs.request_stop(job.sweep_dir, runner.stop_signal)  # type: ignore[arg-type]  # no job starts now
-        elif _slurm_restarts_it(runner):
-            # No return value: submitit would hand the sweep this attempt's stopped result as the
-            # job's. Without one, the sweep's submitit goes on waiting for the job's next start.
+        only_this_job = not multirun or _stops_only_this_job(runner)
+        if only_this_job and _slurm_restarts_it(runner):
+            # No return value in a sweep: submitit would hand the sweep this attempt's stopped result
+            # as the job's. Without one, the sweep's submitit goes on waiting for the job's next start.
             log.info("Slurm is requeuing this job (scontrol requeue, a preemption): its next start resumes the run")
             sys.exit(EXIT_REQUEUED)
+        if not multirun:
+            log.info("Stopped by a signal; continue with: %s", cli.continue_command(sys.argv[1:], job.work_dir))
+            sys.exit(128 + runner.stop_signal)  # the shell's convention: 143 after SIGTERM, 130 after Ctrl-C
+        if not only_this_job:
+            sweep_jobs.request_stop(job.sweep_dir, runner.stop_signal)  # type: ignore[arg-type]  # no job starts now
         if sweep_jobs.in_launching_process():  # (in a worker: the launcher's process stops the sweep)
             raise SweepInterrupted(runner.stop_signal, job.sweep_dir.resolve())  # type: ignore[union-attr]  # main reports it
     elif job.requeue and not multirun:  # stopped ahead of its time limit
@@ -491,12 +489,8 @@ def _share_run_dir_across_ranks() -> None:
     rank<N>.log. Without this, each rank's Hydra would make a work dir of its own."""
     from expkit.core import distributed
 
-    try:
-        if not distributed.init():
-            return
-    except (ConfigError, distributed.RendezvousError) as exc:  # (no work dir yet: one line, then the exit)
-        print(f"Error: {exc}", file=sys.stderr)
-        raise TaskExit(2 if isinstance(exc, ConfigError) else 1) from None  # (its status kept: exit_status)
+    if not distributed.init_or_exit():  # (no work dir yet: one line, then the exit)
+        return
     if any(a in ("-m", "--multirun") for a in sys.argv[1:]):
         print(
             "Error: a sweep (-m) under torchrun is not supported; start one torchrun per job, or use "

@@ -17,13 +17,14 @@ import importlib
 import os
 import re
 import socket
+import sys
 import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from expkit.core.errors import ConfigError
+from expkit.core.errors import ConfigError, TaskExit
 
 __all__ = [
     "NODES",
@@ -37,6 +38,7 @@ __all__ = [
     "gather_peers",
     "hold_mesh",
     "init",
+    "init_or_exit",
     "is_distributed",
     "is_main",
     "local_rank",
@@ -219,6 +221,23 @@ def is_main() -> bool:
         True when ``rank()`` is 0.
     """
     return rank() == 0
+
+
+def init_or_exit() -> bool:
+    """``init()`` at a command's start: a group that cannot form, or a rendezvous setting it refuses,
+    is one ``Error:`` line on stderr and the command's exit, not a traceback (nothing is written yet).
+
+    Returns:
+        What ``init`` returns.
+
+    Raises:
+        TaskExit: with status 2 for a bad setting (``EXPKIT_RENDEZVOUS_TIMEOUT_S``), 1 when no group formed.
+    """
+    try:
+        return init()
+    except (ConfigError, RendezvousError) as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        raise TaskExit(2 if isinstance(exc, ConfigError) else 1) from None  # (its status kept: exit_status)
 
 
 def init(timeout_s: int = 1800) -> bool:

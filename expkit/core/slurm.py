@@ -76,8 +76,11 @@ def this_job() -> SlurmJob | None:
         The job; None outside Slurm, or when scontrol is missing, fails or does not answer in time.
     """
     jid = job_id()
-    shown = None if jid is None else _show_job(jid)
-    if jid is None or shown is None:
+    if jid is None:
+        return None
+    shown, why = _scontrol_show_job(jid)
+    if shown is None:
+        log.warning("Could not ask Slurm about job %s: %s", jid, why)
         return None
     restarts = re.search(r"\bRestarts=(\d+)", shown)
     preempt_time, start_time = _end_time(shown, "PreemptTime"), _end_time(shown, "StartTime")
@@ -110,15 +113,6 @@ def job_state(jid: str) -> str | None:
         return None if "Invalid job id" in why else NO_ANSWER
     found = re.search(r"\bJobState=(\w+)", shown)
     return found.group(1) if found else NO_ANSWER
-
-
-def _show_job(jid: str) -> str | None:
-    """``scontrol --oneliner show job <jid>``'s output; None (with a warning) when scontrol is
-    missing, fails or does not answer in time."""
-    shown, why = _scontrol_show_job(jid)
-    if shown is None:
-        log.warning("Could not ask Slurm about job %s: %s", jid, why)
-    return shown
 
 
 def _scontrol_show_job(jid: str) -> tuple[str | None, str]:

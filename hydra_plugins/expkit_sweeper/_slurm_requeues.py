@@ -48,16 +48,12 @@ def uncompleted_job(exc: BaseException) -> str | None:
     return found.group(1) if found else None
 
 
-def _submitit_slurm(launcher: Any) -> bool:
-    return type(launcher).__name__ == "SlurmLauncher" and "submitit" in type(launcher).__module__
-
-
 def launch_through_requeues(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
-    """``launcher.launch(job_overrides, initial_job_idx)``; for submitit's Slurm launcher, continued
-    past a job that submitit took for finished while Slurm had requeued it.
+    """``launcher.launch(job_overrides, initial_job_idx)``, continued past a job that submitit took
+    for finished while Slurm had requeued it.
 
     Args:
-        launcher: the sweep's launcher.
+        launcher: the sweep's launcher: Hydra's submitit Slurm launcher.
         job_overrides: the batch's jobs, as Hydra's ``Launcher.launch`` takes them.
         initial_job_idx: the first job's index in the sweep.
 
@@ -67,8 +63,6 @@ def launch_through_requeues(launcher: Any, job_overrides: Sequence[Sequence[str]
     Raises:
         Exception: the launcher's own error, when the job it names is not in Slurm's queue again.
     """
-    if not _submitit_slurm(launcher):
-        return launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
     from expkit.core.slurm import NO_ANSWER, job_state
 
     try:

@@ -213,9 +213,11 @@ class StopBetweenJobs:
     def launch_unguarded(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         """The launcher's own launch (past a job Slurm requeued: ``launch_through_requeues``): for
         the threads of a sweep whose main thread is ``guarded``."""
-        from hydra_plugins.expkit_sweeper._slurm_requeues import launch_through_requeues
+        if _submitit_launcher(self._launcher, "SlurmLauncher"):
+            from hydra_plugins.expkit_sweeper._slurm_requeues import launch_through_requeues
 
-        return launch_through_requeues(self._launcher, job_overrides, initial_job_idx)
+            return launch_through_requeues(self._launcher, job_overrides, initial_job_idx)
+        return self._launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
 
     def guarded(self, work: Callable[[], T]) -> T:
         """``work()`` (which launches jobs, in this thread or in others), with the signals handled
@@ -244,7 +246,7 @@ class StopBetweenJobs:
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         watcher = None
         try:
-            if _local_submitit(self._launcher):
+            if _submitit_launcher(self._launcher, "LocalLauncher"):  # (its job controllers run in this process group)
                 watcher = _StopWatcher(self._sweep_dir)  # hears Ctrl-C for this process, which ignores it
             returns = work()
         except Exception as exc:
@@ -286,10 +288,10 @@ def _refused_submission(exc: Exception) -> str | None:
     )
 
 
-def _local_submitit(launcher: Any) -> bool:
-    """Whether `launcher` is submitit's local executor: its job controllers are started from this
-    process, in the terminal's process group."""
-    return type(launcher).__name__ == "LocalLauncher" and "submitit" in type(launcher).__module__
+def _submitit_launcher(launcher: Any, name: str) -> bool:
+    """Whether `launcher` is Hydra's submitit launcher of class `name`: ``LocalLauncher`` (its job
+    controllers are started from this process, in the terminal's process group) or ``SlurmLauncher``."""
+    return type(launcher).__name__ == name and "submitit" in type(launcher).__module__
 
 
 # A process that hears the terminal's Ctrl-C (or SIGTERM) for the sweep and writes the stop file

@@ -20,7 +20,7 @@ def test_the_job_id_is_read_from_a_real_uncompleted_job_error_and_nothing_else(t
     assert uncompleted_job(raised.value) == job.job_id
     assert uncompleted_job(RuntimeError(f"Job {job.job_id} (task: 0) has not produced any output")) is None
 
-    class NotSlurm:  # any launcher but submitit's Slurm one is called as it is
+    class NotSlurm:  # a launch that returns is returned as it is
         def launch(self, job_overrides, initial_job_idx):
             return [(list(o), initial_job_idx) for o in job_overrides]
 
