@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -75,6 +76,17 @@ def _slurm(env: dict[str, str], *command: str) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)}: {done.stderr.strip()}")
     return done.stdout
+
+
+def _cancel(env: dict[str, str], job: str) -> None:
+    """scancel `job` and wait until it has left the queue (COMPLETING included: its processes are gone)."""
+    subprocess.run(["scancel", job], env=env, capture_output=True)
+
+    def gone() -> bool:
+        done = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True, text=True)
+        return done.returncode != 0 or not done.stdout.strip()
+
+    _wait(f"job {job} to leave the queue", gone, timeout=120)
 
 
 def _timeline(work: Path) -> list[tuple[float, int, int]]:
@@ -125,53 +137,55 @@ def main() -> None:
     ]
     first, last = nodes[0], nodes[-1]  # (the job runs on the last two; the last is the urgent partition's)
     job, rows = None, []
+    tmp = Path(tempfile.mkdtemp(prefix="expkit-preemption-"))
     try:
-        with tempfile.TemporaryDirectory() as tmp_name:
-            tmp = Path(tmp_name)
-            (tmp / "timelinehook.py").write_text(TIMELINE_HOOK)
-            work = args.keep or tmp / "run"
-            train = [sys.executable, "-m", "expkit.train", f"hydra.run.dir={work}", "trainer.max_epochs=400"]
-            train += ["+hooks.timeline._target_=timelinehook.Timeline", "default_hooks.logger.plot=false"]
-            script = tmp / "job.sh"
-            script.write_text("#!/bin/sh\nexec srun " + " ".join(train) + "\n")
-            env["PYTHONPATH"] = str(tmp)
-            job = _slurm(
+        (tmp / "timelinehook.py").write_text(TIMELINE_HOOK)
+        work = args.keep or tmp / "run"
+        train = [sys.executable, "-m", "expkit.train", f"hydra.run.dir={work}", "trainer.max_epochs=400"]
+        train += ["+hooks.timeline._target_=timelinehook.Timeline", "default_hooks.logger.plot=false"]
+        script = tmp / "job.sh"
+        script.write_text("#!/bin/sh\nexec srun " + " ".join(train) + "\n")
+        env["PYTHONPATH"] = str(tmp)
+        job = _slurm(
+            env,
+            *["sbatch", "--parsable", "--requeue", "--partition=low", f"--exclude={first}", "--nodes=2"],
+            *["--ntasks-per-node=1", "--cpus-per-task=1", "--mem=2G", "--time=60", f"--output={tmp}/job.out"],
+            *[f"--chdir={REPO}", str(script)],
+        ).strip()
+        for n in range(args.preemptions):
+            _wait(f"attempt {n} training", lambda n=n: sum(1 for *_, r in _timeline(work) if r == n) >= 40)
+            sent = time.time()
+            cpus = re.search(r"CPUTot=(\d+)", _slurm(env, "scontrol", "show", "node", last)).group(1)
+            _slurm(
                 env,
-                *["sbatch", "--parsable", "--requeue", "--partition=low", f"--exclude={first}", "--nodes=2"],
-                *["--ntasks-per-node=1", "--cpus-per-task=1", "--mem=2G", "--time=60", f"--output={tmp}/job.out"],
-                *[f"--chdir={REPO}", str(script)],
-            ).strip()
-            for n in range(args.preemptions):
-                _wait(f"attempt {n} training", lambda n=n: sum(1 for *_, r in _timeline(work) if r == n) >= 40)
-                sent = time.time()
-                cpus = re.search(r"CPUTot=(\d+)", _slurm(env, "scontrol", "show", "node", last)).group(1)
-                _slurm(
-                    env,
-                    *["sbatch", "--partition=urgent", f"--nodelist={last}", f"--cpus-per-task={cpus}", "--mem=500M"],
-                    *["--time=1", "--output=/dev/null", "--wrap=sleep 1"],
-                )
-                _wait(f"attempt {n + 1} training", lambda n=n: any(r == n + 1 for *_, r in _timeline(work)))
-                timeline = _timeline(work)
-                stopped = max((t, i) for t, i, r in timeline if r == n and i >= 0)  # (time, iterations done)
-                ended = max(t for t, i, r in timeline if r == n and i < 0)
-                again = min((t, i) for t, i, r in timeline if r == n + 1 and i >= 0)
-                _wait(f"attempt {n + 1} in sacct", lambda n=n: len(_attempts(env, job)) > n + 1, timeout=60)
-                started = _attempts(env, job)[n + 1][0]
-                rows.append(
-                    {
-                        "signal to the last iteration": stopped[0] - sent,
-                        "to the run's end (saved, recorded)": ended - stopped[0],
-                        "to the next start (exit; Slurm: requeue, schedule)": started - ended,
-                        "to the first iteration (start-up, rendezvous, load)": again[0] - started,
-                        "signal to training again": again[0] - sent,
-                        "iterations trained twice": stopped[1] - (again[1] - 1),
-                    }
-                )
+                *["sbatch", "--partition=urgent", f"--nodelist={last}", f"--cpus-per-task={cpus}", "--mem=500M"],
+                *["--time=1", "--output=/dev/null", "--wrap=sleep 1"],
+            )
+            _wait(f"attempt {n + 1} training", lambda n=n: any(r == n + 1 for *_, r in _timeline(work)))
+            timeline = _timeline(work)
+            stopped = max((t, i) for t, i, r in timeline if r == n and i >= 0)  # (time, iterations done)
+            ended = max(t for t, i, r in timeline if r == n and i < 0)
+            again = min((t, i) for t, i, r in timeline if r == n + 1 and i >= 0)
+            _wait(f"attempt {n + 1} in sacct", lambda n=n: len(_attempts(env, job)) > n + 1, timeout=60)
+            started = _attempts(env, job)[n + 1][0]
+            rows.append(
+                {
+                    "signal to the last iteration": stopped[0] - sent,
+                    "to the run's end (saved, recorded)": ended - stopped[0],
+                    "to the next start (exit; Slurm: requeue, schedule)": started - ended,
+                    "to the first iteration (start-up, rendezvous, load)": again[0] - started,
+                    "signal to training again": again[0] - sent,
+                    "iterations trained twice": stopped[1] - (again[1] - 1),
+                }
+            )
     finally:
-        if job:
-            subprocess.run(["scancel", job], env=env, capture_output=True)
-        if own:
-            _cluster("stop", args.dir)
+        try:
+            if job:  # (before its dir goes: its ranks write there until they are gone)
+                _cancel(env, job)
+        finally:
+            shutil.rmtree(tmp)
+            if own:
+                _cluster("stop", args.dir)
     if args.json:
         args.json.write_text(json.dumps(rows))
     print(
