@@ -110,9 +110,7 @@ RESUMABLE_SAVE = """rng = {"torch": torch.get_rng_state(), "numpy": np.random.ge
     os.replace(f"{WORK}/.last_checkpoint.tmp", f"{WORK}/last_checkpoint")
     if epoch >= 2:
         os.unlink(f"{WORK}/epoch_{epoch - 1}.pth")"""
-RAW_RESUMABLE = RAW.replace("SAVE\n", RESUMABLE_SAVE + "\n").replace(
-    "import json, sys, time", "import json, os, random, sys, time\nimport numpy as np"
-)
+RAW_RESUMABLE = "import os, random\n" + RAW.replace("SAVE\n", RESUMABLE_SAVE + "\n")  # (np: READ_DIGITS's)
 RAW = RAW.replace("SAVE\n", PLAIN_SAVE + "\n")
 
 EXPKIT = (
