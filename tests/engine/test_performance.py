@@ -347,6 +347,30 @@ def test_other_benchmarks_run(script, label):
     assert values and all(math.isfinite(v) and v >= 0 for v in values), out
 
 
+def test_the_paired_ratio_is_the_median_of_each_rounds_own_ratio(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from _table import ratio_table
+
+    # round ratios 1.5, 1.05, 1.1: min/min 1.5, median/median 1.05, paired (their median) 1.1
+    table = ratio_table({"base": [1.0, 2.0, 3.0], "other": [1.5, 2.1, 3.3]}, "base")
+    cells = [c.strip() for c in table.splitlines()[3].strip("|").split("|")]
+    assert cells[:6] == ["other", "1.500", "2.100", "1.500", "1.050", "1.100"], table
+
+
+@pytest.mark.slow
+def test_the_resumable_raw_loop_keeps_two_checkpoints_with_their_rng_and_a_pointer(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from peers import RAW_RESUMABLE, run_once
+
+    run_once(RAW_RESUMABLE, 4, tmp_path)
+    (work,) = tmp_path.iterdir()
+    files = sorted(p.name for p in work.iterdir() if p.name != "metrics.jsonl")
+    assert files == ["epoch_3.pth", "epoch_4.pth", "last_checkpoint"]  # no temporary file, the oldest two gone
+    assert (work / "last_checkpoint").read_text() == "epoch_4.pth"
+    checkpoint = torch.load(work / "epoch_4.pth", weights_only=False)
+    assert checkpoint["epoch"] == 4 and set(checkpoint["rng"]) == {"torch", "numpy", "python"}
+
+
 @pytest.mark.slow
 def test_the_sharded_run_holds_less_training_state_per_rank():
     out = _bench("benchmarks/fsdp_memory.py")
