@@ -90,6 +90,32 @@ class _RecordingFile:
         self.file.flush()
 
 
+def _save_by_name(torch: Any, obj: Any, path: Path) -> bool:
+    """torch.save to the temporary file by its name, then rename: torch's own C++ writer, no
+    Python call per zip record (a Python file gets about a hundred writes a checkpoint: 0.1 ms
+    of a 0.7 ms save of a small model). Returns False when the save failed, having removed the
+    temporary file: its RuntimeError names no errno, so the caller writes again through a Python
+    file, whose failure raises the file's own OSError (ENOSPC, EFBIG, EIO). A failed rename raises."""
+    name = os.fspath(path)
+    head, tail = os.path.split(name)
+    tmp = os.path.join(head, f".{tail}.tmp{os.getpid()}")
+    try:
+        torch.save(obj, tmp)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, Exception):
+            return False
+        raise  # (a KeyboardInterrupt, a SystemExit: not written again)
+    try:
+        os.replace(tmp, name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return True
+
+
 def save_atomic(obj: Any, path: Path, durable: bool = False) -> Path:
     """torch.save to `path` through a temporary file; returns `path`. A write that fails
     raises the file's own OSError (ENOSPC, EDQUOT, EIO by its errno).
@@ -107,6 +133,9 @@ def save_atomic(obj: Any, path: Path, durable: bool = False) -> Path:
     """
 
     import torch  # (here, not at the top: the JSON and text writes, and so a command's --help, need no torch)
+
+    if not durable and _save_by_name(torch, obj, path):
+        return path
 
     def write(fd: int) -> None:
         with os.fdopen(fd, "wb", closefd=False) as f:  # (flushed when it closes, before any fsync)

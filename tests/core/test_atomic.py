@@ -113,3 +113,15 @@ def test_a_checkpoint_write_error_keeps_its_own_errno(tmp_path):
     assert raised.value.errno == errno.EFBIG
     assert torch.equal(torch.load(target, weights_only=True)["w"], torch.ones(10))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_1.pth"]
+
+
+def test_an_object_torch_cannot_save_raises_its_error_and_leaves_no_temporary(tmp_path):
+    """The save by the temporary file's name fails, then the save through a Python file fails the
+    same way: the pickling error is raised, and neither attempt leaves a file."""
+    target = tmp_path / "epoch_1.pth"
+    with pytest.raises((AttributeError, TypeError, RuntimeError), match="pickle|lambda"):
+        atomic.save_atomic({"w": torch.ones(2), "f": lambda: 0}, target)
+    assert list(tmp_path.iterdir()) == []
+    atomic.save_atomic({"w": torch.ones(2)}, target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_1.pth"]
+    assert torch.equal(torch.load(target, weights_only=True)["w"], torch.ones(2))
