@@ -20,7 +20,8 @@ Runner.run():
                     AFTER_BACKWARD(batch_idx, data_batch, outputs)    # per micro-batch
                 clip gradients, optimizer.step(), optimizer.zero_grad()    # once per window
                 AFTER_OPTIMIZER_STEP(batch_idx, window[-1], outputs)  # per step; outputs["loss"]: the window's
-                AFTER_TRAIN_ITER(batch_idx, window[-1], outputs)      # runner.iter += 1 right after
+                AFTER_TRAIN_ITER(batch_idx, window[-1], outputs)      # runner.iter += 1 right after;
+                                                      # log_steps_only hooks at logging steps only
                 (iteration-based: validate here when due)
             AFTER_TRAIN_EPOCH                                  # runner.epoch += 1 right after
             (epoch-based: validate here when due)

@@ -140,6 +140,8 @@ class TrainLoop:
         # the optimizer the loop steps: its first (a model that owns its update steps its own)
         self.only_optimizer = next(iter(runner.optimizers), "")
         self.distributed = is_distributed()
+        # the logging steps (set by run(); 0: no hook reads runner.train_window)
+        self.log_every, self.epoch_len, self.last_iter = 0, None, None
         self._bind()
 
     def _bind(self) -> None:
@@ -218,7 +220,14 @@ class TrainLoop:
 
     def run(self) -> None:
         r = self.runner
+        r.train_window.iters = r.state.iter  # (a resumed run counts on from its checkpoint)
         r.call_hook(Stage.BEFORE_TRAIN)
+        # logging steps: every log_every iterations of an epoch, its last and the run's last (the
+        # logger's records); the hooks that run there only are not called in between
+        self.log_every = r.hook_table.log_interval()
+        self.last_iter = self.epoch_len = None
+        if self.log_every and (r.settings.max_iters is not None or r.steps_per_epoch is not None):
+            self.last_iter = r.max_iters - 1
         while not self.done():
             self.run_epoch()
         r.call_hook(Stage.AFTER_TRAIN)
@@ -231,6 +240,7 @@ class TrainLoop:
         # before skipping a resumed epoch's batches: DistSamplerSeedHook sets the epoch's order here
         r.call_hook(Stage.BEFORE_TRAIN_EPOCH)
         r.model.train()
+        self.epoch_len = r.steps_per_epoch if self.log_every else None  # (as the logger counts it)
         # a window is k batches from the epoch's start: resumed after a part of one (the checkpoint
         # saved with another k), the windows start where the batches do, not at multiples of k
         if s.inner_iter % k:
@@ -254,6 +264,7 @@ class TrainLoop:
         # other ranks or a stop request (inside an epoch, an epoch budget cannot). Distributed, on
         # every rank alike: done() is a collective, and a rank that skipped it would hang the rest.
         every_iter = self.distributed or self.settings.max_iters is not None
+        r.train_window.restart(time.perf_counter())  # the first batch's data time starts here
         for step_idx, window in enumerate(windows, start=s.inner_iter // k):
             self.run_iter(step_idx, window)
             if not by_epoch and r.validation_due(s.iter):
@@ -287,8 +298,10 @@ class TrainLoop:
         idle = r.hook_table.idle if not r.instrumented else ()
         if r.moves_batches:
             window = [r.to_device(b) for b in window]
-        # IterTimerHook's data time ends here: one clock read, cheaper than a before_train_iter hook
-        s.batch_ready_s = time.perf_counter()
+        # the data time ends here: one clock read, cheaper than a before_train_iter hook
+        w = r.train_window
+        s.batch_ready_s = ready = time.perf_counter()
+        w.data_s += ready - w.end_s
         data_batch = window[0]
         if BEFORE_TRAIN_ITER not in idle:
             call(BEFORE_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch)
@@ -319,10 +332,28 @@ class TrainLoop:
         s.position = _position((s.epoch, s.iter + 1, consumed))
         if AFTER_OPTIMIZER_STEP not in idle:
             call(AFTER_OPTIMIZER_STEP, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
-        # not checked against idle: the default hooks (the timer, the logger) always listen here
-        call(AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+        every = self.log_every
+        if every:  # what the hooks of the logging steps read of the iterations in between
+            w.losses.append(outputs["loss"].detach())  # (read at the logging step: no device sync here)
+            logged = outputs.get("log")  # a model's own scalars
+            if logged:
+                w.logged.append((w.iters, logged))
+        w.iters += 1
+        log_step = every and (
+            (batch_idx + 1) % every == 0 or batch_idx + 1 == self.epoch_len or s.iter == self.last_iter
+        )
+        if log_step:
+            with r.hook_table.log_step:  # every after_train_iter hook, those of logging steps included
+                call(AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
+            w.losses.clear()
+            w.logged.clear()
+        elif AFTER_TRAIN_ITER not in idle:
+            call(AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         s.iter += 1
         s.inner_iter = consumed
+        w.end_s = end = time.perf_counter()
+        if log_step:
+            w.restart(end)
 
     def _forward_backward(
         self, batch_idx: int, data_batch: Any, weight: float | None, idle: Container[str]

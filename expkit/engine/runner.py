@@ -31,7 +31,7 @@ from expkit.engine import hook_table
 from expkit.engine.devices import StepModule, move, precision, run_device
 from expkit.engine.hook_table import NULL, HookTable
 from expkit.engine.loops import EvalLoop, TrainLoop
-from expkit.engine.state import RunState
+from expkit.engine.state import RunState, TrainWindow
 from expkit.hooks import default_hooks as make_default_hooks
 from expkit.hooks.base import Hook
 from expkit.loggers import logs
@@ -170,6 +170,8 @@ class Runner:
         self.inputs = dict(inputs) if inputs is not None else None  # what the data is read from (provenance)
 
         self.state = RunState()  # the run's counters, metrics and ending: read through the fields below
+        # the iterations since the last logging step, for the hooks that run there only (timer, logger)
+        self.train_window = TrainWindow()
         self.provenance: dict[str, Any] = {}  # provenance.json's record, once written (rank 0)
 
         self._autocast_dtype, self.scaler = precision(self.settings.precision, self.device)  # scaler: fp16 on CUDA

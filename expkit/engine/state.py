@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from expkit.core import confine
 from expkit.core.rng import rng_states, set_rng_states
 
-__all__ = ["EpochStart", "Position", "RunState"]
+__all__ = ["EpochStart", "Position", "RunState", "TrainWindow"]
 
 
 class Position(NamedTuple):
@@ -39,6 +39,55 @@ class EpochStart(NamedTuple):
     """Samples of the epoch's order trained on before, by all the saving run's processes together."""
     inner_iter: int = 0
     """``inner_iter`` at that point (the batches the saving run had trained on)."""
+
+
+@dataclass(slots=True)
+class TrainWindow:
+    """What the training iterations since the last logging step left, kept by the loop for the
+    hooks that run at logging steps only (``Hook.log_steps_only``: the timer and the logger), so
+    that the iterations in between call no hook. ``runner.train_window``; not saved (the logger
+    saves the losses it has not written yet).
+
+    The window runs from the end of the last logging step's iteration (or the epoch's start) to
+    now: ``iters - start_iters`` iterations, ``data_s - start_data_s`` seconds of data time. A hook
+    called more often reads what is new to it by counting: ``iters`` only grows, and the newest
+    ``iters - seen`` entries of ``losses`` are the iterations since it last looked.
+    """
+
+    iters: int = 0
+    """Training iterations of the run up to the last one the loop finished (it only grows; set to
+    ``runner.iter`` when training starts, so a resumed run counts on from its checkpoint)."""
+    data_s: float = 0.0
+    """The data time of this process's iterations in all, in seconds: from the end of each iteration's predecessor (or the
+    epoch's start) until its batch was ready."""
+    end_s: float = 0.0
+    """``time.perf_counter()`` when the last iteration ended (or the epoch started)."""
+    start_s: float = 0.0
+    """``time.perf_counter()`` when the window started: the end of the last logging step's
+    iteration, or the epoch's start (the time between epochs is no iteration's)."""
+    start_iters: int = 0
+    """``iters`` when the window started."""
+    start_data_s: float = 0.0
+    """``data_s`` when the window started."""
+    losses: list[Any] = field(default_factory=list)
+    """Each iteration's loss (detached, still on its device) since the last logging step; emptied
+    after each. Kept only while some hook has a ``log_interval`` or ``log_steps_only``."""
+    logged: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    """``(index, outputs["log"])`` of the iterations since the last logging step whose step returned
+    a ``log`` dict (a model's own scalars); ``index`` is ``iters`` before that iteration (its
+    ``runner.iter``)."""
+
+    def restart(self, now: float) -> None:
+        """Start the window's timing at `now` (its losses are emptied apart, after each logging step)."""
+        self.start_s = self.end_s = now
+        self.start_iters, self.start_data_s = self.iters, self.data_s
+
+    def new_losses(self, seen: int | None) -> list[Any]:
+        """The losses kept of the iterations after the first `seen` of ``iters`` (None: all kept)."""
+        if seen is None:
+            return list(self.losses)
+        new = self.iters - seen
+        return self.losses[-new:] if new > 0 else []
 
 
 @dataclass(slots=True)

@@ -17,24 +17,28 @@ __all__ = ["IterTimerHook"]
 
 
 class IterTimerHook(Hook):
-    """Publishes ``train/data_time`` and ``train/time`` (seconds, smoothed over about
-    ``1/smoothing`` iterations) and ``eta_s`` in ``runner.scalars`` each iteration.
+    """Publishes ``train/data_time`` and ``train/time`` (seconds an iteration, smoothed over about
+    ``1/smoothing`` iterations) and ``eta_s`` in ``runner.scalars`` at each logging step (the
+    logger's interval, each epoch's last iteration, the run's last): from the iterations since
+    the previous one, which ``runner.train_window`` counts, so the iterations in between call no
+    hook (MMEngine's timer runs every iteration for values read at the interval only).
 
     Args:
         smoothing: the weight of the newest iteration in the exponential averages of the times, in
-            (0, 1]; 1: no smoothing. The ETA uses the plain mean since the start (or resume) instead.
+            (0, 1]; 1: no smoothing (the mean of the iterations since the last logging step). The
+            ETA uses the plain mean since the start (or resume) instead.
 
     Raises:
         ValueError: `smoothing` is not in (0, 1].
     """
 
     priority = Priority.NORMAL
+    log_steps_only = True
 
     def __init__(self, smoothing: float = 0.1) -> None:
         if not 0 < smoothing <= 1:
             raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
         self.smoothing = smoothing
-        self._t = 0.0
         self._avg_time: float | None = None
         self._avg_data: float | None = None
 
@@ -50,18 +54,20 @@ class IterTimerHook(Hook):
         self._start_iter = runner.iter
         self._start_time = time.perf_counter()
 
-    def before_train_epoch(self, runner: Runner) -> None:
-        self._t = time.perf_counter()
-
     def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
-        """Data time: from the end of the last iteration until the batch was ready (the loop
-        stamps ``runner.batch_ready_s``: a clock read there costs less than a hook call)."""
+        """The iterations of the window (since the last logging step, or the epoch's start): their
+        mean wall time, and their mean data time, from the end of each one's predecessor until its
+        batch was ready (the loop stamps it: a clock read there costs less than a hook call)."""
         now = time.perf_counter()
-        data_time, iter_time = runner.batch_ready_s - self._t, now - self._t
-        self._t = now
+        window = runner.train_window
+        n = window.iters - window.start_iters
+        if n <= 0:
+            return
+        iter_time, data_time = (now - window.start_s) / n, (window.data_s - window.start_data_s) / n
         a, d = self._avg_time, self._avg_data
-        self._avg_time = iter_time if a is None else a + self.smoothing * (iter_time - a)
-        self._avg_data = data_time if d is None else d + self.smoothing * (data_time - d)
+        weight = 1 - (1 - self.smoothing) ** n  # n iterations' worth of smoothing at once
+        self._avg_time = iter_time if a is None else a + weight * (iter_time - a)
+        self._avg_data = data_time if d is None else d + weight * (data_time - d)
         scalars = runner.scalars
         scalars["train/time"] = self._avg_time
         scalars["train/data_time"] = self._avg_data  # type: ignore[assignment]

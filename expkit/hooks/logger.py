@@ -23,6 +23,7 @@ from expkit.hooks.base import Hook
 
 if TYPE_CHECKING:
     from expkit.engine.runner import Runner
+    from expkit.engine.state import TrainWindow
     from expkit.loggers.backends import Backend
 
 __all__ = ["LoggerHook", "plot_curves"]
@@ -82,6 +83,7 @@ class LoggerHook(Hook):
     """
 
     priority = Priority.BELOW_NORMAL
+    log_steps_only = True  # called at logging steps only: runner.train_window has the losses in between
 
     def __init__(
         self,
@@ -105,10 +107,17 @@ class LoggerHook(Hook):
         self._flushed = 0.0  # time.monotonic() of the last write to disk
         self._file: IO[str] | None = None
         self._losses: list[torch.Tensor] = []
+        self._window: TrainWindow | None = None  # runner.train_window, from before_train on
+        self._seen: int | None = None  # runner.train_window.iters when last taken (None: not yet)
         self._logged: dict[str, list[Any]] = {}  # a model's own train scalars (outputs["log"]) since the last record
         self._backends: list[Backend] = []
         self._tty: list[logging.StreamHandler] = []
         self._filter = _HideTrainLines()
+
+    @property
+    def log_interval(self) -> int:  # type: ignore[override]
+        """``interval``: the logging steps include this logger's."""
+        return self.interval
 
     # -- output ----------------------------------------------------------------------------
     def _safely(self, backend: Backend, what: str, *args: Any) -> None:
@@ -158,12 +167,27 @@ class LoggerHook(Hook):
 
     # -- state: the losses of a log interval not yet written, so a resumed record averages the same ones --
     def state_dict(self) -> dict[str, Any]:
+        self._take_window()  # (a checkpoint between logging steps: the losses since the last one)
         if not self._losses and not self._logged:
             return {}
         return {
             "pending_losses": [float(x) for x in self._losses],
             "pending_logged": {k: [float(v) for v in vs] for k, vs in self._logged.items()},
         }
+
+    def _take_window(self) -> None:
+        """Add the iterations of ``runner.train_window`` this logger has not seen to the pending ones."""
+        window = self._window
+        if window is None or window.iters == self._seen:
+            return
+        self._losses.extend(window.new_losses(self._seen))
+        for index, logged in window.logged:
+            if self._seen is None or index >= self._seen:
+                for key, value in logged.items():
+                    self._logged.setdefault(key, []).append(
+                        value.detach() if isinstance(value, torch.Tensor) else value
+                    )
+        self._seen = window.iters
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._losses = [torch.tensor(x, dtype=torch.float32) for x in state.get("pending_losses", [])]
@@ -267,17 +291,17 @@ class LoggerHook(Hook):
         if not runner.resuming:  # training starts at step 0 (a new run, or resume=true before any checkpoint)
             self._void_after(runner, 0)
         self._max_iters = runner.max_iters  # computing it per iteration costs microseconds
+        self._window = runner.train_window
         self._batch_size = getattr(runner.train_loader, "batch_size", None) or 0
 
     def before_train_epoch(self, runner: Runner) -> None:
         self._epoch_len = runner.steps_per_epoch  # iterations (optimizer steps), not batches
 
     def after_train_iter(self, runner: Runner, *, batch_idx: int, data_batch: Any, outputs: dict[str, Any]) -> None:
-        self._losses.append(outputs["loss"].detach())  # read at the interval: no device sync per iteration
-        logged = outputs.get("log")  # a model's own scalars: train/<key>
-        if logged:
-            for key, value in logged.items():
-                self._logged.setdefault(key, []).append(value.detach() if isinstance(value, torch.Tensor) else value)
+        """At logging steps (the loop calls it there only): the losses and a model's own scalars
+        (``outputs["log"]``: train/<key>) since the last one come from ``runner.train_window``,
+        still on their device: read here, at the interval, so no iteration waits for the device."""
+        self._take_window()
         last_of_epoch = batch_idx + 1 == self._epoch_len
         if (batch_idx + 1) % self.interval and not last_of_epoch and runner.iter + 1 != self._max_iters:
             return

@@ -441,8 +441,14 @@ def test_the_plain_iteration_trains_exactly_as_the_general_one(tmp_path):
 
 
 def test_a_runner_that_dispatches_hooks_its_own_way_gets_every_iteration_stage(tmp_path):
-    """The loop calls after_train_iter hooks itself only while call_hook is Runner's own."""
+    """A subclass's call_hook, or a replacement, sees every stage the loop calls: after_train_iter
+    at every iteration while a hook listens there every iteration, else at the logging steps only
+    (the timer and the logger run there)."""
     seen: list[str] = []
+
+    class Every(Hook):
+        def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+            self.calls = getattr(self, "calls", 0) + 1
 
     class Tracing(Runner):
         def call_hook(self, stage, **payload):
@@ -461,14 +467,15 @@ def test_a_runner_that_dispatches_hooks_its_own_way_gets_every_iteration_stage(t
         train_loader=base.train_loader,
         work_dir=tmp_path / "b",
         settings=base.settings,
+        hooks=[every := Every()],
     )
     traced.run()
-    assert seen.count("after_train_iter") == traced.iter == 2
+    assert seen.count("after_train_iter") == traced.iter == every.calls == 2
     replaced = toy_runner(tmp_path / "c", max_epochs=1)
     calls: list[str] = []
     original = replaced.call_hook
     replaced.call_hook = lambda stage, **payload: (calls.append(str(stage)), original(stage, **payload))[1]
     replaced.run()
-    assert calls.count("after_train_iter") == 2
+    assert calls.count("after_train_iter") == 1  # 2 iterations, the second a logging step (the epoch's last)
     with pytest.raises(HookError, match=r"in Failing.after_train_iter: ValueError: third iteration"):
         toy_runner(tmp_path / "d", hooks=[Failing()], max_epochs=2).run()

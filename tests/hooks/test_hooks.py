@@ -79,6 +79,90 @@ def test_logger_logs_the_last_iteration_of_a_short_epoch(tmp_path):
     assert [r["iter"] for r in records if "train/loss" in r] == [2, 4]
 
 
+class Losses(Hook):
+    """Every iteration's loss, as the loop computed it (a hook that listens every iteration)."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        self.losses.append(float(outputs["loss"].detach()))
+
+
+class StepsTimer(IterTimerHook):
+    def after_train_iter(self, runner, **payload):
+        self.at = [*getattr(self, "at", []), runner.iter]
+        super().after_train_iter(runner, **payload)
+
+
+class StepsLogger(LoggerHook):
+    def after_train_iter(self, runner, **payload):
+        self.at = [*getattr(self, "at", []), runner.iter]
+        super().after_train_iter(runner, **payload)
+
+
+def _eight_a_epoch(runner):
+    from expkit.testing import toy_loaders
+
+    runner.train_loader = toy_loaders(n_train=16, batch_size=2)[0]  # 8 iterations an epoch
+    return runner
+
+
+def test_the_timer_and_the_logger_run_at_logging_steps_only_and_miss_no_loss(tmp_path):
+    """Logger interval 3, 8 iterations an epoch: the logging steps are batches 3, 6 and 8 of each
+    epoch; between them neither hook is called, and each record's loss is the mean of every
+    iteration's since the previous one, as the loop computed them."""
+    timer, logger, losses = StepsTimer(), StepsLogger(interval=3, plot=False), Losses()
+    hooks = default_hooks(timer=timer, logger=logger)
+    _eight_a_epoch(toy_runner(tmp_path, default_hooks=hooks, hooks=[losses], max_epochs=2)).run()
+    steps = [2, 5, 7, 10, 13, 15]  # runner.iter at each logging step
+    assert timer.at == logger.at == steps and len(losses.losses) == 16
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "train/loss" in r]
+    assert [r["step"] for r in train] == [s + 1 for s in steps]
+    starts = [0, *[s + 1 for s in steps[:-1]]]
+    for record, start, end in zip(train, starts, steps, strict=True):
+        window = losses.losses[start : end + 1]
+        assert record["train/loss"] == pytest.approx(sum(window) / len(window), rel=1e-6)
+        assert record["train/time"] > 0 and record["train/data_time"] >= 0
+
+
+class Crash(Hook):
+    """Fails iteration `at` (after the checkpoint before it): a run killed mid-window."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        if runner.iter == self.at:
+            raise RuntimeError("killed")
+
+
+def test_a_resume_between_logging_steps_writes_the_same_records(tmp_path):
+    """A checkpoint at iteration 4 lies inside a logging window (steps at 3 and 6): the losses
+    of iteration 4, not yet logged, are saved with it, so the resumed run's record at step 6
+    averages the same three losses as an uninterrupted run's."""
+
+    def run(work, *extra, **settings):
+        hooks = default_hooks(
+            logger=LoggerHook(interval=3, plot=False),
+            checkpoint=CheckpointHook(interval=4, by_epoch=False, max_keep_ckpts=-1),
+        )
+        return _eight_a_epoch(toy_runner(work, default_hooks=hooks, hooks=list(extra), max_epochs=2, **settings))
+
+    def train_records(work):
+        lines = (work / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in r.items() if "time" not in k} for r in map(json.loads, lines) if "train/loss" in r]
+
+    run(tmp_path / "a").run()
+    with pytest.raises(Exception, match="killed"):
+        run(tmp_path / "b", Crash(at=5)).run()
+    pending = torch.load(tmp_path / "b" / "checkpoints" / "iter_4.pth", weights_only=False)["hooks"]["logger"]
+    assert len(pending["pending_losses"]) == 1  # iteration 4's: logged at step 6
+    run(tmp_path / "b", resume=True).run()
+    assert train_records(tmp_path / "b") == train_records(tmp_path / "a")
+
+
 class OnDisk(Hook):
     """The steps of the records metrics.jsonl holds on disk after each iteration and as each
     checkpoint is saved (LOWEST: after the logger)."""
@@ -124,11 +208,19 @@ def test_hooks_with_nothing_to_do_per_iteration_leave_the_iteration_stage(tmp_pa
     hooks = default_hooks(logger=LoggerHook(plot=False), checkpoint=CheckpointHook(by_epoch=per_epoch))
     runner = toy_runner(tmp_path, default_hooks=hooks, max_epochs=1)
     runner.scheduler_by_epoch = per_epoch
-    before = [name for _, name, _ in runner.hook_table.dispatch["after_train_iter"]]
+    table = runner.hook_table
+
+    def listening():  # (every iteration's hooks, a logging step's hooks)
+        return [[name for _, name, _ in calls] for calls in table.train_iter_calls]
+
+    before = listening()
+    assert [name for _, name, _ in table.dispatch["after_train_iter"]] == before[0]
     runner.run()
-    after = [name for _, name, _ in runner.hook_table.dispatch["after_train_iter"]]
-    assert before == ["timer", "logger", "param_scheduler", "checkpoint"]
-    assert after == (["timer", "logger"] if per_epoch else before)
+    after = listening()
+    # the timer and the logger run at logging steps only; the rest every iteration, while it has work there
+    assert before == [["param_scheduler", "checkpoint"], ["timer", "logger", "param_scheduler", "checkpoint"]]
+    assert after == ([[], ["timer", "logger"]] if per_epoch else before)
+    assert ("after_train_iter" in table.idle) == per_epoch
 
     class Warmup(ParamSchedulerHook):  # a subclass with its own per-iteration work keeps the stage
         def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
