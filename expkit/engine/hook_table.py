@@ -228,11 +228,13 @@ class HookTable:
 
     def log_interval(self) -> int:
         """The iterations between logging steps within an epoch: the gcd of the hooks'
-        ``log_interval`` (so each logger's own steps are among them); 1 when only
+        ``log_step_interval`` (so each logger's own steps are among them); 1 when only
         ``log_steps_only`` hooks without one listen (every iteration is a logging step); 0 when no
         hook reads ``runner.train_window`` (the loop keeps no losses for it)."""
         hooks = [hook for _, _, hook in self.entries]
-        intervals = [h.log_interval for h in hooks if isinstance(h.log_interval, int) and h.log_interval > 0]
+        intervals = [
+            h.log_step_interval for h in hooks if isinstance(h.log_step_interval, int) and h.log_step_interval > 0
+        ]
         if intervals:
             return math.gcd(*intervals)
         every, at_log = self.train_iter_calls

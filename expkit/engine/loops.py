@@ -220,7 +220,10 @@ class TrainLoop:
 
     def run(self) -> None:
         r = self.runner
-        r.train_window.iters = r.state.iter  # (a resumed run counts on from its checkpoint)
+        window = r.train_window
+        window.iters = r.state.iter  # (a resumed run counts on from its checkpoint)
+        window.losses.clear()  # (what an earlier training in this process left)
+        window.logged.clear()
         r.call_hook(Stage.BEFORE_TRAIN)
         # logging steps: every log_every iterations of an epoch, its last and the run's last (the
         # logger's records); the hooks that run there only are not called in between
@@ -334,15 +337,22 @@ class TrainLoop:
             call(AFTER_OPTIMIZER_STEP, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         every = self.log_every
         if every:  # what the hooks of the logging steps read of the iterations in between
-            w.losses.append(outputs["loss"].detach())  # (read at the logging step: no device sync here)
-            logged = outputs.get("log")  # a model's own scalars
+            loss = outputs.get("loss")  # (read at the logging step: no device sync here)
+            if loss is not None:
+                w.losses.append(loss.detach())
+            logged = outputs.get("log")  # a model's own scalars, detached (a dict the model reuses, a graph)
             if logged:
-                w.logged.append((w.iters, logged))
+                w.logged.append(
+                    (w.iters, {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in logged.items()})
+                )
         w.iters += 1
         log_step = every and (
             (batch_idx + 1) % every == 0 or batch_idx + 1 == self.epoch_len or s.iter == self.last_iter
         )
         if log_step:
+            # the window ends here: what the logging step's hooks take (a record, a device sync, a
+            # save) counts in the next one, as a timer called every iteration would count it
+            w.step_s = time.perf_counter()
             with r.hook_table.log_step:  # every after_train_iter hook, those of logging steps included
                 call(AFTER_TRAIN_ITER, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
             w.losses.clear()
@@ -353,7 +363,7 @@ class TrainLoop:
         s.inner_iter = consumed
         w.end_s = end = time.perf_counter()
         if log_step:
-            w.restart(end)
+            w.restart(end, w.step_s)
 
     def _forward_backward(
         self, batch_idx: int, data_batch: Any, weight: float | None, idle: Container[str]

@@ -63,23 +63,28 @@ class TrainWindow:
     end_s: float = 0.0
     """``time.perf_counter()`` when the last iteration ended (or the epoch started)."""
     start_s: float = 0.0
-    """``time.perf_counter()`` when the window started: the end of the last logging step's
-    iteration, or the epoch's start (the time between epochs is no iteration's)."""
+    """``time.perf_counter()`` when the window started: when the last logging step's hooks were
+    called (what they take counts in this window), or the epoch's start (the time between epochs
+    is no iteration's)."""
+    step_s: float = 0.0
+    """``time.perf_counter()`` just before the logging step's hooks are called: the window's end."""
     start_iters: int = 0
     """``iters`` when the window started."""
     start_data_s: float = 0.0
     """``data_s`` when the window started."""
     losses: list[Any] = field(default_factory=list)
     """Each iteration's loss (detached, still on its device) since the last logging step; emptied
-    after each. Kept only while some hook has a ``log_interval`` or ``log_steps_only``."""
+    after each. Kept only while some hook has a ``log_step_interval`` or ``log_steps_only``."""
     logged: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
     """``(index, outputs["log"])`` of the iterations since the last logging step whose step returned
     a ``log`` dict (a model's own scalars); ``index`` is ``iters`` before that iteration (its
     ``runner.iter``)."""
 
-    def restart(self, now: float) -> None:
-        """Start the window's timing at `now` (its losses are emptied apart, after each logging step)."""
-        self.start_s = self.end_s = now
+    def restart(self, now: float, start: float | None = None) -> None:
+        """A new window from `start` (default `now`), the last iteration having ended at `now` (its
+        losses are emptied apart, after each logging step)."""
+        self.end_s = now
+        self.start_s = self.step_s = now if start is None else start
         self.start_iters, self.start_data_s = self.iters, self.data_s
 
     def new_losses(self, seen: int | None) -> list[Any]:

@@ -36,13 +36,13 @@ class Hook:
     # False: the hook does not work with sharded (FSDP2, DTensor) parameters; a run with
     # trainer.strategy=fsdp refuses it at start-up instead of failing (or hanging) later
     supports_sharding: ClassVar[bool] = True
-    # True: after_train_iter is called at logging steps only (every log_interval iterations of the
-    # epoch, gcd of the hooks' log_interval, each epoch's last iteration and the run's last), and
+    # True: after_train_iter is called at logging steps only (every log_step_interval iterations of
+    # the epoch, gcd of the hooks', each epoch's last iteration and the run's last), and
     # runner.train_window holds what the iterations in between left (losses, data time). For hooks
     # that summarise the interval, as the timer and the logger do: the other iterations call nothing.
     log_steps_only: ClassVar[bool] = False
     # the iterations between this hook's records (LoggerHook's interval): sets the logging steps
-    log_interval: int | None = None
+    log_step_interval: int | None = None
 
     # -- state: saved in every checkpoint under checkpoint["hooks"][name] --------------
     def state_dict(self) -> dict[str, Any]:

@@ -58,8 +58,10 @@ class IterTimerHook(Hook):
         """The iterations of the window (since the last logging step, or the epoch's start): their
         mean wall time, and their mean data time, from the end of each one's predecessor until its
         batch was ready (the loop stamps it: a clock read there costs less than a hook call)."""
-        now = time.perf_counter()
         window = runner.train_window
+        # at a logging step the loop stamped the window's end just before the hooks: back to back
+        # with the next window (a timer called between logging steps reads the clock)
+        now = window.step_s if window.step_s > window.start_s else time.perf_counter()
         n = window.iters - window.start_iters
         if n <= 0:
             return

@@ -115,7 +115,7 @@ class LoggerHook(Hook):
         self._filter = _HideTrainLines()
 
     @property
-    def log_interval(self) -> int:  # type: ignore[override]
+    def log_step_interval(self) -> int:  # type: ignore[override]
         """``interval``: the logging steps include this logger's."""
         return self.interval
 
@@ -292,6 +292,7 @@ class LoggerHook(Hook):
             self._void_after(runner, 0)
         self._max_iters = runner.max_iters  # computing it per iteration costs microseconds
         self._window = runner.train_window
+        self._seen = None  # (a second training in this process starts a new window)
         self._batch_size = getattr(runner.train_loader, "batch_size", None) or 0
 
     def before_train_epoch(self, runner: Runner) -> None:

@@ -125,3 +125,23 @@ def test_an_object_torch_cannot_save_raises_its_error_and_leaves_no_temporary(tm
     atomic.save_atomic({"w": torch.ones(2)}, target)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_1.pth"]
     assert torch.equal(torch.load(target, weights_only=True)["w"], torch.ones(2))
+
+
+def test_a_checkpoint_whose_last_write_was_lost_is_written_again(tmp_path, monkeypatch):
+    """torch's writer does not check the close that writes its last buffer (the zip's end): a
+    file without its end record is never renamed into place; the save goes through the Python
+    file instead, which checks every write."""
+    real_save, by_name = torch.save, []
+
+    def loses_the_tail(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        if isinstance(f, str):  # the save by name: its last 30 bytes never reached the disk
+            by_name.append(f)
+            os.truncate(f, os.path.getsize(f) - 30)
+
+    monkeypatch.setattr(torch, "save", loses_the_tail)
+    target = tmp_path / "epoch_1.pth"
+    atomic.save_atomic({"w": torch.arange(1000.0)}, target)
+    monkeypatch.undo()
+    assert len(by_name) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["epoch_1.pth"]
+    assert torch.equal(torch.load(target, weights_only=True)["w"], torch.arange(1000.0))

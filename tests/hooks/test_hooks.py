@@ -127,6 +127,28 @@ def test_the_timer_and_the_logger_run_at_logging_steps_only_and_miss_no_loss(tmp
         assert record["train/time"] > 0 and record["train/data_time"] >= 0
 
 
+class SlowRecord(Hook):
+    """At logging steps, after the timer and the logger: 60 ms (a slow record, a device sync)."""
+
+    priority = "LOW"
+    log_steps_only = True
+
+    def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
+        import time
+
+        time.sleep(0.06)
+
+
+def test_what_a_logging_step_takes_counts_in_the_next_window(tmp_path):
+    """Windows are back to back: the 60 ms a logging step's hooks take after the timer counts
+    in the next window's train/time (3 iterations: 20 ms or more each), not in none."""
+    hooks = default_hooks(timer=IterTimerHook(smoothing=1.0), logger=LoggerHook(interval=3, plot=False))
+    _eight_a_epoch(toy_runner(tmp_path, default_hooks=hooks, hooks=[SlowRecord()], max_epochs=1)).run()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    times = [r["train/time"] for r in map(json.loads, lines) if "train/loss" in r]
+    assert len(times) == 3 and times[0] < 0.02 and times[1] >= 0.02 and times[2] >= 0.03
+
+
 class Crash(Hook):
     """Fails iteration `at` (after the checkpoint before it): a run killed mid-window."""
 
