@@ -44,8 +44,8 @@ def _write_atomic(path: PathT, write: Callable[[int], None], durable: bool) -> P
     millisecond), so that after a power cut the name holds the whole file. A failing close
     fails the write (NFS reports some write errors there), unless the write failed first."""
     name = os.fspath(path)
-    head, tail = os.path.split(name)
-    tmp = os.path.join(head, f".{tail}.tmp{os.getpid()}")
+    head = os.path.dirname(name)
+    tmp = _temporary(name)
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     try:
         try:
@@ -90,6 +90,12 @@ class _RecordingFile:
         self.file.flush()
 
 
+def _temporary(name: str) -> str:
+    """The temporary name `name` is written under: ``.<name>.tmp<pid>`` in its directory."""
+    head, tail = os.path.split(name)
+    return os.path.join(head, f".{tail}.tmp{os.getpid()}")
+
+
 def _zip_ends(name: str) -> bool:
     """Whether the file ends with a zip end-of-central-directory record (torch writes no comment
     after it): one read of 4 bytes, about 2 us."""
@@ -112,31 +118,25 @@ def _save_by_name(torch: Any, obj: Any, path: Path) -> bool:
     temporary file: its RuntimeError names no errno, so the caller writes again through a Python
     file, whose failure raises the file's own OSError (ENOSPC, EFBIG, EIO). A failed rename raises."""
     name = os.fspath(path)
-    head, tail = os.path.split(name)
-    tmp = os.path.join(head, f".{tail}.tmp{os.getpid()}")
+    tmp = _temporary(name)
+    renamed = False
     try:
-        torch.save(obj, tmp)
-        # torch's writer checks every write but not the close, which writes out the last buffer
-        # (the zip's central directory and end record): a disk that fills there leaves a file
-        # without its end record, and torch.save returns. The end record is the file's last 22 bytes.
-        complete = _zip_ends(tmp)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, Exception):
-            return False
-        raise  # (a KeyboardInterrupt, a SystemExit: not written again)
-    if not complete:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        return False
-    try:
-        os.replace(tmp, name)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return True
+        try:
+            torch.save(obj, tmp)
+            # torch's writer checks every write but not the close, which writes out the last buffer
+            # (the zip's central directory and end record): a disk that fills there leaves a file
+            # without its end record, and torch.save returns. The end record is the last 22 bytes.
+            complete = _zip_ends(tmp)
+        except Exception:
+            return False  # (a KeyboardInterrupt, a SystemExit: raised, not written again)
+        if complete:
+            os.replace(tmp, name)
+            renamed = True
+        return renamed
+    finally:
+        if not renamed:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def save_atomic(obj: Any, path: Path, durable: bool = False) -> Path:

@@ -228,9 +228,8 @@ class TrainLoop:
         # logging steps: every log_every iterations of an epoch, its last and the run's last (the
         # logger's records); the hooks that run there only are not called in between
         self.log_every = r.hook_table.log_interval()
-        self.last_iter = self.epoch_len = None
-        if self.log_every and (r.settings.max_iters is not None or r.steps_per_epoch is not None):
-            self.last_iter = r.max_iters - 1
+        known = r.settings.max_iters is not None or r.steps_per_epoch is not None
+        self.last_iter = r.max_iters - 1 if self.log_every and known else None
         while not self.done():
             self.run_epoch()
         r.call_hook(Stage.AFTER_TRAIN)

@@ -48,7 +48,7 @@ class TrainWindow:
     that the iterations in between call no hook. ``runner.train_window``; not saved (the logger
     saves the losses it has not written yet).
 
-    The window runs from the end of the last logging step's iteration (or the epoch's start) to
+    The window runs from just before the last logging step's hooks (or the epoch's start) to
     now: ``iters - start_iters`` iterations, ``data_s - start_data_s`` seconds of data time. A hook
     called more often reads what is new to it by counting: ``iters`` only grows, and the newest
     ``iters - seen`` entries of ``losses`` are the iterations since it last looked.
@@ -58,8 +58,8 @@ class TrainWindow:
     """Training iterations of the run up to the last one the loop finished (it only grows; set to
     ``runner.iter`` when training starts, so a resumed run counts on from its checkpoint)."""
     data_s: float = 0.0
-    """The data time of this process's iterations in all, in seconds: from the end of each iteration's predecessor (or the
-    epoch's start) until its batch was ready."""
+    """The data time of this process's iterations in all, in seconds: from the end of each
+    iteration's predecessor (or the epoch's start) until its batch was ready."""
     end_s: float = 0.0
     """``time.perf_counter()`` when the last iteration ended (or the epoch started)."""
     start_s: float = 0.0

@@ -183,10 +183,8 @@ class LoggerHook(Hook):
         self._losses.extend(window.new_losses(self._seen))
         for index, logged in window.logged:
             if self._seen is None or index >= self._seen:
-                for key, value in logged.items():
-                    self._logged.setdefault(key, []).append(
-                        value.detach() if isinstance(value, torch.Tensor) else value
-                    )
+                for key, value in logged.items():  # (detached by the loop)
+                    self._logged.setdefault(key, []).append(value)
         self._seen = window.iters
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
