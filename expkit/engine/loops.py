@@ -142,6 +142,12 @@ class TrainLoop:
         self.distributed = is_distributed()
         # the logging steps (set by run(); 0: no hook reads runner.train_window)
         self.log_every, self.epoch_len, self.last_iter = 0, None, None
+        # The last step's back-propagated loss, kept until the next step has made its own, as a
+        # hand-written loop's `loss` variable is: while a graph that reaches a parameter lives, autograd
+        # reuses the parameter's gradient accumulator node (a weak reference) instead of making and
+        # freeing one per parameter every iteration (about 4,000 instructions an iteration for 6
+        # parameters). backward() freed the graph's saved tensors: what stays is its nodes.
+        self.held_graph: torch.Tensor | None = None
         self._bind()
 
     def _bind(self) -> None:
@@ -232,6 +238,7 @@ class TrainLoop:
         self.last_iter = r.max_iters - 1 if self.log_every and known else None
         while not self.done():
             self.run_epoch()
+        self.held_graph = None
         r.call_hook(Stage.AFTER_TRAIN)
 
     def run_epoch(self) -> None:
@@ -313,16 +320,18 @@ class TrainLoop:
             outputs = self.forward(data_batch)
             if AFTER_FORWARD not in idle:
                 call(AFTER_FORWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
-            outputs["loss"].backward()
+            loss = outputs["loss"]
+            loss.backward()
             if AFTER_BACKWARD not in idle:
                 call(AFTER_BACKWARD, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            self.held_graph = loss
         elif r.manual_optimization:
             outputs = self._owned_update(batch_idx, data_batch)
         else:
             if len(window) == 1:
-                outputs, _ = self._forward_backward(batch_idx, data_batch, None, idle)
+                outputs, self.held_graph = self._forward_backward(batch_idx, data_batch, None, idle)
             else:
                 outputs = self._accumulate(batch_idx, window, idle)
                 data_batch = window[-1]
@@ -336,11 +345,9 @@ class TrainLoop:
             call(AFTER_OPTIMIZER_STEP, batch_idx=batch_idx, data_batch=data_batch, outputs=outputs)
         every = self.log_every
         if every:  # what the hooks of the logging steps read of the iterations in between
-            loss = outputs.get("loss")  # (read at the logging step: no device sync here)
-            if loss is not None:
+            if (loss := outputs.get("loss")) is not None:  # (read at the logging step: no device sync here)
                 w.losses.append(loss.detach())
-            logged = outputs.get("log")  # a model's own scalars, detached (a dict the model reuses, a graph)
-            if logged:
+            if logged := outputs.get("log"):  # a model's own scalars, detached (a dict the model reuses, a graph)
                 w.logged.append(
                     (w.iters, {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in logged.items()})
                 )

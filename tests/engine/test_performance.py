@@ -130,6 +130,39 @@ def test_settings_reject_non_booleans():
             TrainerSettings(**{key: "yes"})
 
 
+class AccumulatorMarks(Hook):
+    """Marks the gradient accumulator node of the model's first parameter at each iteration and
+    records whether it carried the previous iteration's mark (the node object is not kept)."""
+
+    def __init__(self) -> None:
+        self.carried: list[bool] = []
+
+    def after_backward(self, runner: Runner, *, batch_idx, data_batch, outputs) -> None:
+        first = next(runner.model.parameters())
+        stack, node = [outputs["loss"].grad_fn], None
+        while stack and node is None:
+            fn = stack.pop()
+            if fn is not None and type(fn).__name__ == "AccumulateGrad" and fn.variable is first:
+                node = fn
+            elif fn is not None:
+                stack.extend(f for f, _ in fn.next_functions)
+        self.carried.append("mark" in node.metadata)
+        node.metadata["mark"] = batch_idx
+
+
+@pytest.mark.parametrize("clip", [None, 1.0])
+def test_each_parameter_keeps_its_gradient_accumulator_from_one_iteration_to_the_next(tmp_path, clip):
+    """As in a hand-written loop, whose `loss` lives until the next one is computed: the last
+    step's graph is kept until the next step has made its own, so autograd reuses each
+    parameter's accumulator node instead of making one per parameter every iteration (the
+    plain step and the general one, here with clipping)."""
+    marks = AccumulatorMarks()
+    runner = toy_runner(tmp_path, hooks=[marks], max_iters=5, clip_grad_norm=clip)
+    runner.run()
+    assert marks.carried == [False, True, True, True, True]
+    assert runner.train_window.iters == 5
+
+
 class Inspect(Hook):
     def __init__(self) -> None:
         self.seen: list[tuple[bool, bool, torch.dtype]] = []
