@@ -116,13 +116,23 @@ def _save_by_name(torch: Any, obj: Any, path: Path) -> bool:
     of a 0.7 ms save of a small model). Returns False when the save failed or the file lacks its
     zip end record (a failed last write, which torch does not check), having removed the
     temporary file: its RuntimeError names no errno, so the caller writes again through a Python
-    file, whose failure raises the file's own OSError (ENOSPC, EFBIG, EIO). A failed rename raises."""
+    file, whose failure raises the file's own OSError (ENOSPC, EFBIG, EIO). A failed rename raises.
+    A missing directory is made."""
     name = os.fspath(path)
     tmp = _temporary(name)
     renamed = False
     try:
         try:
-            torch.save(obj, tmp)
+            try:
+                torch.save(obj, tmp)
+            except Exception:
+                head = os.path.dirname(name)
+                if os.path.isdir(head or "."):
+                    raise
+                # the first save into a directory not made yet (a run's checkpoints/): made here, not
+                # left to the Python file's path, which would pickle the whole object a second time
+                os.makedirs(head, exist_ok=True)
+                torch.save(obj, tmp)
             # torch's writer checks every write but not the close, which writes out the last buffer
             # (the zip's central directory and end record): a disk that fills there leaves a file
             # without its end record, and torch.save returns. The end record is the last 22 bytes.

@@ -145,3 +145,21 @@ def test_a_checkpoint_whose_last_write_was_lost_is_written_again(tmp_path, monke
     monkeypatch.undo()
     assert len(by_name) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["epoch_1.pth"]
     assert torch.equal(torch.load(target, weights_only=True)["w"], torch.arange(1000.0))
+
+
+def test_the_first_checkpoint_into_a_new_directory_is_saved_by_name(tmp_path, monkeypatch):
+    """A run's first save goes to a checkpoints/ dir not made yet: the dir is made and torch
+    writes the file by name, not through the Python file (which would pickle the object again)."""
+    real_save, targets = torch.save, []
+
+    def recording(obj, f, *args, **kwargs):
+        targets.append("name" if isinstance(f, str) else "file")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", recording)
+    target = tmp_path / "run" / "checkpoints" / "epoch_1.pth"
+    atomic.save_atomic({"w": torch.arange(10.0)}, target)
+    monkeypatch.undo()
+    assert "file" not in targets and targets[-1] == "name"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["epoch_1.pth"]
+    assert torch.equal(torch.load(target, weights_only=True)["w"], torch.arange(10.0))
