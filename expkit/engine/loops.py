@@ -145,8 +145,10 @@ class TrainLoop:
         # The last step's back-propagated loss, kept until the next step has made its own, as a
         # hand-written loop's `loss` variable is: while a graph that reaches a parameter lives, autograd
         # reuses the parameter's gradient accumulator node (a weak reference) instead of making and
-        # freeing one per parameter every iteration (about 4,000 instructions an iteration for 6
-        # parameters). backward() freed the graph's saved tensors: what stays is its nodes.
+        # freeing one per parameter every iteration (12 K instructions an iteration for 6 parameter
+        # tensors, the GIL taken to free each). backward() freed the graph's saved tensors: its nodes
+        # stay, with what a custom autograd.Function keeps on its ctx (ctx.x = ..., not
+        # save_for_backward), as in a hand-written loop. Only a loss the loop back-propagated whole.
         self.held_graph: torch.Tensor | None = None
         self._bind()
 
@@ -236,9 +238,11 @@ class TrainLoop:
         self.log_every = r.hook_table.log_interval()
         known = r.settings.max_iters is not None or r.steps_per_epoch is not None
         self.last_iter = r.max_iters - 1 if self.log_every and known else None
-        while not self.done():
-            self.run_epoch()
-        self.held_graph = None
+        try:
+            while not self.done():
+                self.run_epoch()
+        finally:
+            self.held_graph = None  # (an exception's traceback keeps the loop)
         r.call_hook(Stage.AFTER_TRAIN)
 
     def run_epoch(self) -> None:
@@ -409,6 +413,7 @@ class TrainLoop:
         included. Under DDP (FSDP), gradients are all-reduced (reduce-scattered) once, in the
         backward of the last micro-batch, and each process's window counts alike. Returns the
         last micro-batch's outputs with ``loss`` the window's loss."""
+        self.held_graph = None  # (each micro-batch's graph is let go: an epoch's last window of one held one)
         counted = self.counted_tokens
         # Each micro-batch's loss is a mean over its own samples (tokens). Backward adds the
         # gradients up, so weighting each mean by its share of the window's samples makes the sum

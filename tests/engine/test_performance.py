@@ -139,13 +139,16 @@ class AccumulatorMarks(Hook):
 
     def after_backward(self, runner: Runner, *, batch_idx, data_batch, outputs) -> None:
         first = next(runner.model.parameters())
-        stack, node = [outputs["loss"].grad_fn], None
+        stack, seen, node = [outputs["loss"].grad_fn], set(), None
         while stack and node is None:
             fn = stack.pop()
-            if fn is not None and type(fn).__name__ == "AccumulateGrad" and fn.variable is first:
+            if fn is None or fn in seen:
+                continue
+            seen.add(fn)
+            if type(fn).__name__ == "AccumulateGrad" and fn.variable is first:
                 node = fn
-            elif fn is not None:
-                stack.extend(f for f, _ in fn.next_functions)
+            stack.extend(f for f, _ in fn.next_functions)
+        assert node is not None, "the loss's graph does not reach the model's first parameter"
         self.carried.append("mark" in node.metadata)
         node.metadata["mark"] = batch_idx
 
