@@ -110,6 +110,20 @@ def _zip_ends(name: str) -> bool:
         os.close(fd)
 
 
+def _torch_save(torch: Any, obj: Any, name: str) -> None:
+    """torch.save to the file `name`; its directory is made when missing (the first save into a
+    run's checkpoints/), then torch saves again. torch reports a missing directory as a RuntimeError
+    without an errno, and it opens the file before pickling: the failed try pickles nothing."""
+    try:
+        torch.save(obj, name)
+    except Exception:
+        head = os.path.dirname(name)
+        if os.path.isdir(head or "."):
+            raise
+        os.makedirs(head, exist_ok=True)
+        torch.save(obj, name)
+
+
 def _save_by_name(torch: Any, obj: Any, path: Path) -> bool:
     """torch.save to the temporary file by its name, then rename: torch's own C++ writer, no
     Python call per zip record (a Python file gets about a hundred writes a checkpoint: 0.1 ms
@@ -123,16 +137,7 @@ def _save_by_name(torch: Any, obj: Any, path: Path) -> bool:
     renamed = False
     try:
         try:
-            try:
-                torch.save(obj, tmp)
-            except Exception:
-                head = os.path.dirname(name)
-                if os.path.isdir(head or "."):
-                    raise
-                # the first save into a directory not made yet (a run's checkpoints/): made here, not
-                # left to the Python file's path, which would pickle the whole object a second time
-                os.makedirs(head, exist_ok=True)
-                torch.save(obj, tmp)
+            _torch_save(torch, obj, tmp)
             # torch's writer checks every write but not the close, which writes out the last buffer
             # (the zip's central directory and end record): a disk that fills there leaves a file
             # without its end record, and torch.save returns. The end record is the last 22 bytes.
