@@ -277,6 +277,46 @@ def test_rng_states_round_trip_python_numpy_torch():
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == draws
 
 
+def _numpy_state_by_its_getter():
+    _, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "keys": keys.astype(np.uint32).tobytes(),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached": float(cached),
+    }
+
+
+def test_numpy_state_is_exact_after_every_kind_of_move(monkeypatch):
+    # an unmoved generator is not read through NumPy's getter (28 us); every move is seen, also the
+    # one that leaves the generator where it was: a second randn() uses the gaussian the first cached
+    reads = []
+    getter = np.random.get_state
+    monkeypatch.setattr(np.random, "get_state", lambda *a, **k: reads.append(1) or getter(*a, **k))
+    saved = getter()
+    moves = [
+        ("nothing", lambda: None),
+        ("rand", np.random.rand),
+        ("nothing", lambda: None),
+        ("randn, caching a gaussian", np.random.randn),
+        ("nothing", lambda: None),
+        ("randn, using the cached one", np.random.randn),
+        ("nothing", lambda: None),
+        ("seed", lambda: np.random.seed(3)),
+        ("set_state", lambda: np.random.set_state(saved)),
+        ("nothing", lambda: None),
+    ]
+    rng_states()
+    before = "nothing"
+    for name, move in moves:
+        move()
+        reads.clear()
+        assert rng_states()["numpy"] == _numpy_state_by_its_getter(), name
+        if name == "nothing" and before != "randn, caching a gaussian":
+            assert reads == [1], name  # (the reference's read only: the state has not moved since the last)
+        before = name
+
+
 def test_rng_states_saved_as_tensors_by_earlier_versions_still_restore():
     version, internal, gauss = random.getstate()
     _, keys, pos, has_gauss, cached = np.random.get_state()
