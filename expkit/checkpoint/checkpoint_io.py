@@ -136,9 +136,15 @@ def remove_checkpoint(path: Path) -> None:
     Args:
         path: the checkpoint file, symlink or sharded ``.dcp`` directory to delete; a missing file is no error.
     """
-    if path.is_symlink() or not path.is_dir():
-        path.unlink(missing_ok=True)
-    elif path.suffix == dcp.SUFFIX and dcp.is_checkpoint_dir(path):
+    try:  # (a file or a symlink, the usual case: one system call)
+        os.unlink(path)
+        return
+    except FileNotFoundError:
+        return
+    except (IsADirectoryError, PermissionError):  # (a directory: EISDIR on Linux, EPERM on macOS)
+        if not path.is_dir() or path.is_symlink():
+            raise
+    if path.suffix == dcp.SUFFIX and dcp.is_checkpoint_dir(path):
         doomed = path.with_name(f".{path.name}.del{os.getpid()}")
         with contextlib.suppress(OSError):
             os.replace(path, doomed)
