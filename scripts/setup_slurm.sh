@@ -160,6 +160,9 @@ JobCompType=jobcomp/none
 JobRequeue=1
 ReturnToService=2
 SchedulerType=sched/backfill
+# A requeued job may start again cred_expire (30 s) after its requeue; the main scheduling loop (every
+# 60 s by default) then took up to a minute more to start it: 46-86 s a requeue in the tests. Every 5 s.
+SchedulerParameters=sched_interval=5,bf_interval=5
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU_Memory
 DefMemPerCPU=$((memory / cpus))
