@@ -150,7 +150,7 @@ def test_an_optuna_search_with_seed_groups_keeps_two_trials_in_flight_on_the_clu
     assert len(groups) == 2 and {g["n"] for g in groups} == {"2"}
 
 
-@pytest.mark.long(seconds=500)
+@pytest.mark.long(seconds=370)
 def test_a_requeue_a_time_limit_and_a_scancel_lose_nothing_of_a_two_node_sweep_on_the_cluster(slurm_cluster, tmp_path):  # noqa: F811
     """Each job is one DDP run over two nodes (``slurm_ddp``, ``nodes=2``). Job 0 is requeued by an
     admin mid-epoch (``scontrol requeue``: SIGTERM to every rank, then Slurm starts it again), then

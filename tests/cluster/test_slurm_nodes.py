@@ -125,7 +125,7 @@ def _sacct_reading_node_fail(tmp_path, marked, read) -> str:
     return str(shim)
 
 
-@pytest.mark.long(seconds=300)
+@pytest.mark.long(seconds=205)
 def test_a_node_down_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_node_job_which_resumes_exactly(
     slurm_cluster,  # noqa: F811
     last_node,  # noqa: F811
