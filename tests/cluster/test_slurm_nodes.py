@@ -165,7 +165,7 @@ def test_a_node_down_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_no
         "hydra.launcher.partition=low",
         f"hydra.launcher.exclude={first}",  # (n3, and n2, which other tests' jobs share)
         "hydra.launcher.timeout_min=10",
-        "hydra.launcher.max_num_timeout=1",  # (submitit counts a USR2 long before the limit as a preemption)
+        "hydra.launcher.max_num_timeout=1",  # (the one USR2: at a limit of 10 min submitit counts any as a timeout)
         *epochs,
         f"hydra.sweep.dir={sweep}",
     ]
