@@ -10,9 +10,9 @@ attempt's start (in whole seconds). Per preemption the table gives, in seconds: 
 ``sbatch`` of the urgent job to the last iteration trained (Slurm's scheduling and its signal,
 the iteration that was running), from there to the run's end (the save, the records), from
 there to the next attempt's start (the exit; Slurm's requeue, which holds a requeued job back
-for ``cred_expire``, 30 s on this cluster, and its scheduling), from the start to its first iteration (start-up,
-rendezvous, loading the checkpoint), and in all; and the iterations trained twice: those past
-the checkpoint the next attempt resumed from (target: 0).
+for ``cred_expire``, 30 s on this cluster, and its scheduling), from the start to its first
+iteration (start-up, rendezvous, loading the checkpoint), and in all; and the iterations trained
+twice: those past the checkpoint the next attempt resumed from (target: 0).
 
     python benchmarks/preemption.py [--preemptions 3] [--dir DIR] [--json FILE] [--keep DIR]
 
@@ -20,8 +20,8 @@ Needs Slurm (``bash scripts/setup_slurm.sh install``, as root). Starts a cluster
 DIR (``/tmp/expkit-preemption`` by default; port 7817, beside the tests' cluster) and stops it
 at the end; with ``SLURM_CONF`` set, uses that cluster instead (one set up by
 ``scripts/setup_slurm.sh`` with three nodes or more: the tests' cluster, in
-``tests/cluster/test_slurm_preemption.py``). Each preemption took 54-58 s with Slurm's default 60-s scheduling pass (2026-11-28); that cluster
-now passes every 5 s.
+``tests/cluster/test_slurm_preemption.py``). Each preemption took 54-58 s with Slurm's default
+60-s scheduling pass (2026-11-28); that cluster now passes every 5 s.
 """
 
 from __future__ import annotations
