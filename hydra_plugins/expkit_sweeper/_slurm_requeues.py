@@ -8,6 +8,13 @@ its job was about to resume (issue 65). Here the launcher's error is checked aga
 slurmctld says of the job now (``scontrol show job``): a job back in the queue is waited for, and
 the batch's results are read once every job of it has left the queue, through submitit's own
 ``SlurmJob`` for the same job ids. Any other error is the launcher's, as it was.
+
+A launch that returns may also have read a result that an attempt left while Slurm runs the job
+again: the ranks other than 0 of a multi-node job return at submitit's signal (submitit requeues
+from rank 0 only), and their result files stay while the job is back in the queue. So a job that
+recorded itself stopped to be continued (a signal, its time limit) is asked about once more
+(``scontrol show job``); while Slurm still holds it, it is waited for and its result read again.
+A job that completed costs no question.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import logging
 import re
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 __all__ = ["FINISHED", "launch_through_requeues", "uncompleted_job"]
@@ -50,7 +58,7 @@ def uncompleted_job(exc: BaseException) -> str | None:
 
 def launch_through_requeues(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
     """``launcher.launch(job_overrides, initial_job_idx)``, continued past a job that submitit took
-    for finished while Slurm had requeued it.
+    for finished while Slurm had requeued it, or whose result it read while Slurm still held it.
 
     Args:
         launcher: the sweep's launcher: Hydra's submitit Slurm launcher.
@@ -66,7 +74,7 @@ def launch_through_requeues(launcher: Any, job_overrides: Sequence[Sequence[str]
     from expkit.core.slurm import NO_ANSWER, job_state
 
     try:
-        return launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
+        returns = launcher.launch(job_overrides, initial_job_idx=initial_job_idx)
     except Exception as exc:
         jid = uncompleted_job(exc)
         state = None if jid is None else job_state(jid)
@@ -75,12 +83,32 @@ def launch_through_requeues(launcher: Any, job_overrides: Sequence[Sequence[str]
         log.warning("Slurm requeued job %s (%s now; submitit read it as ended): waiting for it", jid, state)
         array, _, index = jid.partition("_")  # one sbatch --array of the batch, tasks 0..n-1; or one job
         ids = [f"{array}_{k}" for k in range(len(job_overrides))] if index else [jid]
-        params = launcher.params
-        tasks = int(params.get("nodes") or 1) * int(params.get("tasks_per_node") or 1)
-        return [_result(str(params["submitit_folder"]), i, tasks) for i in ids]
+        return [_result(launcher, i) for i in ids]
+    return [_unless_held(launcher, r) for r in returns]
 
 
-def _result(folder: str, jid: str, tasks: int) -> Any:
+def _unless_held(launcher: Any, ret: Any) -> Any:
+    """`ret`, a job's return as the launch read it; or, when the job recorded itself stopped to be
+    continued and Slurm still holds it (queued again, running, completing), the job's return once
+    Slurm is done with it."""
+    from omegaconf import OmegaConf
+
+    from expkit.core.slurm import NO_ANSWER, job_state
+    from expkit.sweeps.sweep_jobs import finished, job_result
+
+    work_dir, hydra_cfg = getattr(ret, "working_dir", None), getattr(ret, "hydra_cfg", None)
+    result = job_result(Path(work_dir)) if work_dir else None
+    if result is None or result.get("status") != "stopped" or finished(result) or hydra_cfg is None:
+        return ret
+    jid = OmegaConf.select(hydra_cfg, "hydra.job.id")
+    state = job_state(str(jid)) if jid else None
+    if state in (None, NO_ANSWER) or state in FINISHED:
+        return ret
+    log.warning("Job %s recorded itself stopped, and Slurm still holds it (%s): waiting for its end", jid, state)
+    return _result(launcher, str(jid))
+
+
+def _result(launcher: Any, jid: str) -> Any:
     """Rank 0's return of job `jid` (what Hydra's launcher takes of a job, having read every task's,
     so that a task's error is raised), once Slurm says the job has left the queue."""
     import submitit
@@ -98,5 +126,8 @@ def _result(folder: str, jid: str, tasks: int) -> Any:
         if now - said > SAY_EVERY_S:
             log.info("Still waiting for job %s (%s)", jid, state)
             said = now
-        time.sleep(POLL_S)
+        time.sleep(1.0 if state == "COMPLETING" else POLL_S)  # (a job completing leaves in a moment)
+    params = launcher.params
+    tasks = int(params.get("nodes") or 1) * int(params.get("tasks_per_node") or 1)
+    folder = str(params["submitit_folder"])
     return submitit.SlurmJob(folder=folder, job_id=jid, tasks=tuple(range(tasks))).results()[0]

@@ -40,6 +40,19 @@ def _launcher(cluster, *settings: str, launcher: str = "submitit_slurm") -> list
     ]
 
 
+def _job_story(sweep, job: str) -> str:
+    """What a sweep's job left, for a failing test's message: its status, each rank's log (submitit's
+    lines among them) and each Slurm task's stderr (srun's), without the per-epoch lines."""
+    folder = sweep / job
+    result = json.loads((folder / "result.json").read_text()) if (folder / "result.json").is_file() else {}
+    parts = [f"--- job {job}: " + json.dumps({k: result.get(k) for k in ("status", "stop_reason", "requeues")})]
+    tasks = [p for p in (sweep / ".submitit").glob(f"*_{job}") if p.is_dir()]
+    for log in [*sorted(folder.glob("*.log"), reverse=True), *sorted(p for t in tasks for p in t.glob("*_log.err"))]:
+        kept = [line for line in log.read_text().splitlines() if not re.search(r"Epoch\(train\)|Validation|val/", line)]
+        parts.append(f"--- {log.name}:\n" + "\n".join(kept)[-2000:])
+    return "\n".join(parts) + "\n"
+
+
 def test_sbatch_wait_runs_a_python_job_and_sacct_records_it_completed(slurm_cluster, tmp_path):  # noqa: F811
     script = tmp_path / "job.sh"
     code = 'import os; print("job", os.environ["SLURM_JOB_ID"], 6 * 7)'
@@ -150,6 +163,49 @@ def test_an_optuna_search_with_seed_groups_keeps_two_trials_in_flight_on_the_clu
     assert len(groups) == 2 and {g["n"] for g in groups} == {"2"}
 
 
+def test_a_sweep_job_read_stopped_while_slurm_still_holds_it_is_waited_for(slurm_cluster, tmp_path, monkeypatch):  # noqa: F811
+    """submitit may hand the launch a result that an attempt left while Slurm runs the job again
+    (a rank other than 0 returns at submitit's signal). A return whose job recorded itself
+    stopped to be continued is checked against Slurm: a job it still holds (here a real job,
+    still running) is waited for, and its own result is the one returned; a job that completed
+    is returned as read, at once, with no question to Slurm."""
+    import submitit
+    from hydra.core.utils import JobReturn, JobStatus
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.expkit_sweeper._slurm_requeues import launch_through_requeues
+
+    for key, value in slurm_cluster.env.items():
+        monkeypatch.setenv(key, value)
+    folder = tmp_path / "submitit" / "%j"
+    executor = submitit.SlurmExecutor(folder=folder)
+    executor.update_parameters(partition=slurm_cluster.partition, time=2, cpus_per_task=1, mem="1G")
+    job = executor.submit(eval, "__import__('time').sleep(6) or 42")
+
+    def read(status: str, reason: str | None) -> JobReturn:  # as the launch returned it, the job's record beside
+        work = tmp_path / status
+        work.mkdir(exist_ok=True)
+        (work / "result.json").write_text(json.dumps({"status": status, "stop_reason": reason}))
+        ret = JobReturn(working_dir=str(work), status=JobStatus.COMPLETED, _return_value="read early")
+        ret.hydra_cfg = OmegaConf.create({"hydra": {"job": {"id": job.job_id}}})
+        return ret
+
+    class Launched:  # Hydra's submitit launcher, as far as this needs it: what its launch returned, its params
+        def __init__(self, ret: JobReturn) -> None:
+            self.ret, self.params = ret, {"submitit_folder": str(folder), "nodes": 1, "tasks_per_node": 1}
+
+        def launch(self, job_overrides, initial_job_idx):
+            return [self.ret]
+
+    while job.state in ("PENDING", "UNKNOWN"):  # (it runs when the launch's result is read)
+        time.sleep(0.2)
+    begun = time.monotonic()
+    assert launch_through_requeues(Launched(read("completed", None)), [["a=1"]], 0)[0].return_value == "read early"
+    assert time.monotonic() - begun < 2 and not job.done()  # (no wait for a completed job)
+    returned = launch_through_requeues(Launched(read("stopped", "signal SIGUSR2")), [["a=1"]], 0)
+    assert returned == [42] and job.done(), job.state  # the job's own result, once it has left the queue
+
+
 @pytest.mark.long(seconds=370)
 def test_a_requeue_a_time_limit_and_a_scancel_lose_nothing_of_a_two_node_sweep_on_the_cluster(slurm_cluster, tmp_path):  # noqa: F811
     """Each job is one DDP run over two nodes (``slurm_ddp``, ``nodes=2``). Job 0 is requeued by an
@@ -208,7 +264,7 @@ def test_a_requeue_a_time_limit_and_a_scancel_lose_nothing_of_a_two_node_sweep_o
         running.kill()
         output = "the sweep ran past 900 s, killed\n" + running.communicate()[0]
     train_log = (sweep / "0" / "train.log").read_text()
-    story = output[-3000:] + train_log[-4000:] + slurm_cluster.log()
+    story = output[-2500:] + _job_story(sweep, "0") + slurm_cluster.log(lines=60)
     assert running.returncode == 0, story
     stopped = "1 job stopped by a signal before the end, saved: run the sweep command again with resume=true"
     assert stopped in output, story
