@@ -36,6 +36,9 @@ log = logging.getLogger("expkit")
 
 # scontrol can hang while slurmctld is unreachable (it retries): a run never waits longer on it
 SCONTROL_TIMEOUT_S = 30
+# a stopped job that asks whether Slurm restarts it asks again this long when Slurm does not answer:
+# well within Slurm's KillWait (30 s by default) between its SIGTERM and its SIGKILL
+ASK_AGAIN_S = 15.0
 
 
 def job_id() -> str | None:
@@ -157,11 +160,19 @@ def being_requeued(attempt: int, main: bool = True) -> bool:
         attempt: this attempt's restart count (``SLURM_RESTART_COUNT``: ``distributed.requeue_count()``).
         main: whether this process requeues a preempted job (rank 0); the others only answer.
 
+    Slurm not answering is asked again for ``ASK_AGAIN_S``: taken for a cancel, a requeued job's
+    rank would return as if it had ended, and its result would stay while the job runs again (a
+    sweep waits for such a job: ``hydra_plugins/expkit_sweeper/_slurm_requeues.py``).
+
     Returns:
         True when the job comes back; False for a cancel, outside Slurm, when Slurm does not answer, or
             when a preempted job may not be requeued.
     """
     job = this_job()
+    deadline = time.monotonic() + ASK_AGAIN_S
+    while job is None and job_id() is not None and time.monotonic() < deadline:
+        time.sleep(1.0)  # (slurmctld busy with the very requeue or cancel that sent SIGTERM: ask again)
+        job = this_job()
     if job is None or job.restarts > attempt:
         return job is not None
     if not job.preempted:

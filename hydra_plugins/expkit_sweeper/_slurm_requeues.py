@@ -9,12 +9,14 @@ slurmctld says of the job now (``scontrol show job``): a job back in the queue i
 the batch's results are read once every job of it has left the queue, through submitit's own
 ``SlurmJob`` for the same job ids. Any other error is the launcher's, as it was.
 
-A launch that returns may also have read a result that an attempt left while Slurm runs the job
-again: the ranks other than 0 of a multi-node job return at submitit's signal (submitit requeues
-from rank 0 only), and their result files stay while the job is back in the queue. So a job that
-recorded itself stopped to be continued (a signal, its time limit) is asked about once more
-(``scontrol show job``); while Slurm still holds it, it is waited for and its result read again.
-A job that completed costs no question.
+A launch that returns may also have read results that earlier attempts left while Slurm runs the
+job again: the ranks other than 0 of a multi-node job return at submitit's signal (submitit
+requeues from rank 0 only), and a rank that could not learn from slurmctld that its SIGTERM was a
+requeue returns as after a cancel; their result files stay while the job is back in the queue, and
+once every task has one, submitit takes the job for done. So a job that recorded itself stopped
+to be continued (a signal, its time limit) is asked about once more (``scontrol show job``); while
+Slurm still holds it, it is waited for and its result read again. A job that completed costs no
+question.
 """
 
 from __future__ import annotations
@@ -96,16 +98,22 @@ def _unless_held(launcher: Any, ret: Any) -> Any:
     from expkit.core.slurm import NO_ANSWER, job_state
     from expkit.sweeps.sweep_jobs import finished, job_result
 
-    work_dir, hydra_cfg = getattr(ret, "working_dir", None), getattr(ret, "hydra_cfg", None)
+    hydra_cfg = getattr(ret, "hydra_cfg", None)  # (the job's dir: its output dir; working_dir is the cwd)
+    work_dir = OmegaConf.select(hydra_cfg, "hydra.runtime.output_dir") if hydra_cfg is not None else None
     result = job_result(Path(work_dir)) if work_dir else None
-    if result is None or result.get("status") != "stopped" or finished(result) or hydra_cfg is None:
+    if result is None or result.get("status") != "stopped" or finished(result):
         return ret
     jid = OmegaConf.select(hydra_cfg, "hydra.job.id")
     state = job_state(str(jid)) if jid else None
     if state in (None, NO_ANSWER) or state in FINISHED:
         return ret
     log.warning("Job %s recorded itself stopped, and Slurm still holds it (%s): waiting for its end", jid, state)
-    return _result(launcher, str(jid))
+    try:
+        return _result(launcher, str(jid))
+    except Exception as exc:  # (its last attempt left no result: its record says how it stands)
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        log.warning("Job %s ended without a result of its last attempt (%s): its record stays", jid, why)
+        return ret
 
 
 def _result(launcher: Any, jid: str) -> Any:

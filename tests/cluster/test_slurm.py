@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import subprocess
 import sys
@@ -41,15 +42,19 @@ def _launcher(cluster, *settings: str, launcher: str = "submitit_slurm") -> list
 
 
 def _job_story(sweep, job: str) -> str:
-    """What a sweep's job left, for a failing test's message: its status, each rank's log (submitit's
-    lines among them) and each Slurm task's stderr (srun's), without the per-epoch lines."""
+    """What a sweep's job left, for a failing test's message: its status, the lines of each rank's
+    log (submitit's among them) and of each Slurm task's stderr (srun's) that tell how each attempt
+    began and ended, and when each task's result file was written."""
     folder = sweep / job
     result = json.loads((folder / "result.json").read_text()) if (folder / "result.json").is_file() else {}
     parts = [f"--- job {job}: " + json.dumps({k: result.get(k) for k in ("status", "stop_reason", "requeues")})]
-    tasks = [p for p in (sweep / ".submitit").glob(f"*_{job}") if p.is_dir()]
-    for log in [*sorted(folder.glob("*.log"), reverse=True), *sorted(p for t in tasks for p in t.glob("*_log.err"))]:
-        kept = [line for line in log.read_text().splitlines() if not re.search(r"Epoch\(train\)|Validation|val/", line)]
-        parts.append(f"--- {log.name}:\n" + "\n".join(kept)[-2000:])
+    tasks = sorted(p for p in (sweep / ".submitit").glob(f"*_{job}") if p.is_dir())
+    told = r"Stop requested|[Rr]equeu|Could not ask|Done \(|Caught signal|slave|successful|Exiting|[Ee]rror|Traceback"
+    for log in [*sorted(folder.glob("*.log"), reverse=True), *(p for t in tasks for p in sorted(t.glob("*_log.err")))]:
+        kept = [line for line in log.read_text().splitlines() if re.search(told, line)]
+        parts.append(f"--- {log.name}:\n" + "\n".join(kept)[-3000:])
+    for pickle in (p for t in tasks for p in sorted(t.glob("*_result.pkl"))):
+        parts.append(f"--- {pickle.name} written {time.strftime('%H:%M:%S', time.localtime(pickle.stat().st_mtime))}")
     return "\n".join(parts) + "\n"
 
 
@@ -182,12 +187,12 @@ def test_a_sweep_job_read_stopped_while_slurm_still_holds_it_is_waited_for(slurm
     executor.update_parameters(partition=slurm_cluster.partition, time=2, cpus_per_task=1, mem="1G")
     job = executor.submit(eval, "__import__('time').sleep(6) or 42")
 
-    def read(status: str, reason: str | None) -> JobReturn:  # as the launch returned it, the job's record beside
+    def read(status: str, reason: str | None) -> JobReturn:  # as Hydra's run_job returns it (chdir=false: the cwd)
         work = tmp_path / status
         work.mkdir(exist_ok=True)
         (work / "result.json").write_text(json.dumps({"status": status, "stop_reason": reason}))
-        ret = JobReturn(working_dir=str(work), status=JobStatus.COMPLETED, _return_value="read early")
-        ret.hydra_cfg = OmegaConf.create({"hydra": {"job": {"id": job.job_id}}})
+        ret = JobReturn(working_dir=os.getcwd(), status=JobStatus.COMPLETED, _return_value="read early")
+        ret.hydra_cfg = OmegaConf.create({"hydra": {"job": {"id": job.job_id}, "runtime": {"output_dir": str(work)}}})
         return ret
 
     class Launched:  # Hydra's submitit launcher, as far as this needs it: what its launch returned, its params
@@ -197,7 +202,8 @@ def test_a_sweep_job_read_stopped_while_slurm_still_holds_it_is_waited_for(slurm
         def launch(self, job_overrides, initial_job_idx):
             return [self.ret]
 
-    while job.state in ("PENDING", "UNKNOWN"):  # (it runs when the launch's result is read)
+    deadline = time.monotonic() + 60
+    while job.state in ("PENDING", "UNKNOWN") and time.monotonic() < deadline:  # (it runs when the result is read)
         time.sleep(0.2)
     begun = time.monotonic()
     assert launch_through_requeues(Launched(read("completed", None)), [["a=1"]], 0)[0].return_value == "read early"

@@ -4,8 +4,11 @@ benchmark itself (``benchmarks/preemption.py``), so that the benchmark cannot ro
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import REPO
@@ -38,3 +41,50 @@ def test_a_preempted_sbatch_job_requeues_itself_and_trains_no_iteration_twice(
     assert row["iterations trained twice"] == 0, row
     assert 0 < row["signal to training again"] < 300, row
     assert "| signal to training again |" in proc.stdout
+
+
+def test_a_requeued_job_that_slurm_does_not_answer_at_once_asks_again_and_is_not_taken_for_cancelled(
+    slurm_cluster,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """SIGTERM comes from a requeue as from a cancel; a stopped rank asks slurmctld which it was
+    (``being_requeued``). slurmctld busy with that very requeue may fail to answer: an ``scontrol``
+    on the PATH fails its first two calls as a busy slurmctld does, and the rank asks again and
+    learns that the job comes back. One that never answers is a cancel (the rank returns) once
+    ``ASK_AGAIN_S`` has passed."""
+    from expkit.core import slurm
+
+    submitted = slurm_cluster.run(
+        "sbatch", "--parsable", "--requeue", "--time=2", f"--output={tmp_path / 'out.txt'}", "--wrap", "sleep 60"
+    )
+    assert submitted.returncode == 0, submitted.stderr + slurm_cluster.log()
+    job = submitted.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 60
+        while "JobState=RUNNING" not in slurm_cluster.run("scontrol", "show", "job", job).stdout:
+            assert time.monotonic() < deadline, slurm_cluster.log()
+            time.sleep(0.3)
+        assert slurm_cluster.run("scontrol", "requeue", job).returncode == 0
+        calls, shim = tmp_path / "calls", tmp_path / "shim"
+        shim.mkdir()
+        (shim / "scontrol").write_text(
+            "#!/bin/sh\n"
+            f"echo x >> {calls}\n"
+            f'if [ "$(wc -l < {calls})" -le "${{FAILS:-2}}" ]; then\n'
+            '  echo "slurm_load_jobs error: Socket timed out on send/recv operation" >&2; exit 1; fi\n'
+            f'exec {shutil.which("scontrol")} "$@"\n'
+        )
+        (shim / "scontrol").chmod(0o755)
+        for key, value in {**slurm_cluster.env, "SLURM_JOB_ID": job, "PATH": f"{shim}:{os.environ['PATH']}"}.items():
+            monkeypatch.setenv(key, value)
+        assert slurm.being_requeued(0) is True
+        assert len(calls.read_text().splitlines()) == 3  # two unanswered, then the answer
+        calls.unlink()
+        monkeypatch.setenv("FAILS", "1000")
+        monkeypatch.setattr(slurm, "ASK_AGAIN_S", 2.0)
+        begun = time.monotonic()
+        assert slurm.being_requeued(0) is False  # (never answered: taken for a cancel)
+        assert 2.0 <= time.monotonic() - begun < 10 and len(calls.read_text().splitlines()) >= 2
+    finally:
+        slurm_cluster.run("scancel", job)
