@@ -138,7 +138,10 @@ def hand_over(signum: int) -> str | None:
 def stop_for_signal(runner: Any, signum: int, where: str = "") -> None:
     """Stop `runner` as `signum` asks: after the current iteration, ``runner.stop_signal`` set, the
     reason ``signal SIGTERM``; a requeue signal (in ``runner.requeue_signals``) stops it resumable
-    and sets ``runner.requeue``, unless the run was already stopping for another reason.
+    and sets ``runner.requeue``, unless the run was already stopping for another reason. A
+    requeue signal after SIGTERM (a job's time-limit signal while an admin's requeue, a preemption
+    or a cancel stops it) leaves ``stop_signal`` at SIGTERM: whether Slurm starts the job again is
+    then Slurm's to say, and the job stops alone, not its whole sweep.
 
     Args:
         runner: the runner to stop.
@@ -148,7 +151,8 @@ def stop_for_signal(runner: Any, signum: int, where: str = "") -> None:
     requeue = signum in getattr(runner, "requeue_signals", ()) and signum not in (signal.SIGTERM, signal.SIGINT)
     if requeue:
         runner.requeue = runner.requeue or runner.stop_reason is None
-    runner.stop_signal = signum
+    if not (requeue and runner.stop_signal == signal.SIGTERM):  # (after SIGTERM, Slurm's answer decides)
+        runner.stop_signal = signum
     runner.request_stop(f"signal {signal.Signals(signum).name}{where}", resumable=requeue)
 
 

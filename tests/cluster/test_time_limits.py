@@ -79,6 +79,26 @@ def test_a_run_outside_slurm_asks_slurm_nothing_and_gets_no_guard(tmp_path, monk
     assert "time_limit" not in runner.hook_names()
 
 
+def test_a_requeue_signal_after_sigterm_leaves_the_stop_to_sigterm_and_stops_the_job_alone(tmp_path, monkeypatch):
+    """A job's time-limit signal (USR2) that lands while SIGTERM stops it (an admin's requeue, a
+    preemption, a cancel) leaves the stop SIGTERM's: Slurm then says whether the job comes back,
+    and the job stops alone. Before, USR2 took SIGTERM's place with no requeue asked, and the
+    job stopped its whole sweep. USR2 first, then SIGTERM (Slurm's at submitit's own requeue): SIGTERM's,
+    requeue kept, as before."""
+    from expkit.core.signals import stop_for_signal
+    from expkit.train import _stops_only_this_job
+
+    for first, then, requeue in ((signal.SIGTERM, signal.SIGUSR2, False), (signal.SIGUSR2, signal.SIGTERM, True)):
+        runner = toy_runner(tmp_path / first.name, max_epochs=1)
+        runner.requeue_signals = (signal.SIGUSR2,)  # (a submitit job's)
+        stop_for_signal(runner, first)
+        stop_for_signal(runner, then)
+        assert (runner.stop_signal, runner.requeue) == (signal.SIGTERM, requeue), first
+        monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")  # (the run built: its job a submitit job from here)
+        assert runner.stop_reason == f"signal {first.name}" and _stops_only_this_job(runner)
+        monkeypatch.delenv("SUBMITIT_EXECUTOR")
+
+
 # -- the requeue signal in a single run ---------------------------------------------------------------
 @pytest.mark.slow
 def test_the_requeue_signal_saves_and_stops_a_run_resumable_and_resume_ends_exactly(tmp_path):
