@@ -36,9 +36,10 @@ log = logging.getLogger("expkit")
 
 # scontrol can hang while slurmctld is unreachable (it retries): a run never waits longer on it
 SCONTROL_TIMEOUT_S = 30
-# a stopped job that asks whether Slurm restarts it asks again this long when Slurm does not answer:
-# well within Slurm's KillWait (30 s by default) between its SIGTERM and its SIGKILL
-ASK_AGAIN_S = 15.0
+# a stopped job asks whether Slurm restarts it for this long in all when Slurm does not answer at once
+# (each call bounded by what is left): within Slurm's KillWait (30 s by default) between its SIGTERM
+# and its SIGKILL, less the save before the question
+ASK_FOR_S = 15.0
 
 
 def job_id() -> str | None:
@@ -72,8 +73,12 @@ class SlurmJob:
     preempted: bool = False
 
 
-def this_job() -> SlurmJob | None:
+def this_job(timeout: float = SCONTROL_TIMEOUT_S, warn: bool = True) -> SlurmJob | None:
     """This job as slurmctld knows it (one ``scontrol show job`` call).
+
+    Args:
+        timeout: seconds scontrol may take.
+        warn: log a warning when Slurm does not answer.
 
     Returns:
         The job; None outside Slurm, or when scontrol is missing, fails or does not answer in time.
@@ -81,9 +86,10 @@ def this_job() -> SlurmJob | None:
     jid = job_id()
     if jid is None:
         return None
-    shown, why = _scontrol_show_job(jid)
+    shown, why = _scontrol_show_job(jid, timeout)
     if shown is None:
-        log.warning("Could not ask Slurm about job %s: %s", jid, why)
+        if warn:
+            log.warning("Could not ask Slurm about job %s: %s", jid, why)
         return None
     restarts = re.search(r"\bRestarts=(\d+)", shown)
     preempt_time, start_time = _end_time(shown, "PreemptTime"), _end_time(shown, "StartTime")
@@ -118,7 +124,7 @@ def job_state(jid: str) -> str | None:
     return found.group(1) if found else NO_ANSWER
 
 
-def _scontrol_show_job(jid: str) -> tuple[str | None, str]:
+def _scontrol_show_job(jid: str, timeout: float = SCONTROL_TIMEOUT_S) -> tuple[str | None, str]:
     """(``scontrol --oneliner show job <jid>``'s output, ""), or (None, why it failed: scontrol's
     own words, a missing program, a timeout)."""
     try:
@@ -126,7 +132,7 @@ def _scontrol_show_job(jid: str) -> tuple[str | None, str]:
             ["scontrol", "--oneliner", "show", "job", jid],
             capture_output=True,
             text=True,
-            timeout=SCONTROL_TIMEOUT_S,
+            timeout=timeout,
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -160,19 +166,20 @@ def being_requeued(attempt: int, main: bool = True) -> bool:
         attempt: this attempt's restart count (``SLURM_RESTART_COUNT``: ``distributed.requeue_count()``).
         main: whether this process requeues a preempted job (rank 0); the others only answer.
 
-    Slurm not answering is asked again for ``ASK_AGAIN_S``: taken for a cancel, a requeued job's
-    rank would return as if it had ended, and its result would stay while the job runs again (a
-    sweep waits for such a job: ``hydra_plugins/expkit_sweeper/_slurm_requeues.py``).
+    Slurm not answering is asked again, for ``ASK_FOR_S`` in all: taken for a cancel, a requeued
+    job's rank would return as if it had ended, and its result would stay while the job runs again
+    (a sweep waits for such a job: ``hydra_plugins/expkit_sweeper/_slurm_requeues.py``).
 
     Returns:
         True when the job comes back; False for a cancel, outside Slurm, when Slurm does not answer, or
             when a preempted job may not be requeued.
     """
-    job = this_job()
-    deadline = time.monotonic() + ASK_AGAIN_S
-    while job is None and job_id() is not None and time.monotonic() < deadline:
-        time.sleep(1.0)  # (slurmctld busy with the very requeue or cancel that sent SIGTERM: ask again)
-        job = this_job()
+    deadline, pause = time.monotonic() + ASK_FOR_S, 1.0
+    job = this_job(timeout=ASK_FOR_S)
+    while job is None and job_id() is not None and deadline - time.monotonic() > pause:
+        time.sleep(pause)  # (slurmctld busy with the very requeue or cancel that sent SIGTERM: ask again)
+        pause *= 2  # (every rank of the job asks: a busy slurmctld is not pressed harder)
+        job = this_job(timeout=max(1.0, deadline - time.monotonic()), warn=False)
     if job is None or job.restarts > attempt:
         return job is not None
     if not job.preempted:

@@ -15,8 +15,9 @@ requeues from rank 0 only), and a rank that could not learn from slurmctld that 
 requeue returns as after a cancel; their result files stay while the job is back in the queue, and
 once every task has one, submitit takes the job for done. So a job that recorded itself stopped
 to be continued (a signal, its time limit) is asked about once more (``scontrol show job``); while
-Slurm still holds it, it is waited for and its result read again. A job that completed costs no
-question.
+Slurm still holds it, it is waited for and its result read again. A job whose record is newer
+than rank 0's result file (a later attempt ran to its end while the launch read other jobs) has its
+result read again too. A job that completed costs two file times, and no question to Slurm.
 """
 
 from __future__ import annotations
@@ -90,28 +91,43 @@ def launch_through_requeues(launcher: Any, job_overrides: Sequence[Sequence[str]
 
 
 def _unless_held(launcher: Any, ret: Any) -> Any:
-    """`ret`, a job's return as the launch read it; or, when the job recorded itself stopped to be
-    continued and Slurm still holds it (queued again, running, completing), the job's return once
-    Slurm is done with it."""
+    """`ret`, a job's return as the launch read it; or the job's return read again, once Slurm is
+    done with it, when `ret` may be an earlier attempt's: the job's record says it stopped to be
+    continued and Slurm still holds it (queued again, running, completing), or its record is newer
+    than rank 0's result file (a later attempt ran to its end after the launch had read that file)."""
     from omegaconf import OmegaConf
+    from submitit.core.utils import JobPaths, UncompletedJobError
 
     from expkit.core.slurm import NO_ANSWER, job_state
-    from expkit.sweeps.sweep_jobs import finished, job_result
+    from expkit.sweeps.sweep_jobs import finished, job_result, job_target
+    from expkit.workdir.records import RESULT
 
     hydra_cfg = getattr(ret, "hydra_cfg", None)  # (the job's dir: its output dir; working_dir is the cwd)
-    work_dir = OmegaConf.select(hydra_cfg, "hydra.runtime.output_dir") if hydra_cfg is not None else None
-    result = job_result(Path(work_dir)) if work_dir else None
-    if result is None or result.get("status") != "stopped" or finished(result):
+    if hydra_cfg is None:
         return ret
-    jid = OmegaConf.select(hydra_cfg, "hydra.job.id")
-    state = job_state(str(jid)) if jid else None
-    if state in (None, NO_ANSWER) or state in FINISHED:
+    work_dir, jid = (OmegaConf.select(hydra_cfg, key) for key in ("hydra.runtime.output_dir", "hydra.job.id"))
+    result = job_result(Path(work_dir)) if work_dir and jid else None
+    if result is None:
         return ret
-    log.warning("Job %s recorded itself stopped, and Slurm still holds it (%s): waiting for its end", jid, state)
+    if result.get("status") == "stopped" and not finished(result):
+        state = job_state(str(jid))
+        if state not in (None, NO_ANSWER) and state not in FINISHED:  # (a job that ended may be leaving)
+            time.sleep(1.0)
+            state = job_state(str(jid))
+        if state in (None, NO_ANSWER) or state in FINISHED:
+            return ret
+        log.warning("Job %s recorded itself stopped, and Slurm still holds it (%s): waiting for its end", jid, state)
+    else:
+        try:
+            read = JobPaths(str(launcher.params["submitit_folder"]), job_id=str(jid), task_id=0).result_pickle
+            if (job_target(Path(work_dir)) / RESULT).stat().st_mtime <= read.stat().st_mtime:
+                return ret  # (the record, then rank 0's return: the attempt the launch read)
+        except OSError:
+            return ret
     try:
         return _result(launcher, str(jid))
-    except Exception as exc:  # (its last attempt left no result: its record says how it stands)
-        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    except UncompletedJobError as exc:  # (its last attempt left no result: its record says how it stands)
+        why = (str(exc).splitlines() or [type(exc).__name__])[0]
         log.warning("Job %s ended without a result of its last attempt (%s): its record stays", jid, why)
         return ret
 

@@ -168,16 +168,22 @@ def test_an_optuna_search_with_seed_groups_keeps_two_trials_in_flight_on_the_clu
     assert len(groups) == 2 and {g["n"] for g in groups} == {"2"}
 
 
-def test_a_sweep_job_read_stopped_while_slurm_still_holds_it_is_waited_for(slurm_cluster, tmp_path, monkeypatch):  # noqa: F811
-    """submitit may hand the launch a result that an attempt left while Slurm runs the job again
-    (a rank other than 0 returns at submitit's signal). A return whose job recorded itself
-    stopped to be continued is checked against Slurm: a job it still holds (here a real job,
-    still running) is waited for, and its own result is the one returned; a job that completed
-    is returned as read, at once, with no question to Slurm."""
+def test_a_sweep_job_whose_result_may_be_an_earlier_attempts_is_read_again_once_slurm_is_done(
+    slurm_cluster,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """submitit may hand the launch results that earlier attempts of a job left while Slurm runs it
+    again. Each return is checked (a real job here, still running, then ended): one whose job
+    recorded itself stopped to be continued while Slurm still holds it is waited for, and the
+    job's own result is returned; one whose record is newer than rank 0's result file is read
+    again; one that completed before its result file was written is returned as read, at once,
+    with no question to Slurm."""
     import submitit
     from hydra.core.utils import JobReturn, JobStatus
     from omegaconf import OmegaConf
 
+    from expkit.core.slurm import job_state
     from hydra_plugins.expkit_sweeper._slurm_requeues import launch_through_requeues
 
     for key, value in slurm_cluster.env.items():
@@ -185,7 +191,7 @@ def test_a_sweep_job_read_stopped_while_slurm_still_holds_it_is_waited_for(slurm
     folder = tmp_path / "submitit" / "%j"
     executor = submitit.SlurmExecutor(folder=folder)
     executor.update_parameters(partition=slurm_cluster.partition, time=2, cpus_per_task=1, mem="1G")
-    job = executor.submit(eval, "__import__('time').sleep(6) or 42")
+    job = executor.submit(eval, "__import__('time').sleep(20) or 42")
 
     def read(status: str, reason: str | None) -> JobReturn:  # as Hydra's run_job returns it (chdir=false: the cwd)
         work = tmp_path / status
@@ -202,14 +208,25 @@ def test_a_sweep_job_read_stopped_while_slurm_still_holds_it_is_waited_for(slurm
         def launch(self, job_overrides, initial_job_idx):
             return [self.ret]
 
-    deadline = time.monotonic() + 60
-    while job.state in ("PENDING", "UNKNOWN") and time.monotonic() < deadline:  # (it runs when the result is read)
-        time.sleep(0.2)
-    begun = time.monotonic()
-    assert launch_through_requeues(Launched(read("completed", None)), [["a=1"]], 0)[0].return_value == "read early"
-    assert time.monotonic() - begun < 2 and not job.done()  # (no wait for a completed job)
-    returned = launch_through_requeues(Launched(read("stopped", "signal SIGUSR2")), [["a=1"]], 0)
-    assert returned == [42] and job.done(), job.state  # the job's own result, once it has left the queue
+    try:
+        deadline = time.monotonic() + 60
+        while job_state(job.job_id) != "RUNNING":
+            assert time.monotonic() < deadline, job_state(job.job_id)
+            time.sleep(0.2)
+        begun = time.monotonic()
+        completed = read("completed", None)  # (no result file of rank 0's yet: the record is not newer)
+        assert launch_through_requeues(Launched(completed), [["a=1"]], 0)[0].return_value == "read early"
+        assert time.monotonic() - begun < 5 and job_state(job.job_id) == "RUNNING"  # (not waited for)
+        returned = launch_through_requeues(Launched(read("stopped", "signal SIGUSR2")), [["a=1"]], 0)
+        assert returned == [42] and job_state(job.job_id) in (None, "COMPLETED")  # its own, once it has left
+        record = tmp_path / "completed" / "result.json"
+        written = job.paths.result_pickle.stat().st_mtime
+        os.utime(record, (written + 5, written + 5))  # a later attempt's record: the result is read again
+        assert launch_through_requeues(Launched(completed), [["a=1"]], 0) == [42]
+        os.utime(record, (written - 5, written - 5))  # the record, then the result: as read
+        assert launch_through_requeues(Launched(completed), [["a=1"]], 0)[0].return_value == "read early"
+    finally:
+        job.cancel(check=False)
 
 
 @pytest.mark.long(seconds=370)

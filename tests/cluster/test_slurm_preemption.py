@@ -52,7 +52,7 @@ def test_a_requeued_job_that_slurm_does_not_answer_at_once_asks_again_and_is_not
     (``being_requeued``). slurmctld busy with that very requeue may fail to answer: an ``scontrol``
     on the PATH fails its first two calls as a busy slurmctld does, and the rank asks again and
     learns that the job comes back. One that never answers is a cancel (the rank returns) once
-    ``ASK_AGAIN_S`` has passed."""
+    ``ASK_FOR_S`` has passed (the questions twice as far apart each time)."""
     from expkit.core import slurm
 
     submitted = slurm_cluster.run(
@@ -82,9 +82,10 @@ def test_a_requeued_job_that_slurm_does_not_answer_at_once_asks_again_and_is_not
         assert len(calls.read_text().splitlines()) == 3  # two unanswered, then the answer
         calls.unlink()
         monkeypatch.setenv("FAILS", "1000")
-        monkeypatch.setattr(slurm, "ASK_AGAIN_S", 2.0)
+        monkeypatch.setattr(slurm, "ASK_FOR_S", 4.0)
         begun = time.monotonic()
         assert slurm.being_requeued(0) is False  # (never answered: taken for a cancel)
-        assert 2.0 <= time.monotonic() - begun < 10 and len(calls.read_text().splitlines()) >= 2
+        assert 3.0 <= time.monotonic() - begun < 4.0 + 5  # asked at 0, 1 and 3 s, then the 4 s were spent
+        assert len(calls.read_text().splitlines()) == 3
     finally:
         slurm_cluster.run("scancel", job)
