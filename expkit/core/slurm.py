@@ -176,9 +176,9 @@ def being_requeued(attempt: int, main: bool = True) -> bool:
     """
     deadline, pause = time.monotonic() + ASK_FOR_S, 1.0
     job = this_job(timeout=ASK_FOR_S)
-    while job is None and job_id() is not None and deadline - time.monotonic() > pause:
-        time.sleep(pause)  # (slurmctld busy with the very requeue or cancel that sent SIGTERM: ask again)
-        pause *= 2  # (every rank of the job asks: a busy slurmctld is not pressed harder)
+    while job is None and job_id() is not None and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(pause, left))  # (slurmctld busy with the very requeue or cancel that sent SIGTERM)
+        pause *= 2  # (every rank of the job asks: a busy slurmctld is not pressed harder; at 0, 1, 3, 7, 15 s)
         job = this_job(timeout=max(1.0, deadline - time.monotonic()), warn=False)
     if job is None or job.restarts > attempt:
         return job is not None

@@ -41,6 +41,7 @@ FINISHED = frozenset(
 POLL_S = 10.0  # between two `scontrol show job` calls while a requeued job waits or runs
 PATIENCE_S = 600.0  # scontrol failing this long in a row (slurmctld down): the wait ends, the error is submitit's
 SAY_EVERY_S = 600.0  # a line now and then while a job waits (a held job waits until someone releases it)
+RESULT_LAG_S = 60.0  # a requeued job's last attempt: its result file at most this long after its record
 
 
 def uncompleted_job(exc: BaseException) -> str | None:
@@ -91,16 +92,15 @@ def launch_through_requeues(launcher: Any, job_overrides: Sequence[Sequence[str]
 
 
 def _unless_held(launcher: Any, ret: Any) -> Any:
-    """`ret`, a job's return as the launch read it; or the job's return read again, once Slurm is
-    done with it, when `ret` may be an earlier attempt's: the job's record says it stopped to be
-    continued and Slurm still holds it (queued again, running, completing), or its record is newer
-    than rank 0's result file (a later attempt ran to its end after the launch had read that file)."""
+    """`ret`, a job's return as the launch read it; or the job's return read again, when `ret` may be
+    an earlier attempt's: the job's record says it stopped to be continued and Slurm still holds it
+    (queued again, running, completing: it is waited for), or it ran to its end after Slurm had
+    requeued it (``requeues`` in its record: rank 0's result file is read once it is newer than the
+    record, as the last attempt writes it)."""
     from omegaconf import OmegaConf
-    from submitit.core.utils import JobPaths, UncompletedJobError
 
     from expkit.core.slurm import NO_ANSWER, job_state
-    from expkit.sweeps.sweep_jobs import finished, job_result, job_target
-    from expkit.workdir.records import RESULT
+    from expkit.sweeps.sweep_jobs import finished, job_result
 
     hydra_cfg = getattr(ret, "hydra_cfg", None)  # (the job's dir: its output dir; working_dir is the cwd)
     if hydra_cfg is None:
@@ -109,33 +109,50 @@ def _unless_held(launcher: Any, ret: Any) -> Any:
     result = job_result(Path(work_dir)) if work_dir and jid else None
     if result is None:
         return ret
-    if result.get("status") == "stopped" and not finished(result):
+    if result.get("status") != "stopped" or finished(result):
+        return _read_again(launcher, str(jid), Path(work_dir), ret) if result.get("requeues") else ret
+    state = job_state(str(jid))
+    if state not in (None, NO_ANSWER) and state not in FINISHED:  # (a job that ended may be leaving the queue)
+        time.sleep(1.0)
         state = job_state(str(jid))
-        if state not in (None, NO_ANSWER) and state not in FINISHED:  # (a job that ended may be leaving)
-            time.sleep(1.0)
-            state = job_state(str(jid))
-        if state in (None, NO_ANSWER) or state in FINISHED:
-            return ret
-        log.warning("Job %s recorded itself stopped, and Slurm still holds it (%s): waiting for its end", jid, state)
-    else:
-        try:
-            read = JobPaths(str(launcher.params["submitit_folder"]), job_id=str(jid), task_id=0).result_pickle
-            if (job_target(Path(work_dir)) / RESULT).stat().st_mtime <= read.stat().st_mtime:
-                return ret  # (the record, then rank 0's return: the attempt the launch read)
-        except OSError:
-            return ret
+    if state in (None, NO_ANSWER) or state in FINISHED:
+        return ret
+    log.warning("Job %s recorded itself stopped, and Slurm still holds it (%s): waiting for its end", jid, state)
+    return _result(launcher, str(jid), ret)
+
+
+def _read_again(launcher: Any, jid: str, work_dir: Path, ret: Any) -> Any:
+    """A requeued job's return as its last attempt left it: rank 0's result file once it is newer
+    than the job's record (the attempt writes the record, then returns; ``RESULT_LAG_S`` at most),
+    read with every task's; `ret` when none is, or it cannot be read."""
+    import submitit
+    from submitit.core.utils import JobPaths, UncompletedJobError
+
+    from expkit.sweeps.sweep_jobs import job_target
+    from expkit.workdir.records import RESULT
+
+    params = launcher.params
+    read = JobPaths(str(params["submitit_folder"]), job_id=jid, task_id=0).result_pickle
+    deadline = time.monotonic() + RESULT_LAG_S
     try:
-        return _result(launcher, str(jid))
-    except UncompletedJobError as exc:  # (its last attempt left no result: its record says how it stands)
-        why = (str(exc).splitlines() or [type(exc).__name__])[0]
-        log.warning("Job %s ended without a result of its last attempt (%s): its record stays", jid, why)
+        while read.stat().st_mtime < (job_target(work_dir) / RESULT).stat().st_mtime:
+            if time.monotonic() > deadline:
+                return ret
+            time.sleep(0.5)
+        tasks = int(params.get("nodes") or 1) * int(params.get("tasks_per_node") or 1)
+        return submitit.SlurmJob(
+            folder=str(params["submitit_folder"]), job_id=jid, tasks=tuple(range(tasks))
+        ).results()[0]
+    except (OSError, UncompletedJobError):
         return ret
 
 
-def _result(launcher: Any, jid: str) -> Any:
+def _result(launcher: Any, jid: str, early: Any = None) -> Any:
     """Rank 0's return of job `jid` (what Hydra's launcher takes of a job, having read every task's,
-    so that a task's error is raised), once Slurm says the job has left the queue."""
+    so that a task's error is raised), once Slurm says the job has left the queue. With `early`
+    (the return the launch read): `early` again when the job left no result of its last attempt."""
     import submitit
+    from submitit.core.utils import UncompletedJobError
 
     from expkit.core.slurm import NO_ANSWER, job_state
 
@@ -154,4 +171,11 @@ def _result(launcher: Any, jid: str) -> Any:
     params = launcher.params
     tasks = int(params.get("nodes") or 1) * int(params.get("tasks_per_node") or 1)
     folder = str(params["submitit_folder"])
-    return submitit.SlurmJob(folder=folder, job_id=jid, tasks=tuple(range(tasks))).results()[0]
+    try:
+        return submitit.SlurmJob(folder=folder, job_id=jid, tasks=tuple(range(tasks))).results()[0]
+    except UncompletedJobError as exc:
+        if early is None:
+            raise
+        why = (str(exc).splitlines() or [type(exc).__name__])[0]  # (its record says how it stands)
+        log.warning("Job %s ended without a result of its last attempt (%s): its record stays", jid, why)
+        return early

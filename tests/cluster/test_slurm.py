@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -176,9 +177,9 @@ def test_a_sweep_job_whose_result_may_be_an_earlier_attempts_is_read_again_once_
     """submitit may hand the launch results that earlier attempts of a job left while Slurm runs it
     again. Each return is checked (a real job here, still running, then ended): one whose job
     recorded itself stopped to be continued while Slurm still holds it is waited for, and the
-    job's own result is returned; one whose record is newer than rank 0's result file is read
-    again; one that completed before its result file was written is returned as read, at once,
-    with no question to Slurm."""
+    job's own result is returned; one whose job ran to its end after a requeue is read again from
+    rank 0's result file, once that file is newer than the record (the last attempt writes it
+    last); one whose job completed unrequeued is returned as read, with no question to Slurm."""
     import submitit
     from hydra.core.utils import JobReturn, JobStatus
     from omegaconf import OmegaConf
@@ -193,10 +194,10 @@ def test_a_sweep_job_whose_result_may_be_an_earlier_attempts_is_read_again_once_
     executor.update_parameters(partition=slurm_cluster.partition, time=2, cpus_per_task=1, mem="1G")
     job = executor.submit(eval, "__import__('time').sleep(20) or 42")
 
-    def read(status: str, reason: str | None) -> JobReturn:  # as Hydra's run_job returns it (chdir=false: the cwd)
-        work = tmp_path / status
+    def read(status: str, reason: str | None, **record: int) -> JobReturn:  # as Hydra's run_job returns it
+        work = tmp_path / status  # (chdir=false: working_dir is the cwd)
         work.mkdir(exist_ok=True)
-        (work / "result.json").write_text(json.dumps({"status": status, "stop_reason": reason}))
+        (work / "result.json").write_text(json.dumps({"status": status, "stop_reason": reason, **record}))
         ret = JobReturn(working_dir=os.getcwd(), status=JobStatus.COMPLETED, _return_value="read early")
         ret.hydra_cfg = OmegaConf.create({"hydra": {"job": {"id": job.job_id}, "runtime": {"output_dir": str(work)}}})
         return ret
@@ -214,17 +215,19 @@ def test_a_sweep_job_whose_result_may_be_an_earlier_attempts_is_read_again_once_
             assert time.monotonic() < deadline, job_state(job.job_id)
             time.sleep(0.2)
         begun = time.monotonic()
-        completed = read("completed", None)  # (no result file of rank 0's yet: the record is not newer)
-        assert launch_through_requeues(Launched(completed), [["a=1"]], 0)[0].return_value == "read early"
+        assert launch_through_requeues(Launched(read("completed", None)), [["a=1"]], 0)[0].return_value == "read early"
         assert time.monotonic() - begun < 5 and job_state(job.job_id) == "RUNNING"  # (not waited for)
         returned = launch_through_requeues(Launched(read("stopped", "signal SIGUSR2")), [["a=1"]], 0)
         assert returned == [42] and job_state(job.job_id) in (None, "COMPLETED")  # its own, once it has left
-        record = tmp_path / "completed" / "result.json"
+        requeued = read("completed", None, requeues=1)  # the last attempt's record, then its result file:
         written = job.paths.result_pickle.stat().st_mtime
-        os.utime(record, (written + 5, written + 5))  # a later attempt's record: the result is read again
-        assert launch_through_requeues(Launched(completed), [["a=1"]], 0) == [42]
-        os.utime(record, (written - 5, written - 5))  # the record, then the result: as read
-        assert launch_through_requeues(Launched(completed), [["a=1"]], 0)[0].return_value == "read early"
+        record = tmp_path / "completed" / "result.json"
+        os.utime(record, (written - 5, written - 5))
+        assert launch_through_requeues(Launched(requeued), [["a=1"]], 0) == [42]  # read again
+        os.utime(record, (written + 5, written + 5))  # the record only (the result file is about to come)
+        threading.Timer(1.5, os.utime, (job.paths.result_pickle, (written + 6, written + 6))).start()
+        begun = time.monotonic()
+        assert launch_through_requeues(Launched(requeued), [["a=1"]], 0) == [42] and time.monotonic() - begun >= 1.5
     finally:
         job.cancel(check=False)
 
