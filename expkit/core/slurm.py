@@ -36,9 +36,9 @@ log = logging.getLogger("expkit")
 
 # scontrol can hang while slurmctld is unreachable (it retries): a run never waits longer on it
 SCONTROL_TIMEOUT_S = 30
-# a stopped job asks whether Slurm restarts it for this long in all when Slurm does not answer at once
-# (each call bounded by what is left): within Slurm's KillWait (30 s by default) between its SIGTERM
-# and its SIGKILL, less the save before the question
+# a stopped job asks whether Slurm restarts it for this long when Slurm does not answer at once (a
+# last call may take 1 s more): within Slurm's KillWait (30 s by default) between its SIGTERM and
+# its SIGKILL, less the save before the question
 ASK_FOR_S = 15.0
 
 

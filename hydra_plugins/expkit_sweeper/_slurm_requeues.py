@@ -15,9 +15,10 @@ requeues from rank 0 only), and a rank that could not learn from slurmctld that 
 requeue returns as after a cancel; their result files stay while the job is back in the queue, and
 once every task has one, submitit takes the job for done. So a job that recorded itself stopped
 to be continued (a signal, its time limit) is asked about once more (``scontrol show job``); while
-Slurm still holds it, it is waited for and its result read again. A job whose record is newer
-than rank 0's result file (a later attempt ran to its end while the launch read other jobs) has its
-result read again too. A job that completed costs two file times, and no question to Slurm.
+Slurm still holds it, it is waited for and its result read again. A job that ran to its end after
+a requeue (``requeues`` in its record) has its result read again, once rank 0's result file is
+newer than the record (a later attempt may have ended while the launch read other jobs). A job
+never requeued costs nothing more.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ FINISHED = frozenset(
 POLL_S = 10.0  # between two `scontrol show job` calls while a requeued job waits or runs
 PATIENCE_S = 600.0  # scontrol failing this long in a row (slurmctld down): the wait ends, the error is submitit's
 SAY_EVERY_S = 600.0  # a line now and then while a job waits (a held job waits until someone releases it)
-RESULT_LAG_S = 60.0  # a requeued job's last attempt: its result file at most this long after its record
+RESULT_LAG_S = 10.0  # a requeued job that left the queue: its last result file at most this long after its record
 
 
 def uncompleted_job(exc: BaseException) -> str | None:
@@ -122,28 +123,35 @@ def _unless_held(launcher: Any, ret: Any) -> Any:
 
 
 def _read_again(launcher: Any, jid: str, work_dir: Path, ret: Any) -> Any:
-    """A requeued job's return as its last attempt left it: rank 0's result file once it is newer
-    than the job's record (the attempt writes the record, then returns; ``RESULT_LAG_S`` at most),
-    read with every task's; `ret` when none is, or it cannot be read."""
+    """A requeued job's return as its last attempt left it, read with every task's: at once when
+    rank 0's result file is newer than the job's record (the attempt writes the record, then
+    returns); once Slurm is done with it when Slurm still holds the job; else once the file comes,
+    ``RESULT_LAG_S`` at most. `ret` when none comes or it cannot be read."""
     import submitit
-    from submitit.core.utils import JobPaths, UncompletedJobError
+    from submitit.core.utils import FailedJobError, JobPaths, UncompletedJobError
 
+    from expkit.core.slurm import NO_ANSWER, job_state
     from expkit.sweeps.sweep_jobs import job_target
     from expkit.workdir.records import RESULT
 
     params = launcher.params
     read = JobPaths(str(params["submitit_folder"]), job_id=jid, task_id=0).result_pickle
-    deadline = time.monotonic() + RESULT_LAG_S
+    record = job_target(work_dir) / RESULT
     try:
-        while read.stat().st_mtime < (job_target(work_dir) / RESULT).stat().st_mtime:
-            if time.monotonic() > deadline:
-                return ret
-            time.sleep(0.5)
+        if read.stat().st_mtime < record.stat().st_mtime:
+            state = job_state(jid)
+            if state not in (None, NO_ANSWER) and state not in FINISHED:
+                return _result(launcher, jid, ret)
+            deadline = time.monotonic() + RESULT_LAG_S
+            while read.stat().st_mtime < record.stat().st_mtime:
+                if time.monotonic() > deadline:
+                    return ret
+                time.sleep(0.5)
         tasks = int(params.get("nodes") or 1) * int(params.get("tasks_per_node") or 1)
         return submitit.SlurmJob(
             folder=str(params["submitit_folder"]), job_id=jid, tasks=tuple(range(tasks))
         ).results()[0]
-    except (OSError, UncompletedJobError):
+    except (OSError, UncompletedJobError, FailedJobError):  # (another task's file may be an earlier attempt's)
         return ret
 
 
