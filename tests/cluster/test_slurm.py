@@ -191,7 +191,8 @@ def test_a_sweep_job_whose_result_may_be_an_earlier_attempts_is_read_again_once_
         monkeypatch.setenv(key, value)
     folder = tmp_path / "submitit" / "%j"
     executor = submitit.SlurmExecutor(folder=folder)
-    executor.update_parameters(partition=slurm_cluster.partition, time=2, cpus_per_task=1, mem="1G")
+    # (time=10: submitit asks for USR2 90 s before the limit, and Slurm may send it a minute early)
+    executor.update_parameters(partition=slurm_cluster.partition, time=10, cpus_per_task=1, mem="1G")
     job = executor.submit(eval, "__import__('time').sleep(20) or 42")
 
     def read(status: str, reason: str | None, **record: int) -> JobReturn:  # as Hydra's run_job returns it
