@@ -127,7 +127,6 @@ def _read_again(launcher: Any, jid: str, work_dir: Path, ret: Any) -> Any:
     rank 0's result file is newer than the job's record (the attempt writes the record, then
     returns); once Slurm is done with it when Slurm still holds the job; else once the file comes,
     ``RESULT_LAG_S`` at most. `ret` when none comes or it cannot be read."""
-    import submitit
     from submitit.core.utils import FailedJobError, JobPaths, UncompletedJobError
 
     from expkit.core.slurm import NO_ANSWER, job_state
@@ -147,10 +146,7 @@ def _read_again(launcher: Any, jid: str, work_dir: Path, ret: Any) -> Any:
                 if time.monotonic() > deadline:
                     return ret
                 time.sleep(0.5)
-        tasks = int(params.get("nodes") or 1) * int(params.get("tasks_per_node") or 1)
-        return submitit.SlurmJob(
-            folder=str(params["submitit_folder"]), job_id=jid, tasks=tuple(range(tasks))
-        ).results()[0]
+        return _rank0_return(launcher, jid)
     except (OSError, UncompletedJobError, FailedJobError):  # (another task's file may be an earlier attempt's)
         return ret
 
@@ -159,7 +155,6 @@ def _result(launcher: Any, jid: str, early: Any = None) -> Any:
     """Rank 0's return of job `jid` (what Hydra's launcher takes of a job, having read every task's,
     so that a task's error is raised), once Slurm says the job has left the queue. With `early`
     (the return the launch read): `early` again when the job left no result of its last attempt."""
-    import submitit
     from submitit.core.utils import UncompletedJobError
 
     from expkit.core.slurm import NO_ANSWER, job_state
@@ -176,14 +171,21 @@ def _result(launcher: Any, jid: str, early: Any = None) -> Any:
             log.info("Still waiting for job %s (%s)", jid, state)
             said = now
         time.sleep(1.0 if state == "COMPLETING" else POLL_S)  # (a job completing leaves in a moment)
-    params = launcher.params
-    tasks = int(params.get("nodes") or 1) * int(params.get("tasks_per_node") or 1)
-    folder = str(params["submitit_folder"])
     try:
-        return submitit.SlurmJob(folder=folder, job_id=jid, tasks=tuple(range(tasks))).results()[0]
+        return _rank0_return(launcher, jid)
     except UncompletedJobError as exc:
         if early is None:
             raise
         why = (str(exc).splitlines() or [type(exc).__name__])[0]  # (its record says how it stands)
         log.warning("Job %s ended without a result of its last attempt (%s): its record stays", jid, why)
         return early
+
+
+def _rank0_return(launcher: Any, jid: str) -> Any:
+    """Rank 0's return of job `jid` as its result files hold it, every task's read (so that a task's
+    error is raised), through submitit's own ``SlurmJob``."""
+    import submitit
+
+    params = launcher.params
+    tasks = int(params.get("nodes") or 1) * int(params.get("tasks_per_node") or 1)
+    return submitit.SlurmJob(folder=str(params["submitit_folder"]), job_id=jid, tasks=tuple(range(tasks))).results()[0]
