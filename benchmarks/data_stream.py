@@ -10,7 +10,7 @@ no validation, on the CPU. The hand-written side is the webdataset idiom
 DataLoader); expkit's side is a ``Runner`` over ``WebDatasetData`` (index cached beforehand, as
 every run after the first finds it), with its default hooks (a checkpoint per epoch,
 metrics.jsonl). Each variant runs in its own fresh process; the time is the training itself
-(the hand loop's loops, ``Runner.run()``). Rounds are interleaved and rotate; every round, the
+(the hand loop's loops, ``Runner.run()``). Rounds are interleaved (``_table.round_order``); every round, the
 minimum and the median are printed, with the ratio (target: at most 1.05x).
 
 Memory. ``--memory-gb`` GiB of shards (default 2; 0: skipped) of 256 KiB samples, one epoch of
@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _table import ratio_table
+from _table import ratio_table, round_order
 
 COMMON = """
 import json, sys, time, resource
@@ -146,7 +146,7 @@ def speed(tmp: Path, rounds: int, epochs: int, samples: int) -> None:
     times: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
+        for name in round_order(names, r):
             code, *extra = variants[name]
             work = tempfile.mkdtemp(dir=tmp)
             times[name].append(run_once(code, urls, str(epochs), work, *extra)["seconds"])

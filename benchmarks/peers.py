@@ -6,8 +6,10 @@ epochs with a validation (loss and accuracy) after each, one torch thread, on th
 variant runs in its own fresh process; the time is the wall time of the run itself, after
 imports and set-up: the raw loop's loops, ``Runner.run()`` (expkit), ``trainer.fit()``
 (Lightning), ``runner.train()`` (MMEngine). Rounds are interleaved (every variant once per
-round, the order rotating) and the table gives every round, the minimum and the median, and
-each one's ratio to the raw loop (min/min and median/median).
+round, in a balanced order: ``_table.round_order``) and the table gives every round, the minimum
+and the median, and each one's ratio to the raw loop (min/min and median/median). A run's work
+dir is deleted as soon as it ends: its files would otherwise be written back by the kernel about
+30 s later (the raw loop leaves 13.5 MB of checkpoints dirty), in the middle of another run.
 
 Each framework runs with its defaults, as a user gets them: a checkpoint every epoch and
 the training loss logged (expkit: metrics.jsonl every 10 iterations and the last/best
@@ -37,6 +39,7 @@ import argparse
 import importlib.util
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,7 +47,7 @@ import time
 from pathlib import Path
 
 from _handwritten import MLP, READ_DIGITS
-from _table import ratio_table
+from _table import ratio_table, round_order
 
 COMMON = (
     READ_DIGITS
@@ -218,9 +221,12 @@ VARIANTS = {
 INSTALL = ".venv/bin/pip install -e '.[bench]' -c constraints.txt"
 
 
-def run_tagged(code: str, epochs: int, tmp: Path, tags: tuple[str, ...] = ("RESULT",)) -> dict[str, str]:
+def run_tagged(
+    code: str, epochs: int, tmp: Path, tags: tuple[str, ...] = ("RESULT",), keep: bool = True
+) -> dict[str, str]:
     """Run a variant in a fresh process, in its own work dir under `tmp`, on one thread; its
-    output lines that start with a tag (``RESULT seconds accuracy``), by tag."""
+    output lines that start with a tag (``RESULT seconds accuracy``), by tag. `keep`: False
+    deletes the work dir when the process has ended (its dirty pages go without being written)."""
     work = Path(tempfile.mkdtemp(dir=tmp))
     # as on a user's machine, Python caches compiled modules (this VM's tools set
     # PYTHONDONTWRITEBYTECODE=1: what a run imports lazily would be compiled again every time)
@@ -234,14 +240,16 @@ def run_tagged(code: str, epochs: int, tmp: Path, tags: tuple[str, ...] = ("RESU
         cwd=work,
         timeout=900,
     )
+    if not keep:
+        shutil.rmtree(work)
     lines = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in out.stdout.splitlines() if " " in ln}
     if out.returncode != 0 or any(tag not in lines for tag in tags):
         raise RuntimeError(f"exit {out.returncode}: {out.stderr[-2000:]}")
     return lines
 
 
-def run_once(code: str, epochs: int, tmp: Path) -> tuple[float, float]:
-    seconds, accuracy = run_tagged(code, epochs, tmp)["RESULT"].split()
+def run_once(code: str, epochs: int, tmp: Path, keep: bool = True) -> tuple[float, float]:
+    seconds, accuracy = run_tagged(code, epochs, tmp, keep=keep)["RESULT"].split()
     return float(seconds), float(accuracy)
 
 
@@ -264,10 +272,10 @@ def main() -> None:
         tmp = Path(tmp_name)
         names = list(variants)
         for name in names:  # not counted: writes the byte-code caches (see run_tagged), as a user's first run does
-            run_once(variants[name], 1, tmp)
+            run_once(variants[name], 1, tmp, keep=False)
         for r in range(rounds):
-            for name in names[r % len(names) :] + names[: r % len(names)]:  # the order rotates: no order bias
-                seconds, accuracy[name] = run_once(variants[name], epochs, tmp)
+            for name in round_order(names, r):
+                seconds, accuracy[name] = run_once(variants[name], epochs, tmp, keep=False)
                 times[name].append(seconds)
     print(
         f"peer workload: MLP 64-256-256-10, digits, batch 32, SGD, {epochs} epochs with validation, 1 thread, CPU; "

@@ -19,6 +19,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from _table import round_order
 from peers import EXPKIT, RAW, run_tagged
 
 TIMERS = """
@@ -78,7 +79,7 @@ RAW_TIMED = (
 
 
 def run_once(code: str, epochs: int, tmp: Path) -> tuple[float, dict[str, float]]:
-    lines = run_tagged(code, epochs, tmp, ("RESULT", "PIECES"))
+    lines = run_tagged(code, epochs, tmp, ("RESULT", "PIECES"), keep=False)  # (see peers.py: no writeback later)
     return float(lines["RESULT"].split()[0]), json.loads(lines["PIECES"])
 
 
@@ -94,7 +95,7 @@ def main() -> None:
         for code in (RAW_TIMED, EXPKIT_TIMED):  # not counted: writes the byte-code caches, as peers.py does
             run_once(code, 1, Path(tmp_name))
         for r in range(rounds):
-            for name in list(runs)[r % 2 :] + list(runs)[: r % 2]:
+            for name in round_order(list(runs), r):
                 runs[name].append(run_once(RAW_TIMED if name == "raw loop" else EXPKIT_TIMED, epochs, Path(tmp_name)))
     print(
         f"peer workload ({epochs} epochs), {rounds} interleaved rounds; ms per run, median over the rounds "

@@ -4,11 +4,13 @@ quick mode (so they cannot rot). GPU tests skip without CUDA; CI has none."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -391,6 +393,22 @@ def test_the_paired_ratio_is_the_median_of_each_rounds_own_ratio(monkeypatch):
     table = ratio_table({"base": [1.0, 2.0, 3.0], "other": [1.5, 2.1, 3.3]}, "base")
     cells = [c.strip() for c in table.splitlines()[3].strip("|").split("|")]
     assert cells[:6] == ["other", "1.500", "2.100", "1.500", "1.050", "1.100"], table
+
+
+@pytest.mark.parametrize("count", [2, 3, 4, 5, 6])
+def test_each_variant_runs_after_every_other_and_in_every_place_equally_often(monkeypatch, count):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from _table import round_order
+
+    names = [f"v{i}" for i in range(count)]
+    cycle = count if count % 2 == 0 else 2 * count
+    rounds = [round_order(names, r) for r in range(cycle)]
+    assert all(sorted(order) == names for order in rounds)
+    after = Counter((a, b) for order in rounds for a, b in itertools.pairwise(order))
+    assert len(after) == count * (count - 1) and len(set(after.values())) == 1, after  # (a rotation: never b after a)
+    places = Counter((name, i) for order in rounds for i, name in enumerate(order))
+    assert len(places) == count * count and len(set(places.values())) == 1, places
+    assert round_order(names, cycle) == rounds[0]
 
 
 @pytest.mark.slow
