@@ -45,6 +45,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -117,20 +118,26 @@ def side_by_side(
     sides: dict[str, Callable[[Path], float]], rounds: int, warm: dict[str, Callable[[Path], Any]] | None = None
 ) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Each side once to warm up (imports, allocator, cuDNN's autotuning, compilation), then
-    `rounds` rounds of every side, the order reversed every other round; returns each side's
-    figures by round and the seconds each warm-up took."""
+    `rounds` rounds of every side in a balanced order (``_table.round_order``: with three sides,
+    reversing every other round would leave one always in the middle); returns each side's
+    figures by round and the seconds each warm-up took. Each run's dir is deleted once it has
+    its figure: the checkpoints' dirty pages (hundreds of MB for ResNet-50) are dropped instead of
+    being written back by the kernel about 30 s later, inside another side's run."""
+    from _table import round_order
+
     figures: dict[str, list[float]] = {name: [] for name in sides}
     warmed: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         for name, fn in (warm or {}).items():
             start = time.perf_counter()
-            fn(Path(tmp) / f"warm_{len(warmed)}")
+            fn(work := Path(tmp) / f"warm_{len(warmed)}")
             warmed[name] = time.perf_counter() - start
+            shutil.rmtree(work, ignore_errors=True)
             print(f"  warm-up {name}: {warmed[name]:.2f} s", flush=True)  # the parts' log: where the time went
         for r in range(rounds):
-            order = list(sides.items())
-            for i, (name, fn) in enumerate(order if r % 2 == 0 else order[::-1]):
-                figures[name].append(fn(Path(tmp) / f"{r}_{i}"))
+            for i, name in enumerate(round_order(list(sides), r)):
+                figures[name].append(sides[name](work := Path(tmp) / f"{r}_{i}"))
+                shutil.rmtree(work, ignore_errors=True)
                 figure = figures[name][-1]
                 print(f"  round {r} {name}: {f'{figure:.3f} s' if isinstance(figure, float) else figure}", flush=True)
     return figures, warmed
