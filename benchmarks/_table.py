@@ -4,16 +4,21 @@ the median of the rounds' own ratios, any extra columns, and every round's secon
 
 from __future__ import annotations
 
+import functools
+import itertools
 import statistics
+from collections import Counter
 
 
 def round_order(names: list[str], r: int) -> list[str]:
-    """The variants' order in round `r` (0, 1, ...): a Williams design. Over a cycle of len(names)
-    rounds (twice that for an odd count) each variant runs in every place equally often and right
-    after every other variant equally often. A rotation (a b c, b c a, c a b) has each variant run
-    after the same one every round, so what a run leaves behind (its files written back by the
-    kernel, a warm or cold page cache) weighs on one neighbour alone: in peers.py the raw loop's
-    copy, which always ran after the raw loop, read 1.063x of it paired over 15 rounds.
+    """The variants' order in round `r` (0, 1, ...), rounds run back to back. Over a cycle of
+    2 * len(names) rounds each variant runs in every place twice, right after every other variant
+    twice, and right after itself twice: each round starts with the variant that ended the one
+    before, so the runs across a round's edge are balanced too (``_design``).
+
+    A rotation (a b c, b c a, c a b) has each variant run after the same one every round, so what
+    a run leaves behind (a warm or cold page cache, its files written back by the kernel) would
+    weigh on one neighbour alone.
 
     Args:
         names: the variants.
@@ -22,17 +27,56 @@ def round_order(names: list[str], r: int) -> list[str]:
     Returns:
         `names` in the round's order.
     """
-    n = len(names)
-    first, low, high = [0], 1, n - 1  # 0, 1, n-1, 2, n-2, ...: the differences of neighbours all differ
-    while len(first) < n:
-        first.append(low)
-        low += 1
-        if len(first) < n:
-            first.append(high)
-            high -= 1
-    row = r % (n if n % 2 == 0 else 2 * n)
-    order = [names[(i + row) % n] for i in first]
-    return order if row < n else order[::-1]  # (odd n: the second half of the cycle, reversed)
+    rows = _design(len(names))
+    return [names[i] for i in rows[r % len(rows)]]
+
+
+@functools.cache
+def _design(n: int) -> tuple[tuple[int, ...], ...]:
+    """The rounds of one cycle for `n` variants (see ``round_order``), found by a depth-first search
+    (milliseconds up to 5 variants, about 5 s for 6); past 6, the Williams design of the rows
+    alone (balanced within rounds, not across their edges)."""
+    if n < 2:
+        return (tuple(range(n)),)
+    if n > 6:
+        first, low, high = [0], 1, n - 1  # 0, 1, n-1, 2, n-2, ...: the neighbours' differences all differ
+        while len(first) < n:
+            first.append(low)
+            low += 1
+            if len(first) < n:
+                first.append(high)
+                high -= 1
+        rows = [tuple((i + k) % n for i in first) for k in range(n)]
+        return tuple(rows + [row[::-1] for row in rows] if n % 2 else rows)
+    cycle, orders = 2 * n, list(itertools.permutations(range(n)))
+    after: Counter[tuple[int, int]] = Counter()
+    place: Counter[tuple[int, int]] = Counter()
+    rows: list[tuple[int, ...]] = []
+
+    def fits(order: tuple[int, ...]) -> bool:
+        return all(after[pair] < 2 for pair in itertools.pairwise(order)) and all(
+            place[spot] < 2 for spot in enumerate(order)
+        )
+
+    def count(order: tuple[int, ...], step: int) -> None:
+        after.update({pair: step for pair in itertools.pairwise(order)})
+        place.update({spot: step for spot in enumerate(order)})
+
+    def extend() -> bool:
+        if len(rows) == cycle:
+            return rows[-1][-1] == rows[0][0]  # (the next cycle's first round starts where this one ends)
+        for order in orders:
+            if order[0] == (rows[-1][-1] if rows else 0) and fits(order):
+                count(order, 1)
+                rows.append(order)
+                if extend():
+                    return True
+                rows.pop()
+                count(order, -1)
+        return False
+
+    extend()
+    return tuple(rows)
 
 
 def ratio_table(times: dict[str, list[float]], base: str, extra: dict[str, dict[str, str]] | None = None) -> str:

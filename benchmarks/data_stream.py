@@ -28,6 +28,7 @@ import io
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -150,6 +151,7 @@ def speed(tmp: Path, rounds: int, epochs: int, samples: int) -> None:
             code, *extra = variants[name]
             work = tempfile.mkdtemp(dir=tmp)
             times[name].append(run_once(code, urls, str(epochs), work, *extra)["seconds"])
+            shutil.rmtree(work, ignore_errors=True)  # (its checkpoints are not written back inside the next run)
     print(
         f"speed: {samples} samples of 3x32x32 float32 (.npy) in {-(-samples // 512)} shards, MLP 3072-256-10, batch 64, "
         f"{epochs} epochs, 2 workers, 1 thread, CPU; {rounds} interleaved rounds, each its own process"

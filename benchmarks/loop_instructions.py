@@ -7,11 +7,12 @@ the extra epochs, is what one epoch costs: 40 training iterations, one validatio
 checkpoint, every hook. Start-up and imports cancel out. Prints each side's instructions per
 epoch and per training iteration, and expkit's ratio and excess.
 
-    python benchmarks/loop_instructions.py [--epochs 1 5] [--keep DIR]
+    python benchmarks/loop_instructions.py [--epochs 1 5] [--keep DIR] [--cache-sim]
 
 ``--keep DIR`` keeps the cachegrind files (``cg_annotate DIR/expkit-5.out``) to see which C
 functions the excess runs in. Needs valgrind (``apt-get install valgrind``); each run takes
-one to two minutes under it.
+one to two minutes under it. ``--cache-sim`` also simulates the caches and prints the first-level
+instruction and data misses and the last-level data misses an epoch (each run about twice as long).
 """
 
 from __future__ import annotations
@@ -40,8 +41,15 @@ TRAIN_ONLY = {
 ITERATIONS_PER_EPOCH = 40  # ceil(1257 / 32): the peer workload's training batches
 
 
-def instructions(code: str, epochs: int, work: Path, out_file: Path) -> int:
-    """Instructions the whole process ran (cachegrind's ``I refs``) for a run of `epochs`."""
+# cachegrind's summary lines (stderr), first number: instructions, and with --cache-sim=yes the
+# first-level instruction and data cache misses and the last-level data misses
+COUNTERS = {"instructions": "I refs", "L1 instruction misses": "I1 misses", "L1 data misses": "D1 misses"}
+COUNTERS["last-level data misses"] = "LLd misses"
+
+
+def instructions(code: str, epochs: int, work: Path, out_file: Path, cache_sim: bool = False) -> dict[str, int]:
+    """What the whole process ran for a run of `epochs`: cachegrind's ``I refs`` as
+    ``instructions``, and with `cache_sim` its simulated cache misses (``COUNTERS``)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     # the same hash seed every run: dict and set layouts, hence the instruction counts, repeat
     env.update(OMP_NUM_THREADS="1", PYTHONHASHSEED="0", PYTHONPATH=str(Path(__file__).parent))
@@ -51,7 +59,7 @@ def instructions(code: str, epochs: int, work: Path, out_file: Path) -> int:
     command = [
         "valgrind",
         "--tool=cachegrind",
-        "--cache-sim=no",
+        f"--cache-sim={'yes' if cache_sim else 'no'}",
         f"--cachegrind-out-file={out_file}",
         sys.executable,
         str(script),
@@ -59,10 +67,14 @@ def instructions(code: str, epochs: int, work: Path, out_file: Path) -> int:
         str(run_dir),
     ]
     out = subprocess.run(command, capture_output=True, text=True, env=env, cwd=run_dir, timeout=1800)
-    found = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
-    if out.returncode != 0 or found is None or "RESULT" not in out.stdout:
+    found = {}
+    for name, label in COUNTERS.items():
+        line = re.search(label.replace(" ", r"\s+") + r":\s+([\d,]+)", out.stderr)
+        if line is not None:
+            found[name] = int(line.group(1).replace(",", ""))
+    if out.returncode != 0 or "instructions" not in found or "RESULT" not in out.stdout:
         raise RuntimeError(f"exit {out.returncode}: {out.stderr[-2000:]}")
-    return int(found.group(1).replace(",", ""))
+    return found
 
 
 def quick() -> None:
@@ -74,7 +86,7 @@ def quick() -> None:
             for name, code in sides.items():
                 run_once(code, 1, tmp)  # (raises, naming the exit status and stderr, when a side fails)
                 print(f"{part}, {name}: ran")
-        count = instructions("print('RESULT')", 0, tmp, tmp / "count.out")
+        count = instructions("print('RESULT')", 0, tmp, tmp / "count.out")["instructions"]
         print(f"cachegrind read: {count:,} instructions for a Python that prints one line")
 
 
@@ -88,6 +100,11 @@ def main() -> None:
         help="train: the training iterations alone, no validation or checkpoint on either side",
     )
     parser.add_argument("--keep", type=Path, help="keep the cachegrind output files in this dir")
+    parser.add_argument(
+        "--cache-sim",
+        action="store_true",
+        help="also simulate the caches: L1 instruction and data misses and last-level data misses an epoch (slower)",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -109,12 +126,17 @@ def main() -> None:
         sides = SIDES if args.part == "whole" else TRAIN_ONLY
         for code in sides.values():  # not counted: writes the byte-code caches, as peers.py does
             run_once(code, 1, tmp)
-        per_epoch = {}
+        per_epoch, misses = {}, {}
         for name, code in sides.items():
             tag = name.split()[0]
-            counts = [instructions(code, e, tmp, keep / f"{tag}-{e}.out") for e in (short, long)]
-            per_epoch[name] = (counts[1] - counts[0]) / (long - short)
-            print(f"{name}: {counts[0]:,} instructions for {short} epoch(s), {counts[1]:,} for {long}", flush=True)
+            counts = [instructions(code, e, tmp, keep / f"{tag}-{e}.out", args.cache_sim) for e in (short, long)]
+            per_epoch[name] = (counts[1]["instructions"] - counts[0]["instructions"]) / (long - short)
+            misses[name] = {k: (counts[1][k] - counts[0][k]) / (long - short) for k in counts[1] if k != "instructions"}
+            print(
+                f"{name}: {counts[0]['instructions']:,} instructions for {short} epoch(s), "
+                f"{counts[1]['instructions']:,} for {long}",
+                flush=True,
+            )
     raw, ours = per_epoch["raw loop"], per_epoch["expkit"]
     what = "+ a validation + a checkpoint" if args.part == "whole" else "(no validation, no checkpoint)"
     print(f"\npeer workload, one epoch = {ITERATIONS_PER_EPOCH} training iterations {what}")
@@ -126,6 +148,13 @@ def main() -> None:
         f"\nexpkit / raw loop: {ours / raw:.4f}x; excess {ours - raw:,.0f} instructions per epoch, "
         f"{(ours - raw) / ITERATIONS_PER_EPOCH:,.0f} per training iteration"
     )
+    for counter in misses["raw loop"]:  # (--cache-sim: valgrind's model of this machine's caches)
+        theirs, mine = misses["raw loop"][counter], misses["expkit"][counter]
+        print(
+            f"{counter} per epoch: raw loop {theirs:,.0f}, expkit {mine:,.0f} ({mine / theirs:.4f}x)"
+            if theirs
+            else f"{counter} per epoch: raw loop {theirs:,.0f}, expkit {mine:,.0f}"
+        )
 
 
 if __name__ == "__main__":

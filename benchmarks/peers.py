@@ -6,8 +6,9 @@ epochs with a validation (loss and accuracy) after each, one torch thread, on th
 variant runs in its own fresh process; the time is the wall time of the run itself, after
 imports and set-up: the raw loop's loops, ``Runner.run()`` (expkit), ``trainer.fit()``
 (Lightning), ``runner.train()`` (MMEngine). Rounds are interleaved (every variant once per
-round, in a balanced order: ``_table.round_order``) and the table gives every round, the minimum
-and the median, and each one's ratio to the raw loop (min/min and median/median). A run's work
+round, in a balanced order: ``_table.round_order``, whose cycle is twice the number of variants,
+so 7 rounds of 4 are one short of a whole one) and the table gives every round, the minimum and
+the median, and each one's ratio to the raw loop (min/min and median/median). A run's work
 dir is deleted as soon as it ends: its files would otherwise be written back by the kernel about
 30 s later (the raw loop leaves 13.5 MB of checkpoints dirty), in the middle of another run.
 
@@ -22,7 +23,7 @@ torch, NumPy and Python beside the weights and optimizer (an exact resume), thro
 file and a rename (never a torn file), a ``last_checkpoint`` pointer, and only the newest two
 epochs kept; a second table gives each side against it. The promise (at most 1.05x) is against
 the plain raw loop. "raw loop, again" is the raw loop's own program once more, a variant of its
-own in the rotation: what it reads against the raw loop is this invocation's noise (an A/A
+own in the rounds: what it reads against the raw loop is this invocation's noise (an A/A
 control; two runs of the same program differ by several percent on a shared machine), the
 resolution that expkit's ratio in the same table has.
 
@@ -241,7 +242,7 @@ def run_tagged(
         timeout=900,
     )
     if not keep:
-        shutil.rmtree(work)
+        shutil.rmtree(work, ignore_errors=True)  # (a failed run's own error is the one to see)
     lines = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in out.stdout.splitlines() if " " in ln}
     if out.returncode != 0 or any(tag not in lines for tag in tags):
         raise RuntimeError(f"exit {out.returncode}: {out.stderr[-2000:]}")
