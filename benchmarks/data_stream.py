@@ -144,6 +144,7 @@ def speed(tmp: Path, rounds: int, epochs: int, samples: int) -> None:
     for code, *extra in variants.values():  # not counted: byte-code caches, and expkit's index (built once)
         work = tempfile.mkdtemp(dir=tmp)
         run_once(code, urls, "1", work, *extra)
+        shutil.rmtree(work, ignore_errors=True)  # (as each timed run's, below)
     times: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for r in range(rounds):

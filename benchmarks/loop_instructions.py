@@ -43,8 +43,12 @@ ITERATIONS_PER_EPOCH = 40  # ceil(1257 / 32): the peer workload's training batch
 
 # cachegrind's summary lines (stderr), first number: instructions, and with --cache-sim=yes the
 # first-level instruction and data cache misses and the last-level data misses
-COUNTERS = {"instructions": "I refs", "L1 instruction misses": "I1 misses", "L1 data misses": "D1 misses"}
-COUNTERS["last-level data misses"] = "LLd misses"
+COUNTERS = {
+    "instructions": "I refs",
+    "L1 instruction misses": "I1 misses",
+    "L1 data misses": "D1 misses",
+    "last-level data misses": "LLd misses",
+}
 
 
 def instructions(code: str, epochs: int, work: Path, out_file: Path, cache_sim: bool = False) -> dict[str, int]:
