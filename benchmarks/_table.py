@@ -118,3 +118,46 @@ def ratio_table(times: dict[str, list[float]], base: str, extra: dict[str, dict[
         cells += [column[name] for column in extra.values()]
         lines.append("| " + " | ".join(cells) + f" | {' '.join(f'{v:.3f}' for v in values)} |")
     return "\n".join(lines)
+
+
+def verdict(times: dict[str, list[float]], base: str, control: str, variant: str, limit: float) -> str:
+    """Whether this invocation decides that `variant`'s min/min ratio to `base` is within `limit`,
+    given the invocation's own noise: `control` is `base`'s program run again (an A/A control), so its
+    ratios would all read 1.000 on a quiet machine. Its largest distance from 1 (min/min, median,
+    paired; at least 0.005) is the resolution: `variant` is within when its ratio plus the resolution
+    is at most `limit`, over when its ratio minus the resolution is above it, undecided otherwise. One
+    control is one sample of the noise, not a bound: the line says what this invocation can tell.
+
+    Args:
+        times: each variant's seconds, one per round, in round order (`base`, `control`, `variant` among them).
+        base: the variant the ratios are taken against.
+        control: `base`'s program, run again in the same rounds.
+        variant: the variant judged.
+        limit: the promise, as a ratio (1.05).
+
+    Returns:
+        One line: ``within``, ``over`` or ``undecided``, the ratio and the resolution.
+    """
+
+    def ratios(name: str) -> list[float]:
+        values, base_values = times[name], times[base]
+        return [
+            min(values) / min(base_values),
+            statistics.median(values) / statistics.median(base_values),
+            statistics.median(v / b for v, b in zip(values, base_values)),
+        ]
+
+    resolution = max(0.005, *(abs(r - 1) for r in ratios(control)))
+    ratio = ratios(variant)[0]
+    if ratio + resolution <= limit:
+        word = "within"
+    elif ratio - resolution > limit:
+        word = "over"
+    else:
+        word = "undecided"
+    return (
+        f"{word}: {variant} {ratio:.3f}x {base} (min/min) against at most {limit:.2f}x; this invocation's "
+        f"resolution +-{resolution:.3f} ({control} against {base}: "
+        + " / ".join(f"{r:.3f}x" for r in ratios(control))
+        + " min/min / median / paired)"
+    )

@@ -25,7 +25,10 @@ epochs kept; a second table gives each side against it. The promise (at most 1.0
 the plain raw loop. "raw loop, again" is the raw loop's own program once more, a variant of its
 own in the rounds: what it reads against the raw loop is this invocation's noise (an A/A
 control; two runs of the same program differ by several percent on a shared machine), the
-resolution that expkit's ratio in the same table has.
+resolution that expkit's ratio in the same table has. A last line says whether the invocation
+decides the promise (``_table.verdict``): within, over, or undecided when expkit's ratio lies within
+that resolution of 1.05x. On a quiet machine the control reads within 1-2% (2026-11-30: 0.986x,
+0.983x, 1.008x min/min), on a busy one it moved by up to 15%.
 
     python benchmarks/peers.py [--rounds 7] [--epochs 20] [--quick]
 
@@ -48,7 +51,7 @@ import time
 from pathlib import Path
 
 from _handwritten import MLP, READ_DIGITS
-from _table import ratio_table, round_order
+from _table import ratio_table, round_order, verdict
 
 COMMON = (
     READ_DIGITS
@@ -219,6 +222,7 @@ VARIANTS = {
     "Lightning": (LIGHTNING, "lightning"),
     "MMEngine": (MMENGINE, "mmengine"),
 }
+PROMISE = 1.05  # a whole run at most this multiple of the raw loop's (min/min)
 INSTALL = ".venv/bin/pip install -e '.[bench]' -c constraints.txt"
 
 
@@ -287,6 +291,7 @@ def main() -> None:
         f"{platform.python_version()}; {time.strftime('%Y-%m-%d')}"
     )
     print(ratio_table(times, "raw loop", {"val/acc": {name: f"{accuracy[name]:.3f}" for name in times}}))
+    print(verdict(times, "raw loop", "raw loop, again", "expkit", PROMISE))
     print("\nagainst the hand-written loop that saves the same guarantees:")
     print(
         ratio_table({n: t for n, t in times.items() if n not in ("raw loop", "raw loop, again")}, "raw loop, resumable")

@@ -395,6 +395,31 @@ def test_the_paired_ratio_is_the_median_of_each_rounds_own_ratio(monkeypatch):
     assert cells[:6] == ["other", "1.500", "2.100", "1.500", "1.050", "1.100"], table
 
 
+@pytest.mark.parametrize(
+    ("control", "expkit", "word", "resolution"),
+    [
+        ([1.01] * 3, [1.02] * 3, "within", "0.010"),  # 1.02 + 0.01 <= 1.05
+        ([1.01] * 3, [1.045] * 3, "undecided", "0.010"),  # within 0.01 of the limit
+        ([1.03] * 3, [1.03] * 3, "undecided", "0.030"),  # a noisier control: 1.03 + 0.03 > 1.05
+        ([1.01] * 3, [1.07] * 3, "over", "0.010"),  # 1.07 - 0.01 > 1.05
+        ([0.985] * 3, [1.07] * 3, "over", "0.015"),  # a control below 1 counts as far as one above
+        ([0.975] * 3, [1.07] * 3, "undecided", "0.025"),
+        ([0.99, 1.03, 1.03], [1.03, 1.03, 1.03], "undecided", "0.030"),  # min/min 0.99, median and paired 1.03
+        ([1.0] * 3, [1.04] * 3, "within", "0.005"),  # a control at exactly 1.000 still leaves 0.005
+    ],
+)
+def test_the_verdict_says_within_or_over_only_beyond_the_controls_resolution(
+    monkeypatch, control, expkit, word, resolution
+):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from _table import verdict
+
+    times = {"raw": [1.0, 1.0, 1.0], "again": control, "expkit": expkit}
+    line = verdict(times, "raw", "again", "expkit", 1.05)
+    assert line.split(":")[0] == word, line
+    assert f"resolution +-{resolution} " in line, line
+
+
 @pytest.mark.parametrize("count", [2, 3, 4, 5, 6])
 def test_each_variant_runs_after_every_variant_and_in_every_place_equally_often(monkeypatch, count):
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
