@@ -25,9 +25,10 @@ epochs kept; a second table gives each side against it. The promise (at most 1.0
 the plain raw loop. "raw loop, again" is the raw loop's own program once more, a variant of its
 own in the rounds: what it reads against the raw loop is this invocation's noise (an A/A
 control; two runs of the same program differ by several percent on a shared machine), the
-resolution that expkit's ratio in the same table has. A last line says whether the invocation
-decides the promise (``_table.verdict``): within, over, or undecided when expkit's ratio lies within
-that resolution of 1.05x. On a quiet machine the control reads within 1-2% (2026-11-30: 0.986x,
+resolution that expkit's ratio in the same table has. The last line says what this invocation can
+tell of the promise at its own noise (``_table.verdict``; one control is one sample of the noise,
+not a bound): within, over, or undecided when expkit's min/min ratio lies within that resolution
+of 1.05x. On a quiet machine the control reads within 1-2% (2026-11-30: 0.986x,
 0.983x, 1.008x min/min), on a busy one it moved by up to 15%.
 
     python benchmarks/peers.py [--rounds 7] [--epochs 20] [--quick]
@@ -291,11 +292,13 @@ def main() -> None:
         f"{platform.python_version()}; {time.strftime('%Y-%m-%d')}"
     )
     print(ratio_table(times, "raw loop", {"val/acc": {name: f"{accuracy[name]:.3f}" for name in times}}))
-    print(verdict(times, "raw loop", "raw loop, again", "expkit", PROMISE))
     print("\nagainst the hand-written loop that saves the same guarantees:")
     print(
         ratio_table({n: t for n, t in times.items() if n not in ("raw loop", "raw loop, again")}, "raw loop, resumable")
     )
+    print()
+    line = verdict(times, "raw loop", "raw loop, again", "expkit", PROMISE)
+    print(line + (" [--quick: 1 round of 2 epochs, not the promise's run]" if args.quick else ""))
 
 
 if __name__ == "__main__":

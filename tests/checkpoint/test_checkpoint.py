@@ -290,7 +290,22 @@ def test_rng_states_are_pickled_as_text_not_as_latin1_strings():
             return archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
 
     assert b"_codecs" in pickled({"x": b"\xff" * 8})  # (what bytes would cost: the check can see it)
-    assert b"_codecs" not in pickled(rng_states())
+    states = rng_states()
+    assert b"_codecs" not in pickled(states)
+    leaves = [states["torch"], *states["python"].values(), *states["numpy"].values()]
+    assert all(v is None or isinstance(v, (str, int, float)) for v in leaves), leaves  # (no tensor: a zip record each)
+
+
+def test_a_cached_gaussian_put_back_with_the_same_words_is_saved_again():
+    np.random.seed(5)
+    np.random.randn()  # caches a gaussian: has_gauss=1
+    cached = rng_states()
+    assert cached["numpy"]["has_gauss"] == 1
+    np.random.randn()  # uses it: the words stay, has_gauss=0
+    assert rng_states()["numpy"]["has_gauss"] == 0
+    set_rng_states(cached)  # the same words again, with the gaussian
+    assert rng_states()["numpy"] == _numpy_state_by_its_getter() and np.random.get_state()[3] == 1
+    np.random.seed(0)  # (no cached gaussian left for the next test)
 
 
 def test_rng_states_saved_as_bytes_by_earlier_versions_still_restore():

@@ -383,6 +383,8 @@ def test_other_benchmarks_run(script, label):
     out = _bench(script)
     values = _ratios(out, label)
     assert values and all(math.isfinite(v) and v >= 0 for v in values), out
+    if script == "benchmarks/peers.py":  # its last line: the verdict, marked as not the promise's run
+        assert re.search(r"^(within|over|undecided): expkit .*--quick", out.strip().splitlines()[-1]), out
 
 
 def test_the_paired_ratio_is_the_median_of_each_rounds_own_ratio(monkeypatch):
@@ -406,6 +408,7 @@ def test_the_paired_ratio_is_the_median_of_each_rounds_own_ratio(monkeypatch):
         ([0.975] * 3, [1.07] * 3, "undecided", "0.025"),
         ([0.99, 1.03, 1.03], [1.03, 1.03, 1.03], "undecided", "0.030"),  # min/min 0.99, median and paired 1.03
         ([1.0] * 3, [1.04] * 3, "within", "0.005"),  # a control at exactly 1.000 still leaves 0.005
+        ([1.01] * 3, [1.02, 1.08, 1.08], "within", "0.010"),  # expkit is judged by min/min alone
     ],
 )
 def test_the_verdict_says_within_or_over_only_beyond_the_controls_resolution(
@@ -418,6 +421,22 @@ def test_the_verdict_says_within_or_over_only_beyond_the_controls_resolution(
     line = verdict(times, "raw", "again", "expkit", 1.05)
     assert line.split(":")[0] == word, line
     assert f"resolution +-{resolution} " in line, line
+
+
+@pytest.mark.parametrize(
+    ("control", "resolution"),
+    [
+        ([1.03, 2.0, 3.0, 4.0, 5.0], "0.030"),  # min/min 1.03
+        ([1.0, 2.0, 3.12, 4.0, 5.0], "0.040"),  # median 3.12 / 3
+        ([1.0, 2.1, 3.0, 4.2, 5.25], "0.050"),  # paired: 1, 1.05, 1, 1.05, 1.05
+    ],
+)
+def test_each_of_the_controls_three_ratios_can_set_the_resolution(monkeypatch, control, resolution):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from _table import verdict
+
+    times = {"raw": [1.0, 2.0, 3.0, 4.0, 5.0], "again": control, "expkit": [1.0, 2.0, 3.0, 4.0, 5.0]}
+    assert f"resolution +-{resolution} " in verdict(times, "raw", "again", "expkit", 1.05)
 
 
 @pytest.mark.parametrize("count", [2, 3, 4, 5, 6])
