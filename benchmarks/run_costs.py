@@ -8,7 +8,12 @@ checkpoints (state, atomic write, the ``last_checkpoint`` pointer), the hooks, a
 left of expkit's time after these is its training loop. Prints, per piece, the minimum and
 median over the rounds, in milliseconds per run.
 
-    python benchmarks/run_costs.py [--rounds 5] [--quick]
+``--iterations`` times the training iterations one by one instead (no timers around the pieces):
+both sides get the same loader, each batch request stamped, and the table gives expkit's excess at
+each place in the epoch (the median over the rounds, averaged over the epochs after the first),
+the logging steps apart: whether the gap is in every iteration or in a few.
+
+    python benchmarks/run_costs.py [--rounds 5] [--iterations] [--quick]
 """
 
 from __future__ import annotations
@@ -78,6 +83,70 @@ RAW_TIMED = (
 )
 
 
+# the training loader, each batch request stamped (the end of the iteration before it), on both sides
+STAMPED = """
+class Stamped:
+    def __init__(self, loader):
+        self.loader, self.stamps = loader, []
+        self.batch_size, self.dataset, self.sampler = loader.batch_size, loader.dataset, loader.sampler
+    def __len__(self):
+        return len(self.loader)
+    def __iter__(self):
+        stamps, clock = [], time.perf_counter
+        self.stamps.append(stamps)
+        for batch in self.loader:
+            stamps.append(clock())
+            yield batch
+        stamps.append(clock())
+train = Stamped(train)
+def make_net():"""
+
+
+def _stamped(code: str) -> str:
+    return code.replace("def make_net():", STAMPED, 1).replace(
+        "\nreport(", "\nprint('STAMPS ' + json.dumps(train.stamps))\nreport(", 1
+    )
+
+
+def iterations(rounds: int, epochs: int) -> None:
+    """Expkit's excess over the raw loop at each place of the epoch's training iterations."""
+    sides = {"raw loop": _stamped(RAW), "expkit": _stamped(EXPKIT)}
+    stamps: dict[str, list[list[list[float]]]] = {name: [] for name in sides}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        for code in sides.values():  # not counted: writes the byte-code caches
+            run_tagged(code, 1, Path(tmp_name), ("RESULT", "STAMPS"), keep=False)
+        for r in range(rounds):
+            for name in round_order(list(sides), r):
+                lines = run_tagged(sides[name], epochs, Path(tmp_name), ("RESULT", "STAMPS"), keep=False)
+                stamps[name].append(json.loads(lines["STAMPS"]))
+
+    def per_place(name: str) -> list[float]:
+        """Each place's iteration time in us: the median over the rounds, the mean over epochs 2..n."""
+        runs = stamps[name]
+        places = len(runs[0][0]) - 1
+        later = range(1, len(runs[0]))
+        return [
+            statistics.mean(statistics.median((run[e][i + 1] - run[e][i]) * 1e6 for run in runs) for e in later)
+            for i in range(places)
+        ]
+
+    raw, ours = per_place("raw loop"), per_place("expkit")
+    excess = [o - r for o, r in zip(ours, raw)]
+    logging = [i for i in range(len(excess)) if (i + 1) % 10 == 0 or i == len(excess) - 1]  # (every 10: both sides)
+    between = [e for i, e in enumerate(excess) if i not in logging]
+    print(
+        f"peer workload ({epochs} epochs), {rounds} interleaved rounds; the training iterations of epochs 2-{epochs}, "
+        "each place's median over the rounds, in us"
+    )
+    print(f"raw loop: {statistics.mean(raw):.0f} us an iteration; expkit: {statistics.mean(ours):.0f} us")
+    print(
+        f"excess an iteration between logging steps: median {statistics.median(between):+.1f} us, "
+        f"range {min(between):+.1f} to {max(between):+.1f} us ({len(between)} places)"
+    )
+    print("excess at the logging steps: " + ", ".join(f"place {i + 1} {excess[i]:+.1f} us" for i in logging))
+    print("every place: " + " ".join(f"{e:+.0f}" for e in excess))
+
+
 def run_once(code: str, epochs: int, tmp: Path) -> tuple[float, dict[str, float]]:
     lines = run_tagged(code, epochs, tmp, ("RESULT", "PIECES"), keep=False)  # (see peers.py: no writeback later)
     return float(lines["RESULT"].split()[0]), json.loads(lines["PIECES"])
@@ -87,9 +156,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--iterations", action="store_true", help="the training iterations one by one instead")
     parser.add_argument("--quick", action="store_true", help="1 round of 2 epochs: checks the script runs (CI)")
     args = parser.parse_args()
     rounds, epochs = (1, 2) if args.quick else (args.rounds, args.epochs)
+    if args.iterations:
+        iterations(rounds, epochs)
+        return
     runs: dict[str, list[tuple[float, dict[str, float]]]] = {"raw loop": [], "expkit": []}
     with tempfile.TemporaryDirectory() as tmp_name:
         for code in (RAW_TIMED, EXPKIT_TIMED):  # not counted: writes the byte-code caches, as peers.py does

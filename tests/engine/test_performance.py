@@ -387,6 +387,16 @@ def test_other_benchmarks_run(script, label):
         assert re.search(r"^(within|over|undecided): expkit .*--quick", out.strip().splitlines()[-1]), out
 
 
+@pytest.mark.slow
+def test_run_costs_times_every_training_iteration_of_both_sides():
+    out = _bench("benchmarks/run_costs.py", "--iterations")
+    places = re.search(r"^every place: (.*)$", out, re.MULTILINE)
+    assert places and len(places.group(1).split()) == 40, out  # ceil(1257 / 32): the peer workload's iterations
+    assert all(math.isfinite(float(v)) for v in places.group(1).split()), out
+    times = re.search(r"raw loop: (\d+) us an iteration; expkit: (\d+) us", out)
+    assert times and all(100 < int(t) < 100_000 for t in times.groups()), out
+
+
 def test_the_paired_ratio_is_the_median_of_each_rounds_own_ratio(monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     from _table import ratio_table
