@@ -79,6 +79,16 @@ def _design(n: int) -> tuple[tuple[int, ...], ...]:
     return tuple(rows)
 
 
+def ratios(values: list[float], base_values: list[float]) -> tuple[float, float, float]:
+    """`values` against `base_values` (seconds, one per round, in round order): min/min,
+    median/median, and paired (the median of each round's own ratio)."""
+    return (
+        min(values) / min(base_values),
+        statistics.median(values) / statistics.median(base_values),
+        statistics.median(v / b for v, b in zip(values, base_values)),
+    )
+
+
 def ratio_table(times: dict[str, list[float]], base: str, extra: dict[str, dict[str, str]] | None = None) -> str:
     """A Markdown table of `times` against `base`.
 
@@ -97,7 +107,6 @@ def ratio_table(times: dict[str, list[float]], base: str, extra: dict[str, dict[
         The table's lines, joined.
     """
     extra = extra or {}
-    base_min, base_median = min(times[base]), statistics.median(times[base])
     width = max(len(name) for name in times)
     header = [f"{'variant':<{width}}", "min s", "median s", f"x {base} (min/min)", f"x {base} (median)"]
     header += [f"x {base} (paired, median)", *extra]
@@ -106,15 +115,8 @@ def ratio_table(times: dict[str, list[float]], base: str, extra: dict[str, dict[
         "|---|---:|---:|---:|---:|---:|" + "---:|" * len(extra) + "---|",
     ]
     for name, values in times.items():
-        low, median = min(values), statistics.median(values)
-        cells = [
-            f"{name:<{width}}",
-            f"{low:.3f}",
-            f"{median:.3f}",
-            f"{low / base_min:.3f}",
-            f"{median / base_median:.3f}",
-            f"{statistics.median(v / b for v, b in zip(values, times[base])):.3f}",
-        ]
+        cells = [f"{name:<{width}}", f"{min(values):.3f}", f"{statistics.median(values):.3f}"]
+        cells += [f"{r:.3f}" for r in ratios(values, times[base])]
         cells += [column[name] for column in extra.values()]
         lines.append("| " + " | ".join(cells) + f" | {' '.join(f'{v:.3f}' for v in values)} |")
     return "\n".join(lines)
@@ -138,17 +140,9 @@ def verdict(times: dict[str, list[float]], base: str, control: str, variant: str
     Returns:
         One line: ``within``, ``over`` or ``undecided``, the ratio and the resolution.
     """
-
-    def ratios(name: str) -> list[float]:
-        values, base_values = times[name], times[base]
-        return [
-            min(values) / min(base_values),
-            statistics.median(values) / statistics.median(base_values),
-            statistics.median(v / b for v, b in zip(values, base_values)),
-        ]
-
-    resolution = max(0.005, *(abs(r - 1) for r in ratios(control)))
-    ratio = ratios(variant)[0]
+    noise = ratios(times[control], times[base])
+    resolution = max(0.005, *(abs(r - 1) for r in noise))
+    ratio = ratios(times[variant], times[base])[0]
     if ratio + resolution <= limit:
         word = "within"
     elif ratio - resolution > limit:
@@ -158,6 +152,6 @@ def verdict(times: dict[str, list[float]], base: str, control: str, variant: str
     return (
         f"{word}: {variant} {ratio:.3f}x {base} (min/min) against at most {limit:.2f}x; this invocation's "
         f"resolution +-{resolution:.3f} ({control} against {base}: "
-        + " / ".join(f"{r:.3f}x" for r in ratios(control))
+        + " / ".join(f"{r:.3f}x" for r in noise)
         + " min/min / median / paired)"
     )

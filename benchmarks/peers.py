@@ -29,7 +29,7 @@ resolution that expkit's ratio in the same table has. The last line says what th
 tell of the promise at its own noise (``_table.verdict``; one control is one sample of the noise,
 not a bound): within, over, or undecided when expkit's min/min ratio lies within that resolution
 of 1.05x. On a quiet machine the control reads within 1-2% (2026-11-30: 0.986x,
-0.983x, 1.008x min/min), on a busy one it moved by up to 15%.
+0.983x, 1.008x, 0.999x min/min), on a busy one it moved by up to 15%.
 
     python benchmarks/peers.py [--rounds 7] [--epochs 20] [--quick]
 
