@@ -285,7 +285,8 @@ def _lr_find(cfg: DictConfig) -> None:
         settings.diverge,
     )
     started = time.perf_counter()
-    with algorithm_settings(runner.settings.deterministic, runner.settings.cudnn_benchmark):
+    s = runner.settings
+    with algorithm_settings(s.deterministic, s.cudnn_benchmark, s.flush_denormal):
         runner.train()
     seconds = time.perf_counter() - started
     if not runner.is_main:

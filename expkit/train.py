@@ -271,6 +271,7 @@ def _build_and_run(job: _Job, owned: contextlib.ExitStack) -> tuple[Any, dict[st
     from expkit.checkpoint import run_checkpoint
     from expkit.config.build import build_runner
     from expkit.core import distributed
+    from expkit.core.rng import flush_denormals
     from expkit.sweeps import search
 
     cfg, work_dir, multirun = job.cfg, job.work_dir, job.sweep_dir is not None
@@ -284,6 +285,8 @@ def _build_and_run(job: _Job, owned: contextlib.ExitStack) -> tuple[Any, dict[st
             return None
         if trial is not None:
             job.run_info["optuna_trial"] = trial[1]
+        if cfg.trainer.get("flush_denormal") is True:  # (any other value: TrainerSettings names the key)
+            owned.enter_context(flush_denormals(True))  # before the model's first op starts torch's threads
         runner = build_runner(cfg, work_dir, job.run_info)
         if hydra_compat.RECORD_DEFERRED.get():  # a resume: its checkpoint fits, .hydra/ may change now
             if not multirun:  # (a sweep made so by its config: its jobs check nothing more here)

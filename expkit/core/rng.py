@@ -6,6 +6,7 @@ import array
 import binascii
 import contextlib
 import ctypes
+import logging
 import random
 import sys
 from collections.abc import Iterator, Mapping
@@ -13,7 +14,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["algorithm_settings", "rng_states", "seed_everything", "set_deterministic", "set_rng_states"]
+__all__ = [
+    "algorithm_settings",
+    "flush_denormals",
+    "flushing_denormals",
+    "rng_states",
+    "seed_everything",
+    "set_deterministic",
+    "set_rng_states",
+]
+
+log = logging.getLogger(__name__)
 
 
 def seed_everything(seed: int) -> None:
@@ -40,7 +51,7 @@ def set_deterministic() -> None:
 
 
 @contextlib.contextmanager
-def algorithm_settings(deterministic: bool, cudnn_benchmark: bool) -> Iterator[None]:
+def algorithm_settings(deterministic: bool, cudnn_benchmark: bool, flush_denormal: bool = False) -> Iterator[None]:
     """A run's ``trainer.deterministic`` / ``trainer.cudnn_benchmark`` (fixed input shapes:
     cuDNN times its kernels once, then reuses the fastest), put back as they were afterwards.
 
@@ -48,9 +59,11 @@ def algorithm_settings(deterministic: bool, cudnn_benchmark: bool) -> Iterator[N
         deterministic: turn on torch's deterministic algorithms and cuDNN's deterministic mode (and
             turn cuDNN's benchmark off).
         cudnn_benchmark: turn on cuDNN's benchmark mode; ignored when `deterministic` is set.
+        flush_denormal: flush denormal floats to zero on the CPU (``torch.set_flush_denormal``), in
+            this thread and the threads it starts from here on.
 
     Yields:
-        None, with the settings in force; the three settings are put back on exit (the
+        None, with the settings in force; they are put back on exit (the
         ``CUBLAS_WORKSPACE_CONFIG`` that deterministic mode sets stays).
     """
     before = (
@@ -63,10 +76,82 @@ def algorithm_settings(deterministic: bool, cudnn_benchmark: bool) -> Iterator[N
     elif cudnn_benchmark:
         torch.backends.cudnn.benchmark = True
     try:
-        yield
+        with flush_denormals(flush_denormal):
+            yield
     finally:
         torch.use_deterministic_algorithms(before[0])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1:]
+
+
+@contextlib.contextmanager
+def flush_denormals(on: bool) -> Iterator[None]:
+    """``trainer.flush_denormal``: with `on`, the CPU reads and writes denormal floats as zero
+    (``torch.set_flush_denormal``) until the context ends, in this thread and the threads it starts
+    meanwhile (a thread copies its creator's floating-point state when it starts, and keeps its
+    own after). So torch's intra-op threads started before keep computing on denormals, and those
+    started meanwhile keep flushing after it, for the rest of the process: a warning says so
+    (a warning, an info line after; ``python -m expkit.train`` enters this before it builds anything). Already on (the
+    caller's own): left on.
+
+    Args:
+        on: flush; False does nothing.
+
+    Yields:
+        None, with denormals flushed when `on`.
+    """
+    if not on or flushing_denormals():
+        yield
+        return
+    if not torch.set_flush_denormal(True):
+        log.warning("trainer.flush_denormal=true: this CPU cannot flush denormals (no SSE3); the run goes on without")
+        yield
+        return
+    try:
+        if unflushed := _intra_op_threads(flushing=False):
+            log.warning(
+                "trainer.flush_denormal=true: %d of torch's %d intra-op threads started before it and keep computing "
+                "on denormals; call torch.set_flush_denormal(True) before the first large torch operation "
+                "(python -m expkit.train does so before building the model)",
+                unflushed,
+                torch.get_num_threads(),
+            )
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+        if flushed := _intra_op_threads(flushing=True):  # (what a later run in this process computes with)
+            log.info(
+                "trainer.flush_denormal=true: %d of torch's intra-op threads started during the run and keep flushing "
+                "denormals to zero for the rest of this process",
+                flushed,
+            )
+
+
+_TINY = sys.float_info.min / 2  # a denormal double
+_GRAIN = 32768  # elements per intra-op thread at least (torch's at::internal::GRAIN_SIZE)
+
+
+def _intra_op_threads(flushing: bool) -> int:
+    """How many of torch's other intra-op threads flush denormals (`flushing`), or do not: each
+    multiplies its share of denormals by one. 0 with one thread (nothing is asked)."""
+    threads = torch.get_num_threads()
+    if threads < 2:
+        return 0
+    # fp32's largest denormal by its bits (a float fill would be flushed in a flushing thread already)
+    denormals = torch.full((threads * _GRAIN,), 0x007FFFFF, dtype=torch.int32).view(torch.float32)
+    kept = int((denormals * 1.0).count_nonzero())
+    count = kept if not flushing else denormals.numel() - kept
+    return min(-(-count // _GRAIN), threads - 1)  # (this thread's share excluded: it is the one set)
+
+
+def flushing_denormals() -> bool:
+    """Whether this thread's CPU flushes denormals to zero (torch has no getter).
+
+    Returns:
+        True when a denormal times one reads as zero here (MXCSR's DAZ or FTZ bit, which
+            ``torch.set_flush_denormal`` sets).
+    """
+    one = 1.0
+    return _TINY * one == 0.0
 
 
 def rng_states() -> dict[str, Any]:

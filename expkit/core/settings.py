@@ -35,6 +35,7 @@ class TrainerSettings:
     compile: bool = False  # torch.compile the model's forward (in place: state_dict keys unchanged)
     channels_last: bool = False  # model and 4-D inputs in channels-last memory format (faster convolutions)
     cudnn_benchmark: bool = True  # on CUDA, let cuDNN pick the fastest kernels (off when deterministic)
+    flush_denormal: bool = False  # on the CPU, denormal floats read and written as zero (faster; last bits differ)
     strategy: str = "ddp"  # under torchrun: ddp (every rank holds the whole model) | fsdp (FSDP2, sharded)
     fsdp_blocks: list[str] | None = None  # fsdp: module class names sharded one by one; None: the model's default
     fsdp_param_dtype: str | None = None  # fsdp: dtype the gathered parameters compute in (bf16 | 32); None: their own
@@ -75,7 +76,7 @@ class TrainerSettings:
         ):
             raise ConfigError(f"trainer.clip_grad_norm must be a positive number or null, got {self.clip_grad_norm!r}")
 
-        for key in ("deterministic", "compile", "channels_last", "cudnn_benchmark"):
+        for key in ("deterministic", "compile", "channels_last", "cudnn_benchmark", "flush_denormal"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"trainer.{key} must be true or false, got {getattr(self, key)!r}")
         if self.strategy not in ("ddp", "fsdp"):

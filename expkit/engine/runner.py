@@ -367,9 +367,13 @@ class Runner:
             log.info("Hooks: %s", ", ".join(self.hook_names()))
         # room for result.json and provenance.json however full the disk gets during the run
         reserve = atomic.SpaceReserve(self.work_dir / ".result.reserve") if self.is_main else None
-        benchmark = self.settings.cudnn_benchmark and self.device.type == "cuda"
+        settings = (
+            self.settings.deterministic,
+            self.settings.cudnn_benchmark and self.device.type == "cuda",  # (cuDNN's benchmark mode)
+            self.settings.flush_denormal,
+        )
         recorded: Callable[[], dict[str, Any]] = dict
-        with algorithm_settings(self.settings.deterministic, benchmark), stop_on_signals(self):
+        with algorithm_settings(*settings), stop_on_signals(self):
             try:
                 try:
                     # git's process runs while before_run, the probe and a resume do (read after them)

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, toy_runner
+from conftest import REPO, run_cli, toy_runner
 from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader, TensorDataset
 
 from expkit import Hook, Runner, TrainerSettings, default_hooks
 from expkit.core.errors import ConfigError
+from expkit.core.rng import algorithm_settings, flushing_denormals
 from expkit.core.stages import Priority
 from expkit.data import DigitsData, SeededRandomSampler
 from expkit.hooks import EMAHook, LoggerHook
@@ -127,9 +128,84 @@ def test_training_reads_nothing_back_from_the_device_between_log_lines(tmp_path)
 
 
 def test_settings_reject_non_booleans():
-    for key in ("compile", "channels_last", "cudnn_benchmark", "deterministic"):
+    for key in ("compile", "channels_last", "cudnn_benchmark", "deterministic", "flush_denormal"):
         with pytest.raises(ConfigError, match=rf"trainer\.{key} must be true or false, got 'yes'"):
             TrainerSettings(**{key: "yes"})
+
+
+DENORMAL = 1e-39  # below fp32's smallest normal, 1.18e-38
+
+
+class DenormalSeen(Hook):
+    """Records, at every training iteration, whether a denormal survives a multiplication by one."""
+
+    def __init__(self) -> None:
+        self.kept: list[bool] = []
+
+    def after_train_iter(self, runner, batch_idx, data_batch, outputs):
+        self.kept.append(bool((torch.full((64,), DENORMAL) * 1.0).ne(0).all()))
+
+
+def test_flush_denormal_flushes_during_the_run_and_is_put_back(tmp_path):
+    assert not flushing_denormals() and (torch.full((64,), DENORMAL) * 1.0).ne(0).all()
+    seen = DenormalSeen()
+    toy_runner(tmp_path / "on", hooks={"seen": seen}, flush_denormal=True, max_iters=4).run()
+    assert seen.kept == [False] * 4  # flushed to zero in every iteration
+    assert not flushing_denormals() and (torch.full((64,), DENORMAL) * 1.0).ne(0).all()  # put back
+    plain = DenormalSeen()
+    toy_runner(tmp_path / "off", hooks={"seen": plain}, max_iters=4).run()
+    assert plain.kept == [True] * 4  # the default computes on denormals
+
+
+def test_flush_denormal_leaves_a_callers_own_flushing_on():
+    torch.set_flush_denormal(True)
+    try:
+        with algorithm_settings(False, False, flush_denormal=True):
+            assert flushing_denormals()
+        assert flushing_denormals()  # the caller turned it on: still on
+    finally:
+        torch.set_flush_denormal(False)
+    assert not flushing_denormals()
+
+
+THREADS_SCRIPT = """
+import logging, sys, numpy, torch
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+from expkit.core.rng import flush_denormals
+torch.set_num_threads(2)
+if sys.argv[1] == "before":
+    torch.ones(1 << 20) * 2  # starts the intra-op thread
+# fp32's largest denormal by its bits, made by NumPy: no torch op before the context but the "before" one
+denormals = torch.from_numpy(numpy.full(1 << 20, 0x007FFFFF, dtype=numpy.int32)).view(torch.float32)
+with flush_denormals(True):
+    print("inside", int((denormals * 1.0).count_nonzero()))
+print("after", int((denormals * 1.0).count_nonzero()))
+"""
+
+
+@pytest.mark.parametrize("pool", ["before", "inside"])
+def test_flush_denormal_says_which_intra_op_threads_it_cannot_reach(pool):
+    out = subprocess.run(
+        [sys.executable, "-c", THREADS_SCRIPT, pool], capture_output=True, text=True, timeout=120, check=True
+    )
+    counts = dict(line.split() for line in out.stdout.splitlines())
+    if pool == "before":  # the thread started before keeps its half of the denormals; warned
+        assert counts == {"inside": str(1 << 19), "after": str(1 << 20)}, out
+        assert "WARNING trainer.flush_denormal=true: 1 of torch's 2 intra-op threads started before it" in out.stderr
+    else:  # started inside: it flushes, and goes on flushing after (said at info level)
+        assert counts == {"inside": "0", "after": str(1 << 19)}, out
+        assert "WARNING" not in out.stderr, out.stderr
+        assert "INFO trainer.flush_denormal=true: 1 of torch's intra-op threads started during the run" in out.stderr
+
+
+def test_train_flushes_before_building_so_every_intra_op_thread_does(tmp_path):
+    proc = run_cli(
+        f"hydra.run.dir={tmp_path}", "trainer.flush_denormal=true", "trainer.max_epochs=1", env={"OMP_NUM_THREADS": "2"}
+    )
+    assert proc.returncode == 0, proc.output
+    assert "started before it" not in proc.output  # the data's and the model's first ops came after
+    bad = run_cli(f"hydra.run.dir={tmp_path / 'bad'}", "trainer.flush_denormal=yes")
+    assert bad.returncode == 2 and "trainer.flush_denormal must be true or false, got 'yes'" in bad.output, bad.output
 
 
 class AccumulatorMarks(Hook):
@@ -385,6 +461,19 @@ def test_other_benchmarks_run(script, label):
     assert values and all(math.isfinite(v) and v >= 0 for v in values), out
     if script == "benchmarks/peers.py":  # its last line: the verdict, marked as not the promise's run
         assert re.search(r"^(within|over|undecided): expkit .*--quick", out.strip().splitlines()[-1]), out
+
+
+@pytest.mark.slow
+def test_the_denormal_benchmark_sees_denormals_only_where_nothing_flushes_them():
+    out = _bench("benchmarks/denormals.py", "--quick")
+    rows = dict(re.findall(r"^\| ([a-z_=, ]+?) \| (.*) \|$", out, re.MULTILINE))
+    rows.pop("variant")  # (the header)
+    assert set(rows) == {"raw loop", "raw loop, flushing", "expkit", "expkit, flush_denormal=true"}, out
+    cells = {name: [c.strip() for c in row.split("|")] for name, row in rows.items()}
+    assert int(cells["raw loop"][4]) > 0 and cells["expkit"][4] == cells["raw loop"][4], out  # the same training
+    assert cells["raw loop, flushing"][4] == cells["expkit, flush_denormal=true"][4] == "0", out
+    assert len({c[5] for c in cells.values()}) == 1, out  # val/acc alike
+    assert all(math.isfinite(float(v)) and float(v) > 0 for c in cells.values() for v in c[:4]), out
 
 
 @pytest.mark.slow
