@@ -2,13 +2,15 @@
 
 The peer workload of peers.py (MLP on digits, SGD with momentum 0.9, one thread), 40 epochs.
 A ReLU unit that stops firing gets zero gradients, and its momentum buffer's entries shrink by
-0.9 a step: after some 800 steps they pass through fp32's denormal range (below 1.2e-38) on
-their way to zero, and an x86 CPU computes on denormals through a slow microcode path. The
+0.9 a step: after some 800 steps they reach fp32's denormal range (below 1.2e-38) and stay in it
+(0.9 times a few units of the last place rounds back to the same few), and an x86 CPU computes
+on denormals through a slow microcode path. The
 weights and the loss are the same either way; only the time moves. Four variants, each in its
 own process, rounds interleaved (``_table.round_order``): the raw loop, the raw loop with
 ``torch.set_flush_denormal(True)``, expkit, expkit with ``flush_denormal=True``. Prints, per
 variant, the median epoch time of the first five and of the last five epochs, the whole run
-(min and median), the denormal entries left in the momentum buffers at the end, and val/acc.
+(min and median), the denormal entries left in the momentum buffers at the end, and val/acc;
+then expkit's excess over the raw loop, paired by round, without flushing and with it on both.
 
     python benchmarks/denormals.py [--rounds 3] [--epochs 40] [--quick]
 
@@ -110,6 +112,19 @@ def main() -> None:
         print(
             f"| {name} | {first:.1f} | {last:.1f} | {min(seconds):.3f} | {statistics.median(seconds):.3f} "
             f"| {' '.join(sorted(denormals))} | {' '.join(sorted(accuracy))} |"
+        )
+    print()
+    for plain, framework, label in (
+        ("raw loop", "expkit", "without flushing"),
+        ("raw loop, flushing", "expkit, flush_denormal=true", "both flushing"),
+    ):
+        pairs = [
+            (float(e["RESULT"].split()[0]), float(r["RESULT"].split()[0])) for r, e in zip(runs[plain], runs[framework])
+        ]
+        excess = [(e - r) * 1e3 for e, r in pairs]
+        print(
+            f"expkit over the raw loop, {label}, paired by round: {statistics.median(excess):+.1f} ms median "
+            f"({min(excess):+.1f} to {max(excess):+.1f}), {statistics.median(e / r for e, r in pairs):.3f}x"
         )
 
 

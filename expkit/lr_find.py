@@ -19,6 +19,7 @@ the loss is averaged over the ranks and rank 0 writes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -262,6 +263,16 @@ def _test_config(cfg: DictConfig) -> DictConfig:
 
 
 def _lr_find(cfg: DictConfig) -> None:
+    from expkit.core.rng import flush_denormals
+
+    flush = OmegaConf.select(cfg, "trainer.flush_denormal") is True  # (any other value: TrainerSettings names it)
+    with (
+        flush_denormals(True) if flush else contextlib.nullcontext()
+    ):  # before the model's first op starts torch's threads
+        _range_test(cfg)
+
+
+def _range_test(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from expkit.checkpoint import run_checkpoint

@@ -83,64 +83,78 @@ def algorithm_settings(deterministic: bool, cudnn_benchmark: bool, flush_denorma
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1:]
 
 
+# torch's intra-op threads flush denormals since a run with trainer.flush_denormal=true started them
+# (a thread keeps the floating-point state it started with): a later run in this process is told
+_left_flushing: set[str] = set()  # {"threads"} once it happened
+
+
 @contextlib.contextmanager
 def flush_denormals(on: bool) -> Iterator[None]:
     """``trainer.flush_denormal``: with `on`, the CPU reads and writes denormal floats as zero
-    (``torch.set_flush_denormal``) until the context ends, in this thread and the threads it starts
-    meanwhile (a thread copies its creator's floating-point state when it starts, and keeps its
-    own after). So torch's intra-op threads started before keep computing on denormals, and those
-    started meanwhile keep flushing after it, for the rest of the process: a warning says so
-    (a warning, an info line after; ``python -m expkit.train`` enters this before it builds anything). Already on (the
-    caller's own): left on.
+    (``torch.set_flush_denormal``) until the context ends, in this thread and the threads started
+    while it is on. A thread takes its creator's floating-point state when it starts and keeps
+    it: torch's intra-op threads started before keep computing on denormals (a warning), and
+    those started meanwhile go on flushing after it (an info line; a later run in this process
+    without the setting gets a warning). ``python -m expkit.train`` and ``expkit.lr_find`` enter
+    this before they build anything. Already on (the caller's own): left on.
 
     Args:
-        on: flush; False does nothing.
+        on: flush; False only warns when an earlier run left torch's threads flushing.
 
     Yields:
         None, with denormals flushed when `on`.
     """
-    if not on or flushing_denormals():
+    if not on:
+        if _left_flushing:
+            log.warning(
+                "trainer.flush_denormal=false, but torch's intra-op threads started during an earlier run in this "
+                "process with trainer.flush_denormal=true still flush denormals to zero, and compute part of this "
+                "run; to keep them apart, run each job in its own process (e.g. hydra/launcher=submitit_local)"
+            )
+        yield
+        return
+    if flushing_denormals():
         yield
         return
     if not torch.set_flush_denormal(True):
-        log.warning("trainer.flush_denormal=true: this CPU cannot flush denormals (no SSE3); the run goes on without")
+        log.warning("trainer.flush_denormal=true: torch cannot flush denormals on this CPU; the run goes on without")
         yield
         return
     try:
-        if unflushed := _intra_op_threads(flushing=False):
+        if kept := _intra_op_share(flushing=False):
             log.warning(
-                "trainer.flush_denormal=true: %d of torch's %d intra-op threads started before it and keep computing "
-                "on denormals; call torch.set_flush_denormal(True) before the first large torch operation "
-                "(python -m expkit.train does so before building the model)",
-                unflushed,
-                torch.get_num_threads(),
+                "trainer.flush_denormal=true: torch's intra-op threads started before it (by a large torch operation "
+                "earlier in this process) keep computing on denormals, %.0f%% of a parallel operation's work; "
+                "python -m expkit.train and expkit.lr_find set it before building anything, and a script can call "
+                "torch.set_flush_denormal(True) first",
+                100 * kept,
             )
         yield
     finally:
         torch.set_flush_denormal(False)
-        if flushed := _intra_op_threads(flushing=True):  # (what a later run in this process computes with)
+        if _intra_op_share(flushing=True):
+            _left_flushing.add("threads")
             log.info(
-                "trainer.flush_denormal=true: %d of torch's intra-op threads started during the run and keep flushing "
-                "denormals to zero for the rest of this process",
-                flushed,
+                "trainer.flush_denormal=true: torch's intra-op threads started during the run go on flushing "
+                "denormals in this process"
             )
 
 
 _TINY = sys.float_info.min / 2  # a denormal double
-_GRAIN = 32768  # elements per intra-op thread at least (torch's at::internal::GRAIN_SIZE)
+_GRAIN = 32768  # elements a parallel op gives each intra-op thread at least (torch's at::internal::GRAIN_SIZE)
 
 
-def _intra_op_threads(flushing: bool) -> int:
-    """How many of torch's other intra-op threads flush denormals (`flushing`), or do not: each
-    multiplies its share of denormals by one. 0 with one thread (nothing is asked)."""
+def _intra_op_share(flushing: bool) -> float:
+    """The share of a parallel operation's elements that torch's threads flush (`flushing`) or
+    keep: a denormal for each thread's share at least, times one. 0.0 with one thread (nothing is
+    asked); the calling thread's own share counts, so ask after setting it the other way."""
     threads = torch.get_num_threads()
     if threads < 2:
-        return 0
+        return 0.0
     # fp32's largest denormal by its bits (a float fill would be flushed in a flushing thread already)
     denormals = torch.full((threads * _GRAIN,), 0x007FFFFF, dtype=torch.int32).view(torch.float32)
-    kept = int((denormals * 1.0).count_nonzero())
-    count = kept if not flushing else denormals.numel() - kept
-    return min(-(-count // _GRAIN), threads - 1)  # (this thread's share excluded: it is the one set)
+    kept = int((denormals * 1.0).count_nonzero()) / denormals.numel()
+    return 1.0 - kept if flushing else kept
 
 
 def flushing_denormals() -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import subprocess
 import xml.etree.ElementTree as ET
 
@@ -110,3 +111,17 @@ def test_the_suggestion_is_the_steepest_descent_of_the_smoothed_loss():
     assert suggest(lrs[:5], losses[:5], skip_begin=2)[1].startswith("no suggestion: 5 points")
     rising, reason = suggest(lrs, sorted(losses), skip_begin=2)
     assert rising is None and reason.startswith("no suggestion: the smoothed loss never fell")
+
+
+def test_flush_denormal_is_set_before_the_model_is_built(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "KMP_", "MKL_", "GOMP_"))}
+    proc = run_module(
+        "expkit.lr_find",
+        f"hydra.run.dir={tmp_path}",
+        "lr_find.iters=20",
+        "trainer.flush_denormal=true",
+        env={**env, "OMP_NUM_THREADS": "2"},
+    )
+    assert proc.returncode == 0, proc.output
+    assert "started before it" not in proc.output  # the data's and the model's first ops came after
+    assert "intra-op threads started during the run go on flushing" in proc.output  # (a thread ran, and flushed)
