@@ -265,10 +265,9 @@ def _test_config(cfg: DictConfig) -> DictConfig:
 def _lr_find(cfg: DictConfig) -> None:
     from expkit.core.rng import flush_denormals
 
-    flush = OmegaConf.select(cfg, "trainer.flush_denormal") is True  # (any other value: TrainerSettings names it)
-    with (
-        flush_denormals(True) if flush else contextlib.nullcontext()
-    ):  # before the model's first op starts torch's threads
+    # set before the model's first op starts torch's threads (any value but true: TrainerSettings names it)
+    flush = OmegaConf.select(cfg, "trainer.flush_denormal") is True
+    with flush_denormals(True) if flush else contextlib.nullcontext():
         _range_test(cfg)
 
 
