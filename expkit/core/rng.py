@@ -105,11 +105,13 @@ def flush_denormals(on: bool) -> Iterator[None]:
         None, with denormals flushed when `on`.
     """
     if not on:
-        if _left_flushing:
+        if _left_flushing and (flushed := _intra_op_share(flushing=True)):  # (asked only after a flushing run)
             log.warning(
                 "trainer.flush_denormal=false, but torch's intra-op threads started during an earlier run in this "
-                "process with trainer.flush_denormal=true still flush denormals to zero, and compute part of this "
-                "run; to keep them apart, run each job in its own process (e.g. hydra/launcher=submitit_local)"
+                "process with trainer.flush_denormal=true still flush denormals to zero, %.0f%% of a parallel "
+                "operation's work; to keep them apart, run each job in its own process (e.g. "
+                "hydra/launcher=submitit_local)",
+                100 * flushed,
             )
         yield
         return
@@ -125,8 +127,9 @@ def flush_denormals(on: bool) -> Iterator[None]:
             log.warning(
                 "trainer.flush_denormal=true: torch's intra-op threads started before it (by a large torch operation "
                 "earlier in this process) keep computing on denormals, %.0f%% of a parallel operation's work; "
-                "python -m expkit.train and expkit.lr_find set it before building anything, and a script can call "
-                "torch.set_flush_denormal(True) first",
+                "python -m expkit.train and expkit.lr_find set it before building anything, a script can call "
+                "torch.set_flush_denormal(True) first, and a sweep's jobs that share a process keep it apart only "
+                "in a process each (e.g. hydra/launcher=submitit_local)",
                 100 * kept,
             )
         yield
@@ -135,7 +138,7 @@ def flush_denormals(on: bool) -> Iterator[None]:
         if _intra_op_share(flushing=True):
             _left_flushing.add("threads")
             log.info(
-                "trainer.flush_denormal=true: torch's intra-op threads started during the run go on flushing "
+                "trainer.flush_denormal=true: torch's intra-op threads started while it was on go on flushing "
                 "denormals in this process"
             )
 

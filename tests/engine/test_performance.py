@@ -206,16 +206,17 @@ def test_flush_denormal_says_which_intra_op_threads_it_cannot_reach(pool):
     else:  # started inside: it flushes, goes on flushing after (info), and the later run is warned
         assert counts == {"inside": "0", "after": str(1 << 19)}, out
         assert "started before it" not in log, log
-        assert "INFO trainer.flush_denormal=true: torch's intra-op threads started during the run go on" in log, log
+        assert "INFO trainer.flush_denormal=true: torch's intra-op threads started while it was on go on" in log, log
         assert "WARNING trainer.flush_denormal=false, but torch's intra-op threads started during an earlier" in log
 
 
 def test_train_flushes_before_building_so_every_intra_op_thread_does(tmp_path):
-    env = {**CLEAN_ENV, "OMP_NUM_THREADS": "2"}
+    # (run_cli adds the caller's environment: OpenMP's settings that limit the threads are set here)
+    env = {"OMP_NUM_THREADS": "2", "OMP_THREAD_LIMIT": "2", "OMP_DYNAMIC": "false"}
     proc = run_cli(f"hydra.run.dir={tmp_path}", "trainer.flush_denormal=true", "trainer.max_epochs=1", env=env)
     assert proc.returncode == 0, proc.output
     assert "started before it" not in proc.output  # the data's and the model's first ops came after
-    assert "intra-op threads started during the run go on flushing" in proc.output  # (a thread ran, and flushed)
+    assert "intra-op threads started while it was on go on flushing" in proc.output  # (a thread flushes)
     bad = run_cli(f"hydra.run.dir={tmp_path / 'bad'}", "trainer.flush_denormal=yes")
     assert bad.returncode == 2 and "trainer.flush_denormal must be true or false, got 'yes'" in bad.output, bad.output
 
