@@ -24,7 +24,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from _table import round_order
+from _table import ratios, round_order
 from peers import EXPKIT, RAW, run_tagged
 
 # counts the momentum buffers' denormal entries (nonzero, below fp32's smallest normal)
@@ -100,17 +100,17 @@ def main() -> None:
         "| denormals in the momentum at the end | val/acc |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
+    seconds = {name: [float(run["RESULT"].split()[0]) for run in runs[name]] for name in names}
     for name in names:
         epoch_ms = [[float(t) * 1e3 for t in run["EPOCHS"].split()] for run in runs[name]]
         if any(len(e) != epochs for e in epoch_ms):
             raise RuntimeError(f"{name}: {[len(e) for e in epoch_ms]} epochs stamped, not {epochs}")
         first = statistics.median(t for e in epoch_ms for t in e[:5])
         last = statistics.median(t for e in epoch_ms for t in e[-5:])
-        seconds = [float(run["RESULT"].split()[0]) for run in runs[name]]
         denormals = {run["DENORMALS"] for run in runs[name]}
         accuracy = {f"{float(run['RESULT'].split()[1]):.4f}" for run in runs[name]}
         print(
-            f"| {name} | {first:.1f} | {last:.1f} | {min(seconds):.3f} | {statistics.median(seconds):.3f} "
+            f"| {name} | {first:.1f} | {last:.1f} | {min(seconds[name]):.3f} | {statistics.median(seconds[name]):.3f} "
             f"| {' '.join(sorted(denormals))} | {' '.join(sorted(accuracy))} |"
         )
     print()
@@ -118,13 +118,11 @@ def main() -> None:
         ("raw loop", "expkit", "without flushing"),
         ("raw loop, flushing", "expkit, flush_denormal=true", "both flushing"),
     ):
-        pairs = [
-            (float(e["RESULT"].split()[0]), float(r["RESULT"].split()[0])) for r, e in zip(runs[plain], runs[framework])
-        ]
-        excess = [(e - r) * 1e3 for e, r in pairs]
+        excess = [(e - r) * 1e3 for e, r in zip(seconds[framework], seconds[plain])]
+        paired = ratios(seconds[framework], seconds[plain])[2]
         print(
             f"expkit over the raw loop, {label}, paired by round: {statistics.median(excess):+.1f} ms median "
-            f"({min(excess):+.1f} to {max(excess):+.1f}), {statistics.median(e / r for e, r in pairs):.3f}x"
+            f"({min(excess):+.1f} to {max(excess):+.1f}), {paired:.3f}x"
         )
 
 
