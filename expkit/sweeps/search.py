@@ -34,6 +34,7 @@ __all__ = [
     "current_trial",
     "database_url",
     "job_env",
+    "join_search",
     "live_workers",
     "objective_values",
     "objectives_of",
@@ -203,6 +204,40 @@ def live_workers(sweep_dir: Path) -> int:
 
     workers = Path(sweep_dir) / WORKERS
     return sum(live_owner(d) is not None for d in workers.iterdir()) if workers.is_dir() else 0
+
+
+def join_search(sweep_dir: Path, worker: str, command: str) -> tuple[Any, int]:
+    """Make this process one more worker of the Optuna search in `sweep_dir`: count the live
+    workers and take the lock of its own dir under .workers/, as one step. Two workers started
+    together would otherwise both count none before either holds its lock, take the same
+    ordinal, seed their samplers alike and draw the same trials; a short flock on
+    ``.workers/.join`` makes each count see the workers that joined before it.
+
+    Args:
+        sweep_dir: the sweep directory.
+        worker: this worker's dir name under ``<sweep_dir>/.workers`` (unique: host, pid, token).
+        command: the command recorded as the lock's owner.
+
+    Returns:
+        The held ``WorkDirLock`` (the caller releases it) and the number of live workers that joined
+        before this one (its ordinal).
+    """
+    import fcntl
+
+    from expkit.workdir.ownership import WorkDirLock
+
+    workers = Path(sweep_dir) / WORKERS
+    workers.mkdir(parents=True, exist_ok=True)
+    fd = os.open(workers / ".join", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # (held for a count and a lock: milliseconds)
+        except OSError:  # a filesystem without locks: counts may race, as before
+            pass
+        peers = live_workers(sweep_dir)
+        return WorkDirLock(workers / worker, command).acquire(), peers
+    finally:
+        os.close(fd)  # drops the flock
 
 
 def open_storage(spec: str) -> Any:

@@ -38,7 +38,7 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from expkit.core.errors import TaskExit
-from expkit.sweeps.search import OBJECTIVES, WORKERS, StorageUnreachable, live_workers, open_storage
+from expkit.sweeps.search import OBJECTIVES, StorageUnreachable, join_search, open_storage
 from hydra_plugins.expkit_sweeper import sampler_configs  # noqa: F401 (registers hydra/sweeper/sampler)
 from hydra_plugins.expkit_sweeper._optuna_ledger import BINDING, LEDGER, Ledger, bind_sweep_dir
 from hydra_plugins.expkit_sweeper._optuna_results import TrialResults
@@ -219,7 +219,6 @@ class OptunaSweeper(SearchSettings, SearchSpace, TrialSlots, TrialResults, Sweep
 
     def sweep(self, arguments: list[str]) -> None:
         from expkit.sweeps.sweep_jobs import launch
-        from expkit.workdir.ownership import WorkDirLock
 
         assert self.config is not None and self.launcher is not None
         check_seed_keys(self.config)
@@ -228,8 +227,7 @@ class OptunaSweeper(SearchSettings, SearchSpace, TrialSlots, TrialResults, Sweep
         # again, here or on another host that shares the dir) may join it: each holds the lock of
         # its own dir under .workers/, so a trial whose worker is gone is told from a running one
         self.worker = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-        self.peers = live_workers(sweep_dir)  # (before this one: its ordinal among the live workers)
-        owned = WorkDirLock(sweep_dir / WORKERS / self.worker, "python -m expkit.train (Optuna worker)").acquire()
+        owned, self.peers = join_search(sweep_dir, self.worker, "python -m expkit.train (Optuna worker)")
         try:
             with (
                 launch(self.n_trials * self.seeds_per_trial, sweep_dir),

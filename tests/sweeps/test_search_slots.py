@@ -221,3 +221,38 @@ def test_bad_storages_and_a_second_search_on_one_study_stop_before_training(tmp_
     assert "study 'one'" in other.output and "optim.lr: CategoricalDistribution" in other.output
     assert "optim.lr: FloatDistribution" in other.output  # both spaces named
     assert not (tmp_path / "b" / "0").exists()
+
+
+def test_workers_that_join_a_search_together_take_different_ordinals(tmp_path):
+    """Each worker counts the workers before it and takes its own lock as one step, under a
+    flock on .workers/.join: two started at once cannot both count none (their samplers would be
+    seeded alike and draw the same trials). While another process holds the flock, a join
+    waits; once it is free, the two joins take ordinals 0 and 1."""
+    import fcntl
+    import threading
+
+    from expkit.sweeps.search import WORKERS, join_search, live_workers
+
+    (tmp_path / WORKERS).mkdir()
+    gate = os.open(tmp_path / WORKERS / ".join", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(gate, fcntl.LOCK_EX)
+    joined: dict[str, tuple] = {}
+
+    def join(name: str) -> None:
+        joined[name] = join_search(tmp_path, name, "test")
+
+    threads = [threading.Thread(target=join, args=(f"w{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    assert not joined, "a worker joined while another held .workers/.join"
+    os.close(gate)  # (frees the flock)
+    for t in threads:
+        t.join(10)
+    try:
+        assert sorted(peers for _, peers in joined.values()) == [0, 1]
+        assert live_workers(tmp_path) == 2  # (the .join file is not counted as a worker)
+    finally:
+        for lock, _ in joined.values():
+            lock.release()
+    assert live_workers(tmp_path) == 0
