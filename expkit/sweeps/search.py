@@ -10,6 +10,7 @@ dir's ``optuna.journal``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -207,11 +208,14 @@ def live_workers(sweep_dir: Path) -> int:
 
 
 def join_search(sweep_dir: Path, worker: str, command: str) -> tuple[Any, int]:
-    """Make this process one more worker of the Optuna search in `sweep_dir`: count the live
-    workers and take the lock of its own dir under .workers/, as one step. Two workers started
-    together would otherwise both count none before either holds its lock, take the same
-    ordinal, seed their samplers alike and draw the same trials; a short flock on
-    ``.workers/.join`` makes each count see the workers that joined before it.
+    """Make this process one more worker of the Optuna search in `sweep_dir`: take its place
+    (the count of workers that joined the sweep dir before it) and the lock of its own dir
+    under .workers/. The place seeds the worker's sampler apart from the others'. Counting the
+    live workers instead raced: two workers started together both counted none before either
+    held its lock, took the same place and drew the same trials. The count is kept in
+    ``.workers/.join`` and read and raised under a flock of that file, which holds across hosts
+    where the file system honours flock (a local disk, NFS); the file is read again under the
+    lock, where a directory's listing can come from a client's cache.
 
     Args:
         sweep_dir: the sweep directory.
@@ -219,25 +223,39 @@ def join_search(sweep_dir: Path, worker: str, command: str) -> tuple[Any, int]:
         command: the command recorded as the lock's owner.
 
     Returns:
-        The held ``WorkDirLock`` (the caller releases it) and the number of live workers that joined
-        before this one (its ordinal).
+        The held ``WorkDirLock`` (the caller releases it) and this worker's place: 0 for the first
+        worker of the sweep dir, then 1, 2, ..., never given twice. Where the count cannot be
+        locked or written (a file system without locks, another user's file), a random place from
+        1 to 2**31 (apart from the others, but not the same in a repeated search).
     """
     import fcntl
+    import secrets
 
     from expkit.workdir.ownership import WorkDirLock
 
     workers = Path(sweep_dir) / WORKERS
     workers.mkdir(parents=True, exist_ok=True)
-    fd = os.open(workers / ".join", os.O_RDWR | os.O_CREAT, 0o644)
+    place = None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # (held for a count and a lock: milliseconds)
-        except OSError:  # a filesystem without locks: counts may race, as before
-            pass
-        peers = live_workers(sweep_dir)
-        return WorkDirLock(workers / worker, command).acquire(), peers
+        fd = os.open(workers / ".join", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        fd = None
+    try:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)  # (held for a read, a write and a lock: milliseconds)
+                text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+                joined = int(text) if text.isdigit() else 0
+                data = str(joined + 1).encode()
+                os.pwrite(fd, data, 0)
+                os.ftruncate(fd, len(data))
+                place = joined  # (only once recorded: a place not written could be given again)
+        if place is None:
+            place = 1 + secrets.randbelow(2**31)
+        return WorkDirLock(workers / worker, command).acquire(), place
     finally:
-        os.close(fd)  # drops the flock
+        if fd is not None:
+            os.close(fd)  # drops the flock
 
 
 def open_storage(spec: str) -> Any:

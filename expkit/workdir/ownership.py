@@ -193,6 +193,23 @@ def why_stale(
     return f"its heartbeat is {age:.0f} s old" if age > stale_after else None
 
 
+def _flock_exclusive(fd: int, tries: int = 6) -> None:
+    """An exclusive flock of `fd`, not waiting for a holder: ``live_owner`` probes a lock with a
+    shared flock for a few microseconds (a sweep's status, another worker's count), and an owner
+    starting at that moment would be told the dir is busy, so a refused flock is tried again
+    for about 60 ms before BlockingIOError says a process holds it."""
+    import fcntl
+
+    for i in range(tries):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if i == tries - 1:
+                raise
+            time.sleep(0.002 * 2**i)
+
+
 class WorkDirLock:
     """``with WorkDirLock(work_dir, command):`` owns the dir or raises WorkDirBusy.
 
@@ -226,11 +243,9 @@ class WorkDirLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            import fcntl
-
             locked = True
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _flock_exclusive(fd)
             except BlockingIOError:  # a live process holds it
                 raise self._busy(_read(fd)) from None
             except OSError:  # a filesystem without locks: the file alone decides

@@ -198,7 +198,7 @@ class OptunaSweeper(SearchSettings, SearchSpace, TrialSlots, TrialResults, Sweep
         self.in_process = False
         self.checked: set[tuple[str, str]] | None = None  # the choices composed jobs have held (None: no job yet)
         self.worker = ""  # this worker's name under <sweep dir>/.workers/ (set when the sweep starts)
-        self.peers = 0  # workers of this search already running when this one started
+        self.place = 0  # this worker's place among the workers that joined the sweep dir (0: the first)
         self.exhausted = False  # a GridSampler's grid is gone through: no trial is asked for after it
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -227,7 +227,7 @@ class OptunaSweeper(SearchSettings, SearchSpace, TrialSlots, TrialResults, Sweep
         # again, here or on another host that shares the dir) may join it: each holds the lock of
         # its own dir under .workers/, so a trial whose worker is gone is told from a running one
         self.worker = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-        owned, self.peers = join_search(sweep_dir, self.worker, "python -m expkit.train (Optuna worker)")
+        owned, self.place = join_search(sweep_dir, self.worker, "python -m expkit.train (Optuna worker)")
         try:
             with (
                 launch(self.n_trials * self.seeds_per_trial, sweep_dir),
@@ -302,23 +302,26 @@ class OptunaSweeper(SearchSettings, SearchSpace, TrialSlots, TrialResults, Sweep
     def _continued(self, study: Any, sampler: Any, build: Any) -> Any:
         """The sampler for a study that already holds trials: a seeded sampler built again with
         its seed would draw the earlier trials' parameters again (a resumed search, or a new
-        sweep dir on the same storage, repeated them); it is seeded from (seed, trials so far)
-        instead, so that a continued search is reproducible and explores."""
+        sweep dir on the same storage, repeated them); it is seeded from (seed, trials so far,
+        the worker's place in the sweep dir) instead, so that a continued search is reproducible
+        and explores, and workers that run together draw different trials."""
         done = len(study.get_trials(deepcopy=False))
         spec = OmegaConf.select(self.config, "hydra.sweeper.sampler")  # (self.sampler_cfg: built by Hydra)
         seed = spec.get("seed") if isinstance(spec, DictConfig) and "_target_" in spec else None
-        peers = self.peers  # workers of this search already running: each draws its own trials
-        if (not done and not peers) or seed is None:  # a fresh study, or a sampler seeded by the OS: nothing repeats
+        place = self.place  # a worker that joined others draws its own trials
+        if (not done and not place) or seed is None:  # a fresh study, or a sampler seeded by the OS: nothing repeats
             return sampler
         import numpy as np
 
-        derived = int(np.random.SeedSequence([int(seed), done, *([peers] if peers else [])]).generate_state(1)[0])
+        derived = int(np.random.SeedSequence([int(seed), done, *([place] if place else [])]).generate_state(1)[0])
         log.info(
-            "Optuna: the study holds %d trials; the sampler continues with seed %d (from seed %s and %d)",
+            "Optuna: the study holds %d trials; the sampler continues with seed %d (from seed %s, %d trials "
+            "and worker place %d)",
             done,
             derived,
             seed,
             done,
+            place,
         )
         return build({**OmegaConf.to_container(spec, resolve=True), "seed": derived})  # type: ignore[dict-item]
 

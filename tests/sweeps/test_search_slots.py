@@ -223,11 +223,12 @@ def test_bad_storages_and_a_second_search_on_one_study_stop_before_training(tmp_
     assert not (tmp_path / "b" / "0").exists()
 
 
-def test_workers_that_join_a_search_together_take_different_ordinals(tmp_path):
-    """Each worker counts the workers before it and takes its own lock as one step, under a
-    flock on .workers/.join: two started at once cannot both count none (their samplers would be
-    seeded alike and draw the same trials). While another process holds the flock, a join
-    waits; once it is free, the two joins take ordinals 0 and 1."""
+def test_workers_that_join_a_search_together_take_different_places(tmp_path):
+    """A worker's place (what seeds its sampler apart from the others') is the count of workers
+    that joined the sweep dir before it, read and raised under a flock of .workers/.join: two
+    started at once cannot both take place 0 (their samplers would be seeded alike and draw the
+    same trials). While another process holds the flock, a join waits; then the two joins take
+    places 0 and 1, and a worker joining after both have left takes 2, never a place given."""
     import fcntl
     import threading
 
@@ -236,23 +237,34 @@ def test_workers_that_join_a_search_together_take_different_ordinals(tmp_path):
     (tmp_path / WORKERS).mkdir()
     gate = os.open(tmp_path / WORKERS / ".join", os.O_RDWR | os.O_CREAT)
     fcntl.flock(gate, fcntl.LOCK_EX)
-    joined: dict[str, tuple] = {}
+    joined: dict[str, object] = {}
 
     def join(name: str) -> None:
-        joined[name] = join_search(tmp_path, name, "test")
+        try:
+            joined[name] = join_search(tmp_path, name, "test")
+        except BaseException as exc:  # (told to the test, not lost in the thread)
+            joined[name] = exc
 
-    threads = [threading.Thread(target=join, args=(f"w{i}",)) for i in range(2)]
-    for t in threads:
-        t.start()
-    time.sleep(0.3)
-    assert not joined, "a worker joined while another held .workers/.join"
-    os.close(gate)  # (frees the flock)
+    threads = [threading.Thread(target=join, args=(f"w{i}",), daemon=True) for i in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        assert not joined, "a worker joined while another held .workers/.join"
+    finally:
+        os.close(gate)  # (frees the flock)
     for t in threads:
         t.join(10)
+    held = [v for v in joined.values() if isinstance(v, tuple)]
     try:
-        assert sorted(peers for _, peers in joined.values()) == [0, 1]
+        assert not any(t.is_alive() for t in threads), "a join still waits with the flock free"
+        assert len(held) == 2, joined
+        assert sorted(place for _, place in held) == [0, 1]
         assert live_workers(tmp_path) == 2  # (the .join file is not counted as a worker)
     finally:
-        for lock, _ in joined.values():
+        for lock, _ in held:
             lock.release()
     assert live_workers(tmp_path) == 0
+    lock, place = join_search(tmp_path, "w2", "test")
+    lock.release()
+    assert place == 2

@@ -71,6 +71,24 @@ def test_a_lock_file_without_a_live_owner_is_taken_over_and_a_live_one_refuses(t
         WorkDirLock(work, heartbeat=0).acquire()
 
 
+def test_an_owner_starting_while_a_probe_looks_at_its_lock_is_not_told_it_is_busy(tmp_path):
+    """live_owner probes a lock with a shared flock for microseconds (a sweep's status, a
+    worker counting the others); an owner whose acquire lands then waits for the probe, while a
+    real holder still refuses it."""
+    import fcntl
+    import threading
+
+    work = tmp_path / "run"
+    work.mkdir()
+    probe = os.open(work / LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(probe, fcntl.LOCK_SH)  # (a probe caught in the middle)
+    threading.Timer(0.01, os.close, (probe,)).start()  # (it lets go 10 ms later)
+    with WorkDirLock(work, heartbeat=0) as lock:
+        assert lock.took_over is None
+        with pytest.raises(WorkDirBusy, match=f"pid {os.getpid()}"):
+            WorkDirLock(work, heartbeat=0).acquire()
+
+
 def test_the_lock_is_held_while_the_owner_lives_and_dropped_when_it_is_killed(tmp_path):
     holder = subprocess.Popen(
         [
