@@ -207,15 +207,17 @@ def live_workers(sweep_dir: Path) -> int:
     return sum(live_owner(d) is not None for d in workers.iterdir()) if workers.is_dir() else 0
 
 
-def join_search(sweep_dir: Path, worker: str, command: str) -> tuple[Any, int]:
-    """Make this process one more worker of the Optuna search in `sweep_dir`: take its place
-    (the count of workers that joined the sweep dir before it) and the lock of its own dir
-    under .workers/. The place seeds the worker's sampler apart from the others'. Counting the
-    live workers instead raced: two workers started together both counted none before either
-    held its lock, took the same place and drew the same trials. The count is kept in
-    ``.workers/.join`` and read and raised under a flock of that file, which holds across hosts
-    where the file system honours flock (a local disk, NFS); the file is read again under the
-    lock, where a directory's listing can come from a client's cache.
+PLACE = ".place-{}"  # <sweep dir>/.workers/.place-<k>: flocked by the worker in place k while it runs
+
+
+def join_search(sweep_dir: Path, worker: str, command: str) -> tuple[contextlib.ExitStack, int]:
+    """Make this process one more worker of the Optuna search in `sweep_dir`: take the lowest
+    free place and the lock of its own dir under .workers/. The place seeds the worker's sampler
+    apart from the others'. A place is the flock of ``.workers/.place-<k>``, held while the
+    worker runs: two workers started at once cannot both take place 0 (counting the live
+    workers raced: both counted none before either held its lock, seeded their samplers alike
+    and drew the same trials), a worker alone always takes 0 (a resumed search seeds as before),
+    and no directory listing is read (an NFS client may cache one).
 
     Args:
         sweep_dir: the sweep directory.
@@ -223,39 +225,41 @@ def join_search(sweep_dir: Path, worker: str, command: str) -> tuple[Any, int]:
         command: the command recorded as the lock's owner.
 
     Returns:
-        The held ``WorkDirLock`` (the caller releases it) and this worker's place: 0 for the first
-        worker of the sweep dir, then 1, 2, ..., never given twice. Where the count cannot be
-        locked or written (a file system without locks, another user's file), a random place from
-        1 to 2**31 (apart from the others, but not the same in a repeated search).
+        What this worker holds (closing it releases its lock, then its place) and its place: 0,
+        1, ..., the lowest that no running worker holds. Where the file system has no flock, the
+        number of live workers (0 for a worker alone; workers started at the same moment may
+        then share a place).
     """
     import fcntl
-    import secrets
 
     from expkit.workdir.ownership import WorkDirLock
 
     workers = Path(sweep_dir) / WORKERS
     workers.mkdir(parents=True, exist_ok=True)
-    place = None
+    held = contextlib.ExitStack()
     try:
-        fd = os.open(workers / ".join", os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:
-        fd = None
-    try:
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(fd, fcntl.LOCK_EX)  # (held for a read, a write and a lock: milliseconds)
-                text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-                joined = int(text) if text.isdigit() else 0
-                data = str(joined + 1).encode()
-                os.pwrite(fd, data, 0)
-                os.ftruncate(fd, len(data))
-                place = joined  # (only once recorded: a place not written could be given again)
+        place = None
+        for k in range(1024):
+            fd = os.open(workers / PLACE.format(k), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # a running worker's place
+                os.close(fd)
+                continue
+            except OSError:  # no flock here
+                os.close(fd)
+                break
+            held.callback(os.close, fd)  # (closing drops the flock)
+            place = k
+            break
         if place is None:
-            place = 1 + secrets.randbelow(2**31)
-        return WorkDirLock(workers / worker, command).acquire(), place
-    finally:
-        if fd is not None:
-            os.close(fd)  # drops the flock
+            place = live_workers(sweep_dir)
+        lock = WorkDirLock(workers / worker, command).acquire()
+        held.callback(lock.release)
+    except BaseException:
+        held.close()
+        raise
+    return held, place
 
 
 def open_storage(spec: str) -> Any:

@@ -193,21 +193,26 @@ def why_stale(
     return f"its heartbeat is {age:.0f} s old" if age > stale_after else None
 
 
-def _flock_exclusive(fd: int, tries: int = 6) -> None:
-    """An exclusive flock of `fd`, not waiting for a holder: ``live_owner`` probes a lock with a
-    shared flock for a few microseconds (a sweep's status, another worker's count), and an owner
-    starting at that moment would be told the dir is busy, so a refused flock is tried again
-    for about 60 ms before BlockingIOError says a process holds it."""
+def _flock_exclusive(fd: int, wait_s: float = 1.0) -> None:
+    """An exclusive flock of `fd`, not waiting for an owner: a refused flock whose file records a
+    live owner raises BlockingIOError at once. Otherwise the holder is a probe: ``live_owner``
+    takes a shared flock while it reads the record (microseconds here; longer over NFS or when
+    the prober is descheduled on a loaded machine), and an owner starting then would be told
+    the dir is busy; so the flock is tried again for up to `wait_s` seconds."""
     import fcntl
 
-    for i in range(tries):
+    deadline = time.monotonic() + wait_s
+    pause = 0.002
+    while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
-            if i == tries - 1:
-                raise
-            time.sleep(0.002 * 2**i)
+            owner = _read(fd)
+            if (owner and why_stale(owner) is None) or time.monotonic() >= deadline:
+                raise  # (a live owner, or an owner starting that has not written its record yet)
+            time.sleep(pause)
+            pause = min(2 * pause, 0.1)
 
 
 class WorkDirLock:

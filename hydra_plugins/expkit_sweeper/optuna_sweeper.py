@@ -198,7 +198,7 @@ class OptunaSweeper(SearchSettings, SearchSpace, TrialSlots, TrialResults, Sweep
         self.in_process = False
         self.checked: set[tuple[str, str]] | None = None  # the choices composed jobs have held (None: no job yet)
         self.worker = ""  # this worker's name under <sweep dir>/.workers/ (set when the sweep starts)
-        self.place = 0  # this worker's place among the workers that joined the sweep dir (0: the first)
+        self.place = 0  # the lowest place under <sweep dir>/.workers/ no other running worker held (0: alone)
         self.exhausted = False  # a GridSampler's grid is gone through: no trial is asked for after it
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -241,7 +241,7 @@ class OptunaSweeper(SearchSettings, SearchSpace, TrialSlots, TrialResults, Sweep
             log.error("Error: %s. This worker stops; once the storage answers, continue with resume=true", exc)
             raise TaskExit(1) from None
         finally:
-            owned.release()
+            owned.close()
 
     def _open_and_search(self, arguments: list[str], sweep_dir: Path) -> None:
         import optuna

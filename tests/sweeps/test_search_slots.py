@@ -224,19 +224,26 @@ def test_bad_storages_and_a_second_search_on_one_study_stop_before_training(tmp_
 
 
 def test_workers_that_join_a_search_together_take_different_places(tmp_path):
-    """A worker's place (what seeds its sampler apart from the others') is the count of workers
-    that joined the sweep dir before it, read and raised under a flock of .workers/.join: two
-    started at once cannot both take place 0 (their samplers would be seeded alike and draw the
-    same trials). While another process holds the flock, a join waits; then the two joins take
-    places 0 and 1, and a worker joining after both have left takes 2, never a place given."""
+    """A worker's place (what seeds its sampler apart from the others') is the lowest
+    .workers/.place-<k> that no running worker holds a flock of. A worker that has taken its
+    place but not yet its lock (the moment two workers started together used to both count
+    none, seed their samplers alike and draw the same trials) still keeps the next from place 0;
+    workers that run together hold different places, and a worker alone takes 0 again."""
     import fcntl
     import threading
 
-    from expkit.sweeps.search import WORKERS, join_search, live_workers
+    from expkit.sweeps.search import PLACE, WORKERS, join_search, live_workers
 
     (tmp_path / WORKERS).mkdir()
-    gate = os.open(tmp_path / WORKERS / ".join", os.O_RDWR | os.O_CREAT)
-    fcntl.flock(gate, fcntl.LOCK_EX)
+    first = os.open(tmp_path / WORKERS / PLACE.format(0), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(first, fcntl.LOCK_EX)  # (a worker in place 0, its lock not taken yet)
+        assert live_workers(tmp_path) == 0
+        held, place = join_search(tmp_path, "w1", "test")
+        held.close()
+        assert place == 1
+    finally:
+        os.close(first)
     joined: dict[str, object] = {}
 
     def join(name: str) -> None:
@@ -245,26 +252,20 @@ def test_workers_that_join_a_search_together_take_different_places(tmp_path):
         except BaseException as exc:  # (told to the test, not lost in the thread)
             joined[name] = exc
 
-    threads = [threading.Thread(target=join, args=(f"w{i}",), daemon=True) for i in range(2)]
-    try:
-        for t in threads:
-            t.start()
-        time.sleep(0.3)
-        assert not joined, "a worker joined while another held .workers/.join"
-    finally:
-        os.close(gate)  # (frees the flock)
+    threads = [threading.Thread(target=join, args=(f"w{i}",), daemon=True) for i in range(3)]
+    for t in threads:
+        t.start()
     for t in threads:
         t.join(10)
     held = [v for v in joined.values() if isinstance(v, tuple)]
     try:
-        assert not any(t.is_alive() for t in threads), "a join still waits with the flock free"
-        assert len(held) == 2, joined
-        assert sorted(place for _, place in held) == [0, 1]
-        assert live_workers(tmp_path) == 2  # (the .join file is not counted as a worker)
+        assert len(held) == 3, joined
+        assert sorted(place for _, place in held) == [0, 1, 2]
+        assert live_workers(tmp_path) == 3  # (the place files are not counted as workers)
     finally:
-        for lock, _ in held:
-            lock.release()
+        for stack, _ in held:
+            stack.close()
     assert live_workers(tmp_path) == 0
-    lock, place = join_search(tmp_path, "w2", "test")
-    lock.release()
-    assert place == 2
+    held, place = join_search(tmp_path, "w4", "test")
+    held.close()
+    assert place == 0  # (alone: a resumed search seeds its sampler as the first worker did)

@@ -82,7 +82,7 @@ def test_an_owner_starting_while_a_probe_looks_at_its_lock_is_not_told_it_is_bus
     work.mkdir()
     probe = os.open(work / LOCK_FILE, os.O_RDWR | os.O_CREAT)
     fcntl.flock(probe, fcntl.LOCK_SH)  # (a probe caught in the middle)
-    threading.Timer(0.01, os.close, (probe,)).start()  # (it lets go 10 ms later)
+    threading.Timer(0.1, os.close, (probe,)).start()  # (it lets go 100 ms later: descheduled, say)
     with WorkDirLock(work, heartbeat=0) as lock:
         assert lock.took_over is None
         with pytest.raises(WorkDirBusy, match=f"pid {os.getpid()}"):
