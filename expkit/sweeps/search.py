@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "JOURNAL_SUFFIXES",
     "OBJECTIVES",
+    "PLACE",
     "STORAGE_WAIT_S",
     "TRIAL_ENV",
     "UNREACHABLE",
