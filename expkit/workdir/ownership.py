@@ -193,12 +193,13 @@ def why_stale(
     return f"its heartbeat is {age:.0f} s old" if age > stale_after else None
 
 
-def _flock_exclusive(fd: int, wait_s: float = 1.0) -> None:
+def _flock_exclusive(fd: int, stale_after: float, wait_s: float = 1.0) -> None:
     """An exclusive flock of `fd`, not waiting for an owner: a refused flock whose file records a
-    live owner raises BlockingIOError at once. Otherwise the holder is a probe: ``live_owner``
-    takes a shared flock while it reads the record (microseconds here; longer over NFS or when
-    the prober is descheduled on a loaded machine), and an owner starting then would be told
-    the dir is busy; so the flock is tried again for up to `wait_s` seconds."""
+    live owner (by ``why_stale`` with the lock's `stale_after`) raises BlockingIOError at once.
+    Otherwise the holder is a probe: ``live_owner`` takes a shared flock while it reads the
+    record (microseconds here; longer over NFS or when the prober is descheduled on a loaded
+    machine), and an owner starting then would be told the dir is busy; so the flock is tried
+    again for up to `wait_s` seconds."""
     import fcntl
 
     deadline = time.monotonic() + wait_s
@@ -209,8 +210,8 @@ def _flock_exclusive(fd: int, wait_s: float = 1.0) -> None:
             return
         except BlockingIOError:
             owner = _read(fd)
-            if (owner and why_stale(owner) is None) or time.monotonic() >= deadline:
-                raise  # (a live owner, or an owner starting that has not written its record yet)
+            if (owner and why_stale(owner, stale_after=stale_after) is None) or time.monotonic() >= deadline:
+                raise  # (a live owner; or, past the wait, an owner that has not written its record yet)
             time.sleep(pause)
             pause = min(2 * pause, 0.1)
 
@@ -250,7 +251,7 @@ class WorkDirLock:
         try:
             locked = True
             try:
-                _flock_exclusive(fd)
+                _flock_exclusive(fd, self.stale_after)
             except BlockingIOError:  # a live process holds it
                 raise self._busy(_read(fd)) from None
             except OSError:  # a filesystem without locks: the file alone decides
