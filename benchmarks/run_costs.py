@@ -11,7 +11,13 @@ median over the rounds, in milliseconds per run.
 ``--iterations`` times the training iterations one by one instead (no timers around the pieces):
 both sides get the same loader, each batch request stamped, and the table gives expkit's excess at
 each place in the epoch (the median over the rounds, averaged over the epochs after the first),
-the logging steps apart: whether the gap is in every iteration or in a few.
+the logging steps apart: whether the gap is in every iteration or in a few. The same stamps split
+the whole run alike on both sides, with nothing of either side's own code named: the start (the
+run's start to the first batch request), the first epoch's iterations, the later epochs'
+iterations, the time between epochs (from the end of an epoch's last iteration to the next
+epoch's first batch request: validation, checkpoint, epoch hooks, a new loader iterator) and the
+end (from the last iteration to the run's end), each with the median of the rounds' paired
+differences.
 
     python benchmarks/run_costs.py [--rounds 5] [--iterations] [--quick]
 """
@@ -19,6 +25,7 @@ the logging steps apart: whether the gap is in every iteration or in a few.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import tempfile
@@ -103,22 +110,51 @@ def make_net():"""
 
 
 def _stamped(code: str) -> str:
+    # the run's own start and end (both sides name its start `start` and report right after the run)
     return code.replace("def make_net():", STAMPED, 1).replace(
-        "\nreport(", "\nprint('STAMPS ' + json.dumps(train.stamps))\nreport(", 1
+        "\nreport(",
+        "\n_end = time.perf_counter()\nprint('STAMPS ' + json.dumps({'run': [start, _end], 'batches': train.stamps}))"
+        "\nreport(",
+        1,
     )
 
 
+RUN_PIECES = (
+    "start: to the first batch request",
+    "epoch 1: its iterations",
+    "epochs 2-n: their iterations",
+    "between epochs: validation, checkpoint, hooks",
+    "end: after the last iteration",
+    "whole run",
+)
+
+
+def run_pieces(run: dict[str, list]) -> list[float]:
+    """The seconds of each of ``RUN_PIECES`` in one run's stamps."""
+    (begin, end), epochs = run["run"], run["batches"]
+    return [
+        epochs[0][0] - begin,
+        epochs[0][-1] - epochs[0][0],
+        sum(e[-1] - e[0] for e in epochs[1:]),
+        sum(later[0] - earlier[-1] for earlier, later in itertools.pairwise(epochs)),
+        end - epochs[-1][-1],
+        end - begin,
+    ]
+
+
 def iterations(rounds: int, epochs: int) -> None:
-    """Expkit's excess over the raw loop at each place of the epoch's training iterations."""
+    """Expkit's excess over the raw loop at each place of the epoch's training iterations, and the
+    whole run split by the same stamps."""
     sides = {"raw loop": _stamped(RAW), "expkit": _stamped(EXPKIT)}
-    stamps: dict[str, list[list[list[float]]]] = {name: [] for name in sides}
+    runs: dict[str, list[dict[str, list]]] = {name: [] for name in sides}
     with tempfile.TemporaryDirectory() as tmp_name:
         for code in sides.values():  # not counted: writes the byte-code caches
             run_tagged(code, 1, Path(tmp_name), ("RESULT", "STAMPS"), keep=False)
         for r in range(rounds):
             for name in round_order(list(sides), r):
                 lines = run_tagged(sides[name], epochs, Path(tmp_name), ("RESULT", "STAMPS"), keep=False)
-                stamps[name].append(json.loads(lines["STAMPS"]))
+                runs[name].append(json.loads(lines["STAMPS"]))
+    stamps = {name: [run["batches"] for run in runs[name]] for name in sides}
 
     def per_place(name: str) -> list[float]:
         """Each place's iteration time in us: the median over the rounds, the mean over epochs 2..n."""
@@ -145,6 +181,17 @@ def iterations(rounds: int, epochs: int) -> None:
     )
     print("excess at the logging steps: " + ", ".join(f"place {i + 1} {excess[i]:+.1f} us" for i in logging))
     print("every place: " + " ".join(f"{e:+.0f}" for e in excess))
+    pieces = {name: [run_pieces(run) for run in runs[name]] for name in sides}
+    print(
+        "\nthe whole run by the same stamps, ms a run: median (min) over the rounds, and the median of the paired differences"
+    )
+    print(f"| {'piece':<46} | {'raw loop':>16} | {'expkit':>16} | {'expkit - raw, paired':>20} |")
+    print("|---|---:|---:|---:|")
+    for i, label in enumerate(RUN_PIECES):
+        mine, theirs = ([p[i] * 1e3 for p in pieces[name]] for name in ("expkit", "raw loop"))
+        paired = statistics.median(m - t for m, t in zip(mine, theirs))
+        cells = [f"{statistics.median(v):7.1f} ({min(v):6.1f})" for v in (theirs, mine)]
+        print(f"| {label:<46} | {cells[0]:>16} | {cells[1]:>16} | {paired:>+20.1f} |")
 
 
 def run_once(code: str, epochs: int, tmp: Path) -> tuple[float, dict[str, float]]:

@@ -497,6 +497,19 @@ def test_run_costs_times_every_training_iteration_of_both_sides():
     assert all(math.isfinite(float(v)) for v in places.group(1).split()), out
     times = re.search(r"raw loop: (\d+) us an iteration; expkit: (\d+) us", out)
     assert times and all(100 < int(t) < 100_000 for t in times.groups()), out
+    # the whole run split by the same stamps: one round, so each side's pieces add up to its run
+    rows = re.findall(
+        r"^\| ([a-z0-9 :,-]+?) +\| +([\d.]+) \( *[\d.]+\) \| +([\d.]+) \( *[\d.]+\) \| +([-+][\d.]+) \|$",
+        out,
+        re.MULTILINE,
+    )
+    pieces = {label: (float(raw), float(ours), float(diff)) for label, raw, ours, diff in rows}
+    assert len(pieces) == 6 and "whole run" in pieces, out
+    whole = pieces.pop("whole run")
+    for side in (0, 1):
+        assert all(p[side] >= 0 for p in pieces.values()), out
+        assert sum(p[side] for p in pieces.values()) == pytest.approx(whole[side], abs=0.3), out
+    assert whole[2] == pytest.approx(whole[1] - whole[0], abs=0.15), out
 
 
 def test_the_paired_ratio_is_the_median_of_each_rounds_own_ratio(monkeypatch):
