@@ -151,8 +151,12 @@ def hand_written(work_dir: Path, w: Workload, ema: bool, checkpoints: bool = Tru
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            if ema_params is not None:
-                torch._foreach_lerp_(ema_params, [p.detach() for p in params], 0.01)
+            if ema_params is not None:  # EMAHook's (MMEngine's) rule: the first step copies, the later ones average
+                live = [p.detach() for p in params]
+                if step == 0:
+                    torch._foreach_copy_(ema_params, live)
+                else:
+                    torch._foreach_lerp_(ema_params, live, 0.01)
             step += 1
             losses.append(loss.detach())
             if (i + 1) % 10 == 0 or i + 1 == len(train):

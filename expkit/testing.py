@@ -111,8 +111,8 @@ def toy_runner(
         metrics: the run's metrics, as the Runner takes them; None: the Runner's default (``acc``).
         monitor: the monitored metric key (the Runner's ``monitor``); None: the Runner's default.
         model: the model to train; None: a new ``toy_model()``.
-        **settings: ``TrainerSettings`` fields (``device`` and ``seed`` are set here), and
-            ``resume`` and ``load_from``, which go to the Runner.
+        **settings: ``TrainerSettings`` fields (``seed`` is set here; ``device`` is ``cpu`` unless
+            given), and ``resume`` and ``load_from``, which go to the Runner.
 
     Returns:
         The Runner, ready to ``run()``.
@@ -126,13 +126,14 @@ def toy_runner(
     if default_hooks is None:  # the six defaults, without drawing curves.svg in every test
         default_hooks = _make_default_hooks(logger=LoggerHook(plot=False))
     settings.setdefault("max_epochs", 2)
+    settings.setdefault("device", "cpu")
     return Runner(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
         train_loader=train,
         val_loader=val,
         test_loader=test,
-        settings=TrainerSettings(device="cpu", seed=seed, **settings),
+        settings=TrainerSettings(seed=seed, **settings),
         work_dir=work_dir,
         hooks=hooks,
         default_hooks=default_hooks,

@@ -41,13 +41,18 @@ log = logging.getLogger("expkit")
 T = TypeVar("T")
 
 
-def state_checkpoint(runner: Runner, save_optimizer: bool = True, save_scheduler: bool = True) -> dict[str, Any]:
+def state_checkpoint(
+    runner: Runner, save_optimizer: bool = True, save_scheduler: bool = True, *, weights_on_host: bool = True
+) -> dict[str, Any]:
     """Everything needed to continue this run exactly.
 
     Args:
         runner: the run whose state is saved.
         save_optimizer: include the optimizers' state (a sharded run's shards hold it instead).
         save_scheduler: include the schedulers' state.
+        weights_on_host: copy the weights to the CPU now; False leaves them on their device, for a
+            save whose writer stages every tensor to host memory itself (``async_save``: on a GPU the
+            copies are queued on a staging stream, and the loop does not wait for them).
 
     Returns:
         ``meta`` (counters, metrics, world size, samples of the epoch trained on, seed, time, work dir),
@@ -72,7 +77,8 @@ def state_checkpoint(runner: Runner, save_optimizer: bool = True, save_scheduler
     named = r.named_optimizers
     if not r.sharded:  # (sharded: weights and optimizer state go to the shards, see save_checkpoint)
         # (detached already; a CPU tensor as it is: .cpu() would be a no-op dispatched per tensor, 1-3 us each)
-        checkpoint["state_dict"] = {k: v if v.is_cpu else v.cpu() for k, v in r.model.state_dict().items()}
+        weights = r.model.state_dict()
+        checkpoint["state_dict"] = {k: v if v.is_cpu or not weights_on_host else v.cpu() for k, v in weights.items()}
         if save_optimizer and r.optimizers:
             if named:
                 checkpoint["optimizers"] = {name: opt.state_dict() for name, opt in r.optimizers.items()}
@@ -149,7 +155,11 @@ def save_checkpoint(
     kind = "best" if is_best else "regular"
     if writer is not None:  # one save of a kind in flight: its host buffers are reused for this one
         writer.wait(kind, position=r.position, why=f"saving {path.name}")
-    checkpoint = state_checkpoint(r, save_optimizer, save_scheduler) if r.is_main else {}
+    # with a writer the weights stay on their device: its staging copies them without stopping the loop
+    # (a synchronous .cpu() here would wait for the GPU and for a copy to pageable memory)
+    checkpoint = (
+        state_checkpoint(r, save_optimizer, save_scheduler, weights_on_host=writer is None) if r.is_main else {}
+    )
     if r.is_main:
         r.call_hook(Stage.BEFORE_SAVE_CHECKPOINT, checkpoint=checkpoint)
 

@@ -163,7 +163,7 @@ class TrainLoop:
         scaled = r.scaler is not None
         self.forward = self._phased("forward", self.step, autocast=r.autocasts)
         self.backward = self._phased("backward", self.optimizers.backward if scaled else torch.Tensor.backward)
-        step = self._optimizer_step if scaled else functools.partial(self.optimizers.step, self.only_optimizer)
+        step = self._scaled_step() if scaled else functools.partial(self.optimizers.step, self.only_optimizer)
         self.optimizer_step = self._phased("optimizer", step)
         # the common iteration, called in place (each Python frame costs 1-3 us an iteration among
         # the kernels' cache misses): one optimizer, one batch a step, no clipping or scaler, not
@@ -191,10 +191,19 @@ class TrainLoop:
 
         return phased
 
-    def _optimizer_step(self) -> None:
-        """With a scaler (fp16): clip, step through the scaler, zero_grad, update the scale."""
-        self.optimizers.step(self.only_optimizer)
-        self.runner.scaler.update()  # type: ignore[union-attr]
+    def _scaled_step(self) -> Callable[[], None]:
+        """With a scaler (fp16): clip, step through the scaler, zero_grad, update the scale. A
+        function that does not hold the loop: a method of the loop kept on it would make a cycle
+        that keeps the Runner (its model, optimizer state and loader workers) after the run until
+        the garbage collector's next pass."""
+        optimizers, only, scaler = self.optimizers, self.only_optimizer, self.runner.scaler
+        assert scaler is not None
+
+        def step() -> None:
+            optimizers.step(only)
+            scaler.update()
+
+        return step
 
     def done(self) -> bool:
         """Whether training ends after this iteration: a stop request (agreed by every rank) or
@@ -481,9 +490,18 @@ class EvalLoop:
         self.eval_step = self.step = runner.eval_step
         self.idle: Container[str] = ()
 
-    def _step_in_autocast(self, batch: Any) -> dict[str, Any]:
-        with self.runner.autocast():
-            return self.eval_step(batch)
+    @staticmethod
+    def _in_autocast(eval_step: Callable[[Any], dict[str, Any]], runner: Runner) -> Callable[[Any], dict[str, Any]]:
+        """`eval_step` in the precision's autocast; a function that does not hold the loop (a method
+        of the loop kept on it would make a cycle that keeps the Runner until the garbage collector's
+        next pass)."""
+        autocast = runner.autocast
+
+        def step(batch: Any) -> dict[str, Any]:
+            with autocast():
+                return eval_step(batch)
+
+        return step
 
     def run(self) -> dict[str, float]:
         r, stages = self.runner, self.stages
@@ -516,7 +534,7 @@ class EvalLoop:
         self.idle = r.hook_table.idle if not r.instrumented else ()
         # a before_val hook may have swapped the model (EMA weights): its step is looked up now
         self.eval_step = r.eval_step_function()
-        self.step = self._step_in_autocast if r.autocasts else self.eval_step
+        self.step = self._in_autocast(self.eval_step, r) if r.autocasts else self.eval_step
         with torch.no_grad():
             missing = self._missing_forwards(loader) if r.sharded and is_distributed() else 0
             data_batch = None

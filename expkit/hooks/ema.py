@@ -154,8 +154,17 @@ class EMAHook(Hook):
         self.steps = int(state.get("steps", 0))
 
     def before_save_checkpoint(self, runner: Runner, *, checkpoint: dict[str, Any]) -> None:
+        # The average where the weights are, copied at most once: on the host for a synchronous save
+        # (a CPU tensor as it is: the file is written before the next step changes it), and on the
+        # GPU when async_save's writer stages every tensor to host memory itself (on a staging stream:
+        # a .cpu() here would be a synchronous copy the loop waits for). A sharded save's weights are
+        # in its shards: the average goes to the host as before.
         ema = self._ensure_ema()
-        checkpoint["ema_state_dict"] = {n: t.detach().cpu().clone() for n, t in zip(self._names, ema)}
+        weight = next(iter(checkpoint.get("state_dict", {}).values()), None)
+        on_device = weight is not None and not weight.is_cpu
+        checkpoint["ema_state_dict"] = {
+            n: t.detach() if t.is_cpu or on_device else t.detach().cpu() for n, t in zip(self._names, ema)
+        }
 
     def after_load_checkpoint(self, runner: Runner, *, checkpoint: dict[str, Any]) -> None:
         if runner.load_purpose in ("resume", "test") and "ema_state_dict" in checkpoint:

@@ -429,6 +429,46 @@ def test_gpu_async_save_stages_on_its_own_stream_and_saves_the_weights_as_they_w
     assert all(torch.equal(state[k].cpu(), expected[k] + 1.0) for k in expected)
 
 
+@cuda
+def test_gpu_async_save_leaves_the_training_thread_without_a_host_sync(tmp_path):
+    """With async_save the loop waits for nothing on the GPU: the weights and the EMA's average stay
+    on the device until the writer's staging copies them (a .cpu() before would be a synchronous
+    copy to pageable memory, as long as the model is large)."""
+    from expkit.checkpoint.async_writer import BackgroundWriter
+    from expkit.checkpoint.run_checkpoint import state_checkpoint
+    from expkit.core.stages import Stage
+
+    train, val, _ = DigitsData(batch_size=32).loaders()
+    torch.manual_seed(0)
+    model = CNN(1, 8, 10)
+    runner = Runner(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        train_loader=train,
+        val_loader=val,
+        work_dir=tmp_path,
+        settings=TrainerSettings(device="cuda", max_epochs=1),
+        hooks={"ema": EMAHook(momentum=0.05)},
+        default_hooks=default_hooks(logger=LoggerHook(plot=False)),
+    )
+    runner.run()  # (the EMA's average made, the model on the GPU)
+    writer = BackgroundWriter()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:  # what an async save does on the training thread: the state, the hooks' additions, the staging
+        checkpoint = state_checkpoint(runner, weights_on_host=False)
+        runner.call_hook(Stage.BEFORE_SAVE_CHECKPOINT, checkpoint=checkpoint)
+        staged = writer.stage(checkpoint, "regular", complete=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(t.is_cuda for t in checkpoint["state_dict"].values())
+    assert all(t.is_cuda for t in checkpoint["ema_state_dict"].values())
+    torch.cuda.synchronize()
+    assert all(t.is_pinned() for t in staged["state_dict"].values())
+    for name, tensor in runner.model.state_dict().items():
+        assert torch.equal(staged["state_dict"][name], tensor.cpu())
+
+
 # -- the benchmark scripts, quick mode ------------------------------------------------------
 def _bench(*args: str) -> str:
     out = subprocess.run(

@@ -479,3 +479,33 @@ def test_a_runner_that_dispatches_hooks_its_own_way_gets_every_iteration_stage(t
     assert calls.count("after_train_iter") == 1  # 2 iterations, the second a logging step (the epoch's last)
     with pytest.raises(HookError, match=r"in Failing.after_train_iter: ValueError: third iteration"):
         toy_runner(tmp_path / "d", hooks=[Failing()], max_epochs=2).run()
+
+
+@pytest.mark.parametrize(
+    "precision",
+    [
+        "32",
+        "bf16",  # the evaluation's step in autocast
+        pytest.param("16", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 needs a CUDA GPU")),
+    ],
+)
+def test_a_finished_runner_is_freed_without_the_garbage_collector(tmp_path, precision):
+    """Nothing of a run makes a reference cycle through the Runner: dropped, it goes at once, with its
+    model, optimizer state and loader workers, not at the collector's next pass (a sweep's next job in
+    the same process, on a GPU, would otherwise find the last one's memory still held)."""
+    import gc
+    import weakref
+
+    from expkit.hooks import EMAHook
+
+    device = "cuda" if precision == "16" else "cpu"
+    runner = toy_runner(tmp_path, hooks={"ema": EMAHook()}, max_epochs=1, precision=precision, device=device)
+    freed = weakref.ref(runner)
+    gc.collect()
+    gc.disable()  # for the whole run: a cycle made at any point (an evaluation's loop) stays uncollected
+    try:
+        runner.run()
+        del runner
+        assert freed() is None
+    finally:
+        gc.enable()

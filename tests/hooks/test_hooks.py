@@ -347,6 +347,34 @@ def test_ema_follows_the_formula_and_validation_uses_it(tmp_path):
     torch.testing.assert_close(checkpoint["state_dict"]["0.weight"], w2[0])  # raw under state_dict
 
 
+@pytest.mark.parametrize("async_save", [False, True])
+def test_ema_saves_its_average_as_it_was_at_the_save_without_copying_it_first(tmp_path, async_save):
+    """The average goes into the checkpoint as it is: a synchronous save writes it before the next
+    step changes it, and async_save stages it (a copy here would be a second one of the model, and
+    from a GPU a synchronous one)."""
+    ema = EMAHook(momentum=0.5)
+    at_save: list[dict[str, torch.Tensor]] = []
+    shared: list[bool] = []
+
+    class Spy(Hook):  # after EMA's before_save_checkpoint (NORMAL) and its averaging
+        priority = "LOWEST"
+
+        def before_save_checkpoint(self, runner, *, checkpoint):
+            average = checkpoint["ema_state_dict"]
+            shared.append(all(average[n].data_ptr() == t.data_ptr() for n, t in zip(ema._names, ema._ema)))
+            at_save.append({n: t.clone() for n, t in average.items()})
+
+    hooks = {"logger": LoggerHook(plot=False), "checkpoint": CheckpointHook(async_save=async_save)}
+    toy_runner(tmp_path, hooks={"ema": ema, "spy": Spy()}, default_hooks=hooks, max_epochs=2).run()
+    assert shared == [True, True]  # epochs 1 and 2: the average itself, no copy
+    for epoch, expected in zip((1, 2), at_save):  # epoch 1's file: as at its save, though training went on
+        saved = torch.load(tmp_path / "checkpoints" / f"epoch_{epoch}.pth", weights_only=True)["ema_state_dict"]
+        assert sorted(saved) == sorted(expected)
+        for name, value in expected.items():
+            torch.testing.assert_close(saved[name], value, rtol=0, atol=0)
+    assert not torch.equal(at_save[0][ema._names[0]], at_save[1][ema._names[0]])  # (the average moved)
+
+
 def test_ema_survives_resume(tmp_path):
     toy_runner(tmp_path / "a", hooks={"ema": EMAHook(momentum=0.3)}, max_epochs=4).run()
     toy_runner(tmp_path / "b", hooks={"ema": EMAHook(momentum=0.3)}, max_epochs=2).run()
