@@ -57,7 +57,8 @@ def state_checkpoint(
     Returns:
         ``meta`` (counters, metrics, world size, samples of the epoch trained on, seed, time, work dir),
             ``rng``, ``config`` and ``hooks``; unless the run is sharded, the weights (``state_dict``, on
-            the CPU) and with `save_optimizer` ``optimizer`` (or ``optimizers`` by name); with
+            the CPU unless `weights_on_host` is False) and with `save_optimizer` ``optimizer`` (or
+            ``optimizers`` by name, their state where the optimizer keeps it); with
             `save_scheduler` ``scheduler`` (or ``schedulers``); ``grad_scaler`` when the run has a scaler.
     """
     r = runner

@@ -160,8 +160,8 @@ class EMAHook(Hook):
         # a .cpu() here would be a synchronous copy the loop waits for). A sharded save's weights are
         # in its shards: the average goes to the host as before.
         ema = self._ensure_ema()
-        weight = next(iter(checkpoint.get("state_dict", {}).values()), None)
-        on_device = weight is not None and not weight.is_cpu
+        weights = checkpoint.get("state_dict", {}).values()
+        on_device = any(isinstance(v, torch.Tensor) and not v.is_cpu for v in weights)
         checkpoint["ema_state_dict"] = {
             n: t.detach() if t.is_cpu or on_device else t.detach().cpu() for n, t in zip(self._names, ema)
         }

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli, torchrun
+from conftest import run_cli, torchrun, toy_runner
 
 from expkit.checkpoint.async_writer import BackgroundWriter
 from expkit.core.errors import CheckpointWriteError
@@ -305,3 +305,27 @@ def test_ranks_agree_on_a_write_that_failed_on_one_of_them():
     assert found[0][:2] == (0, "CheckpointWriteError") and "rank 1" in found[0][2] and "disk full" in found[0][2]
     assert found[2] == (1, "OSError", "disk full")  # its own error, as it was
     assert (0, "none", "None") in found and (1, "none", "None") in found
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_an_async_save_leaves_the_weights_where_they_are_for_its_staging(tmp_path, monkeypatch, async_save):
+    """The staging copies every tensor to host memory (from a GPU on its own stream), so an async save
+    asks the run's state for its weights where they are; a synchronous save has them copied to the
+    CPU first, as before. (On a GPU, tests/engine/test_performance.py runs the whole save with no
+    host synchronisation.)"""
+    from expkit.checkpoint import run_checkpoint
+    from expkit.hooks import CheckpointHook, LoggerHook
+
+    asked: list[bool] = []
+    state_checkpoint = run_checkpoint.state_checkpoint
+
+    def spy(*args, weights_on_host=True, **kwargs):
+        asked.append(weights_on_host)
+        return state_checkpoint(*args, weights_on_host=weights_on_host, **kwargs)
+
+    monkeypatch.setattr(run_checkpoint, "state_checkpoint", spy)
+    hooks = {"logger": LoggerHook(plot=False), "checkpoint": CheckpointHook(async_save=async_save)}
+    toy_runner(tmp_path, default_hooks=hooks, max_epochs=2).run()
+    assert asked == [not async_save] * 2  # a save after each epoch
+    saved = torch.load(tmp_path / "checkpoints" / "epoch_2.pth", weights_only=True)
+    assert saved["meta"]["epoch"] == 2 and all(t.is_cpu for t in saved["state_dict"].values())

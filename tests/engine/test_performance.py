@@ -431,19 +431,23 @@ def test_gpu_async_save_stages_on_its_own_stream_and_saves_the_weights_as_they_w
 
 @cuda
 def test_gpu_async_save_leaves_the_training_thread_without_a_host_sync(tmp_path):
-    """With async_save the loop waits for nothing on the GPU: the weights and the EMA's average stay
-    on the device until the writer's staging copies them (a .cpu() before would be a synchronous
-    copy to pageable memory, as long as the model is large)."""
+    """With async_save the loop waits for nothing on the GPU: the weights, the optimizer state and the
+    EMA's average stay on the device until the writer's staging copies them on its own stream (a
+    .cpu() before would be a synchronous copy to pageable memory, as long as the model is large),
+    and the file holds them as they were at the save."""
     from expkit.checkpoint.async_writer import BackgroundWriter
-    from expkit.checkpoint.run_checkpoint import state_checkpoint
-    from expkit.core.stages import Stage
+    from expkit.checkpoint.run_checkpoint import save_checkpoint
+
+    class Held(BackgroundWriter):  # the write is held until the debug mode is off: its thread waits for the copies
+        def submit(self, write, then=None, *, kind="regular", position=None):
+            self.held = (write, kind)
 
     train, val, _ = DigitsData(batch_size=32).loaders()
     torch.manual_seed(0)
     model = CNN(1, 8, 10)
     runner = Runner(
         model=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),  # (state to stage: momentum)
         train_loader=train,
         val_loader=val,
         work_dir=tmp_path,
@@ -451,22 +455,28 @@ def test_gpu_async_save_leaves_the_training_thread_without_a_host_sync(tmp_path)
         hooks={"ema": EMAHook(momentum=0.05)},
         default_hooks=default_hooks(logger=LoggerHook(plot=False)),
     )
-    runner.run()  # (the EMA's average made, the model on the GPU)
-    writer = BackgroundWriter()
+    runner.run()  # (the EMA's average and the momentum made, the model on the GPU)
+    at_save = {k: v.detach().clone() for k, v in runner.model.state_dict().items()}
+    writer, path = Held(), tmp_path / "async.pth"
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
-    try:  # what an async save does on the training thread: the state, the hooks' additions, the staging
-        checkpoint = state_checkpoint(runner, weights_on_host=False)
-        runner.call_hook(Stage.BEFORE_SAVE_CHECKPOINT, checkpoint=checkpoint)
-        staged = writer.stage(checkpoint, "regular", complete=False)
+    try:  # an async save's part on the training thread: the state, the hooks' additions, the staging
+        save_checkpoint(runner, path, writer=writer)
+        with torch.no_grad():  # the next step, queued at once: the staged copy keeps the weights as they were
+            for parameter in runner.model.parameters():
+                parameter.add_(1.0)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert all(t.is_cuda for t in checkpoint["state_dict"].values())
-    assert all(t.is_cuda for t in checkpoint["ema_state_dict"].values())
-    torch.cuda.synchronize()
-    assert all(t.is_pinned() for t in staged["state_dict"].values())
-    for name, tensor in runner.model.state_dict().items():
-        assert torch.equal(staged["state_dict"][name], tensor.cpu())
+    write, kind = writer.held
+    BackgroundWriter.submit(writer, write, kind=kind)
+    writer.wait(kind)
+    saved = torch.load(path, weights_only=True)
+    assert sorted(saved["state_dict"]) == sorted(at_save)
+    assert all(torch.equal(saved["state_dict"][k], v.cpu()) for k, v in at_save.items())
+    assert sorted(saved["ema_state_dict"]) == sorted(n for n, _ in runner.model.named_parameters())
+    assert all(not t.is_cuda for t in saved["ema_state_dict"].values())  # staged: host tensors in the file
+    momentum = [s["momentum_buffer"] for s in saved["optimizer"]["state"].values()]
+    assert len(momentum) == len(list(model.parameters())) and all(not t.is_cuda for t in momentum)
 
 
 # -- the benchmark scripts, quick mode ------------------------------------------------------
