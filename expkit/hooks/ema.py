@@ -161,7 +161,10 @@ class EMAHook(Hook):
         # in its shards: the average goes to the host as before.
         ema = self._ensure_ema()
         weights = checkpoint.get("state_dict", {}).values()
-        on_device = any(isinstance(v, torch.Tensor) and not v.is_cpu for v in weights)
+        # (the weights scanned only for an average off the host: a CPU run's saves skip it)
+        on_device = (
+            bool(ema) and not ema[0].is_cpu and any(isinstance(v, torch.Tensor) and not v.is_cpu for v in weights)
+        )
         checkpoint["ema_state_dict"] = {
             n: t.detach() if t.is_cpu or on_device else t.detach().cpu() for n, t in zip(self._names, ema)
         }
