@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 from expkit.config import cli
 from expkit.core import atomic, hydra_compat, versions
 from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused, exit_status, task_exits
-from expkit.core.signals import SweepInterrupted, raise_on_sigterm, stop_on_signals, take_ctrl_c
+from expkit.core.signals import SweepInterrupted, raise_on_sigterm, stop_on_signals, submitit_signal, take_ctrl_c
 from expkit.loggers import logs
 from expkit.metrics import monitor_of, worst_value
 from expkit.sweeps import sweep_jobs
@@ -152,6 +152,7 @@ def _task(cfg: DictConfig) -> float | None:
     job = _Job(cfg, work_dir, Path(hc.sweep.dir) if multirun else None, monitor, rule, run_info)
     if hydra_compat.RECORD_DEFERRED.get() and not multirun:  # (refused, it leaves train.log as it was too)
         job.held = logs.HeldFileRecords()
+    ran: Any = None
     try:
         with contextlib.ExitStack() as owned:  # the work dir's lock, the signal handlers: released on the way out
             if multirun:
@@ -166,9 +167,16 @@ def _task(cfg: DictConfig) -> float | None:
     finally:
         if job.held is not None:
             job.held.release()
+        # the requeue comes last (the run is recorded and its dir's lock released for the next
+        # attempt); submitit's ends this process, so it comes after the group is left
+        handing_over = job.requeue and submitit_signal() is not None
+        if job.requeue and not handing_over:
+            _requeue()  # (rank 0's scontrol requeue)
+        if isinstance(ran, tuple):  # every rank ran to the end: none leaves before rank 0 is done
+            distributed.leave_together()
         if joins:  # the task's process ends with it: leave the group while the interpreter lives (see shutdown)
             distributed.shutdown()
-        if job.requeue:  # last: the run is recorded and its dir's lock released for the next attempt
+        if handing_over:
             _requeue()
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "init_or_exit",
     "is_distributed",
     "is_main",
+    "leave_together",
     "local_rank",
     "peer_failure",
     "rank",
@@ -434,17 +435,20 @@ def _release_groups(mesh: Any) -> None:
 
 
 _CONTROL: Any = None  # the CPU process group for control messages (None: the default group is gloo)
-STOP_NONE, STOP_REQUESTED, STOP_SIGNAL = 0, 1, 2
+# the stop codes ranks agree on, weakest first: a stop to be continued (the time limit near, a search's
+# storage out of reach) outranks a plain one, so that every rank skips the test pass that rank 0 skips
+STOP_NONE, STOP_REQUESTED, STOP_RESUMABLE, STOP_SIGNAL = 0, 1, 2, 3
 
 
 def agree_on_stop(code: int) -> int:
-    """The strongest stop any rank has (a signal > a requested stop > none), on every rank:
+    """The strongest stop any rank has (a signal > a resumable stop > a requested one > none), on every rank:
     ranks stop after the same iteration (a stop taken alone would leave the others in a
     collective: FSDP's gather, DDP's all-reduce, the checkpoint's save).
 
     Args:
-        code: this rank's stop code: ``STOP_NONE``, ``STOP_REQUESTED``, or ``STOP_SIGNAL`` plus the
-            signal's number (the ranks learn which signal; of two, the higher number wins).
+        code: this rank's stop code: ``STOP_NONE``, ``STOP_REQUESTED``, ``STOP_RESUMABLE`` (an
+            interruption to be continued), or ``STOP_SIGNAL`` plus the signal's number (the ranks
+            learn which signal; of two, the higher number wins).
 
     Returns:
         The largest code over all ranks; `code` itself in one process.
@@ -617,3 +621,21 @@ def reduce_device() -> torch.device:
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
+
+
+def leave_together() -> None:
+    """At a run's end, on every rank: return once every rank has come here. Rank 0 comes last as a
+    rule, after its final save, the run's records and a requeue: a rank above 0 that left at once would
+    exit, with 143 or 138 after a signal, while rank 0 still writes, and torchrun's agent or
+    ``srun --kill-on-bad-exit`` would then end rank 0 mid-save, before its ``scontrol requeue``.
+    The wait is on the CPU group of control messages; a rank that died instead ends it for the
+    others (its connections close), and so does the group's own timeout. Nothing outside a group.
+    """
+    if not is_distributed():
+        return
+    import contextlib
+
+    if _CONTROL is None and dist.get_backend() == "nccl":
+        return  # (no training iteration ran, which makes the gloo side group: no final save to wait for)
+    with contextlib.suppress(Exception):  # (a rank gone: nothing left to wait for)
+        dist.barrier(group=_CONTROL)

@@ -19,6 +19,7 @@ import torch
 from expkit.core.distributed import (
     STOP_NONE,
     STOP_REQUESTED,
+    STOP_RESUMABLE,
     STOP_SIGNAL,
     agree_on_stop,
     all_reduce_sum,
@@ -214,7 +215,7 @@ class TrainLoop:
             # others waiting in their next collective (DDP's all-reduce in backward, FSDP's gather,
             # a sharded save) until the timeout. So each rank says what it has, and all take the
             # strongest (one 4-byte all-reduce on the CPU, after every iteration: see run_epoch).
-            mine = STOP_NONE if r.stop_reason is None else STOP_REQUESTED
+            mine = STOP_NONE if r.stop_reason is None else STOP_RESUMABLE if r.stop_resumable else STOP_REQUESTED
             if r.stop_signal is not None:
                 # the signal's number travels, so that a rank without it stops as if it had it
                 mine = STOP_SIGNAL + r.stop_signal
@@ -225,7 +226,14 @@ class TrainLoop:
                 stop_for_signal(r, agreed - STOP_SIGNAL, " (on another rank)")
             if agreed != STOP_NONE:
                 # a no-op when this rank asked first (the first request's reason is kept)
-                r.request_stop("a stop on another rank")
+                resumable = agreed == STOP_RESUMABLE
+                r.request_stop(
+                    "interrupted on another rank" if resumable else "a stop on another rank", resumable=resumable
+                )
+                if resumable:
+                    # an interruption on one rank (rank 0's time-limit guard) is one on every rank,
+                    # whichever asked first: no rank tests (load_test_weights waits for all ranks)
+                    r.stop_resumable = True
                 return True
             # Decided by the agreed value only, never by this rank's own stop_reason: a signal that
             # lands after the all-reduce is this rank's alone until the next one, where all see it.

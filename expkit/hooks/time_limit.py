@@ -79,7 +79,7 @@ class TimeLimitHook(Hook):
         if left <= self.longest_iter_s + self.longest_save_s + self.margin_s:
             runner.requeue = runner.requeue or runner.stop_reason is None
             runner.request_stop(
-                f"interrupted: {left:.0f} s before {self.what}, saved ahead of it (trainer.save_before_limit; "
+                f"interrupted: {max(left, 0.0):.0f} s before {self.what}, saved ahead of it (trainer.save_before_limit; "
                 f"longest iteration {self.longest_iter_s:.1f} s, save {self.longest_save_s:.1f} s)",
                 resumable=True,
             )
