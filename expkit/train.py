@@ -185,8 +185,12 @@ def _resumes_own_dir(cfg: DictConfig, work_dir: Path) -> bool:
     unless its command resumes from a checkpoint file (``resume=<path>``) and the dir has none of
     its own yet (the requeue came before the first save: that file is still where it starts)."""
     from expkit.checkpoint.checkpoint_io import find_last_checkpoint
+    from expkit.core import distributed
 
-    return str(cfg.get("resume")).lower() in ("none", "false", "true") or find_last_checkpoint(work_dir) is not None
+    if str(cfg.get("resume")).lower() in ("none", "false", "true"):
+        return True
+    # rank 0's answer on every rank (each rank reads the dir: one could see another listing, over NFS)
+    return bool(distributed.broadcast_object(distributed.is_main() and find_last_checkpoint(work_dir) is not None))
 
 
 def _run_info(cfg: DictConfig, hc: Any, work_dir: Path) -> dict[str, Any]:

@@ -294,13 +294,9 @@ class AsyncShards:
 
         if not distributed.is_distributed():
             return error
-        import torch.distributed as dist
-
-        outcomes: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(outcomes, None if error is None else f"{type(error).__name__}: {error}")
+        failed = distributed.first_problem(None if error is None else f"{type(error).__name__}: {error}")
         if error is not None:
             return error
-        failed = next(((rank, what) for rank, what in enumerate(outcomes) if what is not None), None)
         if failed is None:
             return None
         return CheckpointWriteError(f"rank {failed[0]} could not complete its part of the checkpoint: {failed[1]}")

@@ -280,7 +280,7 @@ def check_start(runner: Runner) -> None:
     try:
         if r.resume_from is True or r.resume_from == "true":
             _download_resumable(r)
-            found = checkpoint_io.load_resumable(r.work_dir)
+            found = _agreed_resumable(r)
         elif r.resume_from or r.load_from:
             key = "resume" if r.resume_from else "load_from"
             path = _local(r, r.resume_from if r.resume_from else r.load_from, key)  # type: ignore[arg-type]
@@ -294,6 +294,44 @@ def check_start(runner: Runner) -> None:
     except ConfigError as exc:  # missing, unreadable or refused as untrusted: refused all the same
         raise ResumeRefused(str(exc)) from None
     r.start_checkpoint = found or ()
+
+
+def _agreed_resumable(runner: Runner) -> tuple[Path, dict[str, Any]] | None:
+    """resume=true: the work dir's last complete checkpoint, the same on every rank. Rank 0 picks
+    it (``load_resumable``: the pointer's, else the newest that loads) and every other rank loads
+    that one: a rank that chose for itself could fall back to an older checkpoint on a read error
+    or a stale NFS listing, and train from other weights and counters than rank 0, or wait in a
+    collective the others never reach. A checkpoint that some rank cannot read refuses the start
+    on every rank.
+
+    Returns:
+        The checkpoint's path and content (``load_resumable``'s), or None when the dir has none.
+
+    Raises:
+        ConfigError: when no checkpoint loads on rank 0, or rank 0's does not load on another rank.
+    """
+    if not distributed.is_distributed():
+        return checkpoint_io.load_resumable(runner.work_dir)
+    found, problem = None, None
+    if runner.is_main:
+        try:
+            found = checkpoint_io.load_resumable(runner.work_dir)
+        except ConfigError as exc:
+            problem = str(exc)
+    chosen, problem = distributed.broadcast_object((None if found is None else str(found[0]), problem))
+    if problem is not None:  # (every rank refuses alike)
+        raise ConfigError(problem)
+    if chosen is not None and not runner.is_main:
+        try:
+            found = Path(chosen), checkpoint_io.load_checkpoint(chosen, "resume", consolidate=False)
+        except ConfigError as exc:
+            problem = str(exc)
+    failed = distributed.first_problem(problem)
+    if failed is not None:
+        raise ConfigError(
+            f"resume=true: rank {failed[0]} cannot read {chosen}, the checkpoint rank 0 resumes: {failed[1]}"
+        )
+    return found
 
 
 def _check_same_data(runner: Runner, checkpoint: dict[str, Any], source: Path) -> None:

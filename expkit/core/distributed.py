@@ -35,6 +35,7 @@ __all__ = [
     "barrier",
     "broadcast_object",
     "dead_ranks",
+    "first_problem",
     "gather_peers",
     "hold_mesh",
     "init",
@@ -621,6 +622,23 @@ def reduce_device() -> torch.device:
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
+
+
+def first_problem(problem: str | None) -> tuple[int, str] | None:
+    """Every rank's outcome of the same step, on every rank (collective): the lowest rank's problem
+    with that rank, or None when no rank had one; this rank's own `problem` outside a group.
+
+    Args:
+        problem: what went wrong on this rank, or None.
+
+    Returns:
+        ``(rank, problem)`` of the lowest rank that had one, or None.
+    """
+    if not is_distributed():
+        return None if problem is None else (0, problem)
+    outcomes: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, problem)
+    return next(((k, what) for k, what in enumerate(outcomes) if what is not None), None)
 
 
 def leave_together() -> None:
