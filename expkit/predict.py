@@ -293,6 +293,7 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
 
     from expkit.config.cli import output_file_problem
     from expkit.config.restore import restore, stored_overrides
+    from expkit.core.settings import check_device
     from expkit.core.trust import TrustPolicy
 
     for key in ("checkpoint", "input"):
@@ -307,8 +308,10 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
     problem = output_file_problem(output)
     if problem:
         raise ConfigError(f"output={output}: {problem}")
-    if not isinstance(cfg.top_k, int) or cfg.top_k < 1:
-        raise ConfigError(f"top_k must be a positive integer, got {cfg.top_k!r}")
+    for key in ("top_k", "batch_size"):
+        if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 1:
+            raise ConfigError(f"{key} must be a positive integer, got {cfg[key]!r}")
+    check_device("device", cfg.device)
     preprocessed = cfg.get("preprocessed", False)
     if not isinstance(preprocessed, bool):
         raise ConfigError(f"preprocessed must be true or false, got {preprocessed!r}")

@@ -9,12 +9,32 @@ import torch
 
 from expkit.core.errors import ConfigError
 
-__all__ = ["TrainerSettings"]
+__all__ = ["TrainerSettings", "check_device"]
 
 # the signals trainer.requeue_signal may name: INT and TERM already stop a run (and Slurm's scancel
 # sends TERM: no requeue), KILL and STOP cannot be caught, CHLD, PIPE and the faults mean other things
 # (by name: a platform without one, Windows, takes the setting and ignores the signal)
 _REQUEUE_SIGNALS = ("USR1", "USR2", "HUP", "URG", "XCPU", "PWR")
+
+
+def check_device(key: str, device: Any) -> None:
+    """A device setting (``trainer.device``, a command's ``device``): auto, cpu, cuda or cuda:N, and
+    CUDA only where it is available.
+
+    Args:
+        key: the config key, named in the error.
+        device: its value.
+
+    Raises:
+        ConfigError: naming `key` and what to type instead.
+    """
+    if not (
+        device in ("auto", "cpu", "cuda")
+        or (isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit())
+    ):
+        raise ConfigError(f"{key} must be auto, cpu, cuda or cuda:N, got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"{key}={device} but CUDA is not available here; use {key}=auto or cpu")
 
 
 @dataclasses.dataclass
@@ -63,12 +83,7 @@ class TrainerSettings:
         self.precision = str(self.precision)
         if self.precision not in ("32", "bf16", "16"):
             raise ConfigError(f"trainer.precision must be 32, bf16 or 16, got {self.precision!r}")
-        if not (self.device in ("auto", "cpu", "cuda") or str(self.device).startswith("cuda:")):
-            raise ConfigError(f"trainer.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError(
-                f"trainer.device={self.device} but CUDA is not available here; use trainer.device=auto or cpu"
-            )
+        check_device("trainer.device", self.device)
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ConfigError(f"trainer.seed must be an integer or null, got {self.seed!r}")
         if self.clip_grad_norm is not None and not (

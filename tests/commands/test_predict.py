@@ -215,6 +215,23 @@ def test_bad_input_is_a_clear_error_naming_it(digits_run, tmp_path, make, messag
 
 
 @pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("device=gpu", "device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+        ("batch_size=0", "batch_size must be a positive integer, got 0"),
+        ("batch_size=-1", "batch_size must be a positive integer, got -1"),
+        ("batch_size=abc", "batch_size must be a positive integer, got 'abc'"),
+    ],
+)
+def test_bad_settings_name_their_key_not_the_input(digits_run, tmp_path, setting, message):
+    """device=gpu and batch_size=-1 ended in torch's traceback; batch_size=0 blamed the input."""
+    np.save(tmp_path / "x.npy", np.zeros((3, 1, 8, 8), dtype=np.float32))
+    proc = _predict(tmp_path, f"checkpoint={digits_run}", "input=x.npy", setting)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"Error: {message}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
     ("raw", "expected"),
     [
         (
