@@ -46,6 +46,34 @@ def _encode(x: Any, input_key: str) -> bytes:
     return buffer.getvalue()
 
 
+def _class_of(y: Any, split: str, i: int) -> int:
+    """A sample's target as the class ``<key>.cls`` holds: an int, or an integer tensor or array of
+    one element; anything else (a regression value, a mask, a token sequence) is a ConfigError."""
+    import numbers
+
+    import numpy as np
+    import torch
+
+    if isinstance(y, numbers.Integral) and not isinstance(y, bool):
+        return int(y)
+    if isinstance(y, (torch.Tensor, np.ndarray, np.generic)):
+        integer = (
+            not y.is_floating_point() and not y.is_complex()
+            if isinstance(y, torch.Tensor)
+            else np.issubdtype(y.dtype, np.integer)
+        )
+        if integer and y.ndim == 0:
+            return int(y)
+        kind = "whole-number" if integer else str(y.dtype)
+        what = f"a {kind} target of shape {tuple(y.shape)}" if y.ndim else f"a {kind} value as its target"
+    else:
+        what = f"a {type(y).__name__} target"
+    raise ConfigError(
+        f"the {split} split's sample {i} has {what}, not a class: python -m expkit.shards writes classification "
+        "data (an input and one class index per sample), such as data=digits, data=fake or data=image_folder"
+    )
+
+
 def write_split(dataset: Any, out: Path, split: str, samples_per_shard: int, input_key: str) -> list[Path]:
     """Write `dataset`'s ``(input, class)`` samples, in order, as shards ``<out>/<split>-NNNNNN.tar``.
 
@@ -68,7 +96,8 @@ def write_split(dataset: Any, out: Path, split: str, samples_per_shard: int, inp
     ) as sink:
         for i in range(len(dataset)):
             x, y = dataset[i]
-            sink.write({"__key__": f"{split}{i:09d}", input_key: _encode(x, input_key), "cls": str(int(y)).encode()})
+            cls = _class_of(y, split, i)
+            sink.write({"__key__": f"{split}{i:09d}", input_key: _encode(x, input_key), "cls": str(cls).encode()})
     return [Path(p) for p in written]
 
 
@@ -140,13 +169,30 @@ def run(cfg: DictConfig) -> None:
             print(f"Error: {exc}", file=sys.stderr)
             raise TaskExit(2) from None
         overrides = ["data=webdataset"]
+        splits = {}
         for split, dataset in (("train", train), ("val", val), ("test", test)):
             if dataset is None:
                 continue
             if isinstance(dataset, Mapping):  # named validation sets: the first
                 name, dataset = next(iter(dataset.items()))
                 log.info("%s: writing the %r set of the named sets", split, name)
-            shards = write_split(dataset, out, split, n, str(cfg.input_key))
+            splits[split] = dataset
+        try:  # the first sample of each split says whether the data is classification data, before any write
+            for split, dataset in splits.items():
+                if len(dataset):
+                    _class_of(dataset[0][1], split, 0)
+            written = {
+                split: write_split(dataset, out, split, n, str(cfg.input_key)) for split, dataset in splits.items()
+            }
+        except ConfigError as exc:
+            for shard in out.glob("*-[0-9][0-9][0-9][0-9][0-9][0-9].tar"):  # (out held none: _out_dir)
+                shard.unlink()
+            from hydra.core.hydra_config import HydraConfig
+
+            print(f"Error: data={HydraConfig.get().runtime.choices.get('data')}: {exc}", file=sys.stderr)
+            raise TaskExit(2) from None
+        for split, dataset in splits.items():
+            shards = written[split]
             log.info(
                 "%s: %d samples in %d shard%s (%s)",
                 split,

@@ -373,6 +373,27 @@ def test_a_directory_for_a_shard_and_a_missing_or_file_out_exit_2_in_one_line(tm
         assert len(shards.stderr.strip().splitlines()) == 1 and "Traceback" not in shards.stderr
 
 
+@pytest.mark.parametrize(
+    ("group", "target"),
+    [("shapes", "a whole-number target of shape (32, 32)"), ("diabetes", "a torch.float32 value as its target")],
+)
+def test_data_that_is_not_classification_exits_2_in_one_line_and_writes_no_shard(tmp_path, group, target):
+    """A mask per sample (shapes) crashed with a traceback and left a cut tar; a regression value
+    (diabetes) was written truncated to an int class, which training then refused."""
+    out = tmp_path / "shards"
+    shards = subprocess.run(
+        [sys.executable, "-m", "expkit.shards", f"out={out}", f"data={group}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shards.returncode == 2, shards.stdout + shards.stderr
+    assert f"Error: data={group}: the train split's sample 0 has {target}, not a class" in shards.stderr, shards.stderr
+    assert len(shards.stderr.strip().splitlines()) == 1 and "Traceback" not in shards.stderr
+    assert not list(out.glob("*.tar"))
+
+
 def test_a_shard_replaced_with_the_same_size_and_time_is_indexed_again_and_refuses_a_resume(digit_shards, tmp_path):
     """Issue 64, 5: ``cp -p`` of other content over a shard kept the stale index, and a resume mixed two datasets."""
     import os
