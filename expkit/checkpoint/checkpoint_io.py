@@ -274,10 +274,20 @@ def load_checkpoint_file(path: Path, key: str, need_weights: bool = True) -> dic
             f"{key}={path}: no such checkpoint file. Give the path of a .pth file (or a sharded "
             ".dcp directory) in a run's checkpoints/ dir."
         )
+    with path.open("rb") as f:
+        head = f.read(512)
+    if head and not head.startswith((b"PK\x03\x04", b"\x80")):  # torch.save's zip archive; its legacy pickle
+        kind = "text" if _is_text(head) else "not one"
+        raise ConfigError(
+            f"{key}={path}: not a checkpoint: torch.save writes a zip archive, and this file is {kind}. Give "
+            "a .pth file from a run's checkpoints/ dir (or a sharded .dcp directory)."
+        )
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+        lines = str(exc).strip().splitlines()
+        # torch's message: what was refused ("WeightsUnpickler error: Unsupported global: ..."), then advice
+        first = next((line for line in lines if "Unpickler error" in line), lines[0] if lines else "").strip()
         raise ConfigError(
             f"{key}={path}: refused, the file holds pickled Python objects beyond tensors and plain "
             f"containers, and loading it would run arbitrary code ({first[:200]}). Re-save only its weights."
@@ -287,6 +297,12 @@ def load_checkpoint_file(path: Path, key: str, need_weights: bool = True) -> dic
     if not isinstance(checkpoint, dict) or (need_weights and "state_dict" not in checkpoint):
         raise ConfigError(f"{key}={path}: not an expkit checkpoint (no 'state_dict' key).")
     return checkpoint
+
+
+def _is_text(head: bytes) -> bool:
+    """Whether a file's first bytes read as text (UTF-8, no control characters but whitespace)."""
+    text = head.decode("utf-8", errors="ignore")  # (at most a character cut at the end is dropped)
+    return len(text.encode()) >= len(head) - 3 and all(c.isprintable() or c in "\n\r\t" for c in text)
 
 
 def read_sharded_state(path: Path, key: str) -> dict[str, Any]:

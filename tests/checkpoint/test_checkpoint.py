@@ -217,13 +217,30 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused_and_never_executed(tmp
     marker = tmp_path / "pwned"
     path = tmp_path / "evil.pth"
     torch.save({"state_dict": {}, "payload": _Planted(str(marker))}, path)
-    with pytest.raises(ConfigError, match=r"evil.pth: refused, the file holds pickled Python objects"):
+    with pytest.raises(ConfigError, match=r"evil.pth: refused, the file holds pickled Python objects") as refused:
         load_checkpoint(path, "load_from")
+    assert "Unsupported global" in str(refused.value)  # (what torch refused, not its advice's last line)
     assert not marker.exists()
     runner = toy_runner(tmp_path / "run", resume=str(path))
     with pytest.raises(ConfigError, match="refused"):
         runner.run()
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "kind"),
+    [
+        ("result.json", b'{"status": "completed"}\n', "text"),
+        ("last_checkpoint", b"epoch_2.pth", "text"),
+        ("noise.pth", bytes(range(256)), "not one"),
+    ],
+)
+def test_a_file_that_is_no_checkpoint_is_called_so_not_a_security_refusal(tmp_path, name, content, kind):
+    """result.json given as checkpoint= was "refused ... would run arbitrary code. Re-save only its weights"."""
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(ConfigError) as refused:
+        load_checkpoint(tmp_path / name, "checkpoint")
+    assert f"{name}: not a checkpoint: torch.save writes a zip archive, and this file is {kind}." in str(refused.value)
 
 
 def test_a_failed_write_names_the_file_and_keeps_the_previous_checkpoint(tmp_path):
