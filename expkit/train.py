@@ -425,9 +425,15 @@ def _defer_hydra_record(argv: list[str]) -> bool:
 
 def _show_hooks_scratch(argv: list[str]) -> str | None:
     """show_hooks=true prints the table and trains nothing: without a hydra.run.dir of the
-    user's, its work dir is a scratch dir, removed afterwards (no empty run dir left behind)."""
+    user's, its work dir is a scratch dir, removed afterwards (no empty run dir left behind).
+    Hydra reads True and TRUE as true too; any other value than true or false exits 2."""
+    given = [a.partition("=")[2] for a in argv if a.partition("=")[0].lstrip("+") == "show_hooks"]
+    if given and given[-1].lower() not in ("true", "false"):
+        print(f"Error: show_hooks must be true or false, got {given[-1]!r}", file=sys.stderr)
+        sys.exit(2)
     if (
-        "show_hooks=true" not in argv
+        not given
+        or given[-1].lower() != "true"
         or cli.sweeping(argv)
         or any(a.startswith(("hydra.run.dir=", "hydra.output_subdir=")) for a in argv)
     ):

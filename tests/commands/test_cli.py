@@ -106,6 +106,18 @@ def test_show_hooks_prints_the_order_without_training(tmp_path):
     assert not (tmp_path / "checkpoints").exists()
 
 
+def test_show_hooks_as_hydra_reads_it_leaves_no_run_dir_and_other_values_exit_2(tmp_path):
+    """show_hooks=True (true to Hydra) left an empty run dir in outputs/runs; show_hooks=maybe printed the table."""
+    proc = run_cli("show_hooks=True", cwd=tmp_path)
+    assert proc.returncode == 0 and "after_train_iter:" in proc.stdout, proc.output
+    assert not (tmp_path / "outputs").exists()
+    proc = run_cli("show_hooks=maybe", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip() == "Error: show_hooks must be true or false, got 'maybe'", (
+        proc.output
+    )
+    assert "after_train_iter:" not in proc.stdout and not (tmp_path / "outputs").exists()
+
+
 @pytest.mark.parametrize(
     "args, expected",
     [
