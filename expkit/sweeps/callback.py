@@ -10,8 +10,9 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from expkit.loggers.logs import terminal_shows
 from expkit.sweeps.summary import ROWS_DIR, UNSORTED, progress_line, record_job_end, summarize
-from expkit.sweeps.sweep_jobs import job_target
+from expkit.sweeps.sweep_jobs import placed_job
 from expkit.workdir.records import BEST_FILE, read_best
 
 __all__ = ["SweepSummaryCallback"]
@@ -43,10 +44,11 @@ class SweepSummaryCallback(Callback):
             self._summarize(Path(hc.sweep.dir), plot=True)
             return
         try:
-            record_job_end(Path(hc.sweep.dir), Path(hc.runtime.output_dir))
-            line = progress_line(Path(hc.sweep.dir), job_target(Path(hc.runtime.output_dir)).name)
+            ran_in = placed_job(Path(hc.runtime.output_dir))  # (a resumed sweep's job may run elsewhere)
+            record_job_end(Path(hc.sweep.dir), ran_in)
+            line = progress_line(Path(hc.sweep.dir), ran_in.name)
             log.info("%s", line)  # (the job's train.log; the terminal too with sweep_output=full)
-            if config.get("sweep_output", "progress") != "full":
+            if not terminal_shows(log, logging.INFO):  # (a quiet terminal: a sweep of expkit.train)
                 print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
         except Exception as exc:  # a summary must never fail the sweep
             log.warning("Could not record the job in %s: %s", hc.sweep.dir, exc)

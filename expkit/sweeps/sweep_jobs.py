@@ -60,6 +60,7 @@ __all__ = [
     "may_start",
     "own_job_dir",
     "place_job",
+    "placed_job",
     "record_job",
     "request_stop",
     "restore_hydra_record",
@@ -301,6 +302,26 @@ def restore_hydra_record(work_dir: Path, job: dict[str, Any]) -> None:
         write_text_atomic(target, text)
 
 
+# where this process placed the job of each of Hydra's job dirs (``claim_job``), for the summary's callback
+# at the job's end, which runs in the same process: a dir that holds another job of an earlier launch
+# (resume=true with values added) points nowhere, since its job.json is that job's
+_PLACED: dict[Path, Path] = {}
+
+
+def placed_job(hydra_dir: Path) -> Path:
+    """Where the job that Hydra gave `hydra_dir` ran, once, for the callback at its end: the dir
+    ``claim_job`` placed it in within this process, else ``job_target(hydra_dir)``.
+
+    Args:
+        hydra_dir: the job dir Hydra gave the job (``hydra.runtime.output_dir``).
+
+    Returns:
+        The dir the job ran in.
+    """
+    placed = _PLACED.pop(hydra_dir.resolve(), None)
+    return placed if placed is not None else job_target(hydra_dir)
+
+
 def job_target(work_dir: Path) -> Path:
     """Where the job of a sweep's job dir really ran (a resumed job's dir may point to another
     dir of the same sweep: alias_of; one that names anything else is ignored).
@@ -498,7 +519,7 @@ def place_job(cfg: DictConfig, overrides: list[str], hydra_dir: Path, sweep_dir:
         restore_hydra_record(hydra_dir, own)
         if target is None:
             digest = hashlib.sha1(" ".join(identity).encode()).hexdigest()[:6]
-            target = sweep_dir / f"{hydra_dir.name}_{digest}"
+            target = (sweep_dir / f"{hydra_dir.name}_{digest}").resolve()  # (as Hydra's own dirs: absolute)
             for name, text in current.items():
                 atomic.write_text_atomic(target / ".hydra" / name, text)
             record_job(target, identity)
@@ -708,6 +729,7 @@ def claim_job(
     if not own_job_dir(work_dir, work_dir, command, owned):
         return Claim(None, None)
     job_dir = place_job(cfg, overrides, work_dir, sweep_dir)
+    _PLACED[work_dir.resolve()] = job_dir
     if job_dir != work_dir and not own_job_dir(job_dir, work_dir, command, owned):
         return Claim(None, None)  # (resume=true found the job in another dir, which another launch runs)
     done = finished_job_value(cfg, job_dir, rule, monitor)

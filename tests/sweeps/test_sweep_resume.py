@@ -76,3 +76,24 @@ def test_reordered_and_added_values_mix_nothing_up(tmp_path):
         assert json.loads((sweep / job / "result.json").read_text())["wall_time_s"] == before[job]
     rows = [line for line in (sweep / "summary.csv").read_text().splitlines()[1:]]
     assert len(rows) == 3 and sum("optim.lr=0.01" in r for r in rows) == 1
+
+
+def test_a_value_added_where_another_job_lives_is_recorded_in_the_summary_and_best(tmp_path):
+    """Values added in front: Hydra's dir 1 holds lr=0.01's job, so lr=0.03 runs in a dir of its own
+    (1_<digest>). The end of each job used to be recorded as the job of Hydra's dir: lr=0.03's never
+    reached best.json (2 jobs, perhaps the wrong best) and the progress lines named other jobs."""
+    sweep = tmp_path / "sweep"
+    assert run_cli("-m", "optim.lr=0.1,0.01", "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}").returncode == 0
+    proc = run_cli("-m", "optim.lr=0.01,0.03,0.1", "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}", "resume=true")
+    assert proc.returncode == 0, proc.output
+    (added,) = sweep.glob("1_*")
+    assert "optim.lr=0.03" in (added / ".hydra" / "overrides.yaml").read_text()
+    acc = {
+        d.name: json.loads((d / "result.json").read_text())["best_metrics"]["val/acc"]["value"]
+        for d in (sweep / "0", sweep / "1", added)
+    }
+    best = json.loads((sweep / "best.json").read_text())
+    assert best["jobs"] == 3 and best["job"] == max(acc, key=acc.get), (best, acc)
+    lines = [line for line in proc.output.splitlines() if "jobs done" in line]
+    assert len(lines) == 3 and "3/3 jobs done" in lines[-1], lines
+    assert any(f"job {added.name} (completed) val/acc {acc[added.name]:.4f}" in line for line in lines), lines
