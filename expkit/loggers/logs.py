@@ -20,6 +20,7 @@ __all__ = [
     "log_to_rank_file",
     "quiet_terminal",
     "show_progress",
+    "terminal_shows",
 ]
 
 
@@ -113,6 +114,22 @@ def quiet_terminal() -> None:
     for handler in logging.getLogger().handlers:
         if type(handler) is logging.StreamHandler:  # the terminal (a FileHandler is a subclass)
             handler.setLevel(max(handler.level, logging.WARNING))
+
+
+def terminal_shows(logger: logging.Logger, level: int) -> bool:
+    """Whether a record of `logger` at `level` reaches the terminal (a stream handler of the root
+    logger's, as Hydra's job logging sets up; ``quiet_terminal`` raises its level in a sweep).
+
+    Args:
+        logger: the logger the record would go through.
+        level: the record's level.
+
+    Returns:
+        True when a plain stream handler on the root logger would show it.
+    """
+    if not logger.isEnabledFor(level):
+        return False
+    return any(type(h) is logging.StreamHandler and level >= h.level for h in logging.getLogger().handlers)
 
 
 def errors_in_one_line() -> None:

@@ -195,6 +195,8 @@ def test_eval_is_a_hydra_app_with_hydras_habits(tmp_path):
     assert sorted(scores) == ["a", "b"] and all(r["monitor"] == "test/acc" for r in rows)
     assert float(rows[0]["best"]) >= float(rows[1]["best"])  # best first
     assert json.loads((sweep / "best.json").read_text())["value"] == max(scores.values())
+    progress = [line for line in proc.stdout.splitlines() if "jobs done" in line]
+    assert len(progress) == 2, progress  # one line a job (its log line on the terminal was printed again too)
 
     proc = _eval(f"checkpoint={tmp_path / 'a'}", "nosuchkey.x=1")
     assert proc.returncode == 2 and "nosuchkey: not a key of the stored config" in proc.stderr
