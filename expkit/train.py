@@ -18,6 +18,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -163,7 +164,12 @@ def _task(cfg: DictConfig) -> float | None:
             else:
                 _lock_run_dir(job, owned)
             ran = _build_and_run(job, owned)
-            return ran if not isinstance(ran, tuple) else _report(job, *ran)
+            if not isinstance(ran, tuple):
+                return ran
+            value = _report(job, *ran)
+            if not multirun:  # (a run that stopped or failed has exited in _report)
+                _settle()
+            return value
     finally:
         if job.held is not None:
             job.held.release()
@@ -178,6 +184,18 @@ def _task(cfg: DictConfig) -> float | None:
             distributed.shutdown()
         if handing_over:
             _requeue()
+
+
+# SIGINT's handler before a completed single run made Ctrl-C a no-op (``_settle``); main puts it back
+_SETTLED: list[Any] = []
+
+
+def _settle() -> None:
+    """A single run is complete and recorded: a Ctrl-C from here on (the group left, Hydra's end, the
+    collector's pass over the run's objects: about a second) would report it interrupted, exit 130
+    and print a traceback, with result.json saying completed. It is ignored until ``main`` returns."""
+    if threading.current_thread() is threading.main_thread():
+        _SETTLED.append(signal.signal(signal.SIGINT, signal.SIG_IGN))
 
 
 def _resumes_own_dir(cfg: DictConfig, work_dir: Path) -> bool:
@@ -611,9 +629,12 @@ def main() -> None:
 
             distributed.shutdown()  # (the run's objects are garbage by now, on a SystemExit too: collected there)
         gc.unfreeze()  # a process that calls main() again (a test, a driver script) collects this run's objects
+        while _SETTLED:  # (a caller of main() in its own process gets its Ctrl-C back)
+            signal.signal(signal.SIGINT, _SETTLED.pop())
     if exiting:
         sys.exit(exiting[0])
 
 
 if __name__ == "__main__":
     main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run is complete: what is left is the interpreter's teardown
