@@ -125,14 +125,20 @@ def check_group_choices(argv: list[str]) -> str | None:
         for name in _names(override.value()):
             if name != "null" and name not in known:
                 label = "hook" if group == "hooks" else f"{group} option"
-                nearest = next(iter(suggest(name, known)), "")  # (resnet: resnet18, not the first option)
-                example = f"{group}=[{nearest}]" if group == "hooks" and known else f"{group}={nearest}"
+                close = suggest(name, known)  # (resnet: resnet18, not the first option)
+                hint = f"; did you mean {_choice(group, close[0])}?" if close else "."
+                example = f" For example: {_choice(group, known[0])}." if known and not close else ""
                 return (
-                    f"Unknown {label} {name!r} in '{override.input_line}'; did you mean {example}? "
-                    f"Available {group}: {', '.join(known) or '(none)'}. "
+                    f"Unknown {label} {name!r} in '{override.input_line}'{hint} "
+                    f"Available {group}: {', '.join(known) or '(none)'}.{example} "
                     f"Add your own as {group}/<name>.yaml in a config dir passed with --config-dir."
                 )
     return None
+
+
+def _choice(group: str, option: str) -> str:
+    """A group's option as typed on the command line (``hooks=[ema]``, ``model=cnn``)."""
+    return f"{group}=[{option}]" if group == "hooks" else f"{group}={option}"
 
 
 def shown_program(path: str | os.PathLike[str]) -> str:

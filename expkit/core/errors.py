@@ -112,18 +112,21 @@ def exit_status(exc: SystemExit) -> str | int | None:
     return 2 if exc.code == 1 else exc.code
 
 
-def suggest(name: str, choices: Iterable[str], n: int = 1, cutoff: float = 0.0) -> list[str]:
+def suggest(name: str, choices: Iterable[str], n: int = 1, cutoff: float = 0.6) -> list[str]:
     """The choices nearest to a mistyped `name`, for "did you mean" (``resnet``: ``resnet18``,
-    not the alphabetically first option).
+    not the alphabetically first option), compared without case (``adamW``: ``adamw``).
 
     Args:
         name: what the user typed.
         choices: the valid names.
         n: at most this many.
-        cutoff: the least similarity (difflib's ratio, 0 to 1) a choice needs; 0 always gives one
-            when there is a choice.
+        cutoff: the least similarity (difflib's ratio, 0 to 1) a choice needs: at 0.6 a name that
+            resembles none gets no suggestion (``nonexistent`` is no misspelt ``perf_stats``).
 
     Returns:
         Up to `n` choices, the nearest first.
     """
-    return difflib.get_close_matches(name, sorted(set(choices)), n=n, cutoff=cutoff)
+    by_lower: dict[str, str] = {}
+    for choice in sorted(set(choices)):
+        by_lower.setdefault(choice.lower(), choice)
+    return [by_lower[c] for c in difflib.get_close_matches(name.lower(), list(by_lower), n=n, cutoff=cutoff)]

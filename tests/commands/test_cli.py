@@ -479,12 +479,25 @@ def test_commands_printed_to_paste_name_the_interpreter_that_ran(tmp_path, monke
         ("expkit.train", ["-m", "seed=0,1"], "did you mean trainer.seed?"),
         ("expkit.train", ["--config-dir", "/nonexistent"], "'/nonexistent' not found"),
         ("expkit.train", ["model=resnet"], "did you mean model=resnet18?"),
+        ("expkit.train", ["optim=adamW"], "did you mean optim=adamw?"),  # (case-blind)
+        ("expkit.train", ["hooks=[nonexistent]"], "in 'hooks=[nonexistent]'. Available hooks: activation_stats, csv,"),
         ("expkit.check", ["trainer.max_epchs=3"], "did you mean trainer.max_epochs?"),
         ("expkit.check", ["check.iter=5"], "did you mean check.iters?"),
         ("expkit.lr_find", ["trainer.max_epchs=3"], "did you mean trainer.max_epochs?"),
         ("expkit.compare", ["--config-dir", "/nonexistent", "."], "'/nonexistent' not found"),
     ],
-    ids=["train", "train-sweep", "config-dir", "group", "check", "check-key", "lr_find", "compare"],
+    ids=[
+        "train",
+        "train-sweep",
+        "config-dir",
+        "group",
+        "group-case",
+        "group-unlike",
+        "check",
+        "check-key",
+        "lr_find",
+        "compare",
+    ],
 )
 def test_a_mistyped_key_is_one_line_in_every_command(tmp_path, command, words, expected):
     # Hydra's 2-6 lines ("Key 'iter' is not in struct", "Set the environment variable
