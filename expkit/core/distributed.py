@@ -34,6 +34,7 @@ __all__ = [
     "all_reduce_sum",
     "barrier",
     "broadcast_object",
+    "cuda_index",
     "dead_ranks",
     "first_problem",
     "gather_peers",
@@ -198,6 +199,29 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def cuda_index() -> int:
+    """The index of this process's GPU among those it sees: its local rank when it sees every GPU of
+    the node, 0 when it sees one (Slurm's ``--gpus-per-task=1``, ``--gpu-bind=single:1``, or cgroups
+    that hide the others: each task's own GPU is its device 0).
+
+    Returns:
+        The CUDA device index to use.
+
+    Raises:
+        ConfigError: when the process sees several GPUs but fewer than its local rank needs.
+    """
+    index, visible = local_rank(), torch.cuda.device_count()
+    if visible == 1:
+        return 0
+    if index >= visible:
+        raise ConfigError(
+            f"local rank {index} sees {visible} GPUs (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}): "
+            "start one process per GPU (torchrun --nproc_per_node, Slurm's --ntasks-per-node) or give each "
+            "task its own GPU (--gpus-per-task=1)"
+        )
+    return index
+
+
 def rank_and_world() -> tuple[int, int]:
     """(rank, number of processes) of the joined process group; (0, 1) outside one.
 
@@ -264,7 +288,7 @@ def init(timeout_s: int = 1800) -> bool:
 
         cuda = torch.cuda.is_available()
         if cuda:
-            torch.cuda.set_device(local_rank())
+            torch.cuda.set_device(cuda_index())
         backend, timeout = "nccl" if cuda else "gloo", datetime.timedelta(seconds=timeout_s)
         if (
             "TORCHELASTIC_RESTART_COUNT" in os.environ

@@ -28,12 +28,12 @@ def run_device(settings: TrainerSettings) -> torch.device:
         settings: the trainer settings; ``device`` is ``"auto"`` or a torch device name.
 
     Returns:
-        The device; under a distributed run on CUDA, ``cuda:<LOCAL_RANK>`` whatever index was given.
+        The device; under a distributed run on CUDA, this rank's GPU (``distributed.cuda_index``) whatever index was given.
     """
     name = settings.device
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
     if distributed.is_distributed() and device.type == "cuda":
-        device = torch.device("cuda", distributed.local_rank())
+        device = torch.device("cuda", distributed.cuda_index())
     return device
 
 
