@@ -266,6 +266,7 @@ class CheckpointHook(Hook):
         self.kept: deque[str] = deque()  # regular checkpoints max_keep_ckpts counts, oldest first
         self._dropping: list[str] = []  # retired by the save in progress; deleted once it is complete
         self._last_saved_position: Position | None = None
+        self._resumed_at: Position | None = None  # where a resume from this dir's own checkpoint started
         self._deferred: int | None = None  # a regular save waiting for the validation that follows
         self._source: Path | None = None  # the checkpoint a resume loads, known before this hook's state
         self._foreign = False  # resumed from a checkpoint outside this run's checkpoint dir
@@ -517,7 +518,10 @@ class CheckpointHook(Hook):
         if self._deferred is not None:  # validation did not happen after all (a stop)
             count, self._deferred = self._deferred, None
             self._save_regular(runner, count)
-        if self.save_last and runner.position != self._last_saved_position and runner.iter > 0:
+        # (a stop before the first step of a resumed run: its checkpoint is the one it started from)
+        saved = runner.position in (self._last_saved_position, self._resumed_at)
+        self._resumed_at = None  # (used once: a resumed run's hooks end as an uninterrupted run's do)
+        if self.save_last and not saved and runner.iter > 0:
             if self.by_epoch and runner.inner_iter == 0:
                 self._save_regular(runner, runner.epoch)
             else:  # iteration-based, or a stop in the middle of an epoch
@@ -535,6 +539,8 @@ class CheckpointHook(Hook):
         file carries its own score."""
         if not runner.resuming:
             return
+        if runner.resume_from in (True, "true"):  # (the dir's newest: a resume=<file> may start a branch)
+            self._resumed_at = runner.position
         if self._remote is not None and runner.is_main:
             self._uploaded = self._remote.pointer()  # (named if an upload fails)
         if self._foreign:

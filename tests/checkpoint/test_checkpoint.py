@@ -406,6 +406,23 @@ def test_rng_states_saved_as_tensors_by_earlier_versions_still_restore():
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == draws
 
 
+def test_a_stop_before_a_resumed_run_steps_writes_no_copy_of_its_checkpoint(tmp_path):
+    """A signal while a resume loads: the stop's save at the same position used to write the
+    checkpoint the run had just loaded again (a whole model's state, inside Slurm's GraceTime)."""
+
+    class StopAtOnce(Hook):
+        priority = "HIGHEST"
+
+        def before_train(self, runner):
+            runner.request_stop("signal SIGTERM")
+
+    toy_runner(tmp_path, max_epochs=2).run()
+    saved = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").glob("*.pth")}
+    result = toy_runner(tmp_path, max_epochs=3, resume=True, hooks=[StopAtOnce()]).run()
+    assert result["status"] == "stopped" and result["epoch"] == 2, result
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").glob("*.pth")} == saved
+
+
 def test_sigterm_saves_stops_and_resumes_exactly(tmp_path):
     class Preempt(Hook):
         def after_train_iter(self, runner, *, batch_idx, data_batch, outputs):
