@@ -311,7 +311,7 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
     for key in ("top_k", "batch_size"):
         if isinstance(cfg[key], bool) or not isinstance(cfg[key], int) or cfg[key] < 1:
             raise ConfigError(f"{key} must be a positive integer, got {cfg[key]!r}")
-    check_device("device", cfg.device)
+    check_device("device", cfg.device, torch_runs_it=Path(str(cfg.checkpoint)).suffix.lower() != ".onnx")
     preprocessed = cfg.get("preprocessed", False)
     if not isinstance(preprocessed, bool):
         raise ConfigError(f"preprocessed must be true or false, got {preprocessed!r}")

@@ -54,16 +54,16 @@ def _class_of(y: Any, split: str, i: int) -> int:
     import numpy as np
     import torch
 
-    if isinstance(y, numbers.Integral) and not isinstance(y, bool):
+    if isinstance(y, numbers.Integral):  # (a bool too: 0 or 1, as int() writes it)
         return int(y)
     if isinstance(y, (torch.Tensor, np.ndarray, np.generic)):
         integer = (
             not y.is_floating_point() and not y.is_complex()
             if isinstance(y, torch.Tensor)
-            else np.issubdtype(y.dtype, np.integer)
+            else np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.bool_)
         )
-        if integer and y.ndim == 0:
-            return int(y)
+        if integer and (y.numel() if isinstance(y, torch.Tensor) else y.size) == 1:
+            return int(y.reshape(()))
         kind = "whole-number" if integer else str(y.dtype)
         what = f"a {kind} target of shape {tuple(y.shape)}" if y.ndim else f"a {kind} value as its target"
     else:

@@ -167,9 +167,9 @@ def _task(cfg: DictConfig) -> float | None:
             if not isinstance(ran, tuple):
                 return ran
             value = _report(job, *ran)
-            if not multirun:  # (a run that stopped or failed has exited in _report)
-                _settle()
-            return value
+        if not multirun:  # (a run that stopped or failed has exited in _report; its signal handlers are gone)
+            _settle()
+        return value
     finally:
         if job.held is not None:
             job.held.release()
@@ -445,14 +445,15 @@ def _show_hooks_scratch(argv: list[str]) -> str | None:
     """show_hooks=true prints the table and trains nothing: without a hydra.run.dir of the
     user's, its work dir is a scratch dir, removed afterwards (no empty run dir left behind).
     Hydra reads True and TRUE as true too; any other value than true or false exits 2."""
+    if cli.sweeping(argv):
+        return None  # (Hydra reads a sweep's values: show_hooks=true,false)
     given = [a.partition("=")[2] for a in argv if a.partition("=")[0].lstrip("+") == "show_hooks"]
-    if given and given[-1].lower() not in ("true", "false"):
+    if given and given[-1].lower() not in ("true", "false", "null"):
         print(f"Error: show_hooks must be true or false, got {given[-1]!r}", file=sys.stderr)
         sys.exit(2)
     if (
         not given
         or given[-1].lower() != "true"
-        or cli.sweeping(argv)
         or any(a.startswith(("hydra.run.dir=", "hydra.output_subdir=")) for a in argv)
     ):
         return None

@@ -274,12 +274,14 @@ def load_checkpoint_file(path: Path, key: str, need_weights: bool = True) -> dic
             f"{key}={path}: no such checkpoint file. Give the path of a .pth file (or a sharded "
             ".dcp directory) in a run's checkpoints/ dir."
         )
-    with path.open("rb") as f:
-        head = f.read(512)
-    if head and not head.startswith((b"PK\x03\x04", b"\x80")):  # torch.save's zip archive; its legacy pickle
-        kind = "text" if _is_text(head) else "not one"
+    try:
+        with path.open("rb") as f:
+            head = f.read(512)
+    except OSError as exc:  # (a stale NFS handle, a file gone since: read as a checkpoint that cannot be)
+        raise ConfigError(f"{key}={path}: unreadable checkpoint ({exc.strerror or exc})") from None
+    if head and not head.startswith((b"PK\x03\x04", b"\x80")) and _is_text(head):  # (zip; legacy pickle)
         raise ConfigError(
-            f"{key}={path}: not a checkpoint: torch.save writes a zip archive, and this file is {kind}. Give "
+            f"{key}={path}: not a checkpoint: torch.save writes a zip archive, and this file is text. Give "
             "a .pth file from a run's checkpoints/ dir (or a sharded .dcp directory)."
         )
     try:

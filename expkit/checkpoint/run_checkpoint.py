@@ -316,16 +316,16 @@ def _agreed_resumable(runner: Runner) -> tuple[Path, dict[str, Any]] | None:
     if runner.is_main:
         try:
             found = checkpoint_io.load_resumable(runner.work_dir)
-        except ConfigError as exc:
-            problem = str(exc)
+        except Exception as exc:  # (any: the other ranks wait for this rank's answer)
+            problem = str(exc) if isinstance(exc, ConfigError) else f"resume=true: {type(exc).__name__}: {exc}"
     chosen, problem = distributed.broadcast_object((None if found is None else str(found[0]), problem))
     if problem is not None:  # (every rank refuses alike)
         raise ConfigError(problem)
     if chosen is not None and not runner.is_main:
         try:
             found = Path(chosen), checkpoint_io.load_checkpoint(chosen, "resume", consolidate=False)
-        except ConfigError as exc:
-            problem = str(exc)
+        except Exception as exc:  # (any: rank 0 and the others wait for every rank's answer)
+            problem = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ConfigError) else str(exc)
     failed = distributed.first_problem(problem)
     if failed is not None:
         raise ConfigError(

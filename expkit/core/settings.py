@@ -17,13 +17,14 @@ __all__ = ["TrainerSettings", "check_device"]
 _REQUEUE_SIGNALS = ("USR1", "USR2", "HUP", "URG", "XCPU", "PWR")
 
 
-def check_device(key: str, device: Any) -> None:
+def check_device(key: str, device: Any, torch_runs_it: bool = True) -> None:
     """A device setting (``trainer.device``, a command's ``device``): auto, cpu, cuda or cuda:N, and
-    CUDA only where it is available.
+    CUDA only where torch has it (when torch runs the model).
 
     Args:
         key: the config key, named in the error.
         device: its value.
+        torch_runs_it: whether torch runs on it (not onnxruntime, which checks its own providers).
 
     Raises:
         ConfigError: naming `key` and what to type instead.
@@ -33,7 +34,7 @@ def check_device(key: str, device: Any) -> None:
         or (isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit())
     ):
         raise ConfigError(f"{key} must be auto, cpu, cuda or cuda:N, got {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    if torch_runs_it and device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"{key}={device} but CUDA is not available here; use {key}=auto or cpu")
 
 

@@ -41,6 +41,7 @@ class SweepSummaryCallback(Callback):
         if hc.mode != RunMode.MULTIRUN:
             return
         if self.plot_each_job:  # the whole summary and sweep.svg: reads every job (O(jobs) per job)
+            placed_job(Path(hc.runtime.output_dir))  # (read every job's dir: the placement is not needed)
             self._summarize(Path(hc.sweep.dir), plot=True)
             return
         try:

@@ -519,7 +519,7 @@ def place_job(cfg: DictConfig, overrides: list[str], hydra_dir: Path, sweep_dir:
         restore_hydra_record(hydra_dir, own)
         if target is None:
             digest = hashlib.sha1(" ".join(identity).encode()).hexdigest()[:6]
-            target = (sweep_dir / f"{hydra_dir.name}_{digest}").resolve()  # (as Hydra's own dirs: absolute)
+            target = (sweep_dir / f"{hydra_dir.name}_{digest}").absolute()  # (as Hydra's own dirs)
             for name, text in current.items():
                 atomic.write_text_atomic(target / ".hydra" / name, text)
             record_job(target, identity)
@@ -718,6 +718,7 @@ def claim_job(
             found it); ``Claim(None, value)``: it does not, and the task returns ``value``.
     """
     sweep_dir, work_dir, command = Path(hc.sweep.dir), Path(hc.runtime.output_dir), run_info["command"]
+    _PLACED.pop(work_dir.resolve(), None)  # (an earlier launch's, in this process: not this job's)
     monitor, rule = monitored
     if not may_start(sweep_dir):
         return Claim(None, None)

@@ -132,6 +132,45 @@ def test_ctrl_c_after_a_run_completed_leaves_it_completed_and_exits_0(tmp_path, 
     assert proc.returncode == 0 and "Interrupted" not in err and "KeyboardInterrupt" not in err, (proc.returncode, err)
 
 
+SIGINT_PROBE = """
+import json, signal, sys
+from hydra.experimental.callback import Callback
+
+seen = []
+
+
+class Probe(Callback):
+    def on_job_end(self, config, job_return, **kwargs):
+        seen.append(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+
+
+before = signal.getsignal(signal.SIGINT)
+import expkit.train
+
+sys.argv = ["expkit.train", f"hydra.run.dir={sys.argv[1]}", "trainer.max_epochs=1",
+            "+hydra.callbacks.probe._target_=__main__.Probe"]
+expkit.train.main()
+print("RESULT", json.dumps({"ignored_after_the_run": seen, "given_back": signal.getsignal(signal.SIGINT) is before}))
+"""
+
+
+def test_main_ignores_ctrl_c_from_a_runs_end_and_gives_the_handler_back(tmp_path):
+    """Deterministic beside the test above: a Hydra callback at the job's end (after the run is
+    recorded) finds SIGINT ignored, and a caller of main() gets its own handler back. The first
+    version settled inside the block whose exit put the run's stop handler back: neither held."""
+    (tmp_path / "probe.py").write_text(SIGINT_PROBE)
+    proc = subprocess.run(
+        [sys.executable, str(tmp_path / "probe.py"), str(tmp_path / "run")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads(line[7:]) == {"ignored_after_the_run": [True], "given_back": True}
+
+
 def test_show_hooks_as_hydra_reads_it_leaves_no_run_dir_and_other_values_exit_2(tmp_path):
     """show_hooks=True (true to Hydra) left an empty run dir in outputs/runs; show_hooks=maybe printed the table."""
     proc = run_cli("show_hooks=True", cwd=tmp_path)
