@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, S3, SEEN_PROBE, digit_shards_command, run_cli, seen_samples, torchrun
+from conftest import REPO, S3, SEEN_PROBE, digit_shards_command, run_cli, run_module, seen_samples, torchrun
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("webdataset")
@@ -381,14 +381,8 @@ def test_data_that_is_not_classification_exits_2_in_one_line_and_writes_no_shard
     """A mask per sample (shapes) crashed with a traceback and left a cut tar; a regression value
     (diabetes) was written truncated to an int class, which training then refused."""
     out = tmp_path / "shards"
-    shards = subprocess.run(
-        [sys.executable, "-m", "expkit.shards", f"out={out}", f"data={group}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert shards.returncode == 2, shards.stdout + shards.stderr
+    shards = run_module("expkit.shards", f"out={out}", f"data={group}", timeout=120)
+    assert shards.returncode == 2, shards.output
     assert f"Error: data={group}: the train split's sample 0 has {target}, not a class" in shards.stderr, shards.stderr
     assert len(shards.stderr.strip().splitlines()) == 1 and "Traceback" not in shards.stderr
     assert not list(out.glob("*.tar"))
