@@ -447,15 +447,11 @@ def _show_hooks_scratch(argv: list[str]) -> str | None:
     Hydra reads True and TRUE as true too; any other value than true or false exits 2."""
     if cli.sweeping(argv):
         return None  # (Hydra reads a sweep's values: show_hooks=true,false)
-    given = [a.partition("=")[2] for a in argv if a.partition("=")[0].lstrip("+") == "show_hooks"]
-    if given and given[-1].lower() not in ("true", "false", "null"):
-        print(f"Error: show_hooks must be true or false, got {given[-1]!r}", file=sys.stderr)
+    typed = cli.show_hooks_value(argv)
+    if typed is not None and typed.lower() not in ("true", "false", "null"):
+        print(f"Error: show_hooks must be true or false, got {typed!r}", file=sys.stderr)
         sys.exit(2)
-    if (
-        not given
-        or given[-1].lower() != "true"
-        or any(a.startswith(("hydra.run.dir=", "hydra.output_subdir=")) for a in argv)
-    ):
+    if str(typed).lower() != "true" or any(a.startswith(("hydra.run.dir=", "hydra.output_subdir=")) for a in argv):
         return None
     import tempfile
 

@@ -434,6 +434,20 @@ def prints_only(argv: Sequence[str]) -> bool:
     return any(a in NO_RUN_FLAGS or a.startswith(("--cfg=", "--info=")) for a in argv)
 
 
+def show_hooks_value(argv: list[str]) -> str | None:
+    """The last ``show_hooks=`` value of the command line, as typed (Hydra reads true and false in
+    any case: ``True``, ``TRUE``); None when it is not given.
+
+    Args:
+        argv: the command line, without the program name.
+
+    Returns:
+        The value, or None.
+    """
+    given = [a.partition("=")[2] for a in argv if a.partition("=")[0].lstrip("+") == "show_hooks"]
+    return given[-1] if given else None
+
+
 def check_rerun(argv: list[str]) -> str | None:
     """A command aimed at a dir that already holds a run (hydra.run.dir) or sweep jobs
     (hydra.sweep.dir with -m or an Optuna search), without resume: refused before anything
@@ -448,7 +462,7 @@ def check_rerun(argv: list[str]) -> str | None:
             or Slurm restart, the dir is not given, holds ``${`` or does not exist, or it holds no run or
             sweep jobs (or, for a search, a live worker of it runs there).
     """
-    if prints_only(argv) or "show_hooks=true" in argv:
+    if prints_only(argv) or str(show_hooks_value(argv)).lower() == "true":
         return None  # (nothing is written)
     resume = next((a.partition("=")[2] for a in reversed(argv) if a.lstrip("+").startswith("resume=")), "false")
     if resume.strip().strip("'\"").lower() not in ("false", "null", "none", "0", ""):

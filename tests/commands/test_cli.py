@@ -171,6 +171,17 @@ def test_main_ignores_ctrl_c_from_a_runs_end_and_gives_the_handler_back(tmp_path
     assert json.loads(line[7:]) == {"ignored_after_the_run": [True], "given_back": True}
 
 
+def test_show_hooks_in_any_case_is_no_rerun_of_the_run_dir_it_names(tmp_path):
+    """check_rerun read only the exact words show_hooks=true as printing and writing nothing."""
+    from expkit.config import cli
+    from expkit.testing import toy_runner
+
+    toy_runner(tmp_path, max_epochs=1).run()
+    assert "already holds" in (cli.check_rerun([f"hydra.run.dir={tmp_path}"]) or "")
+    for value in ("true", "True", "TRUE"):
+        assert cli.check_rerun([f"hydra.run.dir={tmp_path}", f"show_hooks={value}"]) is None
+
+
 def test_show_hooks_as_hydra_reads_it_leaves_no_run_dir_and_other_values_exit_2(tmp_path):
     """show_hooks=True (true to Hydra) left an empty run dir in outputs/runs; show_hooks=maybe printed the table."""
     proc = run_cli("show_hooks=True", cwd=tmp_path)
