@@ -42,6 +42,7 @@ __all__ = [
     "prints_only",
     "search_is_multirun",
     "searching",
+    "show_hooks_value",
     "shown_program",
     "sweeping",
     "tokens",
