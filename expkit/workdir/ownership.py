@@ -11,6 +11,12 @@ reused. Where locks are not honoured, the file decides: an owner on this host is
 its PID runs, not a zombie, with the same start time; an owner on another host, while its
 heartbeat is younger than ``STALE_AFTER_S``. A stale lock is taken over, with a message. The file stays after the
 run, marked released, so that nobody ever locks a file another process is about to unlink.
+
+Under Slurm the record names the job and its restart count. A job that Slurm started again
+(a requeue, a preemption, a failed node) finds its earlier attempt's lock, perhaps from another
+node: that owner is waited for until its heartbeat is ``REQUEUED_STALE_S`` old, not
+``STALE_AFTER_S``, and then taken over; one that still beats after that wait is alive (a node cut
+off from slurmctld still runs), and the dir is refused as busy.
 """
 
 from __future__ import annotations
@@ -31,11 +37,14 @@ from expkit.core.errors import ConfigError
 __all__ = [
     "HEARTBEAT_S",
     "LOCK_FILE",
+    "REQUEUED_STALE_S",
+    "REQUEUE_WAIT_S",
     "STALE_AFTER_S",
     "WorkDirBusy",
     "WorkDirLock",
     "busy_message",
     "describe",
+    "earlier_attempt",
     "live_owner",
     "why_stale",
 ]
@@ -46,6 +55,11 @@ log = logging.getLogger("expkit")
 LOCK_FILE = ".lock"
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 300.0  # an owner on another host with a heartbeat this old is gone
+# an earlier attempt of this Slurm job (requeued) with a heartbeat this old is gone: three missed beats
+REQUEUED_STALE_S = 3 * HEARTBEAT_S
+# how long a requeued attempt waits for its earlier attempt's lock: its heartbeat to go stale, and an NFS
+# server to drop the flock of a failed node (its lease, 90 s by default)
+REQUEUE_WAIT_S = REQUEUED_STALE_S + 2 * HEARTBEAT_S
 
 
 _HELD: set[int] = set()  # the lock files this process holds open
@@ -190,7 +204,31 @@ def why_stale(
             return f"pid {owner.get('pid')} is no longer running"
         return f"pid {owner.get('pid')} no longer holds its lock" if lock_free else None
     age = (now or time.time()) - float(owner.get("heartbeat") or 0)
+    if earlier := earlier_attempt(owner):
+        return f"{earlier}, and its heartbeat is {age:.0f} s old" if age > min(stale_after, REQUEUED_STALE_S) else None
     return f"its heartbeat is {age:.0f} s old" if age > stale_after else None
+
+
+def _slurm_attempt() -> tuple[str, int] | None:
+    """(``SLURM_JOB_ID``, ``SLURM_RESTART_COUNT``) of this process; None outside Slurm."""
+    job = os.environ.get("SLURM_JOB_ID")
+    return (job, int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)) if job else None
+
+
+def earlier_attempt(owner: dict[str, Any]) -> str | None:
+    """Whether the owner in a lock file is an earlier attempt of this very Slurm job: the same
+    job id with a lower restart count (Slurm started the job again: requeue, preemption, a failed node).
+
+    Args:
+        owner: the lock file's content.
+
+    Returns:
+        ``"it is attempt N of Slurm job J, which is at attempt M now"``; None otherwise (also outside Slurm).
+    """
+    mine, restart = _slurm_attempt(), owner.get("slurm_restart")
+    if mine is None or owner.get("slurm_job") != mine[0] or not isinstance(restart, int) or restart >= mine[1]:
+        return None
+    return f"it is attempt {restart} of Slurm job {mine[0]}, which is at attempt {mine[1]} now"
 
 
 def _flock_exclusive(fd: int, stale_after: float, wait_s: float = 1.0) -> None:
@@ -246,6 +284,30 @@ class WorkDirLock:
         self._info: dict[str, Any] = {}
 
     def acquire(self) -> WorkDirLock:
+        deadline = None
+        while True:
+            try:
+                return self._acquire()
+            except WorkDirBusy as busy:
+                if earlier_attempt(busy.owner) is None:
+                    raise
+                # Slurm started this job again while its earlier attempt's heartbeat is recent: that
+                # attempt is ending (KillWait), or was on a node that failed; wait for its beat to stop
+                if deadline is None:
+                    deadline = time.monotonic() + REQUEUE_WAIT_S
+                    log.warning(
+                        "Work dir %s is held by the earlier attempt of this Slurm job (%s): waiting up to %.0f s "
+                        "for it to end",
+                        self.path.parent,
+                        describe(busy.owner),
+                        REQUEUE_WAIT_S,
+                    )
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                time.sleep(min(left, 1.0))
+
+    def _acquire(self) -> WorkDirLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -274,6 +336,8 @@ class WorkDirLock:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "command": self.command,
         }
+        if (attempt := _slurm_attempt()) is not None:  # (a requeued attempt knows its predecessor by these)
+            self._info |= {"slurm_job": attempt[0], "slurm_restart": attempt[1]}
         try:
             self._write(heartbeat=time.time())
         except OSError:  # a full disk: the dir is not ours after all

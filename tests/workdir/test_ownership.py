@@ -71,6 +71,45 @@ def test_a_lock_file_without_a_live_owner_is_taken_over_and_a_live_one_refuses(t
         WorkDirLock(work, heartbeat=0).acquire()
 
 
+def test_a_requeued_slurm_job_takes_its_earlier_attempts_lock_on_another_node_within_a_minute(tmp_path, monkeypatch):
+    """A requeue on another node (a failed node, a preemption) finds the earlier attempt's lock:
+    gone once its heartbeat is REQUEUED_STALE_S old, waited for while it is younger; a live owner
+    that is not this job's earlier attempt still has STALE_AFTER_S."""
+    from expkit.workdir import ownership
+
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    earlier = {"host": "node9", "pid": 1, "slurm_job": "77", "slurm_restart": 0}
+    old = time.time() - ownership.REQUEUED_STALE_S - 10  # (well under STALE_AFTER_S)
+    cases = {  # (the owner, the reason it is gone, or None when it may still run)
+        "earlier attempt, silent": (earlier | {"heartbeat": old}, "attempt 0 of Slurm job 77, which is at attempt 1"),
+        "earlier attempt, beating": (earlier | {"heartbeat": time.time()}, None),
+        "this attempt": (earlier | {"slurm_restart": 1, "heartbeat": old}, None),
+        "another job": (earlier | {"slurm_job": "76", "heartbeat": old}, None),
+        "no Slurm record": ({"host": "node9", "pid": 1, "heartbeat": old}, None),
+    }
+    for name, (owner, reason) in cases.items():
+        said = why_stale(owner)
+        assert (said is None) if reason is None else (reason in said), (name, said)
+    work = tmp_path / "requeued"
+    _write_owner(work, **earlier, heartbeat=old)
+    with WorkDirLock(work, heartbeat=0) as lock:
+        assert "attempt 0 of Slurm job 77" in lock.took_over
+        record = json.loads((work / LOCK_FILE).read_text())
+        assert (record["slurm_job"], record["slurm_restart"]) == ("77", 1)  # what the next attempt will read
+    # an earlier attempt's heartbeat 2 s short of stale: waited for, then taken (not refused)
+    work = tmp_path / "waited"
+    _write_owner(work, **earlier, heartbeat=time.time() - ownership.REQUEUED_STALE_S + 2)
+    started = time.monotonic()
+    with WorkDirLock(work, heartbeat=0) as lock:
+        assert "attempt 0 of Slurm job 77" in lock.took_over
+    assert 1.5 < time.monotonic() - started < 10
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")  # the same attempt, started twice: refused at once
+    _write_owner(work, **earlier, heartbeat=time.time())
+    with pytest.raises(WorkDirBusy, match="pid 1 on node9"):
+        WorkDirLock(work, heartbeat=0).acquire()
+
+
 def test_an_owner_starting_while_a_probe_looks_at_its_lock_is_not_told_it_is_busy(tmp_path):
     """live_owner probes a lock with a shared flock for microseconds (a sweep's status, a
     worker counting the others); an owner whose acquire lands then waits for the probe, while a
