@@ -36,6 +36,7 @@ __all__ = [
     "broadcast_object",
     "cuda_index",
     "dead_ranks",
+    "elastic_attempt",
     "first_problem",
     "gather_peers",
     "hold_mesh",
@@ -301,14 +302,8 @@ def init(timeout_s: int = 1800) -> bool:
             global _ELASTIC_STORE, _ATTEMPT
             store, rank_, world = next(dist.rendezvous("env://", timeout=timeout))
             _ELASTIC_STORE = store
-            if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:
-                # several agents (nodes): only the agent whose worker failed counts a restart, so the
-                # attempt is counted in the store, by the workers joining it: the n-th world_size of them
-                # form attempt n (a worker that died before joining would shift it: a start-up crash)
-                _ATTEMPT = (store.add("expkit/joined", 1) - 1) // world
-            else:
-                _ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-            store = dist.PrefixStore(f"expkit/attempt_{_ATTEMPT}/", store)
+            prefix, _ATTEMPT = elastic_attempt(store, world)
+            store = dist.PrefixStore(prefix, store)
             dist.init_process_group(backend, store=store, rank=rank_, world_size=world, timeout=timeout)
         else:
             _rendezvous(backend, timeout)
@@ -320,6 +315,41 @@ def init(timeout_s: int = 1800) -> bool:
 
 
 _ELASTIC_STORE: Any = None  # torchrun's store, the same across its restarts (None outside torchrun)
+
+
+def elastic_attempt(store: Any, world: int) -> tuple[str, int]:
+    """The key prefix of this torchrun attempt's process group in torchrun's store, and the group's
+    attempt number. Every worker of one attempt gets the same pair, and no two attempts share a
+    prefix, also when the world size changes between them (``--nnodes=1:2``, a node that leaves
+    or joins).
+
+    With one agent, ``TORCHELASTIC_RESTART_COUNT`` numbers the attempts. With several agents (nodes),
+    only the agent whose worker failed counts a restart, and a membership change counts nothing:
+    the workers count themselves in the store instead, per world size, and the n-th `world` of
+    them form one attempt (a worker that died before joining would shift that count: a start-up
+    crash). Counting per world size keeps the workers of one attempt together when an earlier
+    attempt had another size (one count over all sizes would split 2 + 4 workers as 2, 2+2).
+    The first worker of an attempt numbers it, from a count of attempts kept in the store.
+
+    Args:
+        store: torchrun's store (``dist.rendezvous("env://")``'s).
+        world: this attempt's number of workers.
+
+    Returns:
+        (the prefix, the attempt number: 0 for the first).
+    """
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) <= 1:
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        # (a membership change of an elastic --nnodes=1:2 run restarts the workers without counting)
+        namespace = f"expkit/r{restart}/w{world}"
+        joined = store.add(f"{namespace}/joined", 1) - 1
+        return f"{namespace}/attempt_{joined // world}/", restart
+    namespace = f"expkit/w{world}"
+    joined = store.add(f"{namespace}/joined", 1) - 1
+    prefix = f"{namespace}/attempt_{joined // world}/"
+    if joined % world == 0:  # the attempt's first worker numbers it
+        store.set(f"{prefix}number", str(store.add("expkit/attempts", 1) - 1))
+    return prefix, int(store.get(f"{prefix}number"))  # (waits for that worker, within the store's timeout)
 
 
 def _rendezvous(backend: str, timeout: datetime.timedelta) -> None:
