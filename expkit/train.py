@@ -360,9 +360,10 @@ def _report(job: _Job, runner: Any, result: dict[str, Any]) -> float | None:
     log.info("Done (%s) in %.1f s: %s", result["status"], result["wall_time_s"], _done_metrics(result))
     log.info("Work dir: %s", job.work_dir.resolve())
     job.requeue = runner.requeue and result["status"] == "stopped"
+    restarts = _slurm_restarts_it(runner, result, multirun)  # (every rank of a Slurm job: rank 0 asks for all)
     if runner.stopped_by_signal and result["status"] == "stopped":  # (not one after the end)
         only_this_job = not multirun or _stops_only_this_job(runner)
-        if only_this_job and _slurm_restarts_it(runner):
+        if only_this_job and restarts:
             # No return value in a sweep: submitit would hand the sweep this attempt's stopped result
             # as the job's. Without one, the sweep's submitit goes on waiting for the job's next start.
             log.info("Slurm is requeuing this job (scontrol requeue, a preemption): its next start resumes the run")
@@ -393,18 +394,23 @@ def _stops_only_this_job(runner: Any) -> bool:
     return runner.requeue or (runner.stop_signal == signal.SIGTERM and "SUBMITIT_EXECUTOR" in os.environ)
 
 
-def _slurm_restarts_it(runner: Any) -> bool:
+def _slurm_restarts_it(runner: Any, result: dict[str, Any], multirun: bool) -> bool:
     """Whether the SIGTERM that stopped a Slurm job (submitit's, or an sbatch script's) is Slurm
     ending this attempt to start the job again (``scontrol requeue``, a preemption, which this
     call requeues), not ``scancel``: both send SIGTERM, only Slurm's restart count and the job's
-    preemption time tell them apart (asked once, here)."""
+    preemption time tell them apart. Asked once, here, by rank 0 for every rank of the job
+    (``distributed.asked_once``): so every rank of a Slurm job calls this, whatever stopped it."""
     from expkit.core import distributed, slurm
 
-    return (
-        runner.stop_signal == signal.SIGTERM
-        and slurm.job_id() is not None
-        and slurm.being_requeued(distributed.requeue_count(), main=distributed.is_main())
+    if slurm.job_id() is None:
+        return False
+    asks = (
+        runner.stopped_by_signal
+        and result["status"] == "stopped"
+        and runner.stop_signal == signal.SIGTERM
+        and (not multirun or _stops_only_this_job(runner))
     )
+    return bool(distributed.asked_once(lambda main: asks and slurm.being_requeued(distributed.requeue_count(), main)))
 
 
 def _done_metrics(result: dict[str, Any]) -> str:

@@ -19,12 +19,15 @@ import re
 import socket
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from expkit.core.errors import ConfigError, TaskExit
+
+_T = TypeVar("_T")
 
 __all__ = [
     "NODES",
@@ -32,6 +35,7 @@ __all__ = [
     "RendezvousError",
     "agree_on_stop",
     "all_reduce_sum",
+    "asked_once",
     "barrier",
     "broadcast_object",
     "cuda_index",
@@ -646,6 +650,32 @@ def broadcast_object(value: Any) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def asked_once(ask: Callable[[bool], _T]) -> _T:
+    """One question for the whole group, asked by rank 0: a scheduler's (``scontrol show job``) is
+    asked once per job, not once per rank (a 512-rank job would send slurmctld 512 at once).
+
+    Every rank must call it at the same point (a collective, over the CPU group of control
+    messages). A rank that cannot get rank 0's answer (rank 0 gone: a failed node) asks itself.
+
+    Args:
+        ask: the question; called as ``ask(True)`` on rank 0 (the one that acts on the answer:
+            requeues a job) and, only when rank 0's answer does not come, ``ask(False)`` on another rank.
+            Its answer must be picklable.
+
+    Returns:
+        Rank 0's answer, on every rank; ``ask(True)`` in one process.
+    """
+    if not is_distributed():
+        return ask(True)
+    answer = ask(True) if is_main() else None
+    box = [answer]
+    try:
+        dist.broadcast_object_list(box, src=0, group=_CONTROL)
+    except Exception:  # (a peer gone, its connection closed: the group cannot answer)
+        return answer if is_main() else ask(False)  # type: ignore[return-value]
+    return box[0]  # type: ignore[return-value]
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:

@@ -105,15 +105,21 @@ def _past_epoch(work, epoch: int) -> bool:
     return any(int(p.stem.split("_")[1]) >= epoch for p in (work / "checkpoints").glob("epoch_*.pth"))
 
 
-def _sacct_reading_node_fail(tmp_path, marked, read) -> str:
+def _sacct_reading_node_fail(tmp_path, marked, read, asked) -> str:
     """A dir with an ``sacct`` that answers as the cluster's, except that while the file `marked`
     names a job, that job's state reads ``NODE_FAIL`` (and the file `read` is made). A job
     Slurm requeues after a node failure reads so in sacct for a few seconds (3-6 s on this
     cluster) before it reads PENDING; submitit's watcher polls every few tens of seconds and so
     reads it only sometimes (twice in the runs of 2026-11-28, and the sweep then ended). This
-    makes it read it every time, so that the test fails without the sweep's handling of it."""
+    makes it read it every time, so that the test fails without the sweep's handling of it.
+    Its ``scontrol`` is the cluster's, and writes each call of a job's task to the file `asked`
+    (``SLURM_PROCID`` and the arguments)."""
     shim = tmp_path / "shim"
     shim.mkdir()
+    (shim / "scontrol").write_text(
+        f'#!/bin/sh\n[ -n "$SLURM_PROCID" ] && echo "$SLURM_PROCID $*" >> {asked}\nexec {shutil.which("scontrol")} "$@"\n'
+    )
+    (shim / "scontrol").chmod(0o755)
     (shim / "sacct").write_text(
         "#!/bin/sh\n"
         f'out=$({shutil.which("sacct")} "$@"); rc=$?\n'
@@ -145,8 +151,9 @@ def test_a_node_down_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_no
     epochs = ["trainer.max_epochs=21", "default_hooks.logger.plot=false"]
     first, last = slurm_cluster.nodes[0], last_node
     env = slow_env(tmp_path, **slurm_cluster.env)
-    marked, read = tmp_path / "node_fail.job", tmp_path / "node_fail.read"
-    sweep_env = {**env, "PATH": f"{_sacct_reading_node_fail(tmp_path, marked, read)}{os.pathsep}{env['PATH']}"}
+    marked, read, asked = tmp_path / "node_fail.job", tmp_path / "node_fail.read", tmp_path / "scontrol.calls"
+    shim = _sacct_reading_node_fail(tmp_path, marked, read, asked)
+    sweep_env = {**env, "PATH": f"{shim}{os.pathsep}{env['PATH']}"}
     reference = subprocess.Popen(
         torchrun_command(f"hydra.run.dir={tmp_path / 'reference'}", *epochs),
         cwd=REPO,
@@ -239,6 +246,11 @@ def test_a_node_down_a_usr2_to_every_rank_and_a_preemption_each_requeue_a_two_no
     resumed = [re.findall(r"Resumed from \S+ at epoch \d+, iteration \d+", log) for log in (train_log, rank1_log)]
     assert resumed[0] == resumed[1], resumed  # both ranks resumed from the same checkpoint each time
     assert train_log.count("Resumed from ") == 4, story
+    # slurmctld is asked by rank 0 for the whole job: the end time at each start, "requeue or cancel?"
+    # at each SIGTERM (a rank whose rank 0 is gone, on a failed node, asks itself)
+    calls = asked.read_text().splitlines()
+    assert sum(c.startswith("0 --oneliner show job") for c in calls) >= 5, calls  # (5 starts, 3 SIGTERMs)
+    assert not [c for c in calls if not c.startswith("0 ")][1:], calls
     rows = list(csv.DictReader((sweep / "summary.csv").open()))  # the sweep records one completed job
     assert [(r["job"], r["status"]) for r in rows] == [("0", "completed")], rows
     assert reference.wait(timeout=300) == 0

@@ -102,3 +102,41 @@ def test_no_rank_exits_before_rank_0_has_saved_at_a_stop(tmp_path):
     left = float((tmp_path / "exit_rank1.txt").read_text())
     assert left >= saved, f"rank 1 exited {saved - left:.2f} s before rank 0's save at the stop was done"
     assert (work / "checkpoints" / "iter_16.pth").is_file()
+
+
+ASK = """
+import json, os
+from expkit.core import distributed
+
+distributed.init(timeout_s=60)
+rank = distributed.rank()
+
+
+def ask(main):
+    with open(f"asked_rank{rank}_{main}.txt", "a") as f:
+        f.write("asked\\n")
+    return {"by": rank, "main": main}
+
+
+with open(f"answer{rank}.json", "w") as f:
+    json.dump(distributed.asked_once(ask), f)
+distributed.barrier()
+if rank == 0:
+    os._exit(0)  # gone (a failed node): rank 1's next question gets no answer from it
+with open(f"answer{rank}_alone.json", "w") as f:
+    json.dump(distributed.asked_once(ask), f)
+"""
+
+
+def test_slurm_is_asked_by_rank_0_for_every_rank_and_by_a_rank_whose_rank_0_is_gone(tmp_path):
+    """The job's end time at the start and "requeue or cancel?" at a SIGTERM are asked of slurmctld
+    once per job (distributed.asked_once), not once per rank: 512 ranks sent it 512 scontrol calls at
+    once. A rank that cannot get rank 0's answer asks itself."""
+    (tmp_path / "ask.py").write_text(ASK)
+    proc = torchrun("ask.py", cwd=tmp_path, module=None, timeout=120)
+    assert proc.returncode == 0, proc.output[-3000:]
+    answers = [json.loads((tmp_path / name).read_text()) for name in ("answer0.json", "answer1.json")]
+    assert answers == [{"by": 0, "main": True}] * 2  # rank 0's answer, on both
+    asked = sorted(p.name for p in tmp_path.glob("asked_*"))
+    assert asked == ["asked_rank0_True.txt", "asked_rank1_False.txt"], asked  # rank 1 asked only once rank 0 was gone
+    assert json.loads((tmp_path / "answer1_alone.json").read_text()) == {"by": 1, "main": False}
