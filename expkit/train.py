@@ -32,7 +32,14 @@ from omegaconf import DictConfig
 from expkit.config import cli
 from expkit.core import atomic, hydra_compat, versions
 from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused, exit_status, task_exits
-from expkit.core.signals import SweepInterrupted, raise_on_sigterm, stop_on_signals, submitit_signal, take_ctrl_c
+from expkit.core.signals import (
+    SweepInterrupted,
+    hold_sigterm,
+    raise_on_sigterm,
+    stop_on_signals,
+    submitit_signal,
+    take_ctrl_c,
+)
 from expkit.loggers import logs
 from expkit.metrics import monitor_of, worst_value
 from expkit.sweeps import sweep_jobs
@@ -585,6 +592,8 @@ def main() -> None:
     take_ctrl_c()  # (a sweep started with `&` in a script inherits SIGINT ignored)
     # --help, --cfg, --info: Hydra prints and exits, and nothing imports torch (1.5 s of a 1.9 s --help)
     prints_only = cli.prints_only(sys.argv[1:])
+    if not prints_only and not cli.sweeping(sys.argv[1:]):
+        hold_sigterm()  # (under Slurm: a preemption during the start-up stops the run as it begins)
     if not prints_only:
         importlib.import_module("torch")  # (a run's: imported before the heap is frozen, as it lives as long)
     _freeze_heap()  # torch and Hydra are imported

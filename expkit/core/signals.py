@@ -13,6 +13,7 @@ from typing import Any
 __all__ = [
     "SweepInterrupted",
     "hand_over",
+    "hold_sigterm",
     "raise_on_sigterm",
     "requeue_signals",
     "signal_number",
@@ -64,6 +65,35 @@ def raise_on_sigterm() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+_HELD: list[int] = []  # a SIGTERM that came while a single run started (hold_sigterm), for the run to take
+
+
+def hold_sigterm() -> None:
+    """Under Slurm, a SIGTERM that comes while a single run starts (imports, the process group, the
+    model, the data, a resume) is kept, and the run takes it as its first stop request once its
+    own handlers are in place (``stop_on_signals``): it stops before its first iteration, is recorded
+    ``stopped``, and a preempted job requeues itself, as it would a moment later. Killed by the
+    signal instead, a job preempted with a ``GraceTime`` ended before its grace time, and Slurm 22.05
+    does not requeue such a job: it was lost. A second SIGTERM ends the process at once; Slurm's
+    SIGKILL after ``KillWait`` still ends a start-up that hangs. Outside Slurm, under a handler of
+    someone else's (submitit's), or outside the main thread, nothing changes.
+    """
+    if (
+        "SLURM_JOB_ID" not in os.environ
+        or threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL  # (an int 0 where it was restored as one)
+    ):
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if _HELD:  # a second one: as if none had been held
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+        _HELD.append(signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def signal_number(name: str) -> int:
@@ -187,6 +217,8 @@ def stop_on_signals(runner: Any) -> Iterator[None]:
     for sig in getattr(runner, "requeue_signals", ()):
         if sig not in previous:  # (TERM or INT among them stays a plain stop)
             previous[sig] = signal.signal(sig, on_signal)
+    while _HELD:  # a SIGTERM during the start-up (hold_sigterm): the first stop request
+        stop_for_signal(runner, _HELD.pop(), " (during start-up)")
     try:
         yield
     finally:

@@ -99,6 +99,39 @@ def test_a_requeue_signal_after_sigterm_leaves_the_stop_to_sigterm_and_stops_the
         monkeypatch.delenv("SUBMITIT_EXECUTOR")
 
 
+def test_a_sigterm_during_start_up_under_slurm_is_the_runs_first_stop_and_a_second_one_kills(tmp_path, monkeypatch):
+    """A preemption (SIGTERM) while a run starts (imports, the group, the model, the data) used to kill
+    the process: with a GraceTime, Slurm 22.05 then never requeues the job. Held
+    (signals.hold_sigterm), it stops the run before its first iteration, recorded as stopped by the
+    signal, and the command asks Slurm and requeues as at any SIGTERM. A second SIGTERM ends the
+    process at once, and outside Slurm nothing is held."""
+    import sys
+
+    from expkit.core import signals
+
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    signals.hold_sigterm()
+    try:
+        signal.raise_signal(signal.SIGTERM)  # (during the start-up: no run holds the signals yet)
+        monkeypatch.delenv("SLURM_JOB_ID")  # (the runner asks no Slurm for its time limit)
+        runner = toy_runner(tmp_path, max_epochs=1)
+        result = runner.run()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signals._HELD.clear()
+    assert (runner.stop_signal, runner.stop_reason) == (signal.SIGTERM, "signal SIGTERM (during start-up)")
+    assert runner.stopped_by_signal and (result["status"], result["iter"]) == ("stopped", 0), result
+    twice = "import signal; from expkit.core import signals; signals.hold_sigterm(); " + (
+        "signal.raise_signal(signal.SIGTERM); print('held', flush=True); signal.raise_signal(signal.SIGTERM); print('x')"
+    )
+    for job, code, out in (("4242", -signal.SIGTERM, "held\n"), (None, -signal.SIGTERM, "")):
+        env = {k: v for k, v in slow_env(tmp_path).items() if k != "SLURM_JOB_ID"} | (
+            {"SLURM_JOB_ID": job} if job else {}
+        )
+        proc = subprocess.run([sys.executable, "-c", twice], env=env, capture_output=True, text=True, timeout=60)
+        assert (proc.returncode, proc.stdout) == (code, out), (job, proc)
+
+
 # -- the requeue signal in a single run ---------------------------------------------------------------
 @pytest.mark.slow
 def test_the_requeue_signal_saves_and_stops_a_run_resumable_and_resume_ends_exactly(tmp_path):
