@@ -319,12 +319,14 @@ def read_sharded_state(path: Path, key: str) -> dict[str, Any]:
         ``expkit.checkpoint.dcp.load_into``) added.
 
     Raises:
-        ConfigError: when `path` is not a complete sharded checkpoint, or ``state.pth`` does not load.
+        ConfigError: when `path` is not a complete sharded checkpoint, a shard is missing or truncated
+            (``dcp.check_shards``), or ``state.pth`` does not load.
     """
     if not dcp.is_checkpoint_dir(path):
         raise ConfigError(
             f"{key}={path}: not a complete sharded checkpoint (a directory with .metadata and {dcp.STATE_FILE})"
         )
+    dcp.check_shards(path, key)
     state = load_checkpoint_file(path / dcp.STATE_FILE, key, need_weights=False)
     state["sharded"] = dict(state.get("sharded") or {}, path=str(path))
     return state

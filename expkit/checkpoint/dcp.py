@@ -37,6 +37,7 @@ __all__ = [
     "STATE_FILE",
     "SUFFIX",
     "AsyncShards",
+    "check_shards",
     "checkpoint_name",
     "is_checkpoint_dir",
     "is_sharded",
@@ -404,6 +405,44 @@ def _check_index(metadata: Any, path: Path) -> None:
             or Path(relative).is_absolute()
         ):
             raise ConfigError(f"{path}: refused, its index names a shard outside the checkpoint ({relative!r})")
+
+
+def check_shards(path: Path, key: str = "resume") -> None:
+    """Every shard file the index of `path` names is there and long enough for what the index reads
+    from it: a node that died mid-write, a disk that filled or a copy cut short leaves a shard
+    missing or truncated, which DCP would find only while loading, after the run had chosen this
+    checkpoint. DCP keeps no checksums: a shard damaged inside is not seen here.
+
+    Args:
+        path: a sharded checkpoint directory (``is_checkpoint_dir``).
+        key: the config key that gave `path`, named in the error.
+
+    Raises:
+        ConfigError: when the index cannot be read, or names a shard that is missing or shorter than
+            the index says.
+    """
+    try:
+        metadata = _reader(path).read_metadata()
+    except ConfigError:
+        raise
+    except Exception as exc:  # (a truncated index: pickle's EOFError, an OSError)
+        raise ConfigError(
+            f"{key}={path}: unreadable checkpoint index (.metadata: {type(exc).__name__}: {exc})"
+        ) from None
+    needs: dict[str, int] = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        name = str(info.relative_path)
+        needs[name] = max(needs.get(name, 0), int(info.offset) + int(info.length))
+    for name, size in sorted(needs.items()):
+        try:
+            have = (path / name).stat().st_size
+        except OSError:
+            raise ConfigError(f"{key}={path}: damaged sharded checkpoint: its shard {name} is missing") from None
+        if have < size:
+            raise ConfigError(
+                f"{key}={path}: damaged sharded checkpoint: its shard {name} holds {have} bytes, its index "
+                f"reads {size} (a write cut short)"
+            )
 
 
 def _reader(path: Path) -> Any:

@@ -203,6 +203,38 @@ def test_truncated_checkpoint_is_named_and_auto_resume_falls_back(tmp_path, capl
     assert json.loads((tmp_path / "result.json").read_text())["epoch"] == 3
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # (DCP in one process, as it says)
+def test_a_sharded_checkpoint_with_a_truncated_or_missing_shard_is_named_and_resume_falls_back(tmp_path, caplog):
+    """A node that died mid-write leaves a shard short: DCP found it only while loading, after the
+    run had picked the checkpoint, and every restart picked it again. Now it is named before, and
+    resume=true falls back to the older checkpoint. (The shards are DCP's own, written in one process.)"""
+    import time
+
+    import torch.distributed.checkpoint as torch_dcp
+
+    from expkit.checkpoint import dcp
+    from expkit.checkpoint.checkpoint_io import load_resumable
+
+    for epoch in (1, 2):
+        path = tmp_path / "checkpoints" / f"epoch_{epoch}.dcp"
+        torch_dcp.save({"w": torch.arange(1000.0) * epoch}, checkpoint_id=str(path))
+        torch.save({"meta": {"epoch": epoch}}, path / dcp.STATE_FILE)
+        time.sleep(0.02)  # (newest first, by modification time)
+    newest = tmp_path / "checkpoints" / "epoch_2.dcp"
+    assert load_resumable(tmp_path)[0] == newest
+    (shard,) = newest.glob("*.distcp")
+    whole = shard.read_bytes()
+    shard.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ConfigError, match=rf"epoch_2.dcp: damaged sharded checkpoint: its shard {shard.name} holds"):
+        load_checkpoint(newest, "resume")
+    path, state = load_resumable(tmp_path)
+    assert (path.name, state["meta"]["epoch"]) == ("epoch_1.dcp", 1)
+    assert "falling back to an older one" in caplog.text and "a write cut short" in caplog.text
+    shard.unlink()
+    with pytest.raises(ConfigError, match=f"its shard {shard.name} is missing"):
+        load_checkpoint(newest, "load_from", consolidate=False)
+
+
 class _Planted:
     """Unpickling this would create a file: proof that code ran."""
 
