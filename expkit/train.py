@@ -36,6 +36,7 @@ from expkit.core.signals import (
     SweepInterrupted,
     hold_sigterm,
     raise_on_sigterm,
+    release_sigterm,
     stop_on_signals,
     submitit_signal,
     take_ctrl_c,
@@ -643,6 +644,7 @@ def main() -> None:
         gc.unfreeze()  # a process that calls main() again (a test, a driver script) collects this run's objects
         while _SETTLED:  # (a caller of main() in its own process gets its Ctrl-C back)
             signal.signal(signal.SIGINT, _SETTLED.pop())
+        release_sigterm()  # (a start-up that failed before the run took its SIGTERM: held no longer)
     if exiting:
         sys.exit(exiting[0])
 

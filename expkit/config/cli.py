@@ -578,15 +578,18 @@ def check_owner(argv: list[str]) -> str | None:
 
     Returns:
         ``busy_message`` for the dir of the last ``hydra.run.dir=`` word when a live process owns it; None
-            when none does, when no such word is given, in a sweep (``-m`` / ``--multirun``) and on ranks
-            other than 0.
+            when none does, when no such word is given, in a sweep (``-m`` / ``--multirun``), on ranks
+            other than 0, and when the owner is an earlier attempt of this Slurm job (the lock waits
+            for it to end: ``WorkDirLock.acquire``).
     """
-    from expkit.workdir.ownership import busy_message, live_owner
+    from expkit.workdir.ownership import busy_message, earlier_attempt, live_owner
 
     if any(a in ("-m", "--multirun") for a in argv) or os.environ.get("RANK", "0") != "0":
         return None
     given = next((a.split("=", 1)[1] for a in reversed(argv) if a.startswith("hydra.run.dir=")), None)
     owner = live_owner(Path(given)) if given else None
+    if owner is not None and earlier_attempt(owner):  # a requeued Slurm job: the lock waits for it (WorkDirLock)
+        return None
     return busy_message(Path(given), owner) if given and owner is not None else None
 
 

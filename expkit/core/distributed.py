@@ -41,6 +41,7 @@ __all__ = [
     "cuda_index",
     "dead_ranks",
     "elastic_attempt",
+    "first_on_host",
     "first_problem",
     "gather_peers",
     "hold_mesh",
@@ -537,6 +538,19 @@ def gather_peers() -> None:
         NODES = [node for *_, node in peers]
 
 
+def first_on_host() -> bool:
+    """Whether this rank is the lowest rank of its host (by the hosts gathered when the group formed):
+    the one that fills a cache in the host's own temporary dir for the others. True outside a group.
+
+    Returns:
+        True for the lowest rank on this host, or in one process; False for the others.
+    """
+    if not is_distributed() or not PEERS:
+        return True
+    here = socket.gethostname()
+    return next(r for r, (host, _) in enumerate(PEERS) if host == here) == rank()
+
+
 def world_info() -> dict[str, Any]:
     """The group's shape, for the run's records: ``world_size``, ``nodes`` (in the order of their
     first rank), ``processes_per_node``, and ``rendezvous`` (the address and where it came from)
@@ -667,8 +681,11 @@ def asked_once(ask: Callable[[bool], _T]) -> _T:
     Returns:
         Rank 0's answer, on every rank; ``ask(True)`` in one process.
     """
+    global _CONTROL
     if not is_distributed():
         return ask(True)
+    if _CONTROL is None and dist.get_backend() == "nccl":  # (a group the user's code joined: see agree_on_stop)
+        _CONTROL = dist.new_group(backend="gloo")  # (gloo raises when a peer is gone; NCCL may hang)
     answer = ask(True) if is_main() else None
     box = [answer]
     try:

@@ -15,6 +15,7 @@ __all__ = [
     "hand_over",
     "hold_sigterm",
     "raise_on_sigterm",
+    "release_sigterm",
     "requeue_signals",
     "signal_number",
     "stop_for_signal",
@@ -70,30 +71,37 @@ def raise_on_sigterm() -> Iterator[None]:
 _HELD: list[int] = []  # a SIGTERM that came while a single run started (hold_sigterm), for the run to take
 
 
+def _hold(signum: int, frame: Any) -> None:
+    if not _HELD:  # (a repeat is the same request: slurmstepd and a launcher may both forward it)
+        _HELD.append(signum)
+
+
 def hold_sigterm() -> None:
     """Under Slurm, a SIGTERM that comes while a single run starts (imports, the process group, the
     model, the data, a resume) is kept, and the run takes it as its first stop request once its
     own handlers are in place (``stop_on_signals``): it stops before its first iteration, is recorded
     ``stopped``, and a preempted job requeues itself, as it would a moment later. Killed by the
     signal instead, a job preempted with a ``GraceTime`` ended before its grace time, and Slurm 22.05
-    does not requeue such a job: it was lost. A second SIGTERM ends the process at once; Slurm's
-    SIGKILL after ``KillWait`` still ends a start-up that hangs. Outside Slurm, under a handler of
-    someone else's (submitit's), or outside the main thread, nothing changes.
+    does not requeue such a job: it was lost. Slurm's SIGKILL after ``KillWait`` still ends a
+    start-up that hangs. The run's end puts the default action back (``release_sigterm``). Outside
+    Slurm, under torchrun (whose agent ends its workers with SIGTERM at a restart), under a
+    handler of someone else's (submitit's), or outside the main thread, nothing changes.
     """
     if (
         "SLURM_JOB_ID" not in os.environ
+        or "TORCHELASTIC_RESTART_COUNT" in os.environ
         or threading.current_thread() is not threading.main_thread()
         or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL  # (an int 0 where it was restored as one)
     ):
         return
+    signal.signal(signal.SIGTERM, _hold)
 
-    def on_sigterm(signum: int, frame: Any) -> None:
-        if _HELD:  # a second one: as if none had been held
-            signal.signal(signum, signal.SIG_DFL)
-            signal.raise_signal(signum)
-        _HELD.append(signum)
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+def release_sigterm() -> None:
+    """SIGTERM's default action back where ``hold_sigterm`` held it, and nothing held any more."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is _hold:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _HELD.clear()
 
 
 def signal_number(name: str) -> int:
@@ -223,7 +231,7 @@ def stop_on_signals(runner: Any) -> Iterator[None]:
         yield
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, signal.SIG_DFL if handler is _hold else handler)  # (the start-up is over)
 
 
 def take_ctrl_c() -> None:

@@ -230,14 +230,14 @@ class Runner:
 
     def _watch_time_limit(self) -> None:
         """Under Slurm, a job with a time limit gets a TimeLimitHook (``trainer.save_before_limit``):
-        Slurm is asked for the job's end once, here, by rank 0 for every rank; outside Slurm nothing is
-        imported, asked or added."""
+        Slurm is asked for the job's end once, here (on rank 0 alone: the others stop with it); outside
+        Slurm nothing is imported, asked or added."""
         if "SLURM_JOB_ID" not in os.environ:
             return
-        from expkit.core import distributed, slurm
+        from expkit.core import slurm
         from expkit.hooks.time_limit import TimeLimitHook
 
-        job = distributed.asked_once(lambda _main: slurm.this_job())  # (rank 0 asks, for every rank)
+        job = slurm.this_job()
         if job is None or job.end_time is None:
             return
         what = f"the time limit of Slurm job {job.job_id}"

@@ -164,7 +164,12 @@ def busy_message(work_dir: Path, owner: dict[str, Any]) -> str:
     """
     who = describe(owner) if owner and not owner.get("unreadable") else "another process"
     elsewhere = ""
-    if owner.get("host") not in (None, socket.gethostname()) and owner.get("heartbeat"):
+    if earlier := earlier_attempt(owner):
+        elsewhere = (
+            f" The owner is the earlier attempt of this job ({earlier}), and its heartbeat still changes: "
+            "it runs on a node Slurm lost contact with, or has not ended yet. End its processes, then requeue."
+        )
+    elif owner.get("host") not in (None, socket.gethostname()) and owner.get("heartbeat"):
         free_at = time.strftime("%H:%M:%S", time.localtime(float(owner["heartbeat"]) + STALE_AFTER_S))
         elsewhere = (
             f" If that host is gone, the dir is free once the heartbeat is {STALE_AFTER_S:.0f} s old ({free_at})."
@@ -265,6 +270,10 @@ class WorkDirLock:
             (decides only where the filesystem does not honour flock).
         heartbeat: the seconds between refreshes of the lock file's heartbeat, in a background thread;
             <= 0: no thread (the heartbeat is written only when the lock is acquired and released).
+        requeued_stale_after: the seconds an earlier attempt of this Slurm job must leave its record
+            unchanged, watched on this machine's clock, before it is taken over.
+        requeue_wait: the seconds ``acquire`` waits for an earlier attempt of this Slurm job before it
+            refuses the dir as busy.
     """
 
     def __init__(
@@ -273,10 +282,13 @@ class WorkDirLock:
         command: str | None = None,
         stale_after: float = STALE_AFTER_S,
         heartbeat: float = HEARTBEAT_S,
+        requeued_stale_after: float = REQUEUED_STALE_S,
+        requeue_wait: float = REQUEUE_WAIT_S,
     ) -> None:
         self.path = Path(work_dir) / LOCK_FILE
         self.command = command or " ".join(["python", *sys.argv])
         self.stale_after, self.heartbeat = stale_after, heartbeat
+        self.requeued_stale_after, self.requeue_wait = requeued_stale_after, requeue_wait
         self.fd: int | None = None
         self.took_over: str | None = None  # whose lock this one replaced, and why
         self._stop = threading.Event()
@@ -284,30 +296,40 @@ class WorkDirLock:
         self._info: dict[str, Any] = {}
 
     def acquire(self) -> WorkDirLock:
-        deadline = None
+        deadline, seen, gone = None, None, None  # seen: (the earlier attempt's heartbeat, since when)
         while True:
             try:
-                return self._acquire()
+                return self._acquire((seen[0], gone) if seen is not None and gone else None)
             except WorkDirBusy as busy:
                 if earlier_attempt(busy.owner) is None:
                     raise
                 # Slurm started this job again while its earlier attempt's heartbeat is recent: that
-                # attempt is ending (KillWait), or was on a node that failed; wait for its beat to stop
+                # attempt is ending (KillWait), or was on a node that failed. Its record is watched on
+                # this machine's clock (no other host's clock, no write-back delay counts): unchanged
+                # for requeued_stale_after, its beat has stopped and it is taken over
+                now = time.monotonic()
                 if deadline is None:
-                    deadline = time.monotonic() + REQUEUE_WAIT_S
+                    deadline = now + self.requeue_wait
                     log.warning(
                         "Work dir %s is held by the earlier attempt of this Slurm job (%s): waiting up to %.0f s "
                         "for it to end",
                         self.path.parent,
                         describe(busy.owner),
-                        REQUEUE_WAIT_S,
+                        self.requeue_wait,
                     )
-                left = deadline - time.monotonic()
-                if left <= 0:
+                beat = busy.owner.get("heartbeat")
+                if seen is None or seen[0] != beat:
+                    seen, gone = (beat, now), None
+                elif gone is None and now - seen[1] >= self.requeued_stale_after:
+                    gone = f"{earlier_attempt(busy.owner)}, and its heartbeat has not changed for {now - seen[1]:.0f} s"
+                    continue
+                if now >= deadline:
                     raise
-                time.sleep(min(left, 1.0))
+                time.sleep(min(deadline - now, 1.0))
 
-    def _acquire(self) -> WorkDirLock:
+    def _acquire(self, silent: tuple[Any, str] | None = None) -> WorkDirLock:
+        """One try; `silent`: (a heartbeat, why it is gone): an owner whose record still shows that
+        heartbeat is taken over (``acquire``'s watch of an earlier attempt), when its flock is free."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -320,6 +342,8 @@ class WorkDirLock:
                 locked = False
             owner = _read(fd)
             reason = why_stale(owner, stale_after=self.stale_after, lock_free=locked) if owner else "released"
+            if reason is None and silent is not None and owner.get("heartbeat") == silent[0]:
+                reason = silent[1]
             if reason is None:
                 raise self._busy(owner)
             if owner and reason != "released":
@@ -364,6 +388,7 @@ class WorkDirLock:
         while not self._stop.wait(self.heartbeat):
             with contextlib.suppress(OSError):  # a full disk must not end the run
                 self._write(heartbeat=time.time())
+                os.fsync(self.fd)  # type: ignore[arg-type]  # (on NFS: seen by another host now, not at write-back)
 
     def release(self) -> None:
         if self.fd is None:

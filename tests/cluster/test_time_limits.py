@@ -99,37 +99,44 @@ def test_a_requeue_signal_after_sigterm_leaves_the_stop_to_sigterm_and_stops_the
         monkeypatch.delenv("SUBMITIT_EXECUTOR")
 
 
-def test_a_sigterm_during_start_up_under_slurm_is_the_runs_first_stop_and_a_second_one_kills(tmp_path, monkeypatch):
+def test_a_sigterm_during_start_up_under_slurm_is_the_runs_first_stop(tmp_path, monkeypatch):
     """A preemption (SIGTERM) while a run starts (imports, the group, the model, the data) used to kill
     the process: with a GraceTime, Slurm 22.05 then never requeues the job. Held
     (signals.hold_sigterm), it stops the run before its first iteration, recorded as stopped by the
-    signal, and the command asks Slurm and requeues as at any SIGTERM. A second SIGTERM ends the
-    process at once, and outside Slurm nothing is held."""
+    signal, and the command asks Slurm and requeues as at any SIGTERM; a repeat (slurmstepd and a
+    launcher both forwarding it) is the same request. After the run SIGTERM's default action is
+    back. Outside Slurm, and under torchrun (whose agent ends workers with SIGTERM), nothing is held."""
     import sys
 
     from expkit.core import signals
 
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
     signals.hold_sigterm()
     try:
+        assert signal.getsignal(signal.SIGTERM) is signals._hold  # (else the raise below would end pytest)
         signal.raise_signal(signal.SIGTERM)  # (during the start-up: no run holds the signals yet)
+        signal.raise_signal(signal.SIGTERM)
         monkeypatch.delenv("SLURM_JOB_ID")  # (the runner asks no Slurm for its time limit)
         runner = toy_runner(tmp_path, max_epochs=1)
         result = runner.run()
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # (the start-up is over)
     finally:
+        signals.release_sigterm()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signals._HELD.clear()
     assert (runner.stop_signal, runner.stop_reason) == (signal.SIGTERM, "signal SIGTERM (during start-up)")
     assert runner.stopped_by_signal and (result["status"], result["iter"]) == ("stopped", 0), result
-    twice = "import signal; from expkit.core import signals; signals.hold_sigterm(); " + (
-        "signal.raise_signal(signal.SIGTERM); print('held', flush=True); signal.raise_signal(signal.SIGTERM); print('x')"
+    start_up = "import signal; from expkit.core import signals; signals.hold_sigterm(); " + (
+        "signal.raise_signal(signal.SIGTERM); print('held', flush=True)"
     )
-    for job, code, out in (("4242", -signal.SIGTERM, "held\n"), (None, -signal.SIGTERM, "")):
-        env = {k: v for k, v in slow_env(tmp_path).items() if k != "SLURM_JOB_ID"} | (
-            {"SLURM_JOB_ID": job} if job else {}
+    cases = {"slurm": ({"SLURM_JOB_ID": "4242"}, 0), "no slurm": ({}, -signal.SIGTERM)}
+    cases["torchrun"] = ({"SLURM_JOB_ID": "4242", "TORCHELASTIC_RESTART_COUNT": "0"}, -signal.SIGTERM)
+    for name, (extra, code) in cases.items():
+        env = {k: v for k, v in slow_env(tmp_path).items() if k not in ("SLURM_JOB_ID", "TORCHELASTIC_RESTART_COUNT")}
+        proc = subprocess.run(
+            [sys.executable, "-c", start_up], env=env | extra, capture_output=True, text=True, timeout=60
         )
-        proc = subprocess.run([sys.executable, "-c", twice], env=env, capture_output=True, text=True, timeout=60)
-        assert (proc.returncode, proc.stdout) == (code, out), (job, proc)
+        assert (proc.returncode, proc.stdout) == (code, "held\n" if code == 0 else ""), (name, proc)
 
 
 # -- the requeue signal in a single run ---------------------------------------------------------------

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -104,8 +105,37 @@ def test_a_requeued_slurm_job_takes_its_earlier_attempts_lock_on_another_node_wi
     with WorkDirLock(work, heartbeat=0) as lock:
         assert "attempt 0 of Slurm job 77" in lock.took_over
     assert 1.5 < time.monotonic() - started < 10
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")  # the same attempt, started twice: refused at once
+    # a fresh heartbeat (or a clock ahead of ours) that no longer changes, watched on this machine's clock
+    work = tmp_path / "watched"
+    _write_owner(work, **earlier, heartbeat=time.time() + 5)
+    with WorkDirLock(work, heartbeat=0, requeued_stale_after=1.5) as lock:
+        assert (
+            "attempt 0 of Slurm job 77, which is at attempt 1 now, and its heartbeat has not changed" in lock.took_over
+        )
+    # a heartbeat that still changes: alive (a node Slurm lost contact with), refused after the wait
+    work = tmp_path / "alive"
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(0.2):
+            _write_owner(work, **earlier, heartbeat=time.time())
+
     _write_owner(work, **earlier, heartbeat=time.time())
+    beating = threading.Thread(target=beat)
+    beating.start()
+    try:
+        with pytest.raises(WorkDirBusy, match="earlier attempt of this job .* its heartbeat still changes"):
+            WorkDirLock(work, heartbeat=0, requeued_stale_after=1.0, requeue_wait=2.5).acquire()
+    finally:
+        stop.set()
+        beating.join()
+    # the command's check before Hydra writes into the dir leaves an earlier attempt to the lock's wait
+    from expkit.config import cli
+
+    _write_owner(work, **earlier, heartbeat=time.time())
+    assert cli.check_owner([f"hydra.run.dir={work}"]) is None
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")  # the same attempt, started twice: refused at once
+    assert "pid 1 on node9" in cli.check_owner([f"hydra.run.dir={work}"])
     with pytest.raises(WorkDirBusy, match="pid 1 on node9"):
         WorkDirLock(work, heartbeat=0).acquire()
 
