@@ -325,16 +325,17 @@ _ELASTIC_STORE: Any = None  # torchrun's store, the same across its restarts (No
 def elastic_attempt(store: Any, world: int) -> tuple[str, int]:
     """The key prefix of this torchrun attempt's process group in torchrun's store, and the group's
     attempt number. Every worker of one attempt gets the same pair, and no two attempts share a
-    prefix, also when the world size changes between them (``--nnodes=1:2``, a node that leaves
-    or joins).
+    prefix, also when the world size changes between them (``--nnodes=1:2``, a node that joins, or
+    one that leaves while the node of the store stays).
 
-    With one agent, ``TORCHELASTIC_RESTART_COUNT`` numbers the attempts. With several agents (nodes),
-    only the agent whose worker failed counts a restart, and a membership change counts nothing:
-    the workers count themselves in the store instead, per world size, and the n-th `world` of
-    them form one attempt (a worker that died before joining would shift that count: a start-up
-    crash). Counting per world size keeps the workers of one attempt together when an earlier
-    attempt had another size (one count over all sizes would split 2 + 4 workers as 2, 2+2).
-    The first worker of an attempt numbers it, from a count of attempts kept in the store.
+    The workers count themselves in the store, per world size, and the n-th `world` of them form one
+    attempt: with several agents (nodes) only the agent whose worker failed counts a restart in
+    ``TORCHELASTIC_RESTART_COUNT``, and a membership change counts nothing. Counting per world size
+    keeps the workers of one attempt together when an earlier attempt had another size (one count
+    over all sizes would split 2 + 4 workers as 2, 2+2). With one agent the count is also kept per
+    ``TORCHELASTIC_RESTART_COUNT``, exact there: a worker that died before joining would otherwise
+    shift it (with several agents it does: a start-up crash). The first worker of an attempt numbers
+    it from a count of attempts kept in the store, whatever the number of agents.
 
     Args:
         store: torchrun's store (``dist.rendezvous("env://")``'s).
@@ -343,13 +344,9 @@ def elastic_attempt(store: Any, world: int) -> tuple[str, int]:
     Returns:
         (the prefix, the attempt number: 0 for the first).
     """
-    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) <= 1:
-        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        # (a membership change of an elastic --nnodes=1:2 run restarts the workers without counting)
-        namespace = f"expkit/r{restart}/w{world}"
-        joined = store.add(f"{namespace}/joined", 1) - 1
-        return f"{namespace}/attempt_{joined // world}/", restart
     namespace = f"expkit/w{world}"
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) <= 1:
+        namespace += f"/r{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     joined = store.add(f"{namespace}/joined", 1) - 1
     prefix = f"{namespace}/attempt_{joined // world}/"
     if joined % world == 0:  # the attempt's first worker numbers it
