@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -28,8 +29,20 @@ from typing import Any
 
 from expkit.core.errors import CheckpointWriteError, ConfigError
 
-__all__ = ["EXTRAS", "LAST_CHECKPOINT", "RemoteDir", "checked_url", "fetch", "filesystem", "is_url", "local_path"]
+__all__ = [
+    "EXTRAS",
+    "LAST_CHECKPOINT",
+    "RemoteDir",
+    "checked_url",
+    "fetch",
+    "filesystem",
+    "is_url",
+    "local_path",
+    "resolve",
+]
 
+
+log = logging.getLogger("expkit")
 
 LAST_CHECKPOINT = "last_checkpoint"
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}  # scheme -> the expkit extra that brings its package
@@ -279,6 +292,7 @@ class RemoteDir:
                 return local  # (downloaded before: the cache)
         into.mkdir(parents=True, exist_ok=True)
         tmp = into / f".{name}.tmp{os.getpid()}"
+        log.info("Downloading %s/%s into %s", self.url, name, into)
         try:
             self._call("get", source, str(tmp), recursive=directory)
             if local.is_dir() and not local.is_symlink():
@@ -312,15 +326,33 @@ def fetch(url: str, which: str = "best", key: str = "checkpoint") -> Path:
     Raises:
         ConfigError: when the store cannot be reached, the dir holds no checkpoint, or the download fails.
     """
+    remote, name = resolve(url, which, key)
+    cache = Path(tempfile.gettempdir()) / "expkit-checkpoints" / hashlib.sha256(remote.url.encode()).hexdigest()[:16]
+    return remote.download(name, cache)
+
+
+def resolve(url: str, which: str = "best", key: str = "checkpoint") -> tuple[RemoteDir, str]:
+    """The checkpoint a URL names, as ``fetch`` picks it, without downloading it: for a run's remote
+    checkpoint dir, the name its best or ``last_checkpoint`` gives now.
+
+    Args:
+        url: a ``.pth`` object's or ``.dcp`` directory's URL, or a run's remote checkpoint dir.
+        which: for a dir, ``"best"`` (else ``last_checkpoint``), as for ``fetch``.
+        key: the config key that gave `url`, named in error messages.
+
+    Returns:
+        (the dir, the checkpoint's name in it); ``f"{dir.url}/{name}"`` names that checkpoint alone.
+
+    Raises:
+        ConfigError: when the URL is refused, the store cannot be reached, or the dir holds no checkpoint.
+    """
     url = checked_url(url, key)
     head, _, name = url.rpartition("/")
     if name.endswith((".pth", ".dcp")):
-        remote = RemoteDir(head, key=key, given=url)
-    else:
-        remote, name = RemoteDir(url, key=key), ""
-        picked = next(iter(remote.bests()), None) if which == "best" else None
-        name = picked or remote.pointer() or ""
-        if not name:
-            raise ConfigError(f"{key}={url}: no checkpoint there (no {LAST_CHECKPOINT}, no best_* checkpoint)")
-    cache = Path(tempfile.gettempdir()) / "expkit-checkpoints" / hashlib.sha256(remote.url.encode()).hexdigest()[:16]
-    return remote.download(name, cache)
+        return RemoteDir(head, key=key, given=url), name
+    remote = RemoteDir(url, key=key)
+    picked = next(iter(remote.bests()), None) if which == "best" else None
+    name = picked or remote.pointer() or ""
+    if not name:
+        raise ConfigError(f"{key}={url}: no checkpoint there (no {LAST_CHECKPOINT}, no best_* checkpoint)")
+    return remote, name

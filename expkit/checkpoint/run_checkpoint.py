@@ -366,7 +366,6 @@ def _download_resumable(runner: Runner) -> None:
     name = store.pointer() if runner.is_main else None
     local_dir = runner.work_dir / "checkpoints"
     if name is not None and not checkpoint_io.is_checkpoint(local_dir / name):
-        log.info("resume=true: downloading %s/%s (not in %s)", store.url, name, local_dir)
         path = store.download(name, local_dir)
         checkpoint_io.point_last_checkpoint(local_dir, path)
         for best in store.bests():  # (the best files too: test_with=best and the best scores read them)
@@ -377,16 +376,54 @@ def _download_resumable(runner: Runner) -> None:
 def _local(runner: Runner, given: str, key: str) -> Path:
     """`given` as a local path: a URL is downloaded, into this run's ``checkpoints/`` when it is
     one of this run's own stored checkpoints (a cache hit the next time), else into the cache of
-    ``expkit.checkpoint.remote.fetch``."""
+    ``expkit.checkpoint.remote.fetch`` (the host's temporary dir).
+
+    With several ranks, one rank downloads into each place and the others take its path: rank 0
+    into the run's ``checkpoints/`` (one dir, shared by the nodes), the lowest rank of each host
+    into that host's cache. Each rank downloading for itself sent the store one request per rank,
+    and two ranks replacing one ``.dcp`` dir could remove it under a third one reading it. A run's
+    dir URL is resolved once, by rank 0, to the checkpoint its pointer names then: every host
+    downloads that one, also when the pointer moves meanwhile."""
     from expkit.checkpoint import remote
 
     if not remote.is_url(given):
         return remote.local_path(given)
     store = _store(runner)
     head, _, name = str(given).rstrip("/").rpartition("/")
-    if store is not None and head == store.url:
-        return store.download(name, runner.work_dir / "checkpoints")
-    return remote.fetch(str(given), "last", key)
+    own = store is not None and head == store.url
+
+    def download(url: str) -> Path:
+        if store is not None and own:
+            return store.download(name, runner.work_dir / "checkpoints")
+        return remote.fetch(url, "last", key)
+
+    if not distributed.is_distributed():
+        return download(str(given))
+    source = 0 if own else distributed.host_leader()
+    url, problem = str(given), None
+    if not own and distributed.is_main():
+        try:
+            found, picked = remote.resolve(url, "last", key)
+            url = f"{found.url}/{picked}"
+        except Exception as exc:  # (any: the other ranks wait for this rank's answer)
+            problem = _download_problem(exc, key, given)
+    if not own:
+        url, problem = distributed.broadcast_object((url, problem))
+    path = None
+    if problem is None and distributed.rank() == source:
+        try:
+            path = download(url)
+        except Exception as exc:  # (any: the other ranks wait for this rank's answer)
+            problem = _download_problem(exc, key, given)
+    gathered = distributed.all_gather((None if path is None else str(path), problem))
+    failed = next((what for _, what in gathered if what is not None), None)
+    if failed is not None:
+        raise ConfigError(failed)
+    return Path(gathered[source][0])
+
+
+def _download_problem(exc: BaseException, key: str, given: str) -> str:
+    return str(exc) if isinstance(exc, ConfigError) else f"{key}={given}: {type(exc).__name__}: {exc}"
 
 
 def _check_fits(runner: Runner, checkpoint: dict[str, Any], source: Path, resume: bool) -> None:

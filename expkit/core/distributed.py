@@ -34,6 +34,7 @@ __all__ = [
     "PEERS",
     "RendezvousError",
     "agree_on_stop",
+    "all_gather",
     "all_reduce_sum",
     "asked_once",
     "barrier",
@@ -41,10 +42,10 @@ __all__ = [
     "cuda_index",
     "dead_ranks",
     "elastic_attempt",
-    "first_on_host",
     "first_problem",
     "gather_peers",
     "hold_mesh",
+    "host_leader",
     "init",
     "init_or_exit",
     "is_distributed",
@@ -535,17 +536,33 @@ def gather_peers() -> None:
         NODES = [node for *_, node in peers]
 
 
-def first_on_host() -> bool:
-    """Whether this rank is the lowest rank of its host (by the hosts gathered when the group formed):
-    the one that fills a cache in the host's own temporary dir for the others. True outside a group.
+def host_leader() -> int:
+    """The lowest rank on this rank's host (by the hosts gathered when the group formed): the one that
+    fills a cache in the host's own temporary dir for the others.
 
     Returns:
-        True for the lowest rank on this host, or in one process; False for the others.
+        That rank; 0 outside a group.
     """
     if not is_distributed() or not PEERS:
-        return True
+        return 0
     here = socket.gethostname()
-    return next(r for r, (host, _) in enumerate(PEERS) if host == here) == rank()
+    return next(r for r, (host, _) in enumerate(PEERS) if host == here)
+
+
+def all_gather(value: Any) -> list[Any]:
+    """Every rank's `value`, by rank, on every rank (collective).
+
+    Args:
+        value: this rank's value; picklable.
+
+    Returns:
+        The list of every rank's value; ``[value]`` in one process.
+    """
+    if not is_distributed():
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
 
 
 def world_info() -> dict[str, Any]:

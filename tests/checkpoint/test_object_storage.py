@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import S3, run_cli
+from conftest import S3, run_cli, torchrun
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
@@ -106,7 +106,7 @@ def test_resume_from_the_local_cache_downloads_nothing_and_eval_reads_a_url(tmp_
     cached = (work / "checkpoints" / "epoch_3.pth").stat().st_mtime_ns
     resumed = run_cli(f"hydra.run.dir={work}", *COMMON, "trainer.max_epochs=4", "resume=true", env=s3.env)
     assert resumed.returncode == 0, resumed.output
-    assert "downloading" not in resumed.output and "Resumed from" in resumed.output
+    assert "Downloading" not in resumed.output and "Resumed from" in resumed.output
     # the local copy was read as it is: a download would have replaced the file (kept: epochs 3 and 4)
     assert (work / "checkpoints" / "epoch_3.pth").stat().st_mtime_ns == cached
     assert json.loads((work / "result.json").read_text())["epoch"] == 4
@@ -150,14 +150,25 @@ def test_resume_from_the_local_cache_downloads_nothing_and_eval_reads_a_url(tmp_
     weights = torch.load(work / "checkpoints" / "epoch_4.pth", weights_only=True)["state_dict"]
     assert all(torch.equal(load_file(out)[k], weights[k]) for k in weights)
 
-    loaded = run_cli(
-        f"hydra.run.dir={tmp_path / 'fine'}",
+    # two torchrun ranks on this host: the lowest downloads into the host's cache, the other takes its copy
+    # without a word to the store (given an endpoint where nothing listens, it could not download)
+    site = tmp_path / "rank1_offline"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os\nif os.environ.get('RANK') == '1':\n    os.environ['AWS_ENDPOINT_URL'] = 'http://127.0.0.1:9'\n"
+    )
+    fine = tmp_path / "fine"
+    loaded = torchrun(
+        f"hydra.run.dir={fine}",
         "trainer.max_epochs=1",
         f"load_from=s3://{BUCKET}/runs/run/epoch_4.pth",
-        env=s3.env,
+        cwd=tmp_path,
+        env={**s3.env, "TMPDIR": str(tmp_path), "PYTHONPATH": str(site)},  # (an empty cache: export filled one)
     )
-    assert loaded.returncode == 0, loaded.output
-    assert "Loaded weights from" in loaded.output
+    assert loaded.returncode == 0, loaded.output[-3000:]
+    logs = [(fine / name).read_text() for name in ("train.log", "rank1.log")]
+    assert all("Loaded weights from" in log for log in logs), logs
+    assert logs[0].count("Downloading") == 1 and "Downloading" not in logs[1], logs
 
     # expkit.check: its three runs (and the resume) start from the same stored weights
     checked = subprocess.run(
