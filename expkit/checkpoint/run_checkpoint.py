@@ -495,6 +495,24 @@ def _check_fits(runner: Runner, checkpoint: dict[str, Any], source: Path, resume
             )
 
 
+def _earlier_run_hint(work_dir: Path) -> str:
+    """For resume=true in a dir without checkpoints (a new timestamped dir: no hydra.run.dir given),
+    the newest other run beside it that has some, as the command's word that continues it; "" when
+    there is none. Read only on this path: a run that resumes, or starts without resume, lists nothing."""
+    try:
+        runs = [
+            d
+            for d in work_dir.parent.iterdir()
+            if d != work_dir and d.is_dir() and (d / "checkpoints" / checkpoint_io.LAST_CHECKPOINT).is_file()
+        ]
+        newest = max(runs, key=lambda d: d.stat().st_mtime, default=None)
+    except OSError:
+        return ""
+    if newest is None:
+        return ""
+    return f". To continue the newest run beside it instead, give its dir: hydra.run.dir={newest} resume=true"
+
+
 def _few(names: list[str], shown: int = 3) -> str:
     return ", ".join(names[:shown]) + (f", ... {len(names) - shown} more" if len(names) > shown else "")
 
@@ -521,7 +539,11 @@ def load_or_resume(runner: Runner) -> None:
                 for name in checkpoint_io.remove_stale_temporaries(directory):
                     log.info("Removed %s, a temporary file left by an interrupted write", name)
         if not r.start_checkpoint:
-            log.warning("resume=true: no checkpoint in %s/checkpoints yet; training from scratch", r.work_dir)
+            log.warning(
+                "resume=true: no checkpoint in %s/checkpoints yet; training from scratch%s",
+                r.work_dir,
+                _earlier_run_hint(r.work_dir),
+            )
             return
     if r.start_checkpoint:
         path, checkpoint = r.start_checkpoint  # type: ignore[misc]

@@ -235,6 +235,25 @@ def test_a_sharded_checkpoint_with_a_truncated_or_missing_shard_is_named_and_res
         load_checkpoint(newest, "load_from", consolidate=False)
 
 
+def test_resume_true_in_a_new_dir_trains_from_scratch_and_names_the_run_it_may_have_meant(tmp_path, caplog):
+    """python -m expkit.train resume=true without hydra.run.dir makes a new timestamped dir: nothing in
+    it to resume (a job script's resume=true on its first start), so it trains, and says which run
+    beside it the user may have meant to continue, as the word to type."""
+    earlier = tmp_path / "runs" / "2026-11-30_10-00-00"
+    toy_runner(earlier, max_epochs=1).run()
+    alone = tmp_path / "alone" / "run"
+    toy_runner(alone, max_epochs=1, resume=True).run()  # (nothing beside it)
+    assert "training from scratch" in caplog.text and "hydra.run.dir=" not in caplog.text
+    caplog.clear()
+    fresh = tmp_path / "runs" / "2026-11-30_11-00-00"
+    toy_runner(fresh, max_epochs=1, resume=True).run()
+    assert (
+        f"training from scratch. To continue the newest run beside it instead, give its dir: hydra.run.dir={earlier} resume=true"
+        in caplog.text
+    )
+    assert json.loads((fresh / "result.json").read_text())["status"] == "completed"
+
+
 class _Planted:
     """Unpickling this would create a file: proof that code ran."""
 
