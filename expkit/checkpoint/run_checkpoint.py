@@ -539,6 +539,9 @@ def load_or_resume(runner: Runner) -> None:
                 for name in checkpoint_io.remove_stale_temporaries(directory):
                     log.info("Removed %s, a temporary file left by an interrupted write", name)
         if not r.start_checkpoint:
+            if r.run_info.get("sweep_dir"):  # a job of a resumed sweep that had not saved yet: it starts
+                log.info("resume=true: this job has no checkpoint in %s/checkpoints yet; starting it", r.work_dir)
+                return
             log.warning(
                 "resume=true: no checkpoint in %s/checkpoints yet; training from scratch%s",
                 r.work_dir,

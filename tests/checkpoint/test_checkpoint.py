@@ -7,6 +7,7 @@ import binascii
 import hashlib
 import io
 import json
+import logging
 import os
 import random
 import shutil
@@ -252,6 +253,16 @@ def test_resume_true_in_a_new_dir_trains_from_scratch_and_names_the_run_it_may_h
         in caplog.text
     )
     assert json.loads((fresh / "result.json").read_text())["status"] == "completed"
+    # a job of a resumed sweep that never saved starts, as its siblings' dirs are other jobs, not its own
+    caplog.clear()
+    sweep = tmp_path / "sweep"
+    toy_runner(sweep / "0", max_epochs=1).run()
+    job = toy_runner(sweep / "1", max_epochs=1, resume=True)
+    job.run_info["sweep_dir"] = str(sweep)
+    with caplog.at_level(logging.INFO, logger="expkit"):
+        job.run()
+    assert "this job has no checkpoint" in caplog.text and "starting it" in caplog.text
+    assert "training from scratch" not in caplog.text and "hydra.run.dir=" not in caplog.text
 
 
 class _Planted:
