@@ -126,6 +126,16 @@ def worker_alive(sweep_dir: Path, worker: Any) -> bool:
     return where is not None and live_owner(where) is not None
 
 
+def _own_storage(storage: Any, sweep_dir: Path) -> Any:
+    """`storage` as the binding compares it: None for the sweep dir's own journal, a journal file
+    by its absolute path (a relative and an absolute spelling of one file are one storage: the
+    resume command a search prints gives the dir absolute), a URL as it is."""
+    if not isinstance(storage, str) or "://" in storage:
+        return storage
+    path = os.path.realpath(storage)
+    return None if path == os.path.realpath(sweep_dir / "optuna.journal") else path
+
+
 def bind_sweep_dir(sweep_dir: Path, storage: str | None, study_name: str) -> None:
     """A sweep dir holds the trials of one study: the first worker records which; a command
     aimed at it with another study or storage stops (exit 2) before it asks for a trial.
@@ -134,14 +144,14 @@ def bind_sweep_dir(sweep_dir: Path, storage: str | None, study_name: str) -> Non
         sweep_dir: the sweep dir; the binding is ``<sweep_dir>/.search.json``, written once (by a hard
             link, so the first worker wins) with `study_name` and `storage`.
         storage: the study's storage, as the sweep opens it (the default journal's path when none was
-            given); compared as text.
+            given); a journal file is compared by its absolute path, a URL as text.
         study_name: the study's name in its storage.
 
     Raises:
         SearchConfigError: when the recorded study name or storage differs from `study_name` and
             `storage` (a binding that cannot be read or parsed counts as the same).
     """
-    mine = {"study_name": study_name, "storage": storage}
+    mine = {"study_name": study_name, "storage": _own_storage(storage, sweep_dir)}
     path = sweep_dir / BINDING
     if not path.exists():
         tmp = path.with_name(f".{BINDING}.tmp{os.getpid()}")
@@ -151,7 +161,8 @@ def bind_sweep_dir(sweep_dir: Path, storage: str | None, study_name: str) -> Non
         tmp.unlink()
     try:
         theirs = json.loads(path.read_text())
-    except (OSError, ValueError):
+        theirs["storage"] = _own_storage(theirs.get("storage"), sweep_dir)  # (as an earlier version wrote it)
+    except (OSError, ValueError, TypeError, AttributeError):
         theirs = mine
     if theirs != mine:
         where = lambda b: f"study {b.get('study_name')!r} in {b.get('storage') or 'the sweep dir'}"

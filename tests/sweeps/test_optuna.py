@@ -272,6 +272,18 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
+def test_a_search_resumes_with_its_dir_spelled_absolute_as_the_stop_message_prints_it(tmp_path):
+    """A search started with a relative hydra.sweep.dir is resumed by the command its Ctrl-C message
+    prints, which gives the dir absolute: the sweep dir's own journal is one storage however spelled."""
+    first = run_cli(*FAST, "hydra.sweeper.n_trials=1", "hydra.sweep.dir=sweep", cwd=tmp_path)
+    assert first.returncode == 0, first.output
+    again = run_cli(*FAST, "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={tmp_path / 'sweep'}", "resume=true")
+    assert again.returncode == 0, again.output
+    trials = _study(str(tmp_path / "sweep" / "optuna.journal"), "expkit").trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
+
+
+@pytest.mark.slow
 def test_optuna_dashboard_serves_the_study(tmp_path):
     storage = f"sqlite:///{tmp_path}/study.db"
     proc = run_cli(
