@@ -35,6 +35,7 @@ from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused, exit_sta
 from expkit.core.signals import (
     SweepInterrupted,
     hold_sigterm,
+    quiet_ctrl_c,
     raise_on_sigterm,
     release_sigterm,
     stop_on_signals,
@@ -127,6 +128,7 @@ class _Job:
     run_info: dict[str, Any]  # what the run records of its command (result.json, wandb, MLflow)
     held: logs.HeldFileRecords | None = None  # a resume's log records, until its checkpoint fits
     requeue: bool = False  # the run stopped to be continued: the job is requeued once it is recorded
+    reported: bool = False  # a single run returned and was reported: Ctrl-C and SIGTERM are ignored once its handlers go
 
 
 def _task(cfg: DictConfig) -> float | None:
@@ -175,7 +177,8 @@ def _task(cfg: DictConfig) -> float | None:
             if not isinstance(ran, tuple):
                 return ran
             value = _report(job, *ran)
-        if not multirun:  # (a run that stopped or failed has exited in _report; its signal handlers are gone)
+            job.reported = not multirun  # (a run that stopped or failed has exited in _report)
+        if not multirun:  # (settled when its handlers went; here when it had none)
             _settle()
         return value
     finally:
@@ -194,16 +197,20 @@ def _task(cfg: DictConfig) -> float | None:
             _requeue()
 
 
-# SIGINT's handler before a completed single run made Ctrl-C a no-op (``_settle``); main puts it back
-_SETTLED: list[Any] = []
+# (signal, its handler) before a completed single run made SIGINT and SIGTERM no-ops (``_settle``);
+# main puts them back
+_SETTLED: list[tuple[int, Any]] = []
 
 
 def _settle() -> None:
     """A single run is complete and recorded: a Ctrl-C from here on (the group left, Hydra's end, the
     collector's pass over the run's objects: about a second) would report it interrupted, exit 130
-    and print a traceback, with result.json saying completed. It is ignored until ``main`` returns."""
-    if threading.current_thread() is threading.main_thread():
-        _SETTLED.append(signal.signal(signal.SIGINT, signal.SIG_IGN))
+    and print a traceback, with result.json saying completed; a SIGTERM would end the process with
+    143, which says "stopped, resume it" (a requeue-on-143 wrapper would run it again). Both are
+    ignored until ``main`` returns, and during the interpreter's teardown after it."""
+    if threading.current_thread() is threading.main_thread() and not _SETTLED:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            _SETTLED.append((sig, signal.signal(sig, signal.SIG_IGN)))
 
 
 def _resumes_own_dir(cfg: DictConfig, work_dir: Path) -> bool:
@@ -335,7 +342,11 @@ def _build_and_run(job: _Job, owned: contextlib.ExitStack) -> tuple[Any, dict[st
         if not multirun:  # what building imported (torch._dynamo, with the optimizer) and built lives on too;
             _freeze_heap()  # (not in a sweep: jobs sharing a process must leave nothing frozen behind)
             # signals stay stop requests until the run is reported: torchrun SIGTERMs a dead rank's survivors
-            owned.enter_context(stop_on_signals(runner))  # as they fail, and must not cut their error line
+            # as they fail, and must not cut their error line; once the handlers are put back (the exit of
+            # `owned` runs the callback after them), a reported run settles at once: a Ctrl-C after its
+            # last line, while the lock is released, no longer finds the default handler
+            owned.callback(lambda: job.reported and _settle())
+            owned.enter_context(stop_on_signals(runner))
         if trial is not None:
             runner.register_hook(search.TrialReportHook(*trial))
         if cfg.show_hooks:
@@ -595,12 +606,13 @@ def main() -> None:
     prints_only = cli.prints_only(sys.argv[1:])
     if not prints_only and not cli.sweeping(sys.argv[1:]):
         hold_sigterm()  # (under Slurm: a preemption during the start-up stops the run as it begins)
-    if not prints_only:
-        importlib.import_module("torch")  # (a run's: imported before the heap is frozen, as it lives as long)
-    _freeze_heap()  # torch and Hydra are imported
-    sys.argv[1:] = cli.with_run_overrides(cli.search_is_multirun(sys.argv[1:]))  # (flags first, as Hydra parses)
-    argv = sys.argv[1:]
-    message = cli.check_keys(argv) or cli.check_group_choices(argv) or cli.check_output_dirs(argv)
+    with quiet_ctrl_c("expkit.train", "while starting; nothing was written"):
+        if not prints_only:
+            importlib.import_module("torch")  # (a run's: imported before the heap is frozen, as it lives as long)
+        _freeze_heap()  # torch and Hydra are imported
+        sys.argv[1:] = cli.with_run_overrides(cli.search_is_multirun(sys.argv[1:]))  # (flags first, as Hydra parses)
+        argv = sys.argv[1:]
+        message = cli.check_keys(argv) or cli.check_group_choices(argv) or cli.check_output_dirs(argv)
     if message:
         print(f"Error: {message}", file=sys.stderr)
         sys.exit(2)
@@ -642,8 +654,8 @@ def main() -> None:
 
             distributed.shutdown()  # (the run's objects are garbage by now, on a SystemExit too: collected there)
         gc.unfreeze()  # a process that calls main() again (a test, a driver script) collects this run's objects
-        while _SETTLED:  # (a caller of main() in its own process gets its Ctrl-C back)
-            signal.signal(signal.SIGINT, _SETTLED.pop())
+        while _SETTLED:  # (a caller of main() in its own process gets its Ctrl-C and SIGTERM back)
+            signal.signal(*_SETTLED.pop())
         release_sigterm()  # (a start-up that failed before the run took its SIGTERM: held no longer)
     if exiting:
         sys.exit(exiting[0])
@@ -651,4 +663,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run is complete: what is left is the interpreter's teardown
+    for _sig in (signal.SIGINT, signal.SIGTERM):  # the run is complete: what is left is the interpreter's teardown
+        signal.signal(_sig, signal.SIG_IGN)

@@ -663,17 +663,25 @@ def dirs_command_main(run: Callable[[], Any], to_hydra: Callable[[list[str]], li
             mistyped key, or when ``versions.require`` finds a package older than expkit needs.
     """
     from expkit.core import errors, versions
+    from expkit.core.signals import quiet_ctrl_c
 
-    versions.require()
-    sys.argv[1:] = argv = flags_first(to_hydra(sys.argv[1:]))
-    message = check_keys(argv)
-    if message:
-        print(f"Error: {message}", file=sys.stderr)
-        sys.exit(2)
-    try:
-        run()
-    except SystemExit as exc:
-        sys.exit(errors.exit_status(exc))
+    with quiet_ctrl_c(_command_name()):  # (these commands read runs and write reports whole or not at all)
+        versions.require()
+        sys.argv[1:] = argv = flags_first(to_hydra(sys.argv[1:]))
+        message = check_keys(argv)
+        if message:
+            print(f"Error: {message}", file=sys.stderr)
+            sys.exit(2)
+        try:
+            run()
+        except SystemExit as exc:
+            sys.exit(errors.exit_status(exc))
+
+
+def _command_name() -> str:
+    """The running command's module (``expkit.eval``), for its messages."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return spec.name.removesuffix(".__main__") if spec is not None else "expkit"
 
 
 def command_main(run: Callable[[], Any], options: Sequence[str]) -> None:
@@ -691,12 +699,13 @@ def command_main(run: Callable[[], Any], options: Sequence[str]) -> None:
             older than expkit needs.
     """
     from expkit.core import errors, versions
-    from expkit.core.signals import take_ctrl_c
+    from expkit.core.signals import quiet_ctrl_c, take_ctrl_c
 
-    versions.require()
-    take_ctrl_c()
-    sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:], options))  # (Hydra's parser takes flags before overrides)
-    try:
-        run()
-    except SystemExit as exc:
-        sys.exit(errors.exit_status(exc))
+    with quiet_ctrl_c(_command_name()):
+        versions.require()
+        take_ctrl_c()
+        sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:], options))  # (Hydra's parser takes flags before overrides)
+        try:
+            run()
+        except SystemExit as exc:
+            sys.exit(errors.exit_status(exc))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +15,7 @@ __all__ = [
     "SweepInterrupted",
     "hand_over",
     "hold_sigterm",
+    "quiet_ctrl_c",
     "raise_on_sigterm",
     "release_sigterm",
     "requeue_signals",
@@ -232,6 +234,31 @@ def stop_on_signals(runner: Any) -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, signal.SIG_DFL if handler is _hold else handler)  # (the start-up is over)
+
+
+@contextlib.contextmanager
+def quiet_ctrl_c(command: str, note: str = "") -> Iterator[None]:
+    """A Ctrl-C inside the block ends the command with exit 130 and one line instead of a
+    KeyboardInterrupt's traceback (through the import machinery, when it lands in torch's
+    second of importing): for a command's start, and for the commands that write nothing a Ctrl-C
+    could leave half done. A run handles its own Ctrl-C (it saves and records itself).
+
+    Args:
+        command: the command's name, for the line (``expkit.eval``).
+        note: what the line adds after "interrupted (SIGINT)", e.g. "while starting; nothing was written".
+
+    Yields:
+        Nothing: the block runs as it is.
+
+    Raises:
+        SystemExit: with status 130 after a KeyboardInterrupt inside the block.
+    """
+    try:
+        yield
+    except KeyboardInterrupt:
+        with contextlib.suppress(OSError, ValueError):  # (a closed stderr: the exit status says it)
+            print(f"{command}: interrupted (SIGINT){'; ' + note if note else ''}", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 def take_ctrl_c() -> None:

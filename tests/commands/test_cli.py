@@ -141,16 +141,17 @@ seen = []
 
 class Probe(Callback):
     def on_job_end(self, config, job_return, **kwargs):
-        seen.append(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+        seen.append([signal.getsignal(s) is signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM)])
 
 
-before = signal.getsignal(signal.SIGINT)
+before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
 import expkit.train
 
 sys.argv = ["expkit.train", f"hydra.run.dir={sys.argv[1]}", "trainer.max_epochs=1",
             "+hydra.callbacks.probe._target_=__main__.Probe"]
 expkit.train.main()
-print("RESULT", json.dumps({"ignored_after_the_run": seen, "given_back": signal.getsignal(signal.SIGINT) is before}))
+after = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+print("RESULT", json.dumps({"ignored_after_the_run": seen, "given_back": after == before}))
 """
 
 
@@ -168,7 +169,32 @@ def test_main_ignores_ctrl_c_from_a_runs_end_and_gives_the_handler_back(tmp_path
     )
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line is not None, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert json.loads(line[7:]) == {"ignored_after_the_run": [True], "given_back": True}
+    # SIGINT and SIGTERM: a SIGTERM there ended a completed run's process with 143 ("stopped, resume it")
+    assert json.loads(line[7:]) == {"ignored_after_the_run": [[True, True]], "given_back": True}
+
+
+@pytest.mark.parametrize("delay", [0.5, 1.0])  # (inside torch's import, which takes about 1.5 s here)
+def test_ctrl_c_while_a_command_starts_exits_130_in_one_line(tmp_path, delay):
+    """A Ctrl-C just after a typo, while the command imports torch, printed a traceback of the import
+    machinery (31 lines for train, 60 to 90 for eval)."""
+    import signal
+    import time
+
+    toy = tmp_path / "toy"
+    if delay == 1.0:  # (eval's start reads a run's checkpoint: one to read)
+        assert run_cli(f"hydra.run.dir={toy}", "trainer.max_epochs=1").returncode == 0
+    commands = [["expkit.train", f"hydra.run.dir={tmp_path / 'run'}"]]
+    if delay == 1.0:
+        commands.append(["expkit.eval", f"checkpoint={toy}", f"hydra.run.dir={tmp_path / 'eval'}"])
+    for module, *args in commands:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 130, (module, proc.returncode, out[-2000:], err[-2000:])
+        assert "Traceback" not in out + err and "interrupted (sigint)" in err.lower(), (module, out[-2000:], err)
 
 
 def test_show_hooks_in_any_case_is_no_rerun_of_the_run_dir_it_names(tmp_path):
