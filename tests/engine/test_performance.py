@@ -529,6 +529,16 @@ def test_other_benchmarks_run(script, label):
 
 
 @pytest.mark.slow
+def test_the_in_process_benchmark_times_each_side_on_the_same_model():
+    out = _bench("benchmarks/loop_ab.py")
+    rows = dict(re.findall(r"^\| (raw loop|expkit|expkit, no logging steps) \| ([0-9.]+) \|", out, re.MULTILINE))
+    assert set(rows) == {"raw loop", "expkit", "expkit, no logging steps"}, out
+    assert all(1 < float(ms) < 10_000 for ms in rows.values()), out  # an epoch of 40 iterations, in ms
+    warm = re.search(r"a logging step, warm .*: expkit ([0-9.]+) us, raw loop ([0-9.]+) us", out)
+    assert warm and all(0 < float(v) < 100_000 for v in warm.groups()), out
+
+
+@pytest.mark.slow
 def test_the_denormal_benchmark_sees_denormals_only_where_nothing_flushes_them():
     out = _bench("benchmarks/denormals.py", "--quick")
     rows = dict(re.findall(r"^\| ([a-z_=, ]+?) \| (.*) \|$", out, re.MULTILINE))
