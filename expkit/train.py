@@ -128,7 +128,9 @@ class _Job:
     run_info: dict[str, Any]  # what the run records of its command (result.json, wandb, MLflow)
     held: logs.HeldFileRecords | None = None  # a resume's log records, until its checkpoint fits
     requeue: bool = False  # the run stopped to be continued: the job is requeued once it is recorded
-    reported: bool = False  # a single run returned and was reported: Ctrl-C and SIGTERM are ignored once its handlers go
+    reported: bool = (
+        False  # a single run returned and was reported: Ctrl-C and SIGTERM are ignored once its handlers go
+    )
 
 
 def _task(cfg: DictConfig) -> float | None:

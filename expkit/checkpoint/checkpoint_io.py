@@ -270,6 +270,12 @@ def load_checkpoint_file(path: Path, key: str, need_weights: bool = True) -> dic
             tensors and plain containers, is not a dict, or lacks ``state_dict`` while `need_weights`.
     """
     if not path.is_file():
+        if key == "resume" and (path / "checkpoints").is_dir():  # a run dir: the run itself is continued in place
+            raise ConfigError(
+                f"resume={path}: that is a run dir, not a checkpoint file. To continue that run in its own dir: "
+                f"hydra.run.dir={path} resume=true; to start a new run from its last checkpoint: "
+                f"resume={path / 'checkpoints' / 'epoch_N.pth'} (a file there)"
+            )
         raise ConfigError(
             f"{key}={path}: no such checkpoint file. Give the path of a .pth file (or a sharded "
             ".dcp directory) in a run's checkpoints/ dir."

@@ -265,6 +265,18 @@ def test_resume_true_in_a_new_dir_trains_from_scratch_and_names_the_run_it_may_h
     assert "training from scratch" not in caplog.text and "hydra.run.dir=" not in caplog.text
 
 
+def test_resume_given_a_run_dir_says_how_to_continue_that_run(tmp_path):
+    """resume=outputs/runs/Y (a run dir, as eval, predict and export accept) said 'no such checkpoint file'."""
+    from expkit.checkpoint.checkpoint_io import load_checkpoint_file
+
+    run = tmp_path / "run"
+    toy_runner(run, max_epochs=1).run()
+    with pytest.raises(ConfigError, match=rf"resume={run}: that is a run dir.*hydra.run.dir={run} resume=true"):
+        load_checkpoint_file(run, "resume")
+    with pytest.raises(ConfigError, match="no such checkpoint file"):  # (not a run dir: as before)
+        load_checkpoint_file(tmp_path / "nothing", "resume")
+
+
 class _Planted:
     """Unpickling this would create a file: proof that code ran."""
 
