@@ -58,6 +58,13 @@ def resolve_checkpoint(source: str | Path, which: str = "best") -> Path:
         raise ConfigError(f"checkpoint={source}: no such file or run dir")
     if which not in ("best", "last"):
         raise ConfigError(f"which={which}: use which=best or which=last")
+    if not (path / "checkpoints").is_dir():  # a sweep dir: its jobs' dirs hold the checkpoints
+        jobs = sorted((p for p in path.iterdir() if p.is_dir() and (p / "checkpoints").is_dir()), key=_job_order)
+        if jobs:
+            best = f", or the best one, which {path / 'best.json'} names" if (path / "best.json").is_file() else ""
+            raise ConfigError(
+                f"checkpoint={source}: a sweep dir, not a run's: give one of its jobs' dirs ({jobs[0]}){best}"
+            )
     result_file = path / "result.json"
     result = read_result(path) or {}  # (a torn or foreign one: as if there were none)
     if which == "best" and result.get("best_checkpoint"):
@@ -251,3 +258,8 @@ def stored_overrides(cfg: DictConfig) -> list[str]:
         The overrides as strings, interpolations unresolved; an empty list when there are none.
     """
     return [str(o) for o in OmegaConf.to_container(cfg.overrides, resolve=False) or []]  # type: ignore[union-attr]
+
+
+def _job_order(job: Path) -> tuple[int, str]:
+    """A sweep's job dirs in their numbers' order (0, 1, ..., 10), other names after."""
+    return (int(job.name), "") if job.name.isdigit() else (1 << 62, job.name)

@@ -277,6 +277,24 @@ def test_resume_given_a_run_dir_says_how_to_continue_that_run(tmp_path):
         load_checkpoint_file(tmp_path / "nothing", "resume")
 
 
+def test_a_sweep_dir_given_as_a_checkpoint_names_its_first_job(tmp_path):
+    """checkpoint=<a sweep dir> warned 'no best checkpoint; using its last one', then 'the run dir has no checkpoint'."""
+    from expkit.config.restore import resolve_checkpoint
+
+    sweep = tmp_path / "sweep"
+    for job in ("10", "2"):
+        toy_runner(sweep / job, max_epochs=1).run()
+    with pytest.raises(
+        ConfigError,
+        match=rf"checkpoint={sweep}: a sweep dir, not a run's: give one of its jobs' dirs \({sweep / '2'}\)$",
+    ):
+        resolve_checkpoint(sweep)
+    (sweep / "best.json").write_text("{}")
+    with pytest.raises(ConfigError, match="or the best one, which .*best.json names"):
+        resolve_checkpoint(sweep, "last")
+    assert resolve_checkpoint(sweep / "2", "last").parent == sweep / "2" / "checkpoints"  # (a job's dir: as before)
+
+
 class _Planted:
     """Unpickling this would create a file: proof that code ran."""
 
