@@ -12,7 +12,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -493,6 +493,44 @@ def _check_fits(runner: Runner, checkpoint: dict[str, Any], source: Path, resume
                 f"or param_groups setting). Resume with the settings it was trained with, or start from its "
                 f"weights with load_from=. {unchanged}"
             )
+    if saved:
+        _check_same_optimizer_settings(r, checkpoint, given, source, unchanged)
+
+
+def _check_same_optimizer_settings(
+    runner: Runner, checkpoint: dict[str, Any], given: str, source: Path, unchanged: str
+) -> None:
+    """A resumed run's optimizer continues from the checkpoint's state, its hyperparameters (the
+    learning rate, momentum, weight decay, betas) included: a new ``optim.*`` value would not take,
+    while the run's record would say it did. Refused, naming each changed key. Only where both
+    configs are known (a run built from one; a checkpoint that keeps its own)."""
+    stored, current = checkpoint.get("config"), runner.config
+    if not isinstance(stored, Mapping) or not isinstance(current, Mapping):
+        return
+    before, now = _leaves(stored.get("optim"), "optim"), _leaves(current.get("optim"), "optim")
+    if not before or not now:
+        return
+    changed = [
+        f"{key}={now.get(key, '(removed)')} (the run has {before.get(key, '(none)')})"
+        for key in sorted(set(before) | set(now))
+        if before.get(key) != now.get(key)
+    ]
+    if changed:
+        raise ResumeRefused(
+            f"{given}: {', '.join(changed)}: a resumed run's optimizer continues from the checkpoint's state, "
+            "its settings included, so the new value would not take. Drop it to continue the run as it was, or "
+            f"start a new run from these weights with it: load_from={source} (another hydra.run.dir). {unchanged}"
+        )
+
+
+def _leaves(node: Any, prefix: str) -> dict[str, Any]:
+    """The leaves of a nested config section as ``prefix.a.b`` -> value (lists as they are)."""
+    if not isinstance(node, Mapping):
+        return {prefix: node} if node is not None else {}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        out.update(_leaves(value, f"{prefix}.{key}") if isinstance(value, Mapping) else {f"{prefix}.{key}": value})
+    return out
 
 
 def _earlier_run_hint(work_dir: Path) -> str:

@@ -436,6 +436,13 @@ def test_resume_true_takes_the_runs_own_overrides_and_names_a_conflict(tmp_path)
     # refused: nothing in the run dir changed, its train.log included (issue 53, item 14)
     assert (tmp_path / "train.log").read_text().count("\n") == log_lines
     assert _result(tmp_path)["epoch"] == 2
+    # an optimizer setting the checkpoint's state would overrule (a new user's trial: optim.lr=0.001 was
+    # recorded in .hydra and result.json while every step ran at 0.1)
+    config = (tmp_path / ".hydra" / "config.yaml").read_text()
+    lr = run_cli(f"hydra.run.dir={tmp_path}", "resume=true", "optim.lr=0.001", "trainer.max_epochs=3")
+    assert lr.returncode == 2 and "Traceback" not in lr.output, lr.output
+    assert "optim.lr=0.001 (the run has 0.1)" in lr.stderr and "load_from=" in lr.stderr, lr.stderr
+    assert (tmp_path / ".hydra" / "config.yaml").read_text() == config and _result(tmp_path)["epoch"] == 2
 
 
 @pytest.mark.parametrize(
