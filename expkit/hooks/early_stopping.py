@@ -70,9 +70,27 @@ class EarlyStoppingHook(Hook):
         self.strict, self.check_finite, self.stopping_threshold = strict, check_finite, stopping_threshold
         self.best_score: float | None = None  # none yet: the first finite value improves
         self.wait_count = 0
+        # (kind, reason) once it stopped training: "patience", or "final" (a non-finite value, the threshold)
+        self.stopped: tuple[str, str] | None = None
 
     def before_run(self, runner: Runner) -> None:
         self.rule = runner.metric_rule(self.monitor, "hooks.early_stopping.monitor", self.rule)
+
+    def before_train(self, runner: Runner) -> None:
+        """A run resumed from the checkpoint of the validation that stopped it stops again before
+        training: ``resume=true`` on an early-stopped run (a job script that always passes it) trained
+        one more epoch each time. A larger ``patience`` than the count reached lets it train on."""
+        if self.stopped is None:
+            return
+        kind, reason = self.stopped
+        if kind == "final" or self.wait_count >= self.patience:
+            runner.request_stop(f"{reason}; resumed after it")
+        else:
+            self.stopped = None
+
+    def _stop(self, runner: Runner, kind: str, reason: str) -> None:
+        self.stopped = (kind, reason)
+        runner.request_stop(reason)
 
     def after_val_epoch(self, runner: Runner, *, metrics: dict[str, float]) -> None:
         if self.monitor not in metrics:
@@ -84,24 +102,29 @@ class EarlyStoppingHook(Hook):
         score = metrics[self.monitor]
         where = f"epoch {runner.epoch}" if runner.settings.by_epoch else f"iteration {runner.iter}"
         if self.check_finite and not math.isfinite(score):
-            runner.request_stop(f"early stopping: {self.monitor} is {score} at {where}")
+            self._stop(runner, "final", f"early stopping: {self.monitor} is {score} at {where}")
         elif self.stopping_threshold is not None and not better(self.stopping_threshold, score, self.rule):
             self.best_score = score
-            runner.request_stop(f"early stopping: {self.monitor}={score:.4f} reached {self.stopping_threshold}")
+            self._stop(runner, "final", f"early stopping: {self.monitor}={score:.4f} reached {self.stopping_threshold}")
         elif self.best_score is not None and not better(score, self.best_score, self.rule, self.min_delta):
             self.wait_count += 1
             if self.wait_count >= self.patience:
-                runner.request_stop(
+                self._stop(
+                    runner,
+                    "patience",
                     f"early stopping: {self.monitor} did not improve on {self.best_score:.4g} by more than "
-                    f"{self.min_delta} for {self.patience} validations (at {where})"
+                    f"{self.min_delta} for {self.patience} validations (at {where})",
                 )
         else:
             self.best_score, self.wait_count = score, 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best_score": self.best_score, "wait_count": self.wait_count}
+        return {"best_score": self.best_score, "wait_count": self.wait_count, "stopped": self.stopped}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         best = state["best_score"]
         self.best_score = None if best is None or not math.isfinite(best) else float(best)
         self.wait_count = int(state["wait_count"])
+        stopped = state.get("stopped")  # (a checkpoint of an earlier version has none)
+        valid = isinstance(stopped, (list, tuple)) and len(stopped) == 2 and all(isinstance(x, str) for x in stopped)
+        self.stopped = (stopped[0], stopped[1]) if valid else None  # type: ignore[index]

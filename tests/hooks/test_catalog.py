@@ -126,6 +126,28 @@ def test_early_stopping_state_survives_resume(tmp_path):
     assert fresh.best_score == 0.6
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "patience_again", "epoch_after"),
+    [
+        ({"patience": 2}, 2, 4),  # stopped at 4 by patience: resume=true stops again (trained one more epoch)
+        ({"patience": 3, "stopping_threshold": 0.8}, 3, 2),  # the threshold: stopped for good
+        ({"patience": 2}, 4, 6),  # a larger patience than the count reached: it trains on
+    ],
+)
+def test_an_early_stopped_run_resumed_stops_again_unless_patience_grew(tmp_path, kwargs, patience_again, epoch_after):
+    values = [0.5, 0.85, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6]
+    first = toy_runner(tmp_path, hooks=[Scripted(values), EarlyStoppingHook("val/acc", **kwargs)], max_epochs=8)
+    stopped_at = first.run() and first.epoch
+    again = {**kwargs, "patience": patience_again}
+    runner = toy_runner(
+        tmp_path, hooks=[Scripted(values), EarlyStoppingHook("val/acc", **again)], max_epochs=8, resume=True
+    )
+    result = runner.run()
+    assert runner.epoch == epoch_after and result["status"] == "stopped", (stopped_at, runner.epoch)
+    if epoch_after == stopped_at:
+        assert "resumed after it" in result["stop_reason"]
+
+
 class Parts:
     """A metric of no known class that computes a dict: its keys are known only after a pass."""
 
