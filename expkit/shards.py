@@ -213,13 +213,17 @@ def run(cfg: DictConfig) -> None:
 
 def main() -> None:
     """``python -m expkit.shards``: run the Hydra app; Hydra's own errors (an unknown key) exit 2."""
-    from expkit.config.cli import flags_first
+    from expkit.config.cli import check_output_paths, flags_first
     from expkit.core import errors, versions
     from expkit.core.signals import take_ctrl_c
 
     versions.require()
     take_ctrl_c()
     sys.argv[1:] = flags_first(sys.argv[1:])
+    message = check_output_paths(sys.argv[1:], ("out",))
+    if message:
+        print(f"Error: {message}", file=sys.stderr)
+        sys.exit(2)
     try:
         run()
     except SystemExit as exc:

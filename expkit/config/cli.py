@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ __all__ = [
     "check_group_choices",
     "check_keys",
     "check_output_dirs",
+    "check_output_paths",
     "check_owner",
     "check_parsable",
     "check_rerun",
@@ -327,6 +329,38 @@ def check_output_dirs(argv: list[str]) -> str | None:
             f"cannot write {Path('outputs').resolve()} (runs go to outputs/ under the current directory); "
             "run from a writable directory or give hydra.run.dir=<a writable dir>"
         )
+    return None
+
+
+def check_output_paths(argv: list[str], keys: Sequence[str]) -> str | None:
+    """An output a command writes (``out=``, ``output=``, ``work_dir=``) where nothing can be created,
+    named before the command's work: a path under a file or an unwritable directory (``/proc/x``)
+    failed after the work, in a traceback. Nothing is created here.
+
+    Args:
+        argv: the command line, without the program name.
+        keys: the command's own keys whose values are paths it writes (a file or a directory).
+
+    Returns:
+        The message for the first such value (without ``${``) whose nearest existing ancestor (or
+            itself, when it exists) is not a directory this process can write in; None otherwise.
+    """
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        key, value = key.lstrip("+"), value.strip().strip("'\"")
+        if not sep or key not in keys or not value or "${" in value:
+            continue
+        where = Path(value).expanduser().absolute()
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        if where.is_file() and where != Path(value).expanduser().absolute():
+            return f"{key}={value}: a parent of it is a file, not a directory ({where}); give another path"
+        directory = where if where.is_dir() else where.parent
+        try:  # (tried, not asked: root's access() says yes to /proc)
+            with tempfile.TemporaryFile(dir=directory):
+                pass
+        except OSError as exc:
+            return f"{key}={value}: cannot write in {directory} ({exc.strerror}); give a path in a writable directory"
     return None
 
 
@@ -668,7 +702,7 @@ def dirs_command_main(run: Callable[[], Any], to_hydra: Callable[[list[str]], li
     with quiet_ctrl_c(_command_name()):  # (these commands read runs and write reports whole or not at all)
         versions.require()
         sys.argv[1:] = argv = flags_first(to_hydra(sys.argv[1:]))
-        message = check_keys(argv)
+        message = check_keys(argv) or check_output_paths(argv, ("out",))
         if message:
             print(f"Error: {message}", file=sys.stderr)
             sys.exit(2)
@@ -704,7 +738,14 @@ def command_main(run: Callable[[], Any], options: Sequence[str]) -> None:
     with quiet_ctrl_c(_command_name()):
         versions.require()
         take_ctrl_c()
-        sys.argv[1:] = flags_first(hydra_argv(sys.argv[1:], options))  # (Hydra's parser takes flags before overrides)
+        sys.argv[1:] = argv = flags_first(hydra_argv(sys.argv[1:], options))  # (Hydra's parser takes flags first)
+        given_dir = any(a.lstrip("+").startswith("hydra.run.dir=") for a in argv)  # (not the default: some write none)
+        message = (check_output_dirs(argv) if given_dir else None) or check_output_paths(
+            argv, ("out", "output", "work_dir")
+        )
+        if message:
+            print(f"Error: {message}", file=sys.stderr)
+            sys.exit(2)
         try:
             run()
         except SystemExit as exc:

@@ -173,6 +173,30 @@ def test_main_ignores_ctrl_c_from_a_runs_end_and_gives_the_handler_back(tmp_path
     assert json.loads(line[7:]) == {"ignored_after_the_run": [[True, True]], "given_back": True}
 
 
+@pytest.mark.parametrize(
+    ("module", "args", "key"),
+    [  # {bad}: a path under a file; /proc/x: under a directory nobody can create in (root included)
+        ("expkit.eval", ["checkpoint=run", "hydra.run.dir={bad}"], "hydra.run.dir"),
+        ("expkit.predict", ["checkpoint=run", "input=x.csv", "output=/proc/x/p.csv"], "output"),
+        ("expkit.export", ["checkpoint=run", "out=/proc/x/m.onnx"], "out"),
+        ("expkit.compare", ["{tmp}", "out={bad}"], "out"),
+        ("expkit.report", ["{tmp}", "out={bad}/r.html"], "out"),
+        ("expkit.shards", ["data=digits", "out=/proc/x"], "out"),
+    ],
+)
+def test_an_output_path_nothing_can_be_written_at_exits_2_before_the_work(tmp_path, module, args, key):
+    """A new user's trial: these wrote their output last and failed there with a traceback (rc 1, or
+    Hydra's 'Error executing job' and 25 lines), train alone said it in one line."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory")
+    words = [a.format(bad=afile / "sub", tmp=tmp_path) for a in args]
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *words], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr, proc.stdout[-2000:] + proc.stderr
+    assert proc.stderr.strip().startswith(f"Error: {key}=") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
 @pytest.mark.parametrize("delay", [0.5, 1.0])  # (inside torch's import, which takes about 1.5 s here)
 def test_ctrl_c_while_a_command_starts_exits_130_in_one_line(tmp_path, delay):
     """A Ctrl-C just after a typo, while the command imports torch, printed a traceback of the import
