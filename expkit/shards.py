@@ -213,21 +213,14 @@ def run(cfg: DictConfig) -> None:
 
 def main() -> None:
     """``python -m expkit.shards``: run the Hydra app; Hydra's own errors (an unknown key) exit 2."""
-    from expkit.config.cli import check_output_paths, flags_first
-    from expkit.core import errors, versions
+    from expkit.config.cli import check_output_paths, flags_first, run_app
+    from expkit.core import versions
     from expkit.core.signals import take_ctrl_c
 
     versions.require()
     take_ctrl_c()
     sys.argv[1:] = flags_first(sys.argv[1:])
-    message = check_output_paths(sys.argv[1:], ("out",))
-    if message:
-        print(f"Error: {message}", file=sys.stderr)
-        sys.exit(2)
-    try:
-        run()
-    except SystemExit as exc:
-        sys.exit(errors.exit_status(exc))
+    run_app(run, check_output_paths(sys.argv[1:], ("out",)))
 
 
 if __name__ == "__main__":

@@ -608,7 +608,7 @@ def main() -> None:
     prints_only = cli.prints_only(sys.argv[1:])
     if not prints_only and not cli.sweeping(sys.argv[1:]):
         hold_sigterm()  # (under Slurm: a preemption during the start-up stops the run as it begins)
-    with quiet_ctrl_c("expkit.train", "while starting; nothing was written"):
+    with quiet_ctrl_c("expkit.train", "while starting; nothing was written", at_once=True):
         if not prints_only:
             importlib.import_module("torch")  # (a run's: imported before the heap is frozen, as it lives as long)
         _freeze_heap()  # torch and Hydra are imported

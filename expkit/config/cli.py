@@ -22,6 +22,7 @@ __all__ = [
     "CONF_DIR",
     "INFO_TOPICS",
     "NO_RUN_FLAGS",
+    "OUTPUT_KEYS",
     "VALUED_FLAGS",
     "available_options",
     "check_group_choices",
@@ -42,6 +43,7 @@ __all__ = [
     "hydra_quoted",
     "output_file_problem",
     "prints_only",
+    "run_app",
     "search_is_multirun",
     "searching",
     "show_hooks_value",
@@ -330,6 +332,9 @@ def check_output_dirs(argv: list[str]) -> str | None:
             "run from a writable directory or give hydra.run.dir=<a writable dir>"
         )
     return None
+
+
+OUTPUT_KEYS = ("out", "output", "work_dir")  # the keys whose values are paths a command writes
 
 
 def check_output_paths(argv: list[str], keys: Sequence[str]) -> str | None:
@@ -696,20 +701,35 @@ def dirs_command_main(run: Callable[[], Any], to_hydra: Callable[[list[str]], li
         SystemExit: when `run` exits, with the status ``errors.exit_status`` gives; with status 2 for a
             mistyped key, or when ``versions.require`` finds a package older than expkit needs.
     """
-    from expkit.core import errors, versions
+    from expkit.core import versions
     from expkit.core.signals import quiet_ctrl_c
 
     with quiet_ctrl_c(_command_name()):  # (these commands read runs and write reports whole or not at all)
         versions.require()
         sys.argv[1:] = argv = flags_first(to_hydra(sys.argv[1:]))
-        message = check_keys(argv) or check_output_paths(argv, ("out",))
-        if message:
-            print(f"Error: {message}", file=sys.stderr)
-            sys.exit(2)
-        try:
-            run()
-        except SystemExit as exc:
-            sys.exit(errors.exit_status(exc))
+        run_app(run, check_keys(argv) or check_output_paths(argv, ("out",)))
+
+
+def run_app(run: Callable[[], Any], refused: str | None) -> None:
+    """A command's last step: bad input found on its command line said in one line (exit 2), or its
+    Hydra app run, exiting with the status ``errors.exit_status`` gives.
+
+    Args:
+        run: the command's Hydra app (its ``hydra.main`` function), called with no arguments.
+        refused: the message for bad input, or None to run.
+
+    Raises:
+        SystemExit: with status 2 after `refused`; with `run`'s status when it exits.
+    """
+    from expkit.core import errors
+
+    if refused:
+        print(f"Error: {refused}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        run()
+    except SystemExit as exc:
+        sys.exit(errors.exit_status(exc))
 
 
 def _command_name() -> str:
@@ -732,7 +752,7 @@ def command_main(run: Callable[[], Any], options: Sequence[str]) -> None:
             before the task began); before that, with status 2 when ``versions.require`` finds a package
             older than expkit needs.
     """
-    from expkit.core import errors, versions
+    from expkit.core import versions
     from expkit.core.signals import quiet_ctrl_c, take_ctrl_c
 
     with quiet_ctrl_c(_command_name()):
@@ -740,13 +760,4 @@ def command_main(run: Callable[[], Any], options: Sequence[str]) -> None:
         take_ctrl_c()
         sys.argv[1:] = argv = flags_first(hydra_argv(sys.argv[1:], options))  # (Hydra's parser takes flags first)
         given_dir = any(a.lstrip("+").startswith("hydra.run.dir=") for a in argv)  # (not the default: some write none)
-        message = (check_output_dirs(argv) if given_dir else None) or check_output_paths(
-            argv, ("out", "output", "work_dir")
-        )
-        if message:
-            print(f"Error: {message}", file=sys.stderr)
-            sys.exit(2)
-        try:
-            run()
-        except SystemExit as exc:
-            sys.exit(errors.exit_status(exc))
+        run_app(run, (check_output_dirs(argv) if given_dir else None) or check_output_paths(argv, OUTPUT_KEYS))

@@ -237,7 +237,7 @@ def stop_on_signals(runner: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def quiet_ctrl_c(command: str, note: str = "") -> Iterator[None]:
+def quiet_ctrl_c(command: str, note: str = "", at_once: bool = False) -> Iterator[None]:
     """A Ctrl-C inside the block ends the command with exit 130 and one line instead of a
     KeyboardInterrupt's traceback (through the import machinery, when it lands in torch's
     second of importing): for a command's start, and for the commands that write nothing a Ctrl-C
@@ -246,6 +246,10 @@ def quiet_ctrl_c(command: str, note: str = "") -> Iterator[None]:
     Args:
         command: the command's name, for the line (``expkit.eval``).
         note: what the line adds after "interrupted (SIGINT)", e.g. "while starting; nothing was written".
+        at_once: the process ends in the signal's handler (``os._exit``), for a block that writes
+            nothing: a KeyboardInterrupt raised inside an import can be swallowed by the library's own
+            ``except BaseException`` (a Ctrl-C 0.7 s into train's start was lost, and the run trained to
+            its end). Only where SIGINT has Python's default handler, in the main thread.
 
     Yields:
         Nothing: the block runs as it is.
@@ -253,12 +257,26 @@ def quiet_ctrl_c(command: str, note: str = "") -> Iterator[None]:
     Raises:
         SystemExit: with status 130 after a KeyboardInterrupt inside the block.
     """
+    line = f"{command}: interrupted (SIGINT){'; ' + note if note else ''}"
+
+    def leave(signum: int, frame: Any) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            print(line, file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+
+    main = threading.current_thread() is threading.main_thread()
+    own = at_once and main and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if own:
+        signal.signal(signal.SIGINT, leave)
     try:
         yield
     except KeyboardInterrupt:
         with contextlib.suppress(OSError, ValueError):  # (a closed stderr: the exit status says it)
-            print(f"{command}: interrupted (SIGINT){'; ' + note if note else ''}", file=sys.stderr)
+            print(line, file=sys.stderr)
         raise SystemExit(130) from None
+    finally:
+        if own:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def take_ctrl_c() -> None:
