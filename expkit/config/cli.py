@@ -289,11 +289,31 @@ def output_file_problem(path: Path) -> str | None:
     """
     if path.is_dir():
         return "is a directory; give a file name in it"
-    existing = next((p for p in path.parents if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        return f"{existing} is a file, not a directory; give a path in a directory"
-    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-        return f"{existing} cannot be written"
+    blocked = _blocking_ancestor(path.parent)
+    if blocked is None:
+        return None
+    existing, reason = blocked
+    return (
+        f"{existing} cannot be written"
+        if reason
+        else f"{existing} is a file, not a directory; give a path in a directory"
+    )
+
+
+def _blocking_ancestor(path: Path) -> tuple[Path, str | None] | None:
+    """The nearest existing of `path` and its parents when nothing can be created in it: (it, None)
+    for a file, (it, the system's reason) for a directory where a file cannot be made (tried, not
+    asked: root's access() says yes to /proc); None when one can."""
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None:
+        return None
+    if not existing.is_dir():
+        return existing, None
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return existing, exc.strerror or str(exc)
     return None
 
 
@@ -355,17 +375,14 @@ def check_output_paths(argv: list[str], keys: Sequence[str]) -> str | None:
         key, value = key.lstrip("+"), value.strip().strip("'\"")
         if not sep or key not in keys or not value or "${" in value:
             continue
-        where = Path(value).expanduser().absolute()
-        while not where.exists() and where != where.parent:
-            where = where.parent
-        if where.is_file() and where != Path(value).expanduser().absolute():
+        path = Path(value).expanduser().absolute()
+        blocked = _blocking_ancestor(path.parent if path.is_file() else path)  # (a file there: written over)
+        if blocked is None:
+            continue
+        where, reason = blocked
+        if reason is None:
             return f"{key}={value}: a parent of it is a file, not a directory ({where}); give another path"
-        directory = where if where.is_dir() else where.parent
-        try:  # (tried, not asked: root's access() says yes to /proc)
-            with tempfile.TemporaryFile(dir=directory):
-                pass
-        except OSError as exc:
-            return f"{key}={value}: cannot write in {directory} ({exc.strerror}); give a path in a writable directory"
+        return f"{key}={value}: cannot write in {where} ({reason}); give a path in a writable directory"
     return None
 
 

@@ -59,7 +59,9 @@ def resolve_checkpoint(source: str | Path, which: str = "best") -> Path:
     if which not in ("best", "last"):
         raise ConfigError(f"which={which}: use which=best or which=last")
     if not (path / "checkpoints").is_dir():  # a sweep dir: its jobs' dirs hold the checkpoints
-        jobs = sorted((p for p in path.iterdir() if p.is_dir() and (p / "checkpoints").is_dir()), key=_job_order)
+        from expkit.sweeps.sweep_jobs import job_order
+
+        jobs = sorted((p for p in path.iterdir() if p.is_dir() and (p / "checkpoints").is_dir()), key=job_order)
         if jobs:
             best = f", or the best one, which {path / 'best.json'} names" if (path / "best.json").is_file() else ""
             raise ConfigError(
@@ -258,8 +260,3 @@ def stored_overrides(cfg: DictConfig) -> list[str]:
         The overrides as strings, interpolations unresolved; an empty list when there are none.
     """
     return [str(o) for o in OmegaConf.to_container(cfg.overrides, resolve=False) or []]  # type: ignore[union-attr]
-
-
-def _job_order(job: Path) -> tuple[int, str]:
-    """A sweep's job dirs in their numbers' order (0, 1, ..., 10), other names after."""
-    return (int(job.name), "") if job.name.isdigit() else (1 << 62, job.name)
