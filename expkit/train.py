@@ -179,9 +179,7 @@ def _task(cfg: DictConfig) -> float | None:
             if not isinstance(ran, tuple):
                 return ran
             value = _report(job, *ran)
-            job.reported = not multirun  # (a run that stopped or failed has exited in _report)
-        if not multirun:  # (settled when its handlers went; here when it had none)
-            _settle()
+            job.reported = not multirun  # (settled as its handlers go; a run that stopped or failed has exited)
         return value
     finally:
         if job.held is not None:
@@ -210,7 +208,7 @@ def _settle() -> None:
     and print a traceback, with result.json saying completed; a SIGTERM would end the process with
     143, which says "stopped, resume it" (a requeue-on-143 wrapper would run it again). Both are
     ignored until ``main`` returns, and during the interpreter's teardown after it."""
-    if threading.current_thread() is threading.main_thread() and not _SETTLED:
+    if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             _SETTLED.append((sig, signal.signal(sig, signal.SIG_IGN)))
 
