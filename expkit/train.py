@@ -376,7 +376,9 @@ def _report(job: _Job, runner: Any, result: dict[str, Any]) -> float | None:
     multirun = job.sweep_dir is not None
     best = result["best_metrics"].get(job.monitor)
     rule = result.get("monitor_rule") or job.rule
-    log.info("Done (%s) in %.1f s: %s", result["status"], result["wall_time_s"], _done_metrics(result))
+    segment = result.get("segment_wall_time_s")
+    took = f"{result['wall_time_s']:.1f} s" + (f" ({segment:.1f} s since the resume)" if segment is not None else "")
+    log.info("Done (%s) in %s: %s", result["status"], took, _done_metrics(result))
     log.info("Work dir: %s", job.work_dir.resolve())
     job.requeue = runner.requeue and result["status"] == "stopped"
     restarts = _slurm_restarts_it(runner, result, multirun)  # (every rank of a Slurm job: rank 0 asks for all)

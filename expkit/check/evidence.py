@@ -34,6 +34,7 @@ __all__ = [
 # what a resumed run's result.json says differently by design
 RESULT_RUN_KEYS = {
     "wall_time_s",
+    "segment_wall_time_s",
     "command",
     "overrides",
     "provenance",

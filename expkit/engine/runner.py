@@ -250,6 +250,8 @@ class Runner:
     position = _state_field("position")
     epoch_start = _state_field("epoch_start")
     epoch_batches = _state_field("epoch_batches")
+    run_started_s = _state_field("run_started_s")
+    earlier_wall_s = _state_field("earlier_wall_s")
     batch_ready_s = _state_field("batch_ready_s")
     val_metrics = _state_field("val_metrics")
     test_metrics = _state_field("test_metrics")
@@ -359,7 +361,7 @@ class Runner:
 
     def run(self) -> dict[str, Any]:
         """before_run, [load], train, test, after_run; writes and returns result.json's content."""
-        started = time.time()
+        started = self.state.run_started_s = time.time()
         status, error, tb = "completed", None, None
         # a refused resume raises here, before anything is written: the run dir stays as it was
         run_checkpoint.check_start(self)

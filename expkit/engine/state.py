@@ -10,6 +10,8 @@ saved with the state and put back with it).
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -114,6 +116,11 @@ class RunState:
     epoch_batches: int | None = None
     """The resumed epoch's length in batches (those skipped included, as ``inner_iter`` counts
     them) when its sampler skipped the samples; None otherwise (the loader's length is)."""
+    run_started_s: float = 0.0
+    """``time.time()`` when this process's ``Runner.run`` began (a segment of a resumed run)."""
+    earlier_wall_s: float = 0.0
+    """Wall time of the earlier segments of a resumed run, up to the checkpoint resumed from
+    (its ``meta.wall_time_s``); 0 for a run that did not resume."""
     batch_ready_s: float = 0.0
     """``time.perf_counter()``, in seconds, when the current iteration's batch was ready (the
     iteration's data time ends there)."""
@@ -159,6 +166,18 @@ class RunState:
     error: str | None = None
     """Why the run failed, in one line (result.json's ``error``)."""
 
+    def wall_time_s(self) -> float:
+        """The run's wall time so far, in seconds: this segment's, plus the earlier segments' up
+        to the checkpoint it resumed from (what a segment spent after its last checkpoint is
+        not counted: the work was done again).
+
+        Returns:
+            The seconds; 0 before ``Runner.run`` began.
+        """
+        if not self.run_started_s:
+            return self.earlier_wall_s
+        return self.earlier_wall_s + time.time() - self.run_started_s
+
     def state_dict(self) -> dict[str, Any]:
         """What continuing this run exactly needs of its state, as a checkpoint stores it.
 
@@ -176,6 +195,7 @@ class RunState:
                 "best_metrics": self.best_metrics,
                 "val_metrics": self.val_metrics,  # the last validation's: result.json reports them after a resume
                 "best_checkpoints": {k: Path(v).name for k, v in self.best_checkpoints.items()},
+                "wall_time_s": self.wall_time_s(),  # (a resumed run's result.json counts on from it)
             },
             "rng": rng_states(),
         }
@@ -193,6 +213,9 @@ class RunState:
         self.position = Position(self.epoch, self.iter, self.inner_iter)
         self.epoch_start, self.epoch_batches = EpochStart(0, 0), None
         self.best_metrics = dict(meta.get("best_metrics", {}))
+        earlier = meta.get("wall_time_s")
+        valid = isinstance(earlier, (int, float)) and not isinstance(earlier, bool) and math.isfinite(earlier)
+        self.earlier_wall_s = float(earlier) if valid and earlier > 0 else 0.0
         self.val_metrics = dict(meta.get("val_metrics", {}))
         recorded = meta.get("best_checkpoints", {})
         confined = {

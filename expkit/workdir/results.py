@@ -33,11 +33,13 @@ def run_result(runner: Runner, status: str, error: str | None, tb: str | None, w
         status: ``completed``, ``stopped``, ``pruned`` or ``failed``.
         error: the one-line error (``failure_message``); None when the run did not fail.
         tb: the traceback of the error; None without one.
-        wall_time: the run's duration, in seconds.
+        wall_time: this process's run's duration, in seconds.
 
     Returns:
         The record: status, error, counters, final and best metrics, the monitor and its rule, the
-        checkpoints, the wall time, every entry of ``runner.run_info``, and the traceback.
+        checkpoints, the wall time (``wall_time_s``: of a resumed run, its earlier segments' up to
+        the checkpoint it resumed from included, and ``segment_wall_time_s`` this one's), every
+        entry of ``runner.run_info``, and the traceback.
     """
     r = runner
     result = {
@@ -56,8 +58,10 @@ def run_result(runner: Runner, status: str, error: str | None, tb: str | None, w
         "last_checkpoint": str(r.last_checkpoint) if r.last_checkpoint else None,
         "test_checkpoint": r.test_checkpoint,
         "provenance": "provenance.json",  # commit, versions, packages, host, command, times
-        "wall_time_s": round(wall_time, 3),
+        "wall_time_s": round(r.state.earlier_wall_s + wall_time, 3),
     }
+    if r.state.earlier_wall_s:  # resumed: this segment's own
+        result["segment_wall_time_s"] = round(wall_time, 3)
     # data=webdataset with data.on_error=skip: the samples left out, by split
     skipped = getattr(getattr(r.train_loader, "dataset", None), "skipped_samples", None)
     if callable(skipped) and (counts := skipped()) is not None:

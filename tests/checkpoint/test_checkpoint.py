@@ -204,6 +204,38 @@ def test_truncated_checkpoint_is_named_and_auto_resume_falls_back(tmp_path, capl
     assert json.loads((tmp_path / "result.json").read_text())["epoch"] == 3
 
 
+class _Slow(Hook):
+    def before_train(self, runner):
+        import time
+
+        time.sleep(0.3)
+
+
+def test_a_resumed_runs_wall_time_counts_its_earlier_segments_up_to_the_checkpoint(tmp_path):
+    first = toy_runner(tmp_path, hooks=[_Slow()], max_epochs=2).run()
+    assert first["wall_time_s"] >= 0.3 and "segment_wall_time_s" not in first
+    last = tmp_path / "checkpoints" / "epoch_2.pth"
+    earlier = load_checkpoint(last, "resume")["meta"]["wall_time_s"]
+    assert 0.3 <= earlier <= first["wall_time_s"]
+    resumed = toy_runner(tmp_path, max_epochs=3, resume=True).run()
+    segment = resumed["segment_wall_time_s"]
+    assert 0 < segment < 0.3 and resumed["wall_time_s"] == pytest.approx(earlier + segment, abs=2e-3)
+    # the third epoch's checkpoint counts on from the second's
+    assert load_checkpoint(tmp_path / "checkpoints" / "epoch_3.pth", "resume")["meta"]["wall_time_s"] > earlier
+
+
+@pytest.mark.parametrize("recorded", [float("nan"), float("inf"), -4.0, "12", True, None])
+def test_a_checkpoints_unusable_wall_time_is_not_counted(tmp_path, recorded):
+    toy_runner(tmp_path, max_epochs=1).run()
+    path = tmp_path / "checkpoints" / "epoch_1.pth"
+    checkpoint = load_checkpoint(path, "resume")
+    checkpoint["meta"]["wall_time_s"] = recorded
+    torch.save(checkpoint, path)
+    resumed = toy_runner(tmp_path, max_epochs=2, resume=True).run()
+    assert resumed["status"] == "completed" and "segment_wall_time_s" not in resumed
+    assert 0 < resumed["wall_time_s"] < 5
+
+
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # (DCP in one process, as it says)
 def test_a_sharded_checkpoint_with_a_truncated_or_missing_shard_is_named_and_resume_falls_back(tmp_path, caplog):
     """A node that died mid-write leaves a shard short: DCP found it only while loading, after the

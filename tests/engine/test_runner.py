@@ -238,9 +238,14 @@ def test_the_run_state_is_one_object_that_a_checkpoint_saves_and_loads_whole(tmp
     # the checkpoint's meta and RNG are the state's, and a fresh state loads them back whole
     checkpoint = torch.load(tmp_path / "a" / "checkpoints" / "epoch_2.pth", weights_only=True)
     saved = state.state_dict()
-    assert {k: checkpoint["meta"][k] for k in saved["meta"]} == saved["meta"]
+    clock = "wall_time_s"  # (the run's time so far: later now than at the save)
+    assert {k: checkpoint["meta"][k] for k in saved["meta"] if k != clock} == {
+        k: v for k, v in saved["meta"].items() if k != clock
+    }
+    assert 0 < checkpoint["meta"][clock] <= saved["meta"][clock]
     loaded = RunState()
     loaded.load_state_dict(checkpoint, tmp_path / "a" / "checkpoints" / "epoch_2.pth")
+    assert loaded.earlier_wall_s == checkpoint["meta"][clock]
     assert (loaded.epoch, loaded.iter, loaded.inner_iter, loaded.position) == (2, 4, 0, state.position)
     assert loaded.best_metrics == state.best_metrics and loaded.val_metrics == state.val_metrics
     assert loaded.best_checkpoints == state.best_checkpoints  # (their names, read beside the file)
