@@ -405,7 +405,10 @@ def progress_line(sweep_dir: Path, job: str) -> str:
     launched = float(os.environ.get(SWEEP_LAUNCHED_ENV, "0") or 0) or None
     total = int(os.environ.get(SWEEP_JOBS_ENV, "0") or 0) or None
     row = next((r for r in rows if r["job"] == job), None)
-    parts = [f"Sweep: {len(done)}/{total} jobs done" if total else f"Sweep: {len(done)} jobs done"]
+    if total and len(done) > total:  # (the dir holds jobs of an earlier launch with other values)
+        parts = [f"Sweep: {len(done)} jobs done (this launch: {total})"]
+    else:
+        parts = [f"Sweep: {len(done)}/{total} jobs done" if total else f"Sweep: {len(done)} jobs done"]
     if row is not None:
         value = row.get("best")
         shown = f"{value:.4f}" if isinstance(value, (int, float)) and math.isfinite(value) else "no value"

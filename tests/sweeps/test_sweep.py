@@ -369,6 +369,9 @@ def test_a_job_recorded_again_is_listed_once_and_an_interrupted_one_is_not_done(
         record_job_end(sweep, sweep / "1")
         record_job_end(sweep, sweep / "2")
         assert progress_line(sweep, "2").startswith("Sweep: 3/3 jobs done")
+        # a launch of two jobs into a dir that holds three of an earlier one: never "3/2"
+        os.environ["EXPKIT_SWEEP_JOBS"] = "2"
+        assert progress_line(sweep, "2").startswith("Sweep: 3 jobs done (this launch: 2); job 2")
     finally:
         del os.environ["EXPKIT_SWEEP_JOBS"]
     rows = list(csv.DictReader((sweep / "summary.csv").open()))
