@@ -384,8 +384,11 @@ class LoggerHook(Hook):
         width = max(len(k) for k in metrics) if metrics else 0
         table = "\n".join(f"    {k:<{width}}  {v:.4f}" for k, v in metrics.items())
         where = f"epoch {runner.epoch}" if runner.settings.by_epoch else f"iter {runner.iter}"
-        weights = runner.test_checkpoint or runner.load_source if mode == "test" else None
-        if weights:  # the test's weights: the best checkpoint's, or the evaluated one's (not this epoch's)
+        # the test's weights: the best checkpoint's, or the evaluated one's (not this epoch's); so are a
+        # validation's without training (expkit.eval split=val)
+        evaluated = mode == "test" or runner.train_loader is None
+        weights = runner.test_checkpoint or runner.load_source if evaluated else None
+        if weights:
             where = f"weights {Path(str(weights)).name}"
         log.info("%s (%s):\n%s", "Validation" if mode == "val" else "Test", where, table)
 

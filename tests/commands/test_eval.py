@@ -169,10 +169,15 @@ def test_eval_is_a_hydra_app_with_hydras_habits(tmp_path):
             f"hydra.run.dir={tmp_path / name}", f"trainer.max_epochs={epochs}", "default_hooks.logger.plot=false"
         )
         assert proc.returncode == 0, proc.output[-2000:]
-    proc = _eval(f"checkpoint={tmp_path / 'a'}", f"hydra.run.dir={tmp_path / 'eval'}", "data.batch_size=64")
+    proc = _eval(
+        f"checkpoint={tmp_path / 'a'}", f"hydra.run.dir={tmp_path / 'eval'}", "data.batch_size=64", "split=both"
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "eval" / "result.json").read_text())
     assert result["status"] == "completed" and result["overrides"] == ["data.batch_size=64"]
+    weights = Path(result["checkpoint"]).name  # both lines name the weights ("Validation (epoch 0)" before)
+    assert f"Validation (weights {weights}):" in proc.stdout + proc.stderr
+    assert f"Test (weights {weights}):" in proc.stdout + proc.stderr
     assert (tmp_path / "eval" / ".hydra" / "config.yaml").is_file()
 
     helped = _eval("--help")
