@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,11 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+from expkit.config.targets import check_numbers, locate_target
 from expkit.core import distributed
 from expkit.core.data_info import DATA_INFO
 from expkit.core.errors import ConfigError, ExpkitError
-from expkit.core.hydra_compat import instantiate, locate
+from expkit.core.hydra_compat import instantiate
 from expkit.core.param_groups import build_param_groups
 from expkit.core.rng import seed_everything
 from expkit.core.settings import TrainerSettings
@@ -49,38 +49,6 @@ __all__ = [
 
 log = logging.getLogger("expkit")
 
-_RESERVED = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
-
-
-def _locate_target(node: DictConfig, key: str) -> Any:
-    target = node.get("_target_")
-    try:
-        return locate(target)
-    except Exception as exc:  # ImportError, AttributeError, ...
-        cause = exc.__cause__ or exc
-        raise ConfigError(
-            f"{key}._target_={target!r} cannot be imported ({type(cause).__name__}: {cause}). "
-            "Check the spelling, and that its package is installed or on PYTHONPATH."
-        ) from None
-
-
-def _check_numbers(target: Any, node: DictConfig, key: str) -> None:
-    """A string where the target's default is a number (optim.lr=abc) fails here, by name."""
-    try:
-        params = inspect.signature(target).parameters
-    except (TypeError, ValueError):
-        return
-    for name, value in node.items():
-        if name in _RESERVED or name not in params:
-            continue
-        default = params[name].default
-        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
-        if isinstance(value, float) and not math.isfinite(value):  # lr=nan trains nothing and "completes"
-            example = f", e.g. {key}.{name}={default}" if numeric and math.isfinite(default) else ""
-            raise ConfigError(f"{key}.{name}={value} is not a finite number; give one{example}")
-        if isinstance(value, str) and numeric:
-            raise ConfigError(f"{key}.{name}={value!r} is not a number; give one, e.g. {key}.{name}={default}")
-
 
 def instantiate_node(node: Any, key: str, **kwargs: Any) -> Any:
     """Instantiate a config node that has a ``_target_``; errors name ``key``.
@@ -100,8 +68,8 @@ def instantiate_node(node: Any, key: str, **kwargs: Any) -> Any:
     """
     if not isinstance(node, DictConfig) or "_target_" not in node:
         raise ConfigError(f"{key} needs a _target_ (the import path of what to build), got {node!r}")
-    target = _locate_target(node, key)
-    _check_numbers(target, node, key)
+    target = locate_target(node, key)
+    check_numbers(target, node, key)
     try:
         return instantiate(node, **kwargs)
     except InstantiationException as exc:
@@ -257,7 +225,7 @@ def build_model(cfg: DictConfig, data: Any) -> Any:
     info = describe_data(data)
     DATA_INFO.clear()
     DATA_INFO.update(info)
-    model_target = _locate_target(cfg.model, "model")
+    model_target = locate_target(cfg.model, "model")
     model_kwargs = {k: v for k, v in _accepted(model_target, info).items() if cfg.model.get(k) is None}
     model = instantiate_node(cfg.model, "model", **model_kwargs)
     if type(model).__module__.startswith("transformers."):  # a bare PreTrainedModel: dict batches, its own loss

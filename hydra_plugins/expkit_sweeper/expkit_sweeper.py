@@ -94,10 +94,11 @@ class ComposeOnce:
         held = self._held.pop(key, None)
         return held if held is not None else self._loader.load_sweep_config(master_config, sweep_overrides)
 
-    def check(self, master_config: DictConfig, sweep_overrides: list[str]) -> None:
+    def check(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
         config = self._loader.load_sweep_config(master_config, sweep_overrides)
         if len(self._held) < self._max_held:
             self._held[tuple(sweep_overrides)] = config
+        return config
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
@@ -121,21 +122,36 @@ def compose_once(launcher: Any, hydra_context: HydraContext) -> HydraContext:
 
 
 def check_batch(hydra_context: HydraContext, config: DictConfig, batch: Sequence[Sequence[str]]) -> None:
-    """Compose every job of a batch before any runs: an override that cannot compose fails the
-    sweep before anything trains (held for the launch under ``compose_once``).
+    """Compose every job of a batch before any runs, and check the values it sets as its run
+    would before building (``expkit.config.targets.check_swept_values``): an override that
+    cannot compose, a target that does not import or a word where a number goes fails the
+    sweep before anything of the batch trains (each config held for the launch under
+    ``compose_once``).
 
     Args:
         hydra_context: the sweep's context; its config loader composes each job (a ``ComposeOnce``
             also keeps the config for the launch, up to its ``max_held``).
         config: the sweep's config, which each job's overrides are applied to.
         batch: the batch's jobs, each a sequence of override strings (``key=value``).
+
+    Raises:
+        SweepConfigError: a job's value its run would refuse, with the run's message and the job's overrides.
     """
+    from expkit.config.targets import check_swept_values
+    from expkit.core.errors import ConfigError
+
     loader = hydra_context.config_loader
     for overrides in batch:
         if isinstance(loader, ComposeOnce):
-            loader.check(config, list(overrides))
+            composed = loader.check(config, list(overrides))
         else:
-            loader.load_sweep_config(config, list(overrides))
+            composed = loader.load_sweep_config(config, list(overrides))
+        try:
+            check_swept_values(composed, list(overrides))
+        except ConfigError as exc:
+            raise SweepConfigError(
+                f"{exc} (the sweep's job {' '.join(overrides)}); no job of this batch was started"
+            ) from None
 
 
 def count_jobs(overrides: Sequence[str]) -> int | None:

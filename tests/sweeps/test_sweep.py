@@ -115,10 +115,11 @@ def test_optuna_best_trial_agrees_with_best_json(tmp_path):
 
 
 def test_a_failing_job_is_recorded_and_the_others_run(tmp_path):
-    proc = run_cli("-m", "optim.lr=0.1,abc,0.01", "trainer.max_epochs=1", f"hydra.sweep.dir={tmp_path}")
+    # (a value only building refuses: a word for a number is refused before any job starts)
+    proc = run_cli("-m", "optim.lr=0.1,-1,0.01", "trainer.max_epochs=1", f"hydra.sweep.dir={tmp_path}")
     assert proc.returncode == 0, proc.output
     rows = {r["job"]: r for r in csv.DictReader((tmp_path / "summary.csv").open())}
-    assert rows["1"]["status"] == "failed" and "optim.lr='abc' is not a number" in rows["1"]["error"]
+    assert rows["1"]["status"] == "failed" and "Invalid learning rate: -1" in rows["1"]["error"]
     assert rows["0"]["status"] == rows["2"]["status"] == "completed"
     assert list(rows)[-1] == "1"  # a failed job sorts last
     best = json.loads((tmp_path / "best.json").read_text())
@@ -126,7 +127,7 @@ def test_a_failing_job_is_recorded_and_the_others_run(tmp_path):
 
 
 def test_fail_fast_skips_the_rest(tmp_path):
-    proc = run_cli("-m", "optim.lr=abc,0.1", "trainer.max_epochs=1", "fail_fast=true", f"hydra.sweep.dir={tmp_path}")
+    proc = run_cli("-m", "optim.lr=-1,0.1", "trainer.max_epochs=1", "fail_fast=true", f"hydra.sweep.dir={tmp_path}")
     assert proc.returncode != 0
     statuses = [json.loads((tmp_path / str(j) / "result.json").read_text())["status"] for j in (0, 1)]
     assert statuses == ["failed", "skipped"]

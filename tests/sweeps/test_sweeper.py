@@ -83,3 +83,27 @@ def test_other_launchers_compose_as_hydra_does(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _completed(tmp_path, 2)
     assert count == 2 + 2  # the check here; each job is composed again in its joblib worker
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["optim.lr=0.1,abc"], "optim.lr='abc' is not a number; give one, e.g. optim.lr="),
+        (["optim.lr=0.1,nan", "hydra/launcher=joblib"], "optim.lr=nan is not a finite number"),
+        (["optim._target_=torch.optim.SGD,torch.optim.Sgd"], "optim._target_='torch.optim.Sgd' cannot be imported"),
+    ],
+)
+def test_a_value_its_run_would_refuse_stops_the_sweep_before_any_job_trains(tmp_path, overrides, said):
+    # the grid's last value is a typo: found before job 0 trains, not when its own job runs
+    proc = subprocess.run(
+        [sys.executable, "-m", "expkit.train", "-m", *overrides, "debug=fast", f"hydra.sweep.dir={tmp_path}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert "(the sweep's job " in proc.stderr and "no job of this batch was started" in proc.stderr
+    assert not (tmp_path / "0").exists()

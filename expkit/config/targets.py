@@ -1,0 +1,118 @@
+"""The ``_target_`` checks that need no object built: the target imports, and a number argument
+is given a finite number. ``expkit.config.build`` runs them before it instantiates a node; a
+sweep runs them on every job's swept values before any job starts (``check_swept_values``), so
+a typo in a grid's last value fails the sweep at once, not hours later when its job runs.
+
+Light on purpose (no torch, no Runner): the sweeper's own process imports it, which on a
+cluster is the login node's.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from expkit.core.errors import ConfigError
+from expkit.core.hydra_compat import locate
+
+__all__ = ["check_numbers", "check_swept_values", "locate_target"]
+
+_RESERVED = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
+
+
+def locate_target(node: DictConfig, key: str) -> Any:
+    """The object `node`'s ``_target_`` names, imported.
+
+    Args:
+        node: a config node with a ``_target_``.
+        key: the node's config key, named in the error.
+
+    Returns:
+        The class or function.
+
+    Raises:
+        ConfigError: when the target cannot be imported, with the import's own reason.
+    """
+    target = node.get("_target_")
+    try:
+        return locate(target)
+    except Exception as exc:  # ImportError, AttributeError, ...
+        cause = exc.__cause__ or exc
+        raise ConfigError(
+            f"{key}._target_={target!r} cannot be imported ({type(cause).__name__}: {cause}). "
+            "Check the spelling, and that its package is installed or on PYTHONPATH."
+        ) from None
+
+
+def check_numbers(target: Any, node: DictConfig, key: str, names: Iterable[str] | None = None) -> None:
+    """A string where the target's default is a number (optim.lr=abc), or a value that is not
+    finite (lr=nan trains nothing and "completes"), fails here, by name.
+
+    Args:
+        target: the class or function the node builds (its signature's defaults are read).
+        node: the config node.
+        key: the node's config key, named in the error.
+        names: the arguments to check; None: every one the node gives. An interpolation among
+            them is not resolved (it may need the run: ``${data_info:...}``) and is not checked.
+
+    Raises:
+        ConfigError: naming ``<key>.<argument>``, its value, and a number to type instead.
+    """
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return
+    for name in node.keys() if names is None else names:
+        name = str(name)
+        if name in _RESERVED or name not in params or name not in node:
+            continue
+        if names is not None and OmegaConf.is_interpolation(node, name):
+            continue
+        value = node[name]
+        default = params[name].default
+        numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
+        if isinstance(value, float) and not math.isfinite(value):
+            example = f", e.g. {key}.{name}={default}" if numeric and math.isfinite(default) else ""
+            raise ConfigError(f"{key}.{name}={value} is not a finite number; give one{example}")
+        if isinstance(value, str) and numeric:
+            raise ConfigError(f"{key}.{name}={value!r} is not a number; give one, e.g. {key}.{name}={default}")
+
+
+def check_swept_values(config: DictConfig, overrides: Sequence[str]) -> None:
+    """What `overrides` set in one sweep job's composed `config`, checked as its run would
+    check it before building: the target of the nearest node above each key that has one
+    imports, and the key's value is a number where that target takes one (``optim.lr=abc``,
+    ``optim._target_=torch.optim.Sgd``, ``model=<a group option whose target is gone>``).
+
+    Args:
+        config: the job's composed config.
+        overrides: the job's overrides, as Hydra's override grammar writes them.
+
+    Raises:
+        ConfigError: the first value its run would refuse, with that run's message.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except Exception:  # (Hydra's composition said what is wrong with them already)
+        return
+    for override in parsed:
+        if override.is_delete() or override.key_or_group.startswith("hydra."):  # (Hydra's own: it checks them)
+            continue
+        parts = override.key_or_group.split("@")[0].split(".")
+        if parts[-1] == "_target_":
+            parts = parts[:-1]
+        # the key's own node (a group option, or a target given whole), then each node above it
+        for depth in range(len(parts), 0, -1):
+            node = OmegaConf.select(config, ".".join(parts[:depth]), throw_on_resolution_failure=False)
+            if isinstance(node, DictConfig) and "_target_" in node:
+                key = ".".join(parts[:depth])
+                target = locate_target(node, key)
+                if depth == len(parts) - 1:  # a direct argument of the target
+                    check_numbers(target, node, key, names=[parts[-1]])
+                break
