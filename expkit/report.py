@@ -1,6 +1,6 @@
 """``python -m expkit.report <sweep dir | run dirs | globs> [out=<file>]``: one page about a sweep.
 
-Writes ``report.html`` (by default into the sweep dir, or the runs' common parent), a page that a
+Writes ``report.html`` (by default into the sweep dir, the runs' common parent, or one run's own dir), a page that a
 browser opens offline: plotly.js is inside it once, every figure after the first reuses it. It holds
 
   the jobs            a table: overrides, status, final and best metrics, a link to each job dir
@@ -286,7 +286,8 @@ def report(patterns: list[str], out: str | Path | None = None) -> Path:
 
     Args:
         patterns: a sweep dir, run dirs or globs (``compare.find_runs``).
-        out: the page to write; None: ``report.html`` in the runs' common parent (a sweep's dir).
+        out: the page to write; None: ``report.html`` in the runs' common parent (a sweep's dir), or
+            in the run's own dir when there is one run.
 
     Returns:
         The page's path.
@@ -300,7 +301,10 @@ def report(patterns: list[str], out: str | Path | None = None) -> Path:
         raise ConfigError(f"no readable run in {' '.join(patterns)}: no job dir holds .hydra/ and a record")
     parents = {p.resolve().parent for p in runs}
     sweep_dir = next(iter(parents)) if len(parents) == 1 and (next(iter(parents)) / "multirun.yaml").is_file() else None
-    page = Path(out) if out else Path(*_common(sorted(parents))) / "report.html"  # (one sweep: its dir)
+    # one run: its own dir (its parent is a day's dir of other runs, or a sweep's with the sweep's
+    # page); several: their common parent (one sweep: its dir)
+    home = runs[0] if len(runs) == 1 else Path(*_common(sorted(parents)))
+    page = Path(out) if out else home / "report.html"
     shown = sweep_dir or page.parent.resolve()
     with contextlib.suppress(ValueError):  # (under the cwd: as the user names it)
         shown = shown.relative_to(Path.cwd().resolve())

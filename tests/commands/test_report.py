@@ -39,6 +39,10 @@ def test_a_sweeps_report_holds_every_job_its_figures_and_its_records_values(tmp_
     assert proc.returncode == 0, proc.output
     assert f"Written: {sweep / 'report.html'}" in proc.stdout
     page = (sweep / "report.html").read_text()
+    # one job's page goes into its own dir: the sweep's page stays
+    one = report(str(sweep / "1"), cwd=tmp_path)
+    assert one.returncode == 0 and f"Written: {sweep / '1' / 'report.html'}" in one.stdout, one.output
+    assert (sweep / "report.html").read_text() == page and len(_table((sweep / "1" / "report.html").read_text())) == 1
     assert "plotly.js v" in page and page.count("Plotly.newPlot") == 3  # the bundle once; curves, parameters, groups
     assert "https://cdn" not in page.split("/*", 1)[0]  # no script fetched from the network
     for heading in ("Learning curves", "Parameters against the best value", "Seed groups: mean ± std"):
