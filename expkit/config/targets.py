@@ -82,18 +82,24 @@ def check_numbers(target: Any, node: DictConfig, key: str, names: Iterable[str] 
             raise ConfigError(f"{key}.{name}={value!r} is not a number; give one, e.g. {key}.{name}={default}")
 
 
-def check_swept_values(config: DictConfig, overrides: Sequence[str]) -> None:
-    """What `overrides` set in one sweep job's composed `config`, checked as its run would
-    check it before building: the target of the nearest node above each key that has one
-    imports, and the key's value is a number where that target takes one (``optim.lr=abc``,
-    ``optim._target_=torch.optim.Sgd``, ``model=<a group option whose target is gone>``).
+def check_swept_values(config: DictConfig, overrides: Sequence[str], imports_here: bool = True) -> None:
+    """What `overrides` set in one sweep job's composed `config`, checked as the job's run checks
+    before building: the node a run builds through ``expkit.config.build`` (the outermost with a
+    ``_target_`` on the key's path: ``optim``, ``model``, ``hooks.ema``, ``sched.scheduler``; Hydra
+    builds the nodes inside it unchecked) imports, and a value given to one of its arguments whose
+    default is a number is a finite number (``optim.lr=abc``, ``optim.lr=nan``,
+    ``optim._target_=torch.optim.Sgd``).
 
     Args:
         config: the job's composed config.
         overrides: the job's overrides, as Hydra's override grammar writes them.
+        imports_here: whether this process imports what the job will (the jobs run in it): a
+            target that does not import is refused. False (a launcher that runs the jobs elsewhere,
+            whose environment may differ): such a target is left to the job, and what imports is
+            still checked.
 
     Raises:
-        ConfigError: the first value its run would refuse, with that run's message.
+        ConfigError: the first value the job's run would refuse, with that run's message.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -107,12 +113,20 @@ def check_swept_values(config: DictConfig, overrides: Sequence[str]) -> None:
         parts = override.key_or_group.split("@")[0].split(".")
         if parts[-1] == "_target_":
             parts = parts[:-1]
-        # the key's own node (a group option, or a target given whole), then each node above it
-        for depth in range(len(parts), 0, -1):
-            node = OmegaConf.select(config, ".".join(parts[:depth]), throw_on_resolution_failure=False)
-            if isinstance(node, DictConfig) and "_target_" in node:
-                key = ".".join(parts[:depth])
+        for depth in range(1, len(parts) + 1):
+            key = ".".join(parts[:depth])
+            node = OmegaConf.select(config, key, throw_on_resolution_failure=False)
+            if not isinstance(node, DictConfig) or "_target_" not in node:
+                continue
+            try:
                 target = locate_target(node, key)
-                if depth == len(parts) - 1:  # a direct argument of the target
-                    check_numbers(target, node, key, names=[parts[-1]])
+            except ConfigError:
+                if imports_here:
+                    raise
                 break
+            given = override.value()
+            if depth == len(parts) - 1:  # one argument
+                check_numbers(target, node, key, names=[parts[-1]])
+            elif depth == len(parts) and isinstance(given, dict):  # the node given whole: its arguments
+                check_numbers(target, node, key, names=[str(name) for name in given])
+            break

@@ -384,6 +384,21 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def _launch_jobs(sweep_dir: Path, stamp: str, job: str) -> set[str] | None:
+    """The jobs that ended in this launch so far, `job` included: each leaves its name in the
+    launch's own dir of markers (``.rows/launch-<stamp>/``; one empty file a job). None when the
+    launch has no usable stamp or the markers cannot be written."""
+    if not stamp.replace(".", "", 1).isdigit():
+        return None
+    marks = sweep_dir / ROWS_DIR / f"launch-{stamp}"
+    try:
+        marks.mkdir(parents=True, exist_ok=True)
+        (marks / job).touch()
+        return {p.name for p in marks.iterdir()}
+    except OSError:
+        return None
+
+
 def progress_line(sweep_dir: Path, job: str) -> str:
     """One line when a job ends: jobs done of this launch's total, this job's value, the best so
     far (a group mean where seed groups exist), the time since the launch and an estimate of
@@ -402,13 +417,14 @@ def progress_line(sweep_dir: Path, job: str) -> str:
 
     rows = [r for r in (_cached_row(sweep_dir, p.stem) for p in (sweep_dir / ROWS_DIR).glob("*.json")) if r]
     done = [r for r in rows if r.get("status") not in ("running", "interrupted")]  # (interrupted: runs again)
-    launched = float(os.environ.get(SWEEP_LAUNCHED_ENV, "0") or 0) or None
+    stamp = os.environ.get(SWEEP_LAUNCHED_ENV, "")
+    launched = float(stamp or 0) or None
     total = int(os.environ.get(SWEEP_JOBS_ENV, "0") or 0) or None
     row = next((r for r in rows if r["job"] == job), None)
-    if total and len(done) > total:  # (the dir holds jobs of an earlier launch with other values)
-        parts = [f"Sweep: {len(done)} jobs done (this launch: {total})"]
-    else:
-        parts = [f"Sweep: {len(done)}/{total} jobs done" if total else f"Sweep: {len(done)} jobs done"]
+    ours = _launch_jobs(sweep_dir, stamp, job) if total else None
+    if ours is not None:  # the jobs of this launch only (the dir may hold an earlier launch's, with other values)
+        done = [r for r in done if r["job"] in ours]
+    parts = [f"Sweep: {len(done)}/{total} jobs done" if total else f"Sweep: {len(done)} jobs done"]
     if row is not None:
         value = row.get("best")
         shown = f"{value:.4f}" if isinstance(value, (int, float)) and math.isfinite(value) else "no value"

@@ -60,11 +60,14 @@ class ExpkitSweeperConf:  # OmegaConf reads these annotations at run time (hence
         max_batch_size: jobs checked (composed) per batch before the batch launches; None: all.
         params: sweep values in the config, as ``hydra/sweeper=basic`` takes them:
             ``{optim.lr: "0.1,0.01"}``.
+        check_values: also check each job's values as expkit's build does (``check_batch``); None:
+            when the app is one of expkit's commands (another Hydra app keeps Hydra's habits).
     """
 
     _target_: str = "hydra_plugins.expkit_sweeper.expkit_sweeper.ExpkitSweeper"
     max_batch_size: int | None = None  # jobs checked (composed) per batch before the batch launches; None: all
     params: dict[str, str] | None = None  # sweep values in the config: {optim.lr: "0.1,0.01"}, as hydra/sweeper=basic
+    check_values: bool | None = None  # also check each job's values as expkit's build does; None: in expkit's apps
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="expkit", node=ExpkitSweeperConf, provider="expkit")
@@ -121,21 +124,25 @@ def compose_once(launcher: Any, hydra_context: HydraContext) -> HydraContext:
     return shared
 
 
-def check_batch(hydra_context: HydraContext, config: DictConfig, batch: Sequence[Sequence[str]]) -> None:
-    """Compose every job of a batch before any runs, and check the values it sets as its run
-    would before building (``expkit.config.targets.check_swept_values``): an override that
-    cannot compose, a target that does not import or a word where a number goes fails the
+def check_batch(
+    hydra_context: HydraContext, config: DictConfig, batch: Sequence[Sequence[str]], values: bool = False
+) -> None:
+    """Compose every job of a batch before any runs: an override that cannot compose fails the
     sweep before anything of the batch trains (each config held for the launch under
-    ``compose_once``).
+    ``compose_once``). With `values`, also check what each job sets as its run would before
+    building (``expkit.config.targets.check_swept_values``): a target that does not import, a
+    word or NaN for a number.
 
     Args:
         hydra_context: the sweep's context; its config loader composes each job (a ``ComposeOnce``
             also keeps the config for the launch, up to its ``max_held``).
         config: the sweep's config, which each job's overrides are applied to.
         batch: the batch's jobs, each a sequence of override strings (``key=value``).
+        values: check the values too (the sweeper's ``check_values``, which expkit's train sets).
 
     Raises:
-        SweepConfigError: a job's value its run would refuse, with the run's message and the job's overrides.
+        SweepConfigError: with `values`, a job's value its run would refuse, with the run's message
+            and the job's overrides.
     """
     from expkit.config.targets import check_swept_values
     from expkit.core.errors import ConfigError
@@ -146,8 +153,10 @@ def check_batch(hydra_context: HydraContext, config: DictConfig, batch: Sequence
             composed = loader.check(config, list(overrides))
         else:
             composed = loader.load_sweep_config(config, list(overrides))
-        try:
-            check_swept_values(composed, list(overrides))
+        if not values:
+            continue
+        try:  # (a launcher that runs the jobs elsewhere: an import that fails here may work there)
+            check_swept_values(composed, list(overrides), imports_here=isinstance(loader, ComposeOnce))
         except ConfigError as exc:
             raise SweepConfigError(
                 f"{exc} (the sweep's job {' '.join(overrides)}); no job of this batch was started"
@@ -419,6 +428,16 @@ def stoppable(launcher: Any, config: DictConfig) -> Any:
     return launcher if type(launcher) is basic_launcher() else StopBetweenJobs(launcher, config.hydra.sweep.dir)
 
 
+def _expkit_app(task_function: TaskFunction) -> bool:
+    """Whether `task_function` is one of expkit's commands (``python -m expkit.train`` runs it as
+    ``__main__``: the module's spec names it)."""
+    module = str(getattr(task_function, "__module__", ""))
+    if module == "__main__":
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = str(getattr(spec, "name", ""))
+    return module.startswith("expkit.")
+
+
 class ExpkitSweeper(basic_sweeper()):  # type: ignore[misc]  # (the class this module's execution finds)
     """``hydra/sweeper=expkit``: Hydra's BasicSweeper (a grid) that checks ``seed_keys`` first, composes
     each job once when the jobs run in this process, and otherwise makes the launcher stop between
@@ -429,15 +448,22 @@ class ExpkitSweeper(basic_sweeper()):  # type: ignore[misc]  # (the class this m
             jobs in one batch.
         params: sweep values from the config, as ``hydra/sweeper=basic`` takes them (``{optim.lr:
             "0.1,0.01"}``); a command-line override of the same key replaces its entry. None: none.
+        check_values: also check what each job sets as expkit's build checks it (``check_batch``);
+            None: when the task function is one of expkit's commands.
     """
 
-    def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, max_batch_size: int | None = None, params: dict[str, str] | None = None, check_values: bool | None = None
+    ) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.sweep_params = dict(params or {})
+        self.check_values = check_values
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         with launcher_settings_checked():
             super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        if self.check_values is None:  # (expkit's own rules for expkit's apps only)
+            self.check_values = _expkit_app(task_function)
         if type(self.launcher) is basic_launcher():  # jobs composed and run in this process
             self.hydra_context = compose_once(self.launcher, hydra_context)
         self.launcher = stoppable(self.launcher, config)
@@ -453,4 +479,4 @@ class ExpkitSweeper(basic_sweeper()):  # type: ignore[misc]  # (the class this m
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         assert self.config is not None and self.hydra_context is not None
-        check_batch(self.hydra_context, self.config, batch)
+        check_batch(self.hydra_context, self.config, batch, values=self.check_values)

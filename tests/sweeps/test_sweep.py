@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -370,11 +371,13 @@ def test_a_job_recorded_again_is_listed_once_and_an_interrupted_one_is_not_done(
         record_job_end(sweep, sweep / "1")
         record_job_end(sweep, sweep / "2")
         assert progress_line(sweep, "2").startswith("Sweep: 3/3 jobs done")
-        # a launch of two jobs into a dir that holds three of an earlier one: never "3/2"
-        os.environ["EXPKIT_SWEEP_JOBS"] = "2"
-        assert progress_line(sweep, "2").startswith("Sweep: 3 jobs done (this launch: 2); job 2")
+        # a launch of two jobs into a dir that holds three of an earlier one: its own jobs only
+        os.environ.update(EXPKIT_SWEEP_JOBS="2", EXPKIT_SWEEP_LAUNCHED=repr(time.time()))
+        assert progress_line(sweep, "2").startswith("Sweep: 1/2 jobs done; job 2")
+        assert progress_line(sweep, "0").startswith("Sweep: 2/2 jobs done; job 0")
     finally:
         del os.environ["EXPKIT_SWEEP_JOBS"]
+        os.environ.pop("EXPKIT_SWEEP_LAUNCHED", None)
     rows = list(csv.DictReader((sweep / "summary.csv").open()))
     assert sorted(r["job"] for r in rows) == ["0", "1", "2"]  # each job once
     assert [r["status"] for r in rows] == ["completed"] * 3

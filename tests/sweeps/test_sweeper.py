@@ -107,3 +107,26 @@ def test_a_value_its_run_would_refuse_stops_the_sweep_before_any_job_trains(tmp_
     assert said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert "(the sweep's job " in proc.stderr and "no job of this batch was started" in proc.stderr
     assert not (tmp_path / "0").exists()
+
+
+def test_another_hydra_app_on_the_expkit_sweeper_keeps_hydras_habits(tmp_path):
+    # p=inf is a real argument of PairwiseDistance: expkit's own rules (no non-finite number) are
+    # for expkit's commands, whose runs apply them too
+    app = tmp_path / "app.py"
+    app.write_text(
+        "import hydra\nfrom hydra.utils import instantiate\n\n"
+        "@hydra.main(version_base=None, config_path=None, config_name=None)\n"
+        "def main(cfg):\n    print('built', instantiate(cfg.dist).norm)\n\n"
+        "if __name__ == '__main__':\n    main()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(app), "-m", "+dist={_target_:torch.nn.PairwiseDistance,p:2.0}", "dist.p=1.0,inf"]
+        + ["hydra/sweeper=expkit", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "built 1.0" in proc.stdout and "built inf" in proc.stdout
