@@ -16,14 +16,13 @@ from hydra.errors import InstantiationException
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from expkit.config.targets import check_numbers, locate_target
+from expkit.config.targets import build_trainer_settings, check_numbers, locate_target
 from expkit.core import distributed
 from expkit.core.data_info import DATA_INFO
 from expkit.core.errors import ConfigError, ExpkitError
 from expkit.core.hydra_compat import instantiate
 from expkit.core.param_groups import build_param_groups
 from expkit.core.rng import seed_everything
-from expkit.core.settings import TrainerSettings
 from expkit.core.stages import get_priority
 from expkit.data import DataModule
 from expkit.data.inputs import fingerprint_inputs
@@ -322,34 +321,6 @@ def build_optimizers(optim: DictConfig, model: Any) -> dict[str, Any]:
     if not optimizers:
         raise ConfigError("optim defines no optimizer: give optim=sgd (or adam, adamw) or named optimizers")
     return optimizers
-
-
-def build_trainer_settings(cfg: DictConfig) -> TrainerSettings:
-    """``cfg.trainer`` as TrainerSettings; a bad value raises a ConfigError naming ``trainer.<key>``.
-
-    Args:
-        cfg: the composed config; its ``trainer`` node is read, resolved.
-
-    Returns:
-        The trainer settings.
-
-    Raises:
-        ConfigError: when ``TrainerSettings`` refuses a key or value with a TypeError.
-    """
-    import dataclasses
-    import difflib
-
-    fields = OmegaConf.to_container(cfg.trainer, resolve=True)
-    known = [f.name for f in dataclasses.fields(TrainerSettings)]
-    for key in fields:  # type: ignore[union-attr]
-        if key not in known:  # (a key added with +trainer.KEY=...)
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"did you mean trainer.{close[0]}?" if close else "see --cfg job for the trainer's keys"
-            raise ConfigError(f"trainer.{key} is not a trainer setting; {hint}")
-    try:
-        return TrainerSettings(**fields)  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise ConfigError(f"trainer: {exc}") from None
 
 
 def build_runner(cfg: DictConfig, work_dir: str | Path, run_info: Mapping[str, Any] | None = None) -> Runner:

@@ -12,14 +12,18 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from expkit.core.errors import ConfigError
 from expkit.core.hydra_compat import locate
 
-__all__ = ["check_numbers", "check_swept_values", "locate_target"]
+if TYPE_CHECKING:
+    from expkit.core.settings import TrainerSettings
+
+__all__ = ["build_trainer_settings", "check_numbers", "check_swept_values", "locate_target"]
 
 _RESERVED = ("_target_", "_partial_", "_recursive_", "_convert_", "_args_")
 
@@ -82,13 +86,44 @@ def check_numbers(target: Any, node: DictConfig, key: str, names: Iterable[str] 
             raise ConfigError(f"{key}.{name}={value!r} is not a number; give one, e.g. {key}.{name}={default}")
 
 
+def build_trainer_settings(cfg: DictConfig) -> TrainerSettings:
+    """``cfg.trainer`` as TrainerSettings; a bad value raises a ConfigError naming ``trainer.<key>``.
+
+    Args:
+        cfg: the composed config; its ``trainer`` node is read, resolved.
+
+    Returns:
+        The trainer settings.
+
+    Raises:
+        ConfigError: when ``TrainerSettings`` refuses a key or value with a TypeError.
+    """
+    import dataclasses
+    import difflib
+
+    from expkit.core.settings import TrainerSettings
+
+    fields = OmegaConf.to_container(cfg.trainer, resolve=True)
+    known = [f.name for f in dataclasses.fields(TrainerSettings)]
+    for key in fields:  # type: ignore[union-attr]
+        if key not in known:  # (a key added with +trainer.KEY=...)
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean trainer.{close[0]}?" if close else "see --cfg job for the trainer's keys"
+            raise ConfigError(f"trainer.{key} is not a trainer setting; {hint}")
+    try:
+        return TrainerSettings(**fields)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise ConfigError(f"trainer: {exc}") from None
+
+
 def check_swept_values(config: DictConfig, overrides: Sequence[str], imports_here: bool = True) -> None:
     """What `overrides` set in one sweep job's composed `config`, checked as the job's run checks
     before building: the node a run builds through ``expkit.config.build`` (the outermost with a
     ``_target_`` on the key's path: ``optim``, ``model``, ``hooks.ema``, ``sched.scheduler``; Hydra
     builds the nodes inside it unchecked) imports, and a value given to one of its arguments whose
     default is a number is a finite number (``optim.lr=abc``, ``optim.lr=nan``,
-    ``optim._target_=torch.optim.Sgd``).
+    ``optim._target_=torch.optim.Sgd``); a job that sets a ``trainer`` key gets its trainer
+    settings built (``trainer.max_epochs=abc``).
 
     Args:
         config: the job's composed config.
@@ -130,3 +165,8 @@ def check_swept_values(config: DictConfig, overrides: Sequence[str], imports_her
             elif depth == len(parts) and isinstance(given, dict):  # the node given whole: its arguments
                 check_numbers(target, node, key, names=[str(name) for name in given])
             break
+    if "trainer" in config and any(o.key_or_group.split(".")[0] == "trainer" for o in parsed if not o.is_delete()):
+        try:
+            build_trainer_settings(config)
+        except OmegaConfBaseException:  # (an interpolation only the run resolves: left to it)
+            pass

@@ -20,6 +20,13 @@ SGD = {"_target_": "torch.optim.SGD", "lr": 0.1}
         ({"optim": {**SGD, "_target_": "torch.optim.Sgd"}}, ["optim._target_=torch.optim.Sgd"], "cannot be imported"),
         # a node given whole: its arguments; a map's member (hooks.<name>) is a node the run builds
         ({"hooks": {"x": {**SGD, "lr": "abc"}}}, ["+hooks.x={_target_:torch.optim.SGD,lr:abc}"], "hooks.x.lr='abc'"),
+        # the trainer's settings, built as the run builds them
+        (
+            {"trainer": {"max_epochs": "abc"}},
+            ["trainer.max_epochs=abc"],
+            "trainer.max_epochs must be a positive integer",
+        ),
+        ({"trainer": {"max_epoch": 3}}, ["+trainer.max_epoch=3"], "did you mean trainer.max_epochs"),
     ],
 )
 def test_a_value_the_run_refuses_is_refused_with_the_runs_words(config, overrides, said):
@@ -44,6 +51,7 @@ def test_a_value_the_run_refuses_is_refused_with_the_runs_words(config, override
         ({"optim": {**SGD, "foo": "abc"}}, ["+optim.foo=abc"]),  # not an argument of the target
         ({"optim": {**SGD}, "trainer": {"max_epochs": 1}}, ["~optim.nesterov", "hydra.job.chdir=false"]),
         ({"model": {"_target_": "no_such_module.Net"}}, ["model._target_=no_such_module.Net"]),  # imports_here=False
+        ({"trainer": {"max_epochs": "${data_info:epochs}"}}, ["trainer.max_epochs=${data_info:epochs}"]),  # (the run's)
     ],
 )
 def test_what_the_run_accepts_or_leaves_to_its_job_passes(config, overrides):
