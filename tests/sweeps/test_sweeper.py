@@ -33,15 +33,12 @@ finally:
 """
 
 
+def _python(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+
+
 def _sweep(tmp_path: Path, *overrides: str) -> tuple[int, subprocess.CompletedProcess]:
-    proc = subprocess.run(
-        [sys.executable, "-c", COUNTING, "-m", *overrides, "debug=fast", f"hydra.sweep.dir={tmp_path}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    proc = _python("-c", COUNTING, "-m", *overrides, "debug=fast", f"hydra.sweep.dir={tmp_path}")
     out = proc.stdout + proc.stderr
     counts = [int(line.split()[1]) for line in out.splitlines() if line.startswith("COMPOSITIONS")]
     assert counts, out
@@ -95,14 +92,7 @@ def test_other_launchers_compose_as_hydra_does(tmp_path):
 )
 def test_a_value_its_run_would_refuse_stops_the_sweep_before_any_job_trains(tmp_path, overrides, said):
     # the grid's last value is a typo: found before job 0 trains, not when its own job runs
-    proc = subprocess.run(
-        [sys.executable, "-m", "expkit.train", "-m", *overrides, "debug=fast", f"hydra.sweep.dir={tmp_path}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    proc = _python("-m", "expkit.train", "-m", *overrides, "debug=fast", f"hydra.sweep.dir={tmp_path}")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert "(the sweep's job " in proc.stderr and "no job of this batch was started" in proc.stderr
@@ -119,14 +109,14 @@ def test_another_hydra_app_on_the_expkit_sweeper_keeps_hydras_habits(tmp_path):
         "def main(cfg):\n    print('built', instantiate(cfg.dist).norm)\n\n"
         "if __name__ == '__main__':\n    main()\n"
     )
-    proc = subprocess.run(
-        [sys.executable, str(app), "-m", "+dist={_target_:torch.nn.PairwiseDistance,p:2.0}", "dist.p=1.0,inf"]
-        + ["hydra/sweeper=expkit", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+    proc = _python(
+        str(app),
+        "-m",
+        "+dist={_target_:torch.nn.PairwiseDistance,p:2.0}",
+        "dist.p=1.0,inf",
+        "hydra/sweeper=expkit",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "built 1.0" in proc.stdout and "built inf" in proc.stdout
