@@ -61,7 +61,8 @@ def check_numbers(target: Any, node: DictConfig, key: str, names: Iterable[str] 
         node: the config node.
         key: the node's config key, named in the error.
         names: the arguments to check; None: every one the node gives. An interpolation among
-            them is not resolved (it may need the run: ``${data_info:...}``) and is not checked.
+            them is not resolved (it may need the run: ``${data_info:...}``) and is not checked,
+            nor is a missing value (``???``).
 
     Raises:
         ConfigError: naming ``<key>.<argument>``, its value, and a number to type instead.
@@ -70,13 +71,16 @@ def check_numbers(target: Any, node: DictConfig, key: str, names: Iterable[str] 
         params = inspect.signature(target).parameters
     except (TypeError, ValueError):
         return
-    for name in node.keys() if names is None else names:
+    # (every argument: as the node's items give them, a missing value as "???", left to the build's
+    # own words; named ones: an interpolation or a missing value is not read)
+    for name, value in node.items() if names is None else ((name, None) for name in names):
         name = str(name)
         if name in _RESERVED or name not in params or name not in node:
             continue
-        if names is not None and OmegaConf.is_interpolation(node, name):
-            continue
-        value = node[name]
+        if names is not None:
+            if OmegaConf.is_interpolation(node, name) or OmegaConf.is_missing(node, name):
+                continue
+            value = node[name]
         default = params[name].default
         numeric = isinstance(default, (int, float)) and not isinstance(default, bool)
         if isinstance(value, float) and not math.isfinite(value):

@@ -350,7 +350,7 @@ def test_the_first_job_warns_once_when_the_sweeps_checkpoints_would_not_fit(tmp_
     assert fits.returncode == 0 and "would keep about" not in fits.stdout + fits.stderr
 
 
-def test_a_job_recorded_again_is_listed_once_and_an_interrupted_one_is_not_done(three_jobs, tmp_path):
+def test_a_job_recorded_again_is_listed_once_and_an_interrupted_one_is_not_done(three_jobs, tmp_path, monkeypatch):
     # a job interrupted (scancel, a signal) and then resumed ends twice: summary.csv listed it twice
     # until the sweep's end sorted it, and a resumed sweep's progress counted it as done (issue 53, item 4)
     import shutil
@@ -364,20 +364,19 @@ def test_a_job_recorded_again_is_listed_once_and_an_interrupted_one_is_not_done(
     result_file.write_text(json.dumps({**completed, "status": "stopped", "stop_reason": "signal SIGTERM"}))
     for job in ("0", "1"):
         record_job_end(sweep, sweep / job)
-    os.environ["EXPKIT_SWEEP_JOBS"] = "3"
-    try:
-        assert progress_line(sweep, "1").startswith("Sweep: 1/3 jobs done; job 1 (interrupted)")
-        result_file.write_text(json.dumps(completed))  # resumed, and completed
-        record_job_end(sweep, sweep / "1")
-        record_job_end(sweep, sweep / "2")
-        assert progress_line(sweep, "2").startswith("Sweep: 3/3 jobs done")
-        # a launch of two jobs into a dir that holds three of an earlier one: its own jobs only
-        os.environ.update(EXPKIT_SWEEP_JOBS="2", EXPKIT_SWEEP_LAUNCHED=repr(time.time()))
-        assert progress_line(sweep, "2").startswith("Sweep: 1/2 jobs done; job 2")
-        assert progress_line(sweep, "0").startswith("Sweep: 2/2 jobs done; job 0")
-    finally:
-        del os.environ["EXPKIT_SWEEP_JOBS"]
-        os.environ.pop("EXPKIT_SWEEP_LAUNCHED", None)
+    # (a sweep run in this worker before, in-process, left its launch's variables behind)
+    monkeypatch.delenv("EXPKIT_SWEEP_LAUNCHED", raising=False)
+    monkeypatch.setenv("EXPKIT_SWEEP_JOBS", "3")
+    assert progress_line(sweep, "1").startswith("Sweep: 1/3 jobs done; job 1 (interrupted)")
+    result_file.write_text(json.dumps(completed))  # resumed, and completed
+    record_job_end(sweep, sweep / "1")
+    record_job_end(sweep, sweep / "2")
+    assert progress_line(sweep, "2").startswith("Sweep: 3/3 jobs done")
+    # a launch of two jobs into a dir that holds three of an earlier one: its own jobs only
+    monkeypatch.setenv("EXPKIT_SWEEP_JOBS", "2")
+    monkeypatch.setenv("EXPKIT_SWEEP_LAUNCHED", repr(time.time()))
+    assert progress_line(sweep, "2").startswith("Sweep: 1/2 jobs done; job 2")
+    assert progress_line(sweep, "0").startswith("Sweep: 2/2 jobs done; job 0")
     rows = list(csv.DictReader((sweep / "summary.csv").open()))
     assert sorted(r["job"] for r in rows) == ["0", "1", "2"]  # each job once
     assert [r["status"] for r in rows] == ["completed"] * 3
