@@ -3,8 +3,10 @@ is given a finite number. ``expkit.config.build`` runs them before it instantiat
 sweep runs them on every job's swept values before any job starts (``check_swept_values``), so
 a typo in a grid's last value fails the sweep at once, not hours later when its job runs.
 
-Light on purpose (no torch, no Runner): the sweeper's own process imports it, which on a
-cluster is the login node's.
+Light on purpose: importing it imports no torch and no Runner, since the sweeper's own process
+imports it (on a cluster, the login node's). What a check needs is imported when it runs: a
+target's module (often torch) for a swept key under it, the trainer settings for a swept
+``trainer`` key.
 """
 
 from __future__ import annotations
