@@ -138,7 +138,7 @@ def check_batch(
             also keeps the config for the launch, up to its ``max_held``).
         config: the sweep's config, which each job's overrides are applied to.
         batch: the batch's jobs, each a sequence of override strings (``key=value``).
-        values: check the values too (the sweeper's ``check_values``, which expkit's train sets).
+        values: check the values too (the sweeper's ``check_values``: by default, for expkit's commands).
 
     Raises:
         SweepConfigError: with `values`, a job's value its run would refuse, with the run's message
