@@ -284,6 +284,12 @@ def _unknown_key(typed: str, missing: str, parent: Any) -> str:
 
     above, _, name = missing.rpartition(".")
     tree = OmegaConf.to_container(parent, resolve=False)
+    rest = typed[len(above) + 1 :] if above and typed.startswith(f"{above}.") else ""
+    if "." in rest and rest in tree:  # type: ignore[operator]  # (a key that holds dots: Optuna's params' optim.lr)
+        return (
+            f"{typed}: {rest!r} is one key of {above}, with a dot in its name, which a dotted override "
+            f'reads as nested keys; set it in braces: "{above}={{{rest}: <value>}}" (the other keys stay)'
+        )
     if above:  # a typo among the keys of one node
         close = [f"{above}.{k}" for k in suggest(name, [str(k) for k in tree], cutoff=0.6)]  # type: ignore[union-attr]
     else:  # a bare key: the dotted keys that end in it (seed: trainer.seed), else the nearest

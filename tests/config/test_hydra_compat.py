@@ -336,3 +336,23 @@ def test_a_run_composes_its_config_once_and_does_what_hydras_own_path_does(tmp_p
         if runs == 1 and "-m" not in args and "sweeping" not in args:  # a run: composed once, on each line
             assert ours_composed == 1, ours.stdout
             assert hydras_composed == (2 if hydra_compat.HYDRA_VERSION < (1, 4) else 1)
+
+
+def test_a_dotted_key_of_optunas_params_is_told_to_go_in_braces_which_then_works():
+    """Optuna's search space has keys with a dot (``optim.lr``): ``hydra.sweeper.params.optim.lr=...``
+    reads as nested keys. The refusal names the form that works, and that form changes this key only."""
+    dotted = run_cli("hparams_search=optuna", "hydra.sweeper.params.optim.lr='interval(0.01,0.1)'", "--cfg", "hydra")
+    assert dotted.returncode == 2, dotted.output
+    assert 'set it in braces: "hydra.sweeper.params={optim.lr: <value>}"' in dotted.stderr, dotted.stderr
+    assert "did you mean" not in dotted.stderr and "Traceback" not in dotted.stderr
+    braces = run_cli(
+        "hparams_search=optuna",
+        "hydra.sweeper.params={optim.lr: 'interval(0.01,0.1)'}",
+        "--cfg",
+        "hydra",
+        "-p",
+        "hydra.sweeper.params",
+    )
+    assert braces.returncode == 0, braces.output
+    params = OmegaConf.create(braces.stdout.split("\n", 1)[1])
+    assert params["optim.lr"] == "interval(0.01,0.1)" and "model.hidden" in params
