@@ -156,6 +156,7 @@ def export(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] = 
         tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state.items()}  # no shared storage
         save_file(tensors, str(out), metadata={"checkpoint": str(path.resolve()), "ema": str(bool(cfg.ema)).lower()})
     else:
+        _check_model_takes(model, x, fmt)
         batch = torch.export.Dim("batch", min=1)
         if fmt == "onnx":
             kwargs = {"opset_version": opset} if opset is not None else {}
@@ -293,6 +294,24 @@ def main() -> None:
     from expkit.config.cli import command_main
 
     command_main(run, OPTIONS)  # data.batch_size=8 means overrides=[...]
+
+
+def _check_model_takes(model: Any, x: Any, fmt: str) -> None:
+    """Refuse, in one line, a model that cannot run on a batch of its own data's inputs (a GAN's
+    generator takes latent codes, not the images its data yields): traced, the same failure comes
+    out as a wall of the exporter's fake-tensor log lines and a traceback."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            model(x)
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(
+            f"format={fmt}: the model cannot take a batch of its data's inputs ({x.dtype}, shape "
+            f"{tuple(x.shape[1:])}): {first}; export traces model(x) on such a batch, so a model called on "
+            "anything else (a generator's latent codes) is exported from Python with torch.export instead"
+        ) from None
 
 
 if __name__ == "__main__":

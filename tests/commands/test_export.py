@@ -139,3 +139,17 @@ def test_export_is_a_hydra_app_and_bad_input_exits_2(run_dir, tmp_path):
         proc = _export(*args, f"hydra.run.dir={tmp_path / 'bad'}")
         assert proc.returncode == 2, proc.stderr
         assert named in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_model_that_cannot_take_its_datas_inputs_is_refused_in_one_line(tmp_path):
+    """The GAN's generator takes latent codes, its data yields images: refused before tracing, in one
+    line (traced, torch's fake-tensor log and a traceback of about 300 lines came out)."""
+    work = tmp_path / "gan"
+    trained = run_cli(f"hydra.run.dir={work}", "experiment=gan", "trainer.max_epochs=1")
+    assert trained.returncode == 0, trained.output
+    for fmt in ("onnx", "torch_export"):
+        proc = _export(f"checkpoint={work}", f"format={fmt}", f"hydra.run.dir={tmp_path / fmt}")
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert f"format={fmt}: the model cannot take a batch of its data's inputs" in proc.stderr, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) < 5, proc.stderr[-3000:]
+        assert not list((tmp_path / fmt).glob("model.*"))
