@@ -7,12 +7,14 @@ the extra epochs, is what one epoch costs: 40 training iterations, one validatio
 checkpoint, every hook. Start-up and imports cancel out. Prints each side's instructions per
 epoch and per training iteration, and expkit's ratio and excess.
 
-    python benchmarks/loop_instructions.py [--epochs 1 5] [--keep DIR] [--cache-sim]
+    python benchmarks/loop_instructions.py [--epochs 1 5] [--keep DIR] [--cache-sim [--ll BYTES]]
 
 ``--keep DIR`` keeps the cachegrind files (``cg_annotate DIR/expkit-5.out``) to see which C
 functions the excess runs in. Needs valgrind (``apt-get install valgrind``); each run takes
 one to two minutes under it. ``--cache-sim`` also simulates the caches and prints the first-level
-instruction and data misses and the last-level data misses an epoch (each run about twice as long).
+instruction and data misses and the last-level data misses an epoch (each run about twice as long);
+``--ll 2097152`` simulates the last level as one core's 2 MB L2 (this machine's), where the training's
+working set (weights, gradients, momentum: about 1 MB) has to stay.
 """
 
 from __future__ import annotations
@@ -51,9 +53,12 @@ COUNTERS = {
 }
 
 
-def instructions(code: str, epochs: int, work: Path, out_file: Path, cache_sim: bool = False) -> dict[str, int]:
+def instructions(
+    code: str, epochs: int, work: Path, out_file: Path, cache_sim: bool = False, last_level: int | None = None
+) -> dict[str, int]:
     """What the whole process ran for a run of `epochs`: cachegrind's ``I refs`` as
-    ``instructions``, and with `cache_sim` its simulated cache misses (``COUNTERS``)."""
+    ``instructions``, and with `cache_sim` its simulated cache misses (``COUNTERS``); `last_level`: the
+    simulated last-level cache's size in bytes (16-way, 64-byte lines) instead of valgrind's guess."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     # the same hash seed every run: dict and set layouts, hence the instruction counts, repeat
     env.update(OMP_NUM_THREADS="1", PYTHONHASHSEED="0", PYTHONPATH=str(Path(__file__).parent))
@@ -64,6 +69,7 @@ def instructions(code: str, epochs: int, work: Path, out_file: Path, cache_sim: 
         "valgrind",
         "--tool=cachegrind",
         f"--cache-sim={'yes' if cache_sim else 'no'}",
+        *([f"--LL={last_level},16,64"] if cache_sim and last_level else []),
         f"--cachegrind-out-file={out_file}",
         sys.executable,
         str(script),
@@ -110,6 +116,13 @@ def main() -> None:
         help="also simulate the caches: L1 instruction and data misses and last-level data misses an epoch (slower)",
     )
     parser.add_argument(
+        "--ll",
+        type=int,
+        metavar="BYTES",
+        help="with --cache-sim: the last level simulated as this many bytes (2097152: one core's L2 here, "
+        "where the training's working set lives), instead of valgrind's guess from the CPU (the shared L3)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="seconds, for CI: each side once without valgrind, valgrind's count read once",
@@ -133,7 +146,9 @@ def main() -> None:
         per_epoch, misses = {}, {}
         for name, code in sides.items():
             tag = name.split()[0]
-            counts = [instructions(code, e, tmp, keep / f"{tag}-{e}.out", args.cache_sim) for e in (short, long)]
+            counts = [
+                instructions(code, e, tmp, keep / f"{tag}-{e}.out", args.cache_sim, args.ll) for e in (short, long)
+            ]
             per_epoch[name] = (counts[1]["instructions"] - counts[0]["instructions"]) / (long - short)
             misses[name] = {k: (counts[1][k] - counts[0][k]) / (long - short) for k in counts[1] if k != "instructions"}
             print(
