@@ -185,11 +185,12 @@ def _for_metric(row: dict[str, Any], metric: str, records: list[dict[str, Any]])
     rule = _rule_of(result, _read_yaml(work_dir / ".hydra" / "config.yaml"), metric)
     curve = [[r["epoch"], r[metric]] for r in records if metric in r and "epoch" in r]
     row.update(monitor=metric, rule=rule, curve=curve)
-    if result is not None:
+    if result is not None:  # (its best and final metrics hold the val and test keys, not train/loss: the curve's)
         best = ((result.get("best_metrics") or {}).get(metric)) or {}
-        row.update(best=best.get("value"), best_epoch=best.get("epoch"))
-        row["final"] = (result.get("final_metrics") or {}).get(metric)
-        return
+        final = (result.get("final_metrics") or {}).get(metric)
+        if best or final is not None:
+            row.update(best=best.get("value"), best_epoch=best.get("epoch"), final=final)
+            return
     values = [v for _, v in curve if _finite(v)]
     best_value = (max if rule == "greater" else min)(values) if values else None
     row.update(

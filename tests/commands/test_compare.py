@@ -147,3 +147,20 @@ def test_bare_dirs_and_globs_become_the_runs_setting():
         "runs=['outputs/runs/a','outputs/sweeps/*']",
     ]
     assert _hydra_argv(["runs=[x]", "y", "--cfg", "job"]) == ["runs=[x,'y']", "--cfg", "job"]
+
+
+@pytest.mark.slow
+def test_a_metric_that_result_json_does_not_hold_is_read_from_the_curve(runs, tmp_path):
+    """metric=train/loss: result.json's best and final metrics hold only val/ and test/ keys, so a
+    completed run's best and final come from its metrics.jsonl (they were left empty)."""
+    out = tmp_path / "out"
+    proc = compare(str(runs / "a"), str(runs / "b"), "metric=train/loss", f"out={out}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.output
+    listed = {r["run"]: r for r in table((out / "compare.md").read_text(), "Runs")}
+    for name in ("a", "b"):
+        losses = [
+            r["train/loss"]
+            for r in map(json.loads, (runs / name / "metrics.jsonl").read_text().splitlines())
+            if "train/loss" in r
+        ]
+        assert abs(float(listed[name]["best train/loss"]) - min(losses)) < 1e-4, listed[name]
