@@ -382,10 +382,10 @@ class Runner:
                     # git's process runs while before_run, the probe and a resume do (read after them)
                     if self.is_main:
                         recorded = provenance.start(self.work_dir, inputs=self.inputs)
-                    # hooks check their metrics here and declare explicit rules, before monitor is checked
+                    self._check_monitor_reported()
+                    # hooks check their metrics here and declare explicit rules, before monitor's rule is decided
                     self.call_hook(Stage.BEFORE_RUN)
-                    if self.monitor is not None:
-                        self.metric_rule(self.monitor, "monitor")
+                    self._decide_monitor_rule()
                     if self.val_loader is not None and self.optimizer is not None:
                         probe_metrics(self)  # (and the model's outputs against the data's classes)
                     run_checkpoint.load_or_resume(self)
@@ -470,6 +470,18 @@ class Runner:
             self.directions.track_best(self.best_metrics, metrics, self.epoch, self.iter)
         else:
             self.test_metrics = metrics
+
+    def _check_monitor_reported(self) -> None:
+        """Before the hooks' own checks, whether validation reports `monitor`: the hooks' keys follow it
+        by default (save_best=${monitor}), so a typo is named as the user's monitor=, not as a key
+        they never typed. Its rule is decided after the hooks have declared theirs."""
+        if self.monitor is not None and self.val_loader is not None and self.optimizer is not None:
+            self.directions.check_reported(self.monitor, "monitor")
+
+    def _decide_monitor_rule(self) -> None:
+        """After the hooks' before_run: `monitor`'s direction, from the rules they declared."""
+        if self.monitor is not None:
+            self.metric_rule(self.monitor, "monitor")
 
     def metric_rule(self, key: str, by: str, rule: str | None = None) -> str:
         """For hooks at before_run: check that validation will report `key` (when this run

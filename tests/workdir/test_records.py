@@ -260,8 +260,9 @@ def test_a_disk_filled_while_logging_fails_naming_metrics_jsonl_and_resumes(tmp_
         (["x" * 5000 + "=1"], "5000-character key is not a key of the config"),
         (["nokey=1"], "nokey is not a key of the config"),  # Hydra's own errors exit 2 too, in one line
         (["optim.lr=[1"], "optim.lr=[1"),
+        (["monitor=val/accc"], "monitor='val/accc' is not a metric that validation reports"),  # (not save_best=)
     ],
-    ids=["nan", "inf", "zero-width", "top_k", "unwritable", "long-key", "unknown-key", "unparsable"],
+    ids=["nan", "inf", "zero-width", "top_k", "unwritable", "long-key", "unknown-key", "unparsable", "monitor"],
 )
 def test_bad_input_exits_2_with_one_message_naming_it(tmp_path, args, named):
     run_dir = [] if any(a.startswith("hydra.run.dir=") for a in args) else [f"hydra.run.dir={tmp_path / 'run'}"]
