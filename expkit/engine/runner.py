@@ -479,9 +479,10 @@ class Runner:
             self.directions.check_reported(self.monitor, "monitor")
 
     def _decide_monitor_rule(self) -> None:
-        """After the hooks' before_run: `monitor`'s direction, from the rules they declared."""
+        """After the hooks' before_run: `monitor`'s direction, from the rules they declared (whether
+        validation reports it was checked before them)."""
         if self.monitor is not None:
-            self.metric_rule(self.monitor, "monitor")
+            self.directions.require(self.monitor, "monitor")
 
     def metric_rule(self, key: str, by: str, rule: str | None = None) -> str:
         """For hooks at before_run: check that validation will report `key` (when this run
