@@ -9,6 +9,7 @@ name the key and what to type instead, and the command exits 2 before writing an
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -131,7 +132,7 @@ def check_group_choices(argv: list[str]) -> str | None:
             if name != "null" and name not in known:
                 label = "hook" if group == "hooks" else f"{group} option"
                 close = suggest(name, known)  # (resnet: resnet18, not the first option)
-                hint = f"; did you mean {_choice(group, close[0])}?" if close else "."
+                hint = f"; did you mean {_retyped(override.input_line, group, name, close[0])}?" if close else "."
                 example = f" For example: {_choice(group, known[0])}." if known and not close else ""
                 return (
                     f"Unknown {label} {name!r} in '{override.input_line}'{hint} "
@@ -139,6 +140,17 @@ def check_group_choices(argv: list[str]) -> str | None:
                     f"Add your own as {group}/<name>.yaml in a config dir passed with --config-dir."
                 )
     return None
+
+
+def _retyped(line: str, group: str, wrong: str, right: str) -> str:
+    """The override `line` as the user typed it, with the option `wrong` replaced by `right`
+    (``logger=[tensorbord]``: ``logger=[tensorboard]``; ``-m model=mlp,nope``: ``model=mlp,nope``
+    with the one name fixed); a bare value as ``_choice`` writes it."""
+    key, _, value = line.partition("=")
+    if not value.lstrip().startswith("[") and "," not in value:
+        return _choice(group, right)
+    fixed = re.sub(rf"(?<![\w.-]){re.escape(wrong)}(?![\w.-])", lambda _: right, value, count=1)
+    return f"{key}={fixed}"
 
 
 def _choice(group: str, option: str) -> str:

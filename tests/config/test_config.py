@@ -134,6 +134,19 @@ def test_valid_choices_pass(argv):
     assert check_group_choices(argv) is None
 
 
+@pytest.mark.parametrize(
+    "argv, suggestion",
+    [
+        (["logger=[tensorbord]"], "did you mean logger=[tensorboard]?"),
+        (["logger=tensorbord"], "did you mean logger=tensorboard?"),
+        (["hooks=[ema,profilr]"], "did you mean hooks=[ema,profiler]?"),
+        (["-m", "model=mlp,resnt"], "did you mean model=mlp,resnet18?"),
+    ],
+)
+def test_the_suggestion_keeps_the_form_typed(argv, suggestion):
+    assert suggestion in check_group_choices(argv)
+
+
 def test_user_config_dir_adds_options(tmp_path):
     (tmp_path / "hooks").mkdir()
     (tmp_path / "hooks" / "mine.yaml").write_text("mine:\n  _target_: x.Y\n")
