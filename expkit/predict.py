@@ -184,7 +184,8 @@ def _preprocessing_named(data: Any) -> str:
     if isinstance(data, ExportedData):
         return data.named()
     doc = (getattr(type(data), "predict_input", None).__doc__ or "").strip()  # type: ignore[union-attr]
-    transform = doc.splitlines()[0].rstrip(".") if doc else "predict_input"
+    summary = " ".join(doc.split("\n\n")[0].split()).replace("``", "")  # (its first paragraph, one line)
+    transform = summary.split(". ")[0].rstrip(".") or "predict_input"
     return f"{type(data).__name__}'s preprocessing ({transform})"
 
 
@@ -347,6 +348,7 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
         raise ConfigError(
             f"input={cfg.input}: inputs of shape {tuple(x.shape[1:])}, but the model takes "
             f"{expected} (as its data, {data_name.rsplit('.', 1)[-1]}, gives them)"
+            + ("; a 1-D array is read as one number per input: give one row per input" if x.dim() == 1 else "")
         )
     if range_checked:
         check_range(x, tuple(trained) if trained else None, data, str(cfg.input))

@@ -198,6 +198,13 @@ def test_predict_a_regressor_from_csv_rows_in_the_targets_units(tmp_path):
             lambda d: np.save(d / "bad.npy", np.zeros((3, 5, 5), dtype=np.float32)),
             "input=bad.npy: inputs of shape (5, 5), but the model takes (1, 8, 8)",
         ),
+        (
+            lambda d: np.save(d / "bad.npy", np.zeros(5, dtype=np.float32)),
+            (
+                "input=bad.npy: inputs of shape (), but the model takes (1, 8, 8) (as its data, DigitsData, gives "
+                "them); a 1-D array is read as one number per input: give one row per input"
+            ),
+        ),
         (lambda d: (d / "bad.csv").write_text("1,2\n3,x\n"), "input=bad.csv: row 2 is not all numbers"),
         (
             lambda d: (d / "broken").mkdir() or (d / "broken" / "x.png").write_bytes(b"not a png"),
@@ -247,6 +254,25 @@ def test_the_default_input_transform_scales_bytes_and_keeps_integers(raw, expect
 
     out = DataModule().predict_input(raw)
     assert out.dtype == expected.dtype and torch.equal(out, expected)
+
+
+def test_the_range_refusal_names_the_whole_first_sentence_of_the_transform():
+    """A predict_input doc whose first sentence wraps (DiabetesData's) is named whole: no
+    parenthesis left open, no reST markup."""
+    from expkit.core.errors import ConfigError
+    from expkit.data import DataModule, DigitsData
+    from expkit.predict import check_range
+    from expkit.tasks.regression import DiabetesData
+
+    for data, named in (
+        (DiabetesData(), "(Rows of the 10 raw features (age, sex, bmi, bp, s1-s6, as scikit-learn's scaled=False), "),
+        (DigitsData(), "(Digits as scikit-learn holds them: 64 pixel counts 0-16 per image (N x 64 or N x 8 x 8))"),
+        (DataModule(), "in the dataset's own units) -> what the model takes)"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            check_range(torch.tensor([[500.0, 900.0]]), (0.0, 1.0), data, "x.csv")
+        said = str(refused.value).split(" the inputs span")[0]
+        assert named in said and said.count("(") == said.count(")") and "``" not in said, said
 
 
 def test_a_data_module_states_as_numbers_what_its_predict_input_does():
