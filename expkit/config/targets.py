@@ -69,10 +69,7 @@ def check_numbers(target: Any, node: DictConfig, key: str, names: Iterable[str] 
     Raises:
         ConfigError: naming ``<key>.<argument>``, its value, and a number to type instead.
     """
-    try:
-        params = inspect.signature(target).parameters
-    except (TypeError, ValueError):
-        return
+    params = _parameters(target)
     # (every argument: as the node's items give them, a missing value as "???", left to the build's
     # own words; named ones: an interpolation or a missing value is not read)
     for name, value in node.items() if names is None else ((name, None) for name in names):
@@ -90,6 +87,31 @@ def check_numbers(target: Any, node: DictConfig, key: str, names: Iterable[str] 
             raise ConfigError(f"{key}.{name}={value} is not a finite number; give one{example}")
         if isinstance(value, str) and numeric:
             raise ConfigError(f"{key}.{name}={value!r} is not a number; give one, e.g. {key}.{name}={default}")
+
+
+def _parameters(target: Any) -> dict[str, inspect.Parameter]:
+    """The named parameters `target` takes: its signature's, and for a class whose ``__init__``
+    passes ``**kwargs`` on, those of the bases' ``__init__`` it passes them to (``DigitsData``'s
+    ``batch_size`` and ``num_workers`` are ``DataModule``'s); empty when there is no signature."""
+    try:
+        params = dict(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        return {}
+    passes_on = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for base in target.__mro__[1:] if inspect.isclass(target) else ():
+        if not passes_on or base is object:
+            break
+        if "__init__" not in vars(base):
+            continue
+        try:
+            more = inspect.signature(base.__init__).parameters
+        except (TypeError, ValueError):
+            break
+        for name, param in list(more.items())[1:]:  # (not self)
+            if param.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+                params.setdefault(name, param)
+        passes_on = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in more.values())
+    return params
 
 
 def build_trainer_settings(cfg: DictConfig) -> TrainerSettings:

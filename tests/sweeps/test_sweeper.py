@@ -88,6 +88,7 @@ def test_other_launchers_compose_as_hydra_does(tmp_path):
         (["optim.lr=0.1,abc"], "optim.lr='abc' is not a number; give one, e.g. optim.lr="),
         (["optim.lr=0.1,nan", "hydra/launcher=joblib"], "optim.lr=nan is not a finite number"),
         (["optim._target_=torch.optim.SGD,torch.optim.Sgd"], "optim._target_='torch.optim.Sgd' cannot be imported"),
+        (["data.num_workers=0,x"], "data.num_workers='x' is not a number"),  # (DigitsData's **kwargs: DataModule's)
     ],
 )
 def test_a_value_its_run_would_refuse_stops_the_sweep_before_any_job_trains(tmp_path, overrides, said):
