@@ -679,6 +679,30 @@ def apply_checkpoint(
         r.scaler.load_state_dict(checkpoint["grad_scaler"])
     r.hook_table.load_state_dict(checkpoint.get("hooks", {}))
     log.info("Resumed from %s at epoch %d, iteration %d", source, r.epoch, r.iter)
+    _warn_when_past_the_budget(r)
+
+
+def _warn_when_past_the_budget(runner: Runner) -> None:
+    """A resume from beyond the run's budget (``resume=true trainer.max_epochs=100`` at epoch 257)
+    trains nothing and completes: said, with the setting that would train on. At the budget (a
+    finished run resumed, a requeue after the end) nothing is said."""
+    s = runner.settings
+    if s.max_iters is not None:
+        key, budget, done = "max_iters", s.max_iters, runner.iter
+    else:
+        key, budget, done = "max_epochs", s.max_epochs, runner.epoch
+    if budget is not None and done > budget:
+        unit = "iteration" if key == "max_iters" else "epoch"
+        log.warning(
+            "The checkpoint is at %s %d, past trainer.%s=%d: this run trains nothing more. "
+            "To train on, give trainer.%s above %d",
+            unit,
+            done,
+            key,
+            budget,
+            key,
+            done,
+        )
 
 
 def _load_weights(runner: Runner, checkpoint: dict[str, Any], source: Path, resume: bool) -> None:

@@ -204,6 +204,21 @@ def test_truncated_checkpoint_is_named_and_auto_resume_falls_back(tmp_path, capl
     assert json.loads((tmp_path / "result.json").read_text())["epoch"] == 3
 
 
+def test_a_resume_past_the_budget_says_it_trains_nothing_more(tmp_path, caplog):
+    """resume=true trainer.max_epochs=2 on a run at epoch 3 completed silently at 3 (a trial user
+    thought it had trained): it warns, with the setting to type. At the budget, nothing is said."""
+    toy_runner(tmp_path, max_epochs=3).run()
+    toy_runner(tmp_path, max_epochs=3, resume=True).run()  # (a finished run resumed: its budget)
+    assert "past trainer" not in caplog.text
+    toy_runner(tmp_path, max_epochs=2, resume=True).run()
+    assert "The checkpoint is at epoch 3, past trainer.max_epochs=2: this run trains nothing more" in caplog.text
+    assert "give trainer.max_epochs above 3" in caplog.text
+    caplog.clear()
+    toy_runner(tmp_path / "iters", max_iters=5, max_epochs=None).run()
+    toy_runner(tmp_path / "iters", max_iters=4, max_epochs=None, resume=True).run()
+    assert "at iteration 5, past trainer.max_iters=4" in caplog.text
+
+
 class _Slow(Hook):
     def before_train(self, runner):
         import time
