@@ -320,7 +320,7 @@ def render(comparison: Comparison) -> str:
     """
     c = comparison
     rows = c.rows
-    lines = [f"# Compare {len(rows)} runs by {c.metric} ({c.rule})", ""]
+    lines = [f"# Compare {len(rows)} run{'s' if len(rows) != 1 else ''} by {c.metric} ({c.rule})", ""]
     own = sorted(set(c.monitors.values()))
     if len(own) == 1:
         lines += [f"The runs monitor {own[0]}; compared here by {c.metric}.", ""]

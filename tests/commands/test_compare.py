@@ -164,3 +164,7 @@ def test_a_metric_that_result_json_does_not_hold_is_read_from_the_curve(runs, tm
             if "train/loss" in r
         ]
         assert abs(float(listed[name]["best train/loss"]) - min(losses)) < 1e-4, listed[name]
+    proc = compare(str(runs / "a"), f"out={tmp_path / 'one'}", cwd=tmp_path)  # one run, one job: singular
+    assert proc.returncode == 0, proc.output
+    assert (tmp_path / "one" / "compare.md").read_text().startswith("# Compare 1 run by val/acc"), proc.output
+    assert "1 job, best first" in (runs / "sweep" / "summary.md").read_text()
