@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import zipfile
@@ -588,6 +589,25 @@ def test_sigterm_saves_stops_and_resumes_exactly(tmp_path):
 def test_default_hooks_helper_replaces_and_drops():
     hooks = default_hooks(logger=None, checkpoint=CheckpointHook(interval=3))
     assert "logger" not in hooks and hooks["checkpoint"].interval == 3 and len(hooks) == 5
+
+
+def test_iteration_based_training_names_its_best_by_iteration_with_the_default_hook(tmp_path):
+    """The default hook counts epochs, but iteration-based training validates inside them: its best
+    was named best_val_acc_epoch_0.pth, one name for every validation of the first epoch. It is
+    named by the iteration validated, and a resume finds and ranks it."""
+    hooks = {"checkpoint": CheckpointHook(save_best="val/acc")}  # (by_epoch=True, as the YAML's default)
+    runner = toy_runner(tmp_path, default_hooks=hooks, max_epochs=None, max_iters=8, val_interval=2)
+    best = Path(runner.run()["best_checkpoint"]).name
+    assert re.fullmatch(r"best_val_acc_iter_[2468]\.pth", best), best
+    assert _names(tmp_path, "best_*") == [best]
+    hooks = {"checkpoint": CheckpointHook(save_best="val/acc")}
+    resumed = toy_runner(
+        tmp_path, default_hooks=hooks, max_epochs=None, max_iters=12, val_interval=2, resume=True
+    ).run()
+    (kept,) = _names(tmp_path, "best_*")
+    assert (
+        re.fullmatch(r"best_val_acc_iter_([2468]|10|12)\.pth", kept) and Path(resumed["best_checkpoint"]).name == kept
+    )
 
 
 def test_iteration_based_save_begin_and_best_names(tmp_path):
