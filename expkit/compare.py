@@ -304,6 +304,12 @@ def _spread(mean: Any, std: Any) -> str:
     return f"{mean:.4f} ± {std:.4f}" if _finite(std) else f"{mean:.4f}"
 
 
+def _some(names: list[str], shown: int = 4) -> str:
+    """Up to `shown` names, then how many more (``a, b, c, d and 12 more``)."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
 def _table(header: list[str], lines: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return out + ["| " + " | ".join(_cell(c) for c in line) + " |" for line in lines]
@@ -325,7 +331,8 @@ def render(comparison: Comparison) -> str:
     if len(own) == 1:
         lines += [f"The runs monitor {own[0]}; compared here by {c.metric}.", ""]
     elif own:
-        listed = ", ".join(f"{job}: {m}" for job, m in c.monitors.items())
+        by_metric = {m: [job for job, mine in c.monitors.items() if mine == m] for m in own}
+        listed = "; ".join(f"{m} by {_some(jobs)}" for m, jobs in by_metric.items())
         lines += [f"The runs monitor different metrics ({listed}); all are compared by {c.metric}.", ""]
     lines += ["## Runs", ""]
     lines += _table(

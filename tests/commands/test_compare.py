@@ -168,3 +168,17 @@ def test_a_metric_that_result_json_does_not_hold_is_read_from_the_curve(runs, tm
     assert proc.returncode == 0, proc.output
     assert (tmp_path / "one" / "compare.md").read_text().startswith("# Compare 1 run by val/acc"), proc.output
     assert "1 job, best first" in (runs / "sweep" / "summary.md").read_text()
+
+
+def test_runs_that_monitor_different_metrics_are_listed_by_metric_not_one_by_one():
+    """The line listed every run with its monitor ("a: val/acc, b: val/acc, ..."), a paragraph for a
+    sweep of 40 jobs: the runs are grouped under each metric, the first four named."""
+    from expkit.compare import Comparison, render
+
+    monitors = {f"r{i}": "val/acc" for i in range(6)} | {"s": "val/loss"}
+    rows = [
+        {"job": job, "status": "completed", "work_dir": f"/w/{job}", "override_values": {}, "result": None}
+        for job in monitors
+    ]
+    md = render(Comparison(rows, "val/acc", "greater", [], [], None, monitors=monitors))
+    assert "(val/acc by r0, r1, r2, r3 and 2 more; val/loss by s); all are compared by val/acc." in md, md
