@@ -7,14 +7,17 @@ the extra epochs, is what one epoch costs: 40 training iterations, one validatio
 checkpoint, every hook. Start-up and imports cancel out. Prints each side's instructions per
 epoch and per training iteration, and expkit's ratio and excess.
 
-    python benchmarks/loop_instructions.py [--epochs 1 5] [--keep DIR] [--cache-sim [--ll BYTES]]
+    python benchmarks/loop_instructions.py [--epochs 1 5] [--keep DIR] [--cache-sim [--ll BYTES]] [--hash-seeds 0 1 2]
 
 ``--keep DIR`` keeps the cachegrind files (``cg_annotate DIR/expkit-5.out``) to see which C
 functions the excess runs in. Needs valgrind (``apt-get install valgrind``); each run takes
 one to two minutes under it. ``--cache-sim`` also simulates the caches and prints the first-level
 instruction and data misses and the last-level data misses an epoch (each run about twice as long);
 ``--ll 2097152`` simulates the last level as one core's 2 MB L2 (this machine's), where the training's
-working set (weights, gradients, momentum: about 1 MB) has to stay.
+working set (weights, gradients, momentum: about 1 MB) has to stay. Every run has the same
+``PYTHONHASHSEED`` (0), so that dict and set layouts, hence the counts, repeat; the misses depend
+on where the allocator puts the tensors, which the hash seed moves, so ``--hash-seeds 0 1 2 3``
+runs each side under each seed and prints every seed's figures and their median.
 """
 
 from __future__ import annotations
@@ -54,14 +57,21 @@ COUNTERS = {
 
 
 def instructions(
-    code: str, epochs: int, work: Path, out_file: Path, cache_sim: bool = False, last_level: int | None = None
+    code: str,
+    epochs: int,
+    work: Path,
+    out_file: Path,
+    cache_sim: bool = False,
+    last_level: int | None = None,
+    hash_seed: int = 0,
 ) -> dict[str, int]:
     """What the whole process ran for a run of `epochs`: cachegrind's ``I refs`` as
     ``instructions``, and with `cache_sim` its simulated cache misses (``COUNTERS``); `last_level`: the
-    simulated last-level cache's size in bytes (16-way, 64-byte lines) instead of valgrind's guess."""
+    simulated last-level cache's size in bytes (16-way, 64-byte lines) instead of valgrind's guess;
+    `hash_seed`: the run's ``PYTHONHASHSEED``."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     # the same hash seed every run: dict and set layouts, hence the instruction counts, repeat
-    env.update(OMP_NUM_THREADS="1", PYTHONHASHSEED="0", PYTHONPATH=str(Path(__file__).parent))
+    env.update(OMP_NUM_THREADS="1", PYTHONHASHSEED=str(hash_seed), PYTHONPATH=str(Path(__file__).parent))
     run_dir = Path(tempfile.mkdtemp(dir=work))
     script = run_dir / "side.py"  # (a file, not -c: cg_annotate reads the command as one line)
     script.write_text(code)
@@ -123,6 +133,14 @@ def main() -> None:
         "where the training's working set lives), instead of valgrind's guess from the CPU (the shared L3)",
     )
     parser.add_argument(
+        "--hash-seeds",
+        type=int,
+        nargs="+",
+        default=[0],
+        metavar="SEED",
+        help="run each side under each PYTHONHASHSEED and print each seed's figures and their median (default: 0)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="seconds, for CI: each side once without valgrind, valgrind's count read once",
@@ -143,37 +161,57 @@ def main() -> None:
         sides = SIDES if args.part == "whole" else TRAIN_ONLY
         for code in sides.values():  # not counted: writes the byte-code caches, as peers.py does
             run_once(code, 1, tmp)
-        per_epoch, misses = {}, {}
-        for name, code in sides.items():
-            tag = name.split()[0]
-            counts = [
-                instructions(code, e, tmp, keep / f"{tag}-{e}.out", args.cache_sim, args.ll) for e in (short, long)
-            ]
-            per_epoch[name] = (counts[1]["instructions"] - counts[0]["instructions"]) / (long - short)
-            misses[name] = {k: (counts[1][k] - counts[0][k]) / (long - short) for k in counts[1] if k != "instructions"}
-            print(
-                f"{name}: {counts[0]['instructions']:,} instructions for {short} epoch(s), "
-                f"{counts[1]['instructions']:,} for {long}",
-                flush=True,
-            )
-    raw, ours = per_epoch["raw loop"], per_epoch["expkit"]
-    what = "+ a validation + a checkpoint" if args.part == "whole" else "(no validation, no checkpoint)"
+        per_seed = []  # per seed: {side: {counter: per epoch}}
+        for seed in args.hash_seeds:
+            per_side = {}
+            for name, code in sides.items():
+                tag = name.split()[0] + (f"-seed{seed}" if len(args.hash_seeds) > 1 else "")
+                counts = [
+                    instructions(code, e, tmp, keep / f"{tag}-{e}.out", args.cache_sim, args.ll, seed)
+                    for e in (short, long)
+                ]
+                per_side[name] = {k: (counts[1][k] - counts[0][k]) / (long - short) for k in counts[1]}
+                print(
+                    f"{name} (PYTHONHASHSEED={seed}): {counts[0]['instructions']:,} instructions for {short} "
+                    f"epoch(s), {counts[1]['instructions']:,} for {long}",
+                    flush=True,
+                )
+            per_seed.append(per_side)
+    _report(per_seed, args.hash_seeds, args.part)
+
+
+def _report(per_seed: list[dict[str, dict[str, float]]], seeds: list[int], part: str) -> None:
+    """Instructions an epoch and iteration, expkit's ratio and excess, and each counter's ratio:
+    for each hash seed when there are several, then their medians."""
+    import statistics
+
+    def median(side: str, counter: str) -> float:
+        return statistics.median(run[side][counter] for run in per_seed)
+
+    raw, ours = median("raw loop", "instructions"), median("expkit", "instructions")
+    what = "+ a validation + a checkpoint" if part == "whole" else "(no validation, no checkpoint)"
     print(f"\npeer workload, one epoch = {ITERATIONS_PER_EPOCH} training iterations {what}")
     print("| side | instructions per epoch | per training iteration |")
     print("|---|---:|---:|")
-    for name, value in per_epoch.items():
+    for name in per_seed[0]:
+        value = median(name, "instructions")
         print(f"| {name} | {value:,.0f} | {value / ITERATIONS_PER_EPOCH:,.0f} |")
     print(
         f"\nexpkit / raw loop: {ours / raw:.4f}x; excess {ours - raw:,.0f} instructions per epoch, "
         f"{(ours - raw) / ITERATIONS_PER_EPOCH:,.0f} per training iteration"
+        + (f" (medians over PYTHONHASHSEED {', '.join(map(str, seeds))})" if len(seeds) > 1 else "")
     )
-    for counter in misses["raw loop"]:  # (--cache-sim: valgrind's model of this machine's caches)
-        theirs, mine = misses["raw loop"][counter], misses["expkit"][counter]
-        print(
-            f"{counter} per epoch: raw loop {theirs:,.0f}, expkit {mine:,.0f} ({mine / theirs:.4f}x)"
-            if theirs
-            else f"{counter} per epoch: raw loop {theirs:,.0f}, expkit {mine:,.0f}"
-        )
+    for counter in (c for c in per_seed[0]["raw loop"] if c != "instructions"):  # (--cache-sim)
+        each = ""
+        if len(seeds) > 1:
+            ratios = [
+                f"{run['expkit'][counter] / run['raw loop'][counter]:.4f}x" if run["raw loop"][counter] else "-"
+                for run in per_seed
+            ]
+            each = f"; by seed {', '.join(f'{s}: {r}' for s, r in zip(seeds, ratios, strict=True))}"
+        theirs, mine = median("raw loop", counter), median("expkit", counter)
+        ratio = f" ({mine / theirs:.4f}x)" if theirs else ""
+        print(f"{counter} per epoch: raw loop {theirs:,.0f}, expkit {mine:,.0f}{ratio}{each}")
 
 
 if __name__ == "__main__":

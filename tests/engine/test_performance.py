@@ -673,6 +673,29 @@ def test_the_instruction_count_benchmark_runs_and_reads_cachegrind():
     assert count > 1_000_000, out  # a Python interpreter's start-up, at least
 
 
+def test_the_instruction_benchmark_reports_each_hash_seed_and_their_median(monkeypatch, capsys):
+    """--hash-seeds: the misses move with where the allocator puts the tensors, which the hash seed
+    moves; every seed's ratio is printed and the figures are the medians over the seeds."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from loop_instructions import _report
+
+    def side(instructions: float, misses: float) -> dict[str, float]:
+        return {"instructions": instructions, "last-level data misses": misses}
+
+    per_seed = [
+        {"raw loop": side(100.0, 10.0), "expkit": side(102.0, 11.0)},
+        {"raw loop": side(100.0, 10.0), "expkit": side(102.0, 9.0)},
+        {"raw loop": side(100.0, 10.0), "expkit": side(104.0, 12.0)},
+    ]
+    _report(per_seed, [0, 1, 2], "whole")
+    out = capsys.readouterr().out
+    assert "expkit / raw loop: 1.0200x" in out and "(medians over PYTHONHASHSEED 0, 1, 2)" in out, out
+    assert (
+        "last-level data misses per epoch: raw loop 10, expkit 11 (1.1000x); by seed 0: 1.1000x, 1: 0.9000x, 2: 1.2000x"
+        in out
+    )
+
+
 @pytest.mark.slow
 def test_data_stream_benchmark_runs():
     out = _bench("benchmarks/data_stream.py")
