@@ -315,6 +315,18 @@ def _table(header: list[str], lines: list[list[str]]) -> list[str]:
     return out + ["| " + " | ".join(_cell(c) for c in line) + " |" for line in lines]
 
 
+def _monitors_line(c: Comparison) -> list[str]:
+    """What the runs monitor, when that is not the compared metric: the line and a blank one."""
+    own = sorted(set(c.monitors.values()))
+    if len(own) == 1:
+        return [f"The runs monitor {own[0]}; compared here by {c.metric}.", ""]
+    if not own:
+        return []
+    by_metric = {m: [job for job, mine in c.monitors.items() if mine == m] for m in own}
+    listed = "; ".join(f"{m} by {_some(jobs)}" for m, jobs in by_metric.items())
+    return [f"The runs monitor different metrics ({listed}); all are compared by {c.metric}.", ""]
+
+
 def render(comparison: Comparison) -> str:
     """compare.md: the runs, the keys that differ, the seed groups, every run's final and best metrics.
 
@@ -327,13 +339,7 @@ def render(comparison: Comparison) -> str:
     c = comparison
     rows = c.rows
     lines = [f"# Compare {len(rows)} run{'s' if len(rows) != 1 else ''} by {c.metric} ({c.rule})", ""]
-    own = sorted(set(c.monitors.values()))
-    if len(own) == 1:
-        lines += [f"The runs monitor {own[0]}; compared here by {c.metric}.", ""]
-    elif own:
-        by_metric = {m: [job for job, mine in c.monitors.items() if mine == m] for m in own}
-        listed = "; ".join(f"{m} by {_some(jobs)}" for m, jobs in by_metric.items())
-        lines += [f"The runs monitor different metrics ({listed}); all are compared by {c.metric}.", ""]
+    lines += _monitors_line(c)
     lines += ["## Runs", ""]
     lines += _table(
         ["run", "status", f"best {c.metric}", "best epoch", f"final {c.metric}", "wall time (s)", "work dir", "error"],

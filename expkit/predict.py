@@ -141,6 +141,9 @@ def read_inputs(
         ) from None
 
 
+_ONE_D = "; a 1-D array is read as one number per input: give one row per input"
+
+
 def check_range(x: torch.Tensor, trained: tuple[float, float] | None, data: Any, source: str) -> None:
     """Inputs that, after the data's transform, lie a whole training range beyond it (other
     units: 0-255 for 0-1), or span under a quarter of it (preprocessed twice: digits scaled to
@@ -347,8 +350,7 @@ def predict(cfg: DictConfig, work_dir: Path, config_dirs: Sequence[str | Path] =
     if tuple(x.shape[1:]) != expected:
         raise ConfigError(
             f"input={cfg.input}: inputs of shape {tuple(x.shape[1:])}, but the model takes "
-            f"{expected} (as its data, {data_name.rsplit('.', 1)[-1]}, gives them)"
-            + ("; a 1-D array is read as one number per input: give one row per input" if x.dim() == 1 else "")
+            f"{expected} (as its data, {data_name.rsplit('.', 1)[-1]}, gives them){_ONE_D if x.dim() == 1 else ''}"
         )
     if range_checked:
         check_range(x, tuple(trained) if trained else None, data, str(cfg.input))
