@@ -32,7 +32,7 @@ from omegaconf import DictConfig
 from expkit.config import cli
 from expkit.core import hydra_compat
 from expkit.core.atomic import write_text_atomic
-from expkit.core.errors import ConfigError, config_errors_exit_2
+from expkit.core.errors import ConfigError, config_errors_exit_2, counted
 from expkit.sweeps.rows import DEFAULT_SEED_KEYS, _read_yaml, group_rows, job_row
 from expkit.sweeps.summary import _cell
 from expkit.sweeps.sweep_jobs import job_order, job_target
@@ -338,7 +338,7 @@ def render(comparison: Comparison) -> str:
     """
     c = comparison
     rows = c.rows
-    lines = [f"# Compare {len(rows)} run{'s' if len(rows) != 1 else ''} by {c.metric} ({c.rule})", ""]
+    lines = [f"# Compare {counted(len(rows), 'run')} by {c.metric} ({c.rule})", ""]
     lines += _monitors_line(c)
     lines += ["## Runs", ""]
     lines += _table(

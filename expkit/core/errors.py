@@ -15,6 +15,7 @@ __all__ = [
     "ResumeRefused",
     "TaskExit",
     "config_errors_exit_2",
+    "counted",
     "exit_status",
     "suggest",
     "task_exits",
@@ -110,6 +111,19 @@ def exit_status(exc: SystemExit) -> str | int | None:
     if isinstance(exc, TaskExit):
         return exc.code
     return 2 if exc.code == 1 else exc.code
+
+
+def counted(count: int, noun: str) -> str:
+    """A count with its noun for messages and headings: ``1 run``, ``3 runs``, ``0 jobs``.
+
+    Args:
+        count: how many.
+        noun: the noun in the singular; the plural adds an ``s``.
+
+    Returns:
+        The count and the noun.
+    """
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def suggest(name: str, choices: Iterable[str], n: int = 1, cutoff: float = 0.6) -> list[str]:

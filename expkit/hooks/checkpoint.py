@@ -122,7 +122,8 @@ def _check_writable_dir(directory: Path, key: str) -> None:
 
 class CheckpointHook(Hook):
     """Saves ``checkpoints/epoch_{n}.pth`` (or ``iter_{n}.pth``), ``best_{metric}_epoch_{n}.pth``
-    (``best_{metric}_iter_{n}.pth`` where validation counts iterations) and moves ``checkpoints/last_checkpoint`` after each complete regular save.
+    (``best_{metric}_iter_{n}.pth`` where validation counts iterations) and moves
+    ``checkpoints/last_checkpoint`` after each complete regular save.
 
     ``interval``: every n epochs (``by_epoch``) or iterations; <= 0 disables periodic saves.
     ``save_begin``: first epoch/iter counted (interval 2, save_begin 5 saves 5, 7, 9...).
@@ -237,9 +238,9 @@ class CheckpointHook(Hook):
         self.save_last = save_last
         self.save_begin = save_begin
         self.filename_tmpl = filename_tmpl or ("epoch_{}.pth" if by_epoch else "iter_{}.pth")
-        # a best checkpoint's name, counted where validation happens (set in before_run)
+        # a best checkpoint's name and count, as validation counts (set in before_run)
         self.best_tmpl = self.filename_tmpl
-        self._best_by_iter = False
+        self._best_by_epoch = by_epoch
         self.best_save_optimizer = best_save_optimizer
         self.published_keys = _as_list(published_keys)
         if len(set(self.published_keys)) != len(self.published_keys):
@@ -344,8 +345,8 @@ class CheckpointHook(Hook):
     def before_run(self, runner: Runner) -> None:
         # iteration-based training validates inside epochs: its best checkpoints are named by iteration
         # (best_val_acc_iter_40.pth), not by an epoch that two validations share
-        self._best_by_iter = self.by_epoch and not runner.settings.by_epoch
-        self.best_tmpl = "iter_{}.pth" if self._best_by_iter else self.filename_tmpl
+        self._best_by_epoch = self.by_epoch and runner.settings.by_epoch
+        self.best_tmpl = "iter_{}.pth" if self.by_epoch and not self._best_by_epoch else self.filename_tmpl
         if self.by_epoch and type(self).after_train_iter is CheckpointHook.after_train_iter:
             runner.hook_table.mute(self, Stage.AFTER_TRAIN_ITER)  # saves come at epoch ends only
         for key in self.save_best:
@@ -607,7 +608,7 @@ class CheckpointHook(Hook):
             score = metrics[key]
             if not better(score, self.best_scores.get(key), self.rules[key]):  # NaN never wins
                 continue
-            count = runner.epoch if self.by_epoch and not self._best_by_iter else runner.iter
+            count = runner.epoch if self._best_by_epoch else runner.iter
             name = runner.checkpoint_name(f"best_{key.replace('/', '_')}_{self.best_tmpl.format(count)}")
             old = self.best_paths.get(key)
             self.best_scores[key] = score

@@ -30,6 +30,7 @@ from typing import Any
 
 from expkit.core import confine
 from expkit.core.atomic import write_json_atomic, write_text_atomic
+from expkit.core.errors import counted
 from expkit.sweeps import search
 from expkit.sweeps.plots import plot_sweep
 from expkit.sweeps.rows import (
@@ -238,7 +239,9 @@ def _write_summary(sweep_dir: Path, rows: list[dict[str, Any]], seed_keys: list[
     groups = group_rows(rows, seed_keys)
     if groups is not None:
         return _write_group_summary(sweep_dir, rows, groups, columns, seed_keys)
-    lines = _md_header(f"{_jobs(len(rows))}, best first by {rows[0]['monitor']} ({rows[0]['rule']})", sweep_dir, shown)
+    lines = _md_header(
+        f"{counted(len(rows), 'job')}, best first by {rows[0]['monitor']} ({rows[0]['rule']})", sweep_dir, shown
+    )
     lines += [_md_line(r, shown) for r in rows]
     statuses: dict[str, int] = {}
     for r in rows:
@@ -260,8 +263,8 @@ def _write_front_summary(
     columns = columns[:2] + ["pareto", *names] + columns[2:]
     shown = _md_columns(columns)
     title = (
-        f"{_jobs(len(rows))}, the Pareto front of {', '.join(f'{n} ({d})' for n, d in zip(names, directions, strict=True))} "
-        f"first ({_jobs(len(front))})"
+        f"{counted(len(rows), 'job')}, the Pareto front of {', '.join(f'{n} ({d})' for n, d in zip(names, directions, strict=True))} "
+        f"first ({counted(len(front), 'job')})"
     )
     lines = _md_header(title, sweep_dir, shown) + [_md_line(r, shown) for r in rows]
     statuses: dict[str, int] = {}
@@ -306,7 +309,13 @@ def _write_group_summary(
     ]
     lines += [_md_line(g, GROUP_COLUMNS) for g in groups]
     shown = _md_columns(columns)
-    lines += ["", f"## {_jobs(len(rows))}, best first", "", "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    lines += [
+        "",
+        f"## {counted(len(rows), 'job')}, best first",
+        "",
+        "| " + " | ".join(shown) + " |",
+        "|" + "---|" * len(shown),
+    ]
     lines += [_md_line(r, shown) for r in rows]
     best = _best_group_json(groups, rows)
     write_text_atomic(sweep_dir / "summary.csv", _csv_text(groups, GROUP_COLUMNS))
@@ -440,8 +449,3 @@ def progress_line(sweep_dir: Path, job: str) -> str:
         if total and this_launch and total > len(done):
             parts.append(f"about {_clock(elapsed / this_launch * (total - len(done)))} left")
     return "; ".join(parts)
-
-
-def _jobs(count: int) -> str:
-    """``1 job``, ``3 jobs``."""
-    return f"{count} job{'' if count == 1 else 's'}"
