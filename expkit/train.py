@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 
 from expkit.config import cli
 from expkit.core import atomic, hydra_compat, versions
-from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused, exit_status, task_exits
+from expkit.core.errors import ConfigError, ExpkitError, ResumeRefused, counted, exit_status, task_exits
 from expkit.core.signals import (
     SweepInterrupted,
     hold_sigterm,
@@ -512,7 +512,7 @@ def _report_interruption(signum: int, sweeping: bool, sweep_dir: Path | None = N
 
     others = live_workers(sweep_dir)  # (this worker of an Optuna search has let go of its lock)
     going_on = (
-        f"This worker stopped; {others} other worker{'s' if others > 1 else ''} of the search "
+        f"This worker stopped; {counted(others, 'other worker')} of the search "
         f"{'go' if others > 1 else 'goes'} on and finish{'' if others > 1 else 'es'} its trials.\n"
         if others
         else ""

@@ -255,13 +255,16 @@ def quiet_ctrl_c(command: str, note: str = "", at_once: bool = False) -> Iterato
         Nothing: the block runs as it is.
 
     Raises:
-        SystemExit: with status 130 after a KeyboardInterrupt inside the block.
+        SystemExit: with status 130 after a KeyboardInterrupt inside the block, 128 + its signal after
+            a ``SweepInterrupted`` (a sweep of the command stopped by Ctrl-C or SIGTERM).
     """
-    line = f"{command}: interrupted (SIGINT){'; ' + note if note else ''}"
+
+    def said(signum: int) -> str:
+        return f"{command}: interrupted ({signal.Signals(signum).name}){'; ' + note if note else ''}"
 
     def leave(signum: int, frame: Any) -> None:
         with contextlib.suppress(OSError, ValueError):
-            print(line, file=sys.stderr, flush=True)
+            print(said(signum), file=sys.stderr, flush=True)
         os._exit(128 + signum)
 
     main = threading.current_thread() is threading.main_thread()
@@ -270,10 +273,11 @@ def quiet_ctrl_c(command: str, note: str = "", at_once: bool = False) -> Iterato
         signal.signal(signal.SIGINT, leave)
     try:
         yield
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SweepInterrupted) as exc:  # (an expkit sweeper's launch turns Ctrl-C into the latter)
+        signum = exc.signum if isinstance(exc, SweepInterrupted) else signal.SIGINT
         with contextlib.suppress(OSError, ValueError):  # (a closed stderr: the exit status says it)
-            print(line, file=sys.stderr)
-        raise SystemExit(130) from None
+            print(said(signum), file=sys.stderr)
+        raise SystemExit(128 + signum) from None
     finally:
         if own:
             signal.signal(signal.SIGINT, signal.default_int_handler)

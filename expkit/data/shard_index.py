@@ -23,7 +23,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from expkit.core.errors import ConfigError
+from expkit.core.errors import ConfigError, counted
 
 __all__ = ["expand_urls", "fingerprint", "index_shard", "is_url", "load_index", "open_shard"]
 
@@ -208,7 +208,7 @@ def _read_cached(path: Path) -> dict[str, Any] | None:
 
 def _missing(url: str, key: str, count: int) -> ConfigError:
     return ConfigError(
-        f"{key}: {url} does not exist ({count} shard{'s' if count > 1 else ''} named); "
+        f"{key}: {url} does not exist ({counted(count, 'shard')} named); "
         "check the path or pattern (quote a brace pattern on the command line: "
         f"{key}='dir/train-{{000000..000009}}.tar'), or write shards first: python -m expkit.shards "
         "data=<data group> out=<dir>"

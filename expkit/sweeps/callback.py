@@ -10,6 +10,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from expkit.core.errors import counted
 from expkit.loggers.logs import terminal_shows
 from expkit.sweeps.summary import ROWS_DIR, UNSORTED, progress_line, record_job_end, summarize
 from expkit.sweeps.sweep_jobs import placed_job
@@ -85,10 +86,9 @@ class SweepSummaryCallback(Callback):
         interrupted = (best or {}).get("statuses", {}).get("interrupted", 0)
         if interrupted:  # (scancel of a cluster job: the sweep itself ended normally)
             log.warning(
-                "%d job%s stopped by a signal before the end, saved: run the sweep command again with resume=true "
+                "%s stopped by a signal before the end, saved: run the sweep command again with resume=true "
                 "to finish %s (the completed jobs are not run again)",
-                interrupted,
-                "s" if interrupted > 1 else "",
+                counted(interrupted, "job"),
                 "them" if interrupted > 1 else "it",
             )
 

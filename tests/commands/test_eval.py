@@ -202,6 +202,7 @@ def test_eval_is_a_hydra_app_with_hydras_habits(tmp_path):
     assert json.loads((sweep / "best.json").read_text())["value"] == max(scores.values())
     progress = [line for line in proc.stdout.splitlines() if "jobs done" in line]
     assert len(progress) == 2, progress  # one line a job (its log line on the terminal was printed again too)
+    assert "Sweep: 1/2 jobs done" in progress[0] and "Sweep: 2/2 jobs done" in progress[1], progress  # (the total)
 
     proc = _eval(f"checkpoint={tmp_path / 'a'}", "nosuchkey.x=1")
     assert proc.returncode == 2 and "nosuchkey: not a key of the stored config" in proc.stderr
